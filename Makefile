@@ -1,0 +1,32 @@
+# quantkit developer commands. Everything runs inside .venv, created on first use.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
+
+.PHONY: setup demo test bench golden clean
+
+$(BIN)/quantkit: pyproject.toml
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+setup: $(BIN)/quantkit
+
+# The main job on the bundled SmolLM2 model.
+demo: setup
+	$(BIN)/quantkit roundtrip
+
+test: setup
+	$(BIN)/python -m pytest -q tests
+
+bench: setup
+	$(BIN)/python benchmarks/bench_quantize.py
+
+# Regenerate golden files from the real ggml (needs llama-cpp-python; see tests/data/README.md).
+golden:
+	$(BIN)/python tools/make_golden.py
+
+clean:
+	rm -rf $(NUMBA_CACHE_DIR) .pytest_cache

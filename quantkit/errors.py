@@ -1,0 +1,17 @@
+"""Exceptions. Every error a user can cause is a QuantkitError with a one-line message."""
+
+
+class QuantkitError(Exception):
+    """Base class: the CLI turns these into one line on stderr and exit code 1."""
+
+
+class FormatError(QuantkitError):
+    """A file is not what it claims to be (not a GGUF, truncated, inconsistent)."""
+
+
+class QuantError(QuantkitError, ValueError):
+    """Data cannot be quantized as asked (bad shape, dtype, non-finite values, unknown type)."""
+
+
+class ModelError(QuantkitError):
+    """A model lacks what the forward pass needs, or a request does not fit it."""

@@ -1,0 +1,92 @@
+"""The one place that sets numba decorator options, plus tiny bit-level intrinsics.
+
+* ``njit``           -- serial kernel, cached, no fastmath (quantizers must match ggml bit for bit).
+* ``njit_parallel``  -- same body rules, ``parallel=True`` so ``prange`` splits work over threads.
+* ``njit_fast``      -- serial kernel with fastmath, for dot products and ops tested with tolerances.
+* ``njit_fast_parallel``
+
+Compiled code is cached in ``NUMBA_CACHE_DIR`` (the Makefile points it inside the checkout).
+"""
+
+from __future__ import annotations
+
+import os
+
+import numba
+from numba import types
+from numba.core import cgutils  # noqa: F401  (kept for intrinsic authors)
+from numba.extending import intrinsic
+
+# Pin the threading layer: omp launches prange loops in 1-2 us, workqueue in 60-90 us
+# (../shared/reference/numba-kernels.md). Fall back silently where omp is missing.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    numba.config.THREADING_LAYER = "omp"
+
+_BASE = dict(cache=True, nogil=True, error_model="numpy")
+
+
+def njit(fn=None, **kw):
+    opts = {**_BASE, **kw}
+    return numba.njit(**opts)(fn) if fn is not None else numba.njit(**opts)
+
+
+def njit_parallel(fn=None, **kw):
+    opts = {**_BASE, "parallel": True, **kw}
+    return numba.njit(**opts)(fn) if fn is not None else numba.njit(**opts)
+
+
+def njit_fast(fn=None, **kw):
+    opts = {**_BASE, "fastmath": True, **kw}
+    return numba.njit(**opts)(fn) if fn is not None else numba.njit(**opts)
+
+
+def njit_fast_parallel(fn=None, **kw):
+    opts = {**_BASE, "fastmath": True, "parallel": True, **kw}
+    return numba.njit(**opts)(fn) if fn is not None else numba.njit(**opts)
+
+
+prange = numba.prange
+
+
+def set_threads(n: int | None) -> int:
+    """Set numba's worker count (<=0 or None: all cores). Returns the count in force."""
+    top = numba.config.NUMBA_NUM_THREADS
+    n = top if n is None or n <= 0 else min(int(n), top)
+    numba.set_num_threads(n)
+    return n
+
+
+def get_threads() -> int:
+    return numba.get_num_threads()
+
+
+@intrinsic
+def f32_to_bits(typingctx, x):
+    """Reinterpret a float32 as its uint32 bit pattern (C's memcpy trick)."""
+    if x != types.float32:
+        return None
+    sig = types.uint32(types.float32)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], context.get_value_type(types.uint32))
+
+    return sig, codegen
+
+
+@intrinsic
+def bits_to_f32(typingctx, x):
+    """Reinterpret the low 32 bits of an integer as a float32."""
+    if not isinstance(x, types.Integer):
+        return None
+    sig = types.float32(x)
+
+    def codegen(context, builder, signature, args):
+        v = args[0]
+        i32 = context.get_value_type(types.uint32)
+        if x.bitwidth > 32:
+            v = builder.trunc(v, i32)
+        elif x.bitwidth < 32:
+            v = builder.zext(v, i32)
+        return builder.bitcast(v, context.get_value_type(types.float32))
+
+    return sig, codegen

@@ -1,0 +1,112 @@
+"""Scalar helpers shared by every codec, compiled with numba (no fastmath: results must match ggml).
+
+Conventions for every quantizer in this package (they are what make bytes match ggml):
+* all arithmetic in float32, exactly as ggml's C does it -- write constants as ``np.float32(0.5)``
+  and never let a Python float literal promote an expression to float64;
+* ``nearest_int`` rounds half to even like ggml's magic-number trick (valid for |x| < 2**22);
+* fp16 fields are converted with ``fp32_to_fp16`` (round to nearest even, as F16C / ggml's generic
+  code) and read back with ``fp16_to_fp32``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantkit.jit import bits_to_f32, f32_to_bits, njit
+
+
+@njit
+def fp32_to_fp16(f):
+    """float32 -> IEEE half bits (uint16), round to nearest even; overflow gives inf."""
+    bits = f32_to_bits(np.float32(f))
+    sign = np.uint32((bits >> np.uint32(16)) & np.uint32(0x8000))
+    exp = np.int32((bits >> np.uint32(23)) & np.uint32(0xFF))
+    mant = np.uint32(bits & np.uint32(0x7FFFFF))
+    if exp == 0xFF:  # inf or nan
+        if mant != 0:
+            return np.uint16(sign | np.uint32(0x7E00))
+        return np.uint16(sign | np.uint32(0x7C00))
+    e = exp - 127 + 15
+    if e >= 31:
+        return np.uint16(sign | np.uint32(0x7C00))
+    if e <= 0:
+        if e < -10 or exp == 0:
+            return np.uint16(sign)
+        m = mant | np.uint32(0x800000)
+        shift = np.uint32(14 - e)
+        half = m >> shift
+        rem = m & ((np.uint32(1) << shift) - np.uint32(1))
+        halfway = np.uint32(1) << (shift - np.uint32(1))
+        if rem > halfway or (rem == halfway and (half & np.uint32(1)) != 0):
+            half += np.uint32(1)
+        return np.uint16(sign | half)
+    half = (np.uint32(e) << np.uint32(10)) | (mant >> np.uint32(13))
+    rem = mant & np.uint32(0x1FFF)
+    if rem > np.uint32(0x1000) or (rem == np.uint32(0x1000) and (half & np.uint32(1)) != 0):
+        half += np.uint32(1)  # a carry into the exponent is the correct rounding (up to inf)
+    return np.uint16(sign | half)
+
+
+@njit
+def fp16_to_fp32(h):
+    """IEEE half bits (any unsigned int) -> float32, exact."""
+    h = np.uint32(h)
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    exp = (h >> np.uint32(10)) & np.uint32(0x1F)
+    mant = h & np.uint32(0x3FF)
+    if exp == 0:
+        v = np.float32(mant) * np.float32(5.960464477539063e-08)  # mant * 2**-24, exact
+        return -v if sign != 0 else v
+    if exp == 31:
+        return bits_to_f32(sign | np.uint32(0x7F800000) | (mant << np.uint32(13)))
+    return bits_to_f32(sign | ((exp + np.uint32(112)) << np.uint32(23)) | (mant << np.uint32(13)))
+
+
+@njit
+def fp32_to_bf16(f):
+    """float32 -> bfloat16 bits, round to nearest even; NaN kept quiet (as ggml)."""
+    u = f32_to_bits(np.float32(f))
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((u >> np.uint32(16)) | np.uint32(64))
+    return np.uint16((u + (np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1)))) >> np.uint32(16))
+
+
+@njit
+def bf16_to_fp32(h):
+    return bits_to_f32(np.uint32(h) << np.uint32(16))
+
+
+@njit
+def nearest_int(fval):
+    """Round a float32 to the nearest int, ties to even (ggml's 12582912.f trick)."""
+    return np.int32(np.rint(np.float32(fval)))
+
+
+@njit
+def put_f16(y, pos, f):
+    """Store float32 ``f`` as a little-endian fp16 at byte ``pos`` of uint8 array ``y``."""
+    h = fp32_to_fp16(f)
+    y[pos] = np.uint8(h & np.uint16(0xFF))
+    y[pos + 1] = np.uint8(h >> np.uint16(8))
+
+
+@njit
+def get_f16(y, pos):
+    """Read a little-endian fp16 at byte ``pos`` of uint8 array ``y`` as float32."""
+    return fp16_to_fp32(np.uint32(y[pos]) | (np.uint32(y[pos + 1]) << np.uint32(8)))
+
+
+@njit
+def put_f32(y, pos, f):
+    b = f32_to_bits(np.float32(f))
+    y[pos] = np.uint8(b & np.uint32(0xFF))
+    y[pos + 1] = np.uint8((b >> np.uint32(8)) & np.uint32(0xFF))
+    y[pos + 2] = np.uint8((b >> np.uint32(16)) & np.uint32(0xFF))
+    y[pos + 3] = np.uint8(b >> np.uint32(24))
+
+
+@njit
+def get_f32(y, pos):
+    b = (np.uint32(y[pos]) | (np.uint32(y[pos + 1]) << np.uint32(8))
+         | (np.uint32(y[pos + 2]) << np.uint32(16)) | (np.uint32(y[pos + 3]) << np.uint32(24)))
+    return bits_to_f32(b)
