@@ -1,0 +1,63 @@
+"""The command line: a thin click layer over quantkit.pipelines.
+
+Every subcommand lives in its own module here and registers itself on ``main``. Library errors
+(``QuantkitError``) become one line on stderr and exit code 1; misuse is a click ``UsageError``
+(exit 2). Heavy imports (numba kernels) happen inside the subcommands, so ``--help`` and argument
+errors never compile anything.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+
+import click
+
+from quantkit import __version__
+from quantkit.errors import QuantkitError
+
+CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+class _Group(click.Group):
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except QuantkitError as e:
+            raise click.ClickException(str(e)) from None
+        except KeyboardInterrupt:
+            click.echo("interrupted", err=True)
+            sys.exit(130)
+        except BrokenPipeError:
+            sys.exit(1)
+        except MemoryError:
+            raise click.ClickException("out of memory") from None
+
+
+@click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
+@click.version_option(__version__, "--version", prog_name="quantkit")
+def main() -> None:
+    """quantkit: llama.cpp's quantize, imatrix, run, bench and perplexity tools in Python."""
+
+
+def threads_option(fn):
+    """-t/--threads, shared by every compute command."""
+
+    @click.option("-t", "--threads", type=int, default=None, metavar="N",
+                  help="Number of threads (default: all cores).")
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    return wrapper
+
+
+# Subcommands register themselves on import.
+from quantkit.cli import roundtrip  # noqa: E402,F401
+
+for _mod in ("quantize", "run", "bench", "imatrix", "perplexity", "verify"):
+    try:
+        __import__(f"quantkit.cli.{_mod}")
+    except ModuleNotFoundError as _e:
+        if _e.name != f"quantkit.cli.{_mod}":
+            raise

@@ -1,0 +1,284 @@
+"""GGUF reading and writing over the ``gguf`` package (no parser of our own).
+
+* ``GGUFModel(path)`` opens a file memory-mapped: ``metadata`` holds plain Python values, ``kv`` the
+  typed key/value records needed to copy them exactly, ``tensors`` the tensors in file order, each with
+  its GGUF shape (ne0 first), its ggml type and a zero-copy ``data`` view (uint8 bytes, one row of
+  ``row_bytes`` per ne1*ne2*ne3 row).
+* ``GGUFOutput(path, kv, tensors)`` writes a new GGUF streaming one tensor at a time to a temporary
+  name beside ``path``; ``commit()`` renames it into place only when every byte is written. Used as a
+  context manager, an exception (or Ctrl-C) removes the temporary file and leaves ``path`` untouched.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+
+from quantkit.errors import FormatError
+
+GGUF_MAGIC = b"GGUF"
+
+
+@dataclass(frozen=True)
+class KV:
+    """One metadata record: key, plain value, value type and (for arrays) element type."""
+
+    key: str
+    value: Any
+    vtype: GGUFValueType
+    sub_type: GGUFValueType | None = None
+
+
+@dataclass
+class Tensor:
+    name: str
+    shape: tuple[int, ...]  # GGUF order: ne0 (row length) first
+    type: GGMLQuantizationType
+    data: np.ndarray | None = None  # uint8, shape (n_rows, row_bytes); None for a planned tensor
+
+    @property
+    def n_elements(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def n_per_row(self) -> int:
+        return int(self.shape[0])
+
+    @property
+    def n_rows(self) -> int:
+        return self.n_elements // max(1, self.n_per_row)
+
+    @property
+    def row_bytes(self) -> int:
+        return tensor_nbytes((self.shape[0],), self.type)
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.shape, self.type)
+
+
+def tensor_nbytes(shape: Sequence[int], qtype: GGMLQuantizationType) -> int:
+    block, size = GGML_QUANT_SIZES[qtype]
+    n = int(np.prod([int(d) for d in shape], dtype=np.int64))
+    if int(shape[0]) % block:
+        raise FormatError(f"{qtype.name}: row length {shape[0]} is not a multiple of the block size {block}")
+    return n // block * size
+
+
+def _field_kv(field) -> KV:
+    vtype = field.types[0]
+    sub = field.types[-1] if vtype == GGUFValueType.ARRAY else None
+    if vtype == GGUFValueType.ARRAY and len(field.types) > 2:
+        raise FormatError(f"metadata key {field.name!r}: nested arrays are not supported")
+    value = field.contents()
+    if vtype == GGUFValueType.ARRAY and sub is None:
+        sub = GGUFValueType.UINT8
+    return KV(field.name, value, vtype, sub)
+
+
+class GGUFModel:
+    """A GGUF file opened read-only and memory-mapped."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        if not self.path.exists():
+            raise FormatError(f"{self.path}: no such file")
+        if self.path.is_dir():
+            raise FormatError(f"{self.path}: is a directory, not a GGUF file")
+        size = self.path.stat().st_size
+        with open(self.path, "rb") as f:
+            magic = f.read(4)
+        if magic != GGUF_MAGIC:
+            raise FormatError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
+        try:
+            reader = GGUFReader(self.path, "r")
+        except Exception as e:  # the gguf package raises many kinds on damaged files
+            raise FormatError(f"{self.path}: damaged or truncated GGUF ({type(e).__name__}: {e})") from None
+        self.reader = reader
+        self.file_size = size
+        self.alignment = int(reader.alignment)
+        self.data_offset = int(reader.data_offset)
+        try:
+            self.kv: list[KV] = [_field_kv(f) for k, f in reader.fields.items() if not k.startswith("GGUF.")]
+        except FormatError as e:
+            raise FormatError(f"{self.path}: {e}") from None
+        except Exception as e:
+            raise FormatError(f"{self.path}: unreadable metadata ({type(e).__name__}: {e})") from None
+        self.metadata: dict[str, Any] = {kv.key: kv.value for kv in self.kv}
+        self.version = int(reader.fields["GGUF.version"].contents())
+        self.tensors: list[Tensor] = []
+        for rt in reader.tensors:
+            shape = tuple(int(d) for d in rt.shape)
+            end = int(rt.data_offset) + int(rt.n_bytes)
+            if end > size:
+                raise FormatError(
+                    f"{self.path}: tensor {rt.name!r} ends at byte {end} beyond the file size {size} (truncated?)"
+                )
+            n_rows = max(1, int(np.prod(shape[1:], dtype=np.int64))) if len(shape) > 1 else 1
+            raw = np.asarray(rt.data).reshape(-1).view(np.uint8)
+            self.tensors.append(Tensor(rt.name, shape, GGMLQuantizationType(rt.tensor_type), raw.reshape(n_rows, -1)))
+        self._by_name = {t.name: t for t in self.tensors}
+
+    # -- access -------------------------------------------------------------------------------
+    @property
+    def arch(self) -> str:
+        return str(self.metadata.get("general.architecture", ""))
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.metadata.get(key, default)
+
+    def tensor(self, name: str) -> Tensor:
+        try:
+            return self._by_name[name]
+        except KeyError:
+            raise FormatError(f"{self.path}: no tensor named {name!r}") from None
+
+    def has_tensor(self, name: str) -> bool:
+        return name in self._by_name
+
+    def kv_record(self, key: str) -> KV | None:
+        for kv in self.kv:
+            if kv.key == key:
+                return kv
+        return None
+
+    def close(self) -> None:
+        self.tensors = []
+        self._by_name = {}
+        mm = getattr(self.reader, "data", None)
+        if mm is not None and hasattr(mm, "_mmap") and mm._mmap is not None:
+            try:
+                mm._mmap.close()
+            except (BufferError, ValueError):  # views still alive elsewhere: leave it to the GC
+                pass
+        self.reader = None
+
+    def __enter__(self) -> "GGUFModel":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def set_kv(kvs: list[KV], key: str, value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> list[KV]:
+    """Return ``kvs`` with ``key`` replaced in place (keeping its position) or appended."""
+    new = KV(key, value, vtype, sub_type)
+    out = [new if kv.key == key else kv for kv in kvs]
+    if not any(kv.key == key for kv in kvs):
+        out.append(new)
+    return out
+
+
+def remove_kv(kvs: list[KV], *keys: str) -> list[KV]:
+    return [kv for kv in kvs if kv.key not in keys]
+
+
+class GGUFOutput:
+    """Stream a GGUF to ``path`` via a temporary file; nothing appears at ``path`` until ``commit()``.
+
+    ``tensors`` lists (name, GGUF shape, type) in the order their data will be written with
+    ``write(name, data)``.
+    """
+
+    def __init__(self, path: str | os.PathLike, kv: Iterable[KV], tensors: Iterable[Tensor],
+                 alignment: int | None = None):
+        self.path = Path(path)
+        parent = self.path.parent if str(self.path.parent) else Path(".")
+        if not parent.is_dir():
+            raise FormatError(f"{self.path}: output directory {parent} does not exist")
+        self.tmp = parent / f".{self.path.name}.{os.getpid()}.partial"
+        self.kv = list(kv)
+        self.plan = list(tensors)
+        align = alignment
+        for rec in self.kv:
+            if rec.key == "general.alignment":
+                align = int(rec.value)
+        self.alignment = int(align or GGUF_DEFAULT_ALIGNMENT)
+        self._next = 0
+        self._writer: GGUFWriter | None = None
+        self.committed = False
+
+    def open(self) -> "GGUFOutput":
+        arch = next((str(r.value) for r in self.kv if r.key == "general.architecture"), "")
+        w = GGUFWriter(None, arch)
+        w.kv_data = [{}]  # drop the key GGUFWriter adds itself; we copy every key in its own order
+        w.data_alignment = self.alignment
+        for rec in self.kv:
+            w.add_key_value(rec.key, rec.value, rec.vtype, rec.sub_type)
+        for t in self.plan:
+            nbytes = t.nbytes
+            byte_shape = (*reversed([int(d) for d in t.shape[1:]]), t.row_bytes)
+            w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=t.type)
+        try:
+            w.write_header_to_file(self.tmp)
+            w.write_kv_data_to_file()
+            w.write_ti_data_to_file()
+        except OSError as e:
+            self.abort()
+            raise FormatError(f"{self.path}: cannot write ({e.strerror or e})") from None
+        self._writer = w
+        return self
+
+    def write(self, name: str, data: np.ndarray) -> None:
+        if self._writer is None:
+            raise FormatError(f"{self.path}: write() before open()")
+        if self._next >= len(self.plan) or self.plan[self._next].name != name:
+            want = self.plan[self._next].name if self._next < len(self.plan) else "nothing"
+            raise FormatError(f"{self.path}: tensor {name!r} written out of order (expected {want})")
+        t = self.plan[self._next]
+        buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+        if buf.nbytes != t.nbytes:
+            raise FormatError(f"{self.path}: tensor {name!r} has {buf.nbytes} bytes, planned {t.nbytes}")
+        try:
+            self._writer.write_tensor_data(buf)
+        except OSError as e:
+            raise FormatError(f"{self.path}: cannot write tensor {name!r} ({e.strerror or e})") from None
+        self._next += 1
+
+    def commit(self) -> Path:
+        if self._next != len(self.plan):
+            raise FormatError(f"{self.path}: only {self._next} of {len(self.plan)} tensors were written")
+        w = self._writer
+        try:
+            for f in w.fout or []:
+                f.flush()
+                os.fsync(f.fileno())
+            w.close()
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            self.abort()
+            raise FormatError(f"{self.path}: cannot finish writing ({e.strerror or e})") from None
+        self.committed = True
+        return self.path
+
+    def abort(self) -> None:
+        if self._writer is not None:
+            try:
+                self._writer.close()
+            except OSError:
+                pass
+        try:
+            self.tmp.unlink()
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self) -> "GGUFOutput":
+        return self.open()
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is not None or not self.committed:
+            self.abort()
+
+
+def copy_gguf(src: str | os.PathLike, dst: str | os.PathLike) -> Path:
+    """Rewrite a GGUF through GGUFOutput unchanged (metadata order, tensor order, alignment)."""
+    with GGUFModel(src) as m:
+        with GGUFOutput(dst, m.kv, [Tensor(t.name, t.shape, t.type) for t in m.tensors], m.alignment) as out:
+            for t in m.tensors:
+                out.write(t.name, t.data)
+            return out.commit()

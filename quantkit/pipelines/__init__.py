@@ -1,0 +1,1 @@
+"""Whole jobs built from the layers below: quantize, imatrix, run, bench, perplexity, round-trip."""
