@@ -24,9 +24,11 @@ test: setup
 bench: setup
 	$(BIN)/python benchmarks/bench_quantize.py
 
-# Regenerate golden files from the real ggml (needs llama-cpp-python; see tests/data/README.md).
+# Regenerate golden files from the real ggml: runs in a separate venv with llama-cpp-python, never in
+# .venv (see tests/data/README.md for how to create it). Override: make golden LLAMAREF_PY=/path/python
+LLAMAREF_PY ?= /opt/llamaref/venv/bin/python
 golden:
-	$(BIN)/python tools/make_golden.py
+	$(LLAMAREF_PY) tools/make_golden.py
 
 clean:
 	rm -rf $(NUMBA_CACHE_DIR) .pytest_cache
