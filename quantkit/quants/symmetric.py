@@ -1,0 +1,772 @@
+"""The symmetric family: one scale per block, no minimum -- Q4_0, Q5_0, Q8_0, Q3_K, Q6_K and Q8_K.
+
+Bit-exact with ggml's ``src/ggml-quants.c``:
+
+* ``quantize_rows(x, y, qw)`` with an empty ``qw`` is ``quantize_row_<type>_ref`` (ggml's
+  ``quantize_<type>`` falls back to it when ``quant_weights`` is NULL);
+* with a non-empty ``qw`` it is the weighted path: ``quantize_row_q4_0_impl`` / ``q5_0_impl`` /
+  ``q3_K_impl`` / ``q6_K_impl``. Q8_0 and Q8_K ignore the weights (``uses_imatrix = False``);
+* Q8_K (float32 d, int8 qs[256], int16 bsums[16]) is the activation type of the K-quants'
+  dot products and is ``quantize_row_q8_K_ref``;
+* ``dequantize_rows`` equals ``dequantize_row_<type>`` and gguf-py's ``dequantize``.
+
+The two scale searches of this family, ``make_qx_quants`` and ``make_q3_quants``, live here.
+
+Float32 discipline (see docs/DEVELOPING.md): every constant is ``np.float32``, every int that meets
+a float is converted with ``np.float32`` first (numba would otherwise promote int32*float32 to
+float64), and the operation order follows ggml's C. ``c_nearest_int`` reproduces ggml's
+magic-number rounding for every input, and ``c_f2i`` the x86 float->int conversion of C casts,
+so even degenerate blocks (subnormal maxima, infinite inverse scales) give ggml's bytes.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from quantkit.jit import bits_to_f32, f32_to_bits, njit, njit_parallel, prange
+from quantkit.quants.base import QuantType
+from quantkit.quants.common import get_f16, get_f32, put_f16, put_f32
+
+QK4_0 = 32
+QK5_0 = 32
+QK8_0 = 32
+QK_K = 256
+
+#: ggml treats a group whose absolute maximum is below this as all zeros
+GROUP_MAX_EPS = np.float32(1e-15)
+
+
+# ---------------------------------------------------------------------------------------------
+# scalar helpers: C's rounding and conversion behaviour
+# ---------------------------------------------------------------------------------------------
+@njit
+def c_nearest_int(fval):
+    """ggml's ``nearest_int``: add 1.5*2**23 and read the low mantissa bits back.
+
+    Ties go to even; for |fval| >= 2**22, inf and NaN it returns what ggml returns (wrapped
+    garbage, 0 for NaN) instead of raising or being undefined.
+    """
+    val = np.float32(np.float32(fval) + np.float32(12582912.0))
+    return np.int32(f32_to_bits(val) & np.uint32(0x007FFFFF)) - np.int32(0x00400000)
+
+
+@njit
+def c_f2i(v):
+    """C's float -> int conversion as x86 performs it (cvttss2si): truncate toward zero;
+    NaN and values outside int32 give INT32_MIN."""
+    v = np.float32(v)
+    if not (v > np.float32(-2147483904.0) and v < np.float32(2147483648.0)):
+        return np.int32(-2147483648)
+    return np.int32(v)
+
+
+@njit
+def wrap_i8(v):
+    """C's conversion of an int to int8_t (keep the low byte, two's complement)."""
+    return np.int32(((np.int64(v) & 0xFF) ^ 0x80) - 0x80)
+
+
+@njit
+def c_roundf(v):
+    """C's ``roundf``: nearest, ties away from zero (exact for every float32)."""
+    v = np.float32(v)
+    if not (np.abs(v) < np.float32(8388608.0)):  # already integral, inf or NaN
+        return v
+    t = np.float32(np.trunc(v))
+    if np.abs(np.float32(v - t)) >= np.float32(0.5):
+        t = t + (np.float32(1.0) if v > 0 else np.float32(-1.0))
+    return t
+
+
+# ---------------------------------------------------------------------------------------------
+# scale searches shared by the symmetric types
+# ---------------------------------------------------------------------------------------------
+@njit
+def _qx_weight(x, qw, i, rmse_type):
+    if qw.shape[0] > 0:
+        return qw[i]
+    if rmse_type == 1:
+        return x[i] * x[i]
+    if rmse_type == 2:
+        return np.float32(1.0)
+    if rmse_type == 3:
+        return np.abs(x[i])
+    return np.float32(np.sqrt(np.abs(x[i])))
+
+
+@njit
+def make_qx_quants(n, nmax, x, L, rmse_type, qw):
+    """Symmetric ``n``-value search: levels L[i] in [0, 2*nmax) (stored +nmax) and the scale.
+
+    ggml's ``make_qx_quants``. ``qw`` is the per-value weight, or an empty array for NULL, in
+    which case ``rmse_type`` picks the weight (1: x^2, 2: 1, 3: |x|, other: sqrt|x|). rmse_type 0
+    only rounds; a negative rmse_type returns after the first weighted fit. Otherwise 18 further
+    candidate scales -(nmax + 0.1*is)/max, is in [-9, 9] \\ {0}, are tried and the best kept.
+    """
+    fmax = np.float32(0.0)
+    amax = np.float32(0.0)
+    for i in range(n):
+        ax = np.abs(x[i])
+        if ax > amax:
+            amax = ax
+            fmax = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return np.float32(0.0)
+    iscale = np.float32(np.float32(-nmax) / fmax)
+    if rmse_type == 0:
+        for i in range(n):
+            l = c_nearest_int(iscale * x[i])
+            L[i] = nmax + max(-nmax, min(nmax - 1, l))
+        return np.float32(np.float32(1.0) / iscale)
+    return_early = False
+    if rmse_type < 0:
+        rmse_type = -rmse_type
+        return_early = True
+    # the weights do not depend on the trial scale: compute them once
+    wts = np.empty(n, dtype=np.float32)
+    for i in range(n):
+        wts[i] = _qx_weight(x, qw, i, rmse_type)
+    sumlx = np.float32(0.0)
+    suml2 = np.float32(0.0)
+    for i in range(n):
+        l = c_nearest_int(iscale * x[i])
+        l = max(-nmax, min(nmax - 1, l))
+        L[i] = l + nmax
+        w = wts[i]
+        fl = np.float32(l)
+        sumlx += w * x[i] * fl
+        suml2 += w * fl * fl
+    scale = np.float32(sumlx / suml2) if suml2 != 0 else np.float32(0.0)
+    if return_early:
+        if suml2 > 0:
+            return np.float32(np.float32(0.5) * (scale + np.float32(np.float32(1.0) / iscale)))
+        return np.float32(np.float32(1.0) / iscale)
+    best = np.float32(scale * sumlx)
+    for itry in range(-9, 10):
+        if itry == 0:
+            continue
+        iscale = np.float32(-(np.float32(nmax) + np.float32(0.1) * np.float32(itry)) / fmax)
+        sumlx = np.float32(0.0)
+        suml2 = np.float32(0.0)
+        for i in range(n):
+            l = c_nearest_int(iscale * x[i])
+            l = max(-nmax, min(nmax - 1, l))
+            w = wts[i]
+            fl = np.float32(l)
+            sumlx += w * x[i] * fl
+            suml2 += w * fl * fl
+        if suml2 > 0 and sumlx * sumlx > best * suml2:
+            for i in range(n):
+                l = c_nearest_int(iscale * x[i])
+                L[i] = nmax + max(-nmax, min(nmax - 1, l))
+            scale = np.float32(sumlx / suml2)
+            best = np.float32(scale * sumlx)
+    return scale
+
+
+@njit
+def make_q3_quants(n, nmax, x, L, do_rmse):
+    """ggml's ``make_q3_quants``: symmetric levels (stored +nmax) and scale; with ``do_rmse`` a
+    few coordinate-descent sweeps (weights x^2) move single levels while the fit improves."""
+    fmax = np.float32(0.0)
+    amax = np.float32(0.0)
+    for i in range(n):
+        ax = np.abs(x[i])
+        if ax > amax:
+            amax = ax
+            fmax = x[i]
+    if amax < GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return np.float32(0.0)
+    iscale = np.float32(np.float32(-nmax) / fmax)
+    if do_rmse:
+        sumlx = np.float32(0.0)
+        suml2 = np.float32(0.0)
+        for i in range(n):
+            l = c_nearest_int(iscale * x[i])
+            l = max(-nmax, min(nmax - 1, l))
+            L[i] = l
+            w = x[i] * x[i]
+            fl = np.float32(l)
+            sumlx += w * x[i] * fl
+            suml2 += w * fl * fl
+        for itry in range(5):
+            n_changed = 0
+            for i in range(n):
+                w = x[i] * x[i]
+                fli = np.float32(L[i])
+                slx = np.float32(sumlx - w * x[i] * fli)
+                if slx > 0:
+                    sl2 = np.float32(suml2 - w * fli * fli)
+                    new_l = c_nearest_int(x[i] * sl2 / slx)
+                    new_l = max(-nmax, min(nmax - 1, new_l))
+                    if new_l != L[i]:
+                        fnl = np.float32(new_l)
+                        slx += w * x[i] * fnl
+                        sl2 += w * fnl * fnl
+                        if sl2 > 0 and slx * slx * suml2 > sumlx * sumlx * sl2:
+                            L[i] = new_l
+                            sumlx = slx
+                            suml2 = sl2
+                            n_changed += 1
+            if n_changed == 0:
+                break
+        for i in range(n):
+            L[i] += nmax
+        return np.float32(sumlx / suml2) if suml2 > 0 else np.float32(0.0)
+    for i in range(n):
+        l = c_nearest_int(iscale * x[i])
+        l = max(-nmax, min(nmax - 1, l))
+        L[i] = l + nmax
+    return np.float32(np.float32(1.0) / iscale)
+
+
+@njit
+def row_sigma2(x):
+    """sum(x^2)/n in float32, summed in order (the weighted legacy paths' sigma2)."""
+    s = np.float32(0.0)
+    for j in range(x.shape[0]):
+        s += x[j] * x[j]
+    return np.float32(s / np.float32(x.shape[0]))
+
+
+@njit
+def absmax_signed(x):
+    """The value of largest magnitude (first one on ties), and its magnitude."""
+    amax = np.float32(0.0)
+    vmax = np.float32(0.0)
+    for j in range(x.shape[0]):
+        a = np.abs(x[j])
+        if amax < a:
+            amax = a
+            vmax = x[j]
+    return vmax, amax
+
+
+# ---------------------------------------------------------------------------------------------
+# Q4_0: fp16 d, qs[16] (value j in the low nibble of byte j, value j+16 in the high nibble)
+# ---------------------------------------------------------------------------------------------
+@njit
+def q4_0_row_ref(x, y):
+    for ib in range(x.shape[0] // QK4_0):
+        xb = x[ib * QK4_0:(ib + 1) * QK4_0]
+        o = ib * 18
+        vmax, _ = absmax_signed(xb)
+        d = np.float32(vmax / np.float32(-8.0))
+        idl = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        put_f16(y, o, d)
+        for j in range(16):
+            x0 = np.float32(xb[j] * idl)
+            x1 = np.float32(xb[j + 16] * idl)
+            xi0 = min(15, wrap_i8(c_f2i(x0 + np.float32(8.5)))) & 0xFF
+            xi1 = min(15, wrap_i8(c_f2i(x1 + np.float32(8.5)))) & 0xFF
+            y[o + 2 + j] = np.uint8((xi0 | (xi1 << 4)) & 0xFF)
+
+
+@njit
+def q4_0_row_impl(x, y, qw):
+    sigma2 = row_sigma2(x)
+    weight = np.empty(QK4_0, dtype=np.float32)
+    L = np.empty(QK4_0, dtype=np.int8)
+    for ib in range(x.shape[0] // QK4_0):
+        xb = x[ib * QK4_0:(ib + 1) * QK4_0]
+        wb = qw[ib * QK4_0:(ib + 1) * QK4_0]
+        for j in range(QK4_0):
+            weight[j] = wb[j] * np.float32(np.sqrt(np.float32(sigma2 + xb[j] * xb[j])))
+        d = make_qx_quants(QK4_0, 8, xb, L, 1, weight)
+        o = ib * 18
+        put_f16(y, o, d)
+        for j in range(16):
+            y[o + 2 + j] = np.uint8((np.int32(L[j]) | (np.int32(L[j + 16]) << 4)) & 0xFF)
+
+
+@njit
+def dequantize_row_q4_0(y, x):
+    for ib in range(x.shape[0] // QK4_0):
+        o = ib * 18
+        d = get_f16(y, o)
+        for j in range(16):
+            b = np.int32(y[o + 2 + j])
+            x[ib * QK4_0 + j] = np.float32((b & 0x0F) - 8) * d
+            x[ib * QK4_0 + j + 16] = np.float32((b >> 4) - 8) * d
+
+
+# ---------------------------------------------------------------------------------------------
+# Q5_0: fp16 d, qh[4] (bit j = 5th bit of value j), qs[16] (low nibbles as Q4_0)
+# ---------------------------------------------------------------------------------------------
+@njit
+def _q5_0_pack(y, o, ib_l0, ib_l1, j, qh):
+    y[o + 6 + j] = np.uint8((ib_l0 & 0x0F) | ((ib_l1 & 0x0F) << 4))
+    qh |= np.uint32((ib_l0 & 0x10) >> 4) << np.uint32(j)
+    qh |= np.uint32((ib_l1 & 0x10) >> 4) << np.uint32(j + 16)
+    return qh
+
+
+@njit
+def _put_u32(y, o, v):
+    for k in range(4):
+        y[o + k] = np.uint8((v >> np.uint32(8 * k)) & np.uint32(0xFF))
+
+
+@njit
+def q5_0_row_ref(x, y):
+    for ib in range(x.shape[0] // QK5_0):
+        xb = x[ib * QK5_0:(ib + 1) * QK5_0]
+        o = ib * 22
+        vmax, _ = absmax_signed(xb)
+        d = np.float32(vmax / np.float32(-16.0))
+        idl = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        put_f16(y, o, d)
+        qh = np.uint32(0)
+        for j in range(16):
+            x0 = np.float32(xb[j] * idl)
+            x1 = np.float32(xb[j + 16] * idl)
+            xi0 = min(31, wrap_i8(c_f2i(x0 + np.float32(16.5)))) & 0xFF
+            xi1 = min(31, wrap_i8(c_f2i(x1 + np.float32(16.5)))) & 0xFF
+            qh = _q5_0_pack(y, o, xi0, xi1, j, qh)
+        _put_u32(y, o + 2, qh)
+
+
+@njit
+def q5_0_row_impl(x, y, qw):
+    sigma2 = row_sigma2(x)
+    weight = np.empty(QK5_0, dtype=np.float32)
+    L = np.empty(QK5_0, dtype=np.int8)
+    for ib in range(x.shape[0] // QK5_0):
+        xb = x[ib * QK5_0:(ib + 1) * QK5_0]
+        wb = qw[ib * QK5_0:(ib + 1) * QK5_0]
+        for j in range(QK5_0):
+            weight[j] = wb[j] * np.float32(np.sqrt(np.float32(sigma2 + xb[j] * xb[j])))
+        d = make_qx_quants(QK5_0, 16, xb, L, 1, weight)
+        o = ib * 22
+        put_f16(y, o, d)
+        qh = np.uint32(0)
+        for j in range(16):
+            qh = _q5_0_pack(y, o, np.int32(L[j]) & 0xFF, np.int32(L[j + 16]) & 0xFF, j, qh)
+        _put_u32(y, o + 2, qh)
+
+
+@njit
+def dequantize_row_q5_0(y, x):
+    for ib in range(x.shape[0] // QK5_0):
+        o = ib * 22
+        d = get_f16(y, o)
+        qh = (np.uint32(y[o + 2]) | (np.uint32(y[o + 3]) << np.uint32(8))
+              | (np.uint32(y[o + 4]) << np.uint32(16)) | (np.uint32(y[o + 5]) << np.uint32(24)))
+        for j in range(16):
+            b = np.int32(y[o + 6 + j])
+            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
+            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
+            x[ib * QK5_0 + j] = np.float32(((b & 0x0F) | h0) - 16) * d
+            x[ib * QK5_0 + j + 16] = np.float32(((b >> 4) | h1) - 16) * d
+
+
+# ---------------------------------------------------------------------------------------------
+# Q8_0: fp16 d, int8 qs[32]
+# ---------------------------------------------------------------------------------------------
+@njit
+def q8_0_row_ref(x, y):
+    for ib in range(x.shape[0] // QK8_0):
+        xb = x[ib * QK8_0:(ib + 1) * QK8_0]
+        o = ib * 34
+        amax = np.float32(0.0)
+        for j in range(QK8_0):
+            amax = max(amax, np.abs(xb[j]))
+        d = np.float32(amax / np.float32(127.0))
+        idl = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
+        put_f16(y, o, d)
+        for j in range(QK8_0):
+            y[o + 2 + j] = np.uint8(c_f2i(c_roundf(xb[j] * idl)) & 0xFF)
+
+
+@njit
+def dequantize_row_q8_0(y, x):
+    for ib in range(x.shape[0] // QK8_0):
+        o = ib * 34
+        d = get_f16(y, o)
+        for j in range(QK8_0):
+            x[ib * QK8_0 + j] = np.float32(wrap_i8(y[o + 2 + j])) * d
+
+
+# ---------------------------------------------------------------------------------------------
+# Q3_K: hmask[32], qs[64], scales[12] (16 six-bit scales), fp16 d -- 110 bytes per 256 values
+# ---------------------------------------------------------------------------------------------
+@njit
+def _q3_k_put_scale(sc, j, l):
+    """Pack six-bit scale ``l`` (0..63) of sub-block ``j`` into the 12 scale bytes ``sc``."""
+    if j < 8:
+        sc[j] = np.uint8(l & 0xF)
+    else:
+        sc[j - 8] |= np.uint8((l & 0xF) << 4)
+    sc[j % 4 + 8] |= np.uint8(((l >> 4) << (2 * (j // 4))) & 0xFF)
+
+
+@njit
+def _q3_k_get_scale(sc, j):
+    """Signed scale of sub-block ``j`` (-32..31) from the 12 packed scale bytes."""
+    lo = np.int32(sc[j]) & 0xF if j < 8 else np.int32(sc[j - 8]) >> 4
+    hi = (np.int32(sc[8 + j % 4]) >> (2 * (j // 4))) & 3
+    return (lo | (hi << 4)) - 32
+
+
+@njit
+def _q3_k_finish(x, y, o, L):
+    """Requantize each sub-block with its stored scale, then write hmask and qs."""
+    sc = y[o + 96:o + 108]
+    dall = get_f16(y, o + 108)
+    for j in range(QK_K // 16):
+        d = dall * np.float32(_q3_k_get_scale(sc, j))
+        if d == 0:
+            continue
+        for ii in range(16):
+            l = c_nearest_int(x[16 * j + ii] / d)
+            L[16 * j + ii] = max(-4, min(3, l)) + 4
+    for k in range(QK_K // 8):
+        y[o + k] = 0
+    m = 0
+    hm = 1
+    for j in range(QK_K):
+        if L[j] > 3:
+            y[o + m] |= np.uint8(hm)
+            L[j] -= 4
+        m += 1
+        if m == QK_K // 8:
+            m = 0
+            hm <<= 1
+    for j in range(0, QK_K, 128):
+        for l in range(32):
+            v = (np.int32(L[j + l]) | (np.int32(L[j + l + 32]) << 2) | (np.int32(L[j + l + 64]) << 4)
+                 | (np.int32(L[j + l + 96]) << 6))
+            y[o + 32 + j // 4 + l] = np.uint8(v & 0xFF)
+
+
+@njit
+def q3_k_row_ref(x, y):
+    L = np.empty(QK_K, dtype=np.int8)
+    scales = np.empty(QK_K // 16, dtype=np.float32)
+    for ib in range(x.shape[0] // QK_K):
+        xb = x[ib * QK_K:(ib + 1) * QK_K]
+        o = ib * 110
+        max_scale = np.float32(0.0)
+        amax = np.float32(0.0)
+        for j in range(QK_K // 16):
+            scales[j] = make_q3_quants(16, 4, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16], True)
+            s = np.abs(scales[j])
+            if s > amax:
+                amax = s
+                max_scale = scales[j]
+        for k in range(12):
+            y[o + 96 + k] = 0
+        if max_scale != 0:
+            iscale = np.float32(np.float32(-32.0) / max_scale)
+            sc = y[o + 96:o + 108]
+            for j in range(QK_K // 16):
+                l = wrap_i8(c_nearest_int(iscale * scales[j]))
+                l = max(-32, min(31, l)) + 32
+                _q3_k_put_scale(sc, j, l)
+            put_f16(y, o + 108, np.float32(np.float32(1.0) / iscale))
+        else:
+            put_f16(y, o + 108, np.float32(0.0))
+        _q3_k_finish(xb, y, o, L)
+
+
+@njit
+def q3_k_row_impl(x, y, qw):
+    L = np.empty(QK_K, dtype=np.int8)
+    scales = np.empty(QK_K // 16, dtype=np.float32)
+    weight = np.empty(16, dtype=np.float32)
+    sw = np.empty(QK_K // 16, dtype=np.float32)
+    Ls = np.empty(QK_K // 16, dtype=np.int8)
+    for ib in range(x.shape[0] // QK_K):
+        xb = x[ib * QK_K:(ib + 1) * QK_K]
+        o = ib * 110
+        sumx2 = np.float32(0.0)
+        for j in range(QK_K):
+            sumx2 += xb[j] * xb[j]
+        sigma2 = np.float32(np.float32(2.0) * sumx2 / np.float32(QK_K))
+        for j in range(QK_K // 16):
+            wq = qw[ib * QK_K + 16 * j:ib * QK_K + 16 * j + 16]
+            for l in range(16):
+                v = xb[16 * j + l]
+                weight[l] = wq[l] * np.float32(np.sqrt(np.float32(sigma2 + v * v)))
+            sumw = np.float32(0.0)
+            for l in range(16):
+                sumw += weight[l]
+            sw[j] = sumw
+            scales[j] = make_qx_quants(16, 4, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16], 1, weight)
+        for k in range(12):
+            y[o + 96 + k] = 0
+        d_block = make_qx_quants(QK_K // 16, 32, scales, Ls, 1, sw)
+        sc = y[o + 96:o + 108]
+        for j in range(QK_K // 16):
+            _q3_k_put_scale(sc, j, np.int32(Ls[j]))
+        put_f16(y, o + 108, d_block)
+        _q3_k_finish(xb, y, o, L)
+
+
+@njit
+def dequantize_row_q3_k(y, x):
+    for ib in range(x.shape[0] // QK_K):
+        o = ib * 110
+        dall = get_f16(y, o + 108)
+        sc = y[o + 96:o + 108]
+        for j in range(QK_K // 16):
+            dl = dall * np.float32(_q3_k_get_scale(sc, j))
+            # sub-block j covers values 16*j..16*j+15: 2-bit group (j % 8) // 2 of 128-half j // 8
+            half = j // 8
+            shift = 2 * ((j % 8) // 2)
+            bit = np.uint8(1 << (4 * half + (j % 8) // 2))
+            base = 16 * (j % 2)
+            for l in range(16):
+                q = (np.int32(y[o + 32 + 32 * half + base + l]) >> shift) & 3
+                if (y[o + base + l] & bit) == 0:
+                    q -= 4
+                x[ib * QK_K + 16 * j + l] = dl * np.float32(q)
+
+
+# ---------------------------------------------------------------------------------------------
+# Q6_K: ql[128], qh[64], int8 scales[16], fp16 d -- 210 bytes per 256 values
+# ---------------------------------------------------------------------------------------------
+@njit
+def q6_k_row(x, y, qw):
+    """``quantize_row_q6_K_ref`` (empty qw) or ``quantize_row_q6_K_impl``; they differ only in
+    the weights make_qx_quants gets."""
+    L = np.empty(QK_K, dtype=np.int8)
+    scales = np.empty(QK_K // 16, dtype=np.float32)
+    weighted = qw.shape[0] > 0
+    for ib in range(x.shape[0] // QK_K):
+        xb = x[ib * QK_K:(ib + 1) * QK_K]
+        o = ib * 210
+        max_scale = np.float32(0.0)
+        max_abs_scale = np.float32(0.0)
+        for j in range(QK_K // 16):
+            if weighted:
+                wq = qw[ib * QK_K + 16 * j:ib * QK_K + 16 * j + 16]
+            else:
+                wq = qw[0:0]
+            s = make_qx_quants(16, 32, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16], 1, wq)
+            scales[j] = s
+            a = np.abs(s)
+            if a > max_abs_scale:
+                max_abs_scale = a
+                max_scale = s
+        if max_abs_scale < GROUP_MAX_EPS:
+            for k in range(210):
+                y[o + k] = 0
+            continue
+        iscale = np.float32(np.float32(-128.0) / max_scale)
+        put_f16(y, o + 208, np.float32(np.float32(1.0) / iscale))
+        for j in range(QK_K // 16):
+            y[o + 192 + j] = np.uint8(min(127, c_nearest_int(iscale * scales[j])) & 0xFF)
+        dall = get_f16(y, o + 208)
+        for j in range(QK_K // 16):
+            d = dall * np.float32(wrap_i8(y[o + 192 + j]))
+            if d == 0:
+                continue
+            for ii in range(16):
+                l = c_nearest_int(xb[16 * j + ii] / d)
+                L[16 * j + ii] = max(-32, min(31, l)) + 32
+        for j in range(0, QK_K, 128):
+            ql = o + j // 2
+            qh = o + 128 + j // 4
+            for l in range(32):
+                q1 = np.int32(L[j + l]) & 0xF
+                q2 = np.int32(L[j + l + 32]) & 0xF
+                q3 = np.int32(L[j + l + 64]) & 0xF
+                q4 = np.int32(L[j + l + 96]) & 0xF
+                y[ql + l] = np.uint8(q1 | (q3 << 4))
+                y[ql + l + 32] = np.uint8(q2 | (q4 << 4))
+                h = ((np.int32(L[j + l]) >> 4) | ((np.int32(L[j + l + 32]) >> 4) << 2)
+                     | ((np.int32(L[j + l + 64]) >> 4) << 4) | ((np.int32(L[j + l + 96]) >> 4) << 6))
+                y[qh + l] = np.uint8(h & 0xFF)
+
+
+@njit
+def dequantize_row_q6_k(y, x):
+    for ib in range(x.shape[0] // QK_K):
+        o = ib * 210
+        d = get_f16(y, o + 208)
+        for n in range(0, QK_K, 128):
+            ql = o + n // 2
+            qh = o + 128 + n // 4
+            sc = o + 192 + n // 16
+            out = ib * QK_K + n
+            for l in range(32):
+                is_ = l // 16
+                h = np.int32(y[qh + l])
+                a = np.int32(y[ql + l])
+                b = np.int32(y[ql + l + 32])
+                q1 = ((a & 0xF) | (((h >> 0) & 3) << 4)) - 32
+                q2 = ((b & 0xF) | (((h >> 2) & 3) << 4)) - 32
+                q3 = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
+                q4 = ((b >> 4) | (((h >> 6) & 3) << 4)) - 32
+                x[out + l] = d * np.float32(wrap_i8(y[sc + is_])) * np.float32(q1)
+                x[out + l + 32] = d * np.float32(wrap_i8(y[sc + is_ + 2])) * np.float32(q2)
+                x[out + l + 64] = d * np.float32(wrap_i8(y[sc + is_ + 4])) * np.float32(q3)
+                x[out + l + 96] = d * np.float32(wrap_i8(y[sc + is_ + 6])) * np.float32(q4)
+
+
+# ---------------------------------------------------------------------------------------------
+# Q8_K: float32 d, int8 qs[256], int16 bsums[16] -- 292 bytes per 256 values
+# ---------------------------------------------------------------------------------------------
+@njit
+def q8_k_row_ref(x, y):
+    """``quantize_row_q8_K_ref``. ggml leaves ``bsums`` of an all-zero block unwritten; here they
+    are 0 (the sum of its zero quants)."""
+    for ib in range(x.shape[0] // QK_K):
+        xb = x[ib * QK_K:(ib + 1) * QK_K]
+        o = ib * 292
+        fmax = np.float32(0.0)
+        amax = np.float32(0.0)
+        for j in range(QK_K):
+            ax = np.abs(xb[j])
+            if ax > amax:
+                amax = ax
+                fmax = xb[j]
+        if amax == 0:
+            for k in range(292):
+                y[o + k] = 0
+            continue
+        iscale = np.float32(np.float32(-127.0) / fmax)
+        for j in range(QK_K):
+            v = c_nearest_int(iscale * xb[j])
+            y[o + 4 + j] = np.uint8(min(127, v) & 0xFF)
+        for j in range(QK_K // 16):
+            s = 0
+            for ii in range(16):
+                s += wrap_i8(y[o + 4 + 16 * j + ii])
+            y[o + 260 + 2 * j] = np.uint8(s & 0xFF)
+            y[o + 261 + 2 * j] = np.uint8((s >> 8) & 0xFF)
+        put_f32(y, o, np.float32(np.float32(1.0) / iscale))
+
+
+@njit
+def dequantize_row_q8_k(y, x):
+    for ib in range(x.shape[0] // QK_K):
+        o = ib * 292
+        d = get_f32(y, o)
+        for j in range(QK_K):
+            x[ib * QK_K + j] = d * np.float32(wrap_i8(y[o + 4 + j]))
+
+
+# ---------------------------------------------------------------------------------------------
+# rows kernels (parallel over rows; each row is independent, so bytes do not depend on threads)
+# ---------------------------------------------------------------------------------------------
+@njit_parallel
+def quantize_rows_q4_0(x, y, qw):
+    for r in prange(x.shape[0]):
+        if qw.shape[0] == 0:
+            q4_0_row_ref(x[r], y[r])
+        else:
+            q4_0_row_impl(x[r], y[r], qw)
+
+
+@njit_parallel
+def quantize_rows_q5_0(x, y, qw):
+    for r in prange(x.shape[0]):
+        if qw.shape[0] == 0:
+            q5_0_row_ref(x[r], y[r])
+        else:
+            q5_0_row_impl(x[r], y[r], qw)
+
+
+@njit_parallel
+def quantize_rows_q8_0(x, y, qw):
+    for r in prange(x.shape[0]):
+        q8_0_row_ref(x[r], y[r])
+
+
+@njit_parallel
+def quantize_rows_q3_k(x, y, qw):
+    for r in prange(x.shape[0]):
+        if qw.shape[0] == 0:
+            q3_k_row_ref(x[r], y[r])
+        else:
+            q3_k_row_impl(x[r], y[r], qw)
+
+
+@njit_parallel
+def quantize_rows_q6_k(x, y, qw):
+    for r in prange(x.shape[0]):
+        q6_k_row(x[r], y[r], qw)
+
+
+@njit_parallel
+def quantize_rows_q8_k(x, y, qw):
+    for r in prange(x.shape[0]):
+        q8_k_row_ref(x[r], y[r])
+
+
+@njit_parallel
+def dequantize_rows_q4_0(y, x):
+    for r in prange(y.shape[0]):
+        dequantize_row_q4_0(y[r], x[r])
+
+
+@njit_parallel
+def dequantize_rows_q5_0(y, x):
+    for r in prange(y.shape[0]):
+        dequantize_row_q5_0(y[r], x[r])
+
+
+@njit_parallel
+def dequantize_rows_q8_0(y, x):
+    for r in prange(y.shape[0]):
+        dequantize_row_q8_0(y[r], x[r])
+
+
+@njit_parallel
+def dequantize_rows_q3_k(y, x):
+    for r in prange(y.shape[0]):
+        dequantize_row_q3_k(y[r], x[r])
+
+
+@njit_parallel
+def dequantize_rows_q6_k(y, x):
+    for r in prange(y.shape[0]):
+        dequantize_row_q6_k(y[r], x[r])
+
+
+@njit_parallel
+def dequantize_rows_q8_k(y, x):
+    for r in prange(y.shape[0]):
+        dequantize_row_q8_k(y[r], x[r])
+
+
+# ---------------------------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------------------------
+class Q4_0(QuantType, qtype=T.Q4_0):
+    quantize_rows = quantize_rows_q4_0
+    dequantize_rows = dequantize_rows_q4_0
+
+
+class Q5_0(QuantType, qtype=T.Q5_0):
+    quantize_rows = quantize_rows_q5_0
+    dequantize_rows = dequantize_rows_q5_0
+
+
+class Q8_0(QuantType, qtype=T.Q8_0):
+    uses_imatrix = False  # ggml's quantize_q8_0 ignores quant_weights
+    quantize_rows = quantize_rows_q8_0
+    dequantize_rows = dequantize_rows_q8_0
+
+
+class Q3_K(QuantType, qtype=T.Q3_K):
+    quantize_rows = quantize_rows_q3_k
+    dequantize_rows = dequantize_rows_q3_k
+
+
+class Q6_K(QuantType, qtype=T.Q6_K):
+    quantize_rows = quantize_rows_q6_k
+    dequantize_rows = dequantize_rows_q6_k
+
+
+class Q8_K(QuantType, qtype=T.Q8_K):
+    uses_imatrix = False  # quantize_row_q8_K_ref has no weighted variant
+    quantize_rows = quantize_rows_q8_k
+    dequantize_rows = dequantize_rows_q8_k
