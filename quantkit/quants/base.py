@@ -110,10 +110,11 @@ class QuantType:
         out = np.empty((rows.shape[0], n_per_row // cls.block_size * cls.type_size), dtype=np.uint8)
         if rows.shape[0] == 0:
             return out.reshape(*data.shape[:-1], out.shape[-1])
-        if imatrix is None or not cls.uses_imatrix:
+        # a bad imatrix is the user's mistake even for a type whose bytes ignore it
+        w = None if imatrix is None else cls._check_imatrix(imatrix, data.shape)
+        if w is None or not cls.uses_imatrix:
             cls.quantize_rows(rows, out, _EMPTY_W)
         else:
-            w = cls._check_imatrix(imatrix, data.shape)
             if w.ndim == 1:
                 cls.quantize_rows(rows, out, w)
             else:  # one row of weights per expert (leading dimension of data)
