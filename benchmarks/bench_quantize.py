@@ -20,6 +20,7 @@ import argparse
 import ctypes
 import glob
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -96,8 +97,18 @@ def main(argv=None) -> int:
     if args.rows <= 0 or args.cols <= 0 or args.cols % 256:
         ap.error("--rows must be > 0 and --cols a positive multiple of 256")
 
+    cold_dir = None
     if args.cold:
-        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="quantkit-bench-cache-")
+        cold_dir = tempfile.mkdtemp(prefix="quantkit-bench-cache-")
+        os.environ["NUMBA_CACHE_DIR"] = cold_dir
+    try:
+        return run(args)
+    finally:
+        if cold_dir:
+            shutil.rmtree(cold_dir, ignore_errors=True)
+
+
+def run(args) -> int:
     # Heavy imports only now, after the cache dir is settled.
     import numba
     from gguf import GGMLQuantizationType
