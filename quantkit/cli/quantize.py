@@ -1,0 +1,163 @@
+"""``quantkit quantize``: llama-quantize's command line, byte for byte, plus a few safety nets."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from quantkit.cli import main
+
+EPILOG = """\b
+Positional arguments follow llama-quantize: INPUT [OUTPUT] TYPE [NTHREADS].
+OUTPUT defaults to ggml-model-<TYPE>.gguf beside INPUT; TYPE is a file type name (case-insensitive)
+or llama.cpp's integer id; NTHREADS <= 0 means all cores.
+
+\b
+File types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M
+            Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS COPY  (aliases Q3_K Q4_K Q5_K)
+"""
+
+
+def _split_positionals(args: tuple[str, ...], dry_run: bool):
+    from quantkit.policy import PolicyError, parse_ftype
+
+    def as_ftype(s):
+        try:
+            return parse_ftype(s)
+        except PolicyError:
+            return None
+
+    def as_threads(s):
+        try:
+            return int(s)
+        except ValueError:
+            raise click.UsageError(f"NTHREADS must be an integer, got {s!r}") from None
+
+    if len(args) < 2:
+        raise click.UsageError("expected INPUT [OUTPUT] TYPE [NTHREADS]")
+    inp = args[0]
+    ft = as_ftype(args[1])
+    if ft is not None:
+        if len(args) > 3:
+            raise click.UsageError(f"unexpected extra argument {args[3]!r}")
+        return inp, None, args[1], (as_threads(args[2]) if len(args) > 2 else None)
+    if len(args) < 3:
+        if dry_run:
+            raise click.UsageError(f"unknown file type {args[1]!r}")
+        raise click.UsageError(f"{args[1]!r} is not a file type, and no TYPE follows it")
+    if as_ftype(args[2]) is None:
+        parse_ftype(args[2])  # raises the one-line "unknown file type" error
+    if len(args) > 4:
+        raise click.UsageError(f"unexpected extra argument {args[4]!r}")
+    return inp, args[1], args[2], (as_threads(args[3]) if len(args) > 3 else None)
+
+
+def _ftype_label(text: str) -> str:
+    from quantkit.policy import FTYPE_ALIASES, parse_ftype
+
+    up = text.strip().upper()
+    if up in FTYPE_ALIASES:
+        return up
+    return parse_ftype(text).name
+
+
+@main.command(epilog=EPILOG, context_settings={"ignore_unknown_options": False})
+@click.argument("args", nargs=-1, required=True, metavar="INPUT [OUTPUT] TYPE [NTHREADS]")
+@click.option("--allow-requantize", is_flag=True,
+              help="Allow requantizing tensors that are already quantized (quality may suffer).")
+@click.option("--leave-output-tensor", is_flag=True, help="Leave output.weight in its source type.")
+@click.option("--pure", is_flag=True,
+              help="Disable the k-quant mixtures: every eligible tensor gets the file type's default type.")
+@click.option("--imatrix", "imatrix_path", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Importance matrix (GGUF or legacy .dat) to weight the quantization.")
+@click.option("--include-weights", multiple=True, metavar="NAME",
+              help="Use the imatrix only for tensors whose name contains NAME (repeatable).")
+@click.option("--exclude-weights", multiple=True, metavar="NAME",
+              help="Do not use the imatrix for tensors whose name contains NAME (repeatable).")
+@click.option("--output-tensor-type", default=None, metavar="TYPE", help="Type of output.weight (e.g. q8_0).")
+@click.option("--token-embedding-type", default=None, metavar="TYPE", help="Type of token_embd.weight.")
+@click.option("--tensor-type", "tensor_type", multiple=True, metavar="PATTERN=TYPE",
+              help="Type for tensors whose name matches the regex PATTERN (repeatable; first match wins).")
+@click.option("--tensor-type-file", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
+              help="File of PATTERN=TYPE entries separated by whitespace, appended to --tensor-type.")
+@click.option("--prune-layers", default=None, metavar="L0,L1,...",
+              help="Remove these layers (comma-separated ids) and renumber the rest.")
+@click.option("--override-kv", multiple=True, metavar="KEY=TYPE:VALUE",
+              help="Set a metadata value in the output; TYPE is int, float, bool or str (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Print the per-tensor plan with sizes; write nothing.")
+@click.option("--plan-out", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
+              help="Also write the per-tensor plan as JSON.")
+@click.option("--no-fallback", is_flag=True,
+              help="Fail before computing anything if a tensor would need a fallback type.")
+@click.option("-t", "--threads", type=int, default=None, metavar="N", help="Threads (default: all cores).")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar and no per-tensor lines.")
+def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, include_weights,
+             exclude_weights, output_tensor_type, token_embedding_type, tensor_type, tensor_type_file,
+             prune_layers, override_kv, dry_run, plan_out, no_fallback, threads, quiet):
+    """Quantize a GGUF model like llama-quantize (same flags, same output bytes).
+
+    The output is written to a temporary file and renamed into place when complete; an interrupted or
+    failed run leaves nothing at OUTPUT.
+    """
+    from quantkit.pipelines.quantize import (QuantizeOptions, default_output_path, parse_override_kv,
+                                             quantize_file)
+    from quantkit.policy import parse_ggml_type, parse_tensor_type_arg
+
+    if include_weights and exclude_weights:
+        raise click.UsageError("--include-weights and --exclude-weights cannot be used together")
+    inp, out, ftype_text, nthreads = _split_positionals(args, dry_run)
+    if threads is None and nthreads is not None:
+        threads = nthreads if nthreads > 0 else None
+    if output_tensor_type:
+        parse_ggml_type(output_tensor_type)
+    if token_embedding_type:
+        parse_ggml_type(token_embedding_type)
+    patterns = [parse_tensor_type_arg(a) for a in tensor_type]
+    if tensor_type_file:
+        with open(tensor_type_file, encoding="utf-8") as f:
+            patterns += [parse_tensor_type_arg(tok) for tok in f.read().split()]
+    prune = ()
+    if prune_layers:
+        try:
+            prune = tuple(sorted({int(x) for x in prune_layers.split(",") if x.strip()}))
+        except ValueError:
+            raise click.UsageError(f"--prune-layers takes comma-separated integers, got {prune_layers!r}") from None
+    if out is None and not dry_run:
+        out = str(default_output_path(inp, _ftype_label(ftype_text)))
+
+    opts = QuantizeOptions(
+        ftype=ftype_text, threads=threads, allow_requantize=allow_requantize,
+        leave_output_tensor=leave_output_tensor, pure=pure, imatrix=imatrix_path,
+        include_weights=tuple(include_weights), exclude_weights=tuple(exclude_weights),
+        output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
+        tensor_types=tuple(patterns), prune_layers=prune,
+        override_kv=tuple(parse_override_kv(a) for a in override_kv), no_fallback=no_fallback,
+    )
+
+    from tqdm import tqdm
+
+    show_bar = not quiet and not dry_run and sys.stderr.isatty()
+    state = {"bar": None}
+
+    def progress(**kw):
+        state["bar"] = tqdm(file=sys.stderr, **kw)
+        return state["bar"]
+
+    def log(line: str) -> None:
+        if quiet and line.startswith("["):
+            return
+        if state["bar"] is not None:
+            state["bar"].write(line, file=sys.stderr)
+        else:
+            click.echo(line, err=True)
+
+    plan, seconds = quantize_file(inp, out, opts, dry_run=dry_run, plan_out=plan_out, log=log,
+                                  progress=progress if show_bar else None)
+    if dry_run and any(t.quantize and t.imatrix is None for t in plan.jobs
+                       if t.name in {p.name for p in plan.type_plan.imatrix_required_by}):
+        click.echo("WARNING: dry run completed successfully, but actually completing this quantization "
+                   "will require an imatrix!", err=True)
+    click.echo(f"llama_quantize: quantize time = {seconds * 1000:10.2f} ms", err=True)
+    if not dry_run:
+        click.echo(f"wrote {out}", err=True)
