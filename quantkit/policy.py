@@ -1,0 +1,674 @@
+"""Which ggml type each tensor gets: llama.cpp's ``llama_tensor_get_type`` as a pure function.
+
+The rules are restated in ``/work/shared/reference/type-rules.md`` (section numbers below refer to it);
+they follow ``src/llama-quant.cpp`` of upstream llama.cpp. Nothing here does I/O or imports numba:
+the inputs are the GGUF metadata (plain values), the tensor list ``(name, shape, type)`` with GGUF
+shapes (``ne0`` first) and the user's options; the output is one record per tensor.
+
+Entry points:
+
+* ``plan_types(...)``   -> ``TypePlan``: per tensor the source and target type, whether a
+  ``--tensor-type`` pattern decided it, whether the shape fallback (§2.7) fired and from which type,
+  whether the target needs an imatrix (§1.4), in llama.cpp's processing order (§2.4).
+* ``choose_types(...)`` -> ``{name: GGMLQuantizationType}``, the same decision as a dict.
+* ``FILE_TYPES``, ``parse_ftype``, ``parse_ggml_type``, ``parse_tensor_type_arg``: the CLI vocabulary.
+* ``is_70b``, ``use_more_bits``: the two model-shape predicates the mixture rules use.
+
+Only the file types quantkit can write are accepted (F32/F16/BF16, the legacy and K-quants, IQ4_NL,
+IQ4_XS, COPY); the mixture rules for them are complete, including the Falcon variants. The rules that
+only concern the IQ1/IQ2/IQ3, TQ and MXFP4 file types are not implemented, and ``parse_ftype``
+rejects those names with a clear message.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from quantkit.errors import QuantkitError
+
+Q = GGMLQuantizationType
+
+
+class PolicyError(QuantkitError, ValueError):
+    """A type-selection request cannot be honoured (unknown ftype or type, bad pattern, bad model)."""
+
+
+class NoFallbackError(PolicyError):
+    """A tensor's row length does not fit its target type and no fallback type is defined (§2.7)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# File types (quantize.md §1.2)
+# ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class FileType:
+    name: str  # as llama-quantize spells it, e.g. "Q4_K_M"
+    ftype_id: int  # llama.cpp's llama_ftype id (general.file_type); COPY shares 0 with F32
+    default: GGMLQuantizationType | None  # D in §2.1; None for COPY (every tensor keeps its type)
+    description: str  # llama-quantize's own help string
+
+    @property
+    def only_copy(self) -> bool:
+        return self.default is None
+
+    @property
+    def is_quantized(self) -> bool:
+        return self.default is not None and is_quantized_type(self.default)
+
+
+# In llama-quantize's QUANT_OPTIONS order.
+FILE_TYPES: tuple[FileType, ...] = (
+    FileType("Q4_0", 2, Q.Q4_0, "4.34G, +0.4685 ppl @ Llama-3-8B"),
+    FileType("Q4_1", 3, Q.Q4_1, "4.78G, +0.4511 ppl"),
+    FileType("Q5_0", 8, Q.Q5_0, "5.21G, +0.1316 ppl"),
+    FileType("Q5_1", 9, Q.Q5_1, "5.65G, +0.1062 ppl"),
+    FileType("Q2_K", 10, Q.Q2_K, "2.96G, +3.5199 ppl"),
+    FileType("Q2_K_S", 21, Q.Q2_K, "2.96G, +3.1836 ppl"),
+    FileType("Q3_K_S", 11, Q.Q3_K, "3.41G, +1.6321 ppl"),
+    FileType("Q3_K_M", 12, Q.Q3_K, "3.74G, +0.6569 ppl"),
+    FileType("Q3_K_L", 13, Q.Q3_K, "4.03G, +0.5562 ppl"),
+    FileType("IQ4_NL", 25, Q.IQ4_NL, "4.50 bpw non-linear"),
+    FileType("IQ4_XS", 30, Q.IQ4_XS, "4.25 bpw non-linear"),
+    FileType("Q4_K_S", 14, Q.Q4_K, "4.37G, +0.2689 ppl"),
+    FileType("Q4_K_M", 15, Q.Q4_K, "4.58G, +0.1754 ppl"),
+    FileType("Q5_K_S", 16, Q.Q5_K, "5.21G, +0.1049 ppl"),
+    FileType("Q5_K_M", 17, Q.Q5_K, "5.33G, +0.0569 ppl"),
+    FileType("Q6_K", 18, Q.Q6_K, "6.14G, +0.0217 ppl"),
+    FileType("Q8_0", 7, Q.Q8_0, "7.96G, +0.0026 ppl"),
+    FileType("F16", 1, Q.F16, "14.00G, +0.0020 ppl @ Mistral-7B"),
+    FileType("BF16", 32, Q.BF16, "14.00G, -0.0050 ppl @ Mistral-7B"),
+    FileType("F32", 0, Q.F32, "26.00G @ 7B"),
+    FileType("COPY", 0, None, "only copy tensors, no quantizing"),
+)
+
+FTYPE_ALIASES: dict[str, str] = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+
+_BY_NAME: dict[str, FileType] = {ft.name: ft for ft in FILE_TYPES}
+_BY_ID: dict[int, FileType] = {ft.ftype_id: ft for ft in FILE_TYPES if not ft.only_copy}
+
+# llama.cpp file types quantkit does not write, so that the error can say "not supported" rather
+# than "unknown".
+_UNSUPPORTED_FTYPES: dict[str, int] = {
+    "IQ2_XXS": 19, "IQ2_XS": 20, "IQ2_S": 28, "IQ2_M": 29, "IQ1_S": 24, "IQ1_M": 31,
+    "TQ1_0": 36, "TQ2_0": 37, "IQ3_XXS": 23, "IQ3_XS": 22, "IQ3_S": 26, "IQ3_M": 27,
+    "MXFP4_MOE": 38, "NVFP4": 39, "Q1_0": 40, "Q2_0": 41,
+}
+
+
+def parse_ftype(value: str | int | FileType) -> FileType:
+    """A file type from its name (any case, aliases Q3_K/Q4_K/Q5_K) or its llama.cpp integer id."""
+    if isinstance(value, FileType):
+        return value
+    known = ", ".join(ft.name for ft in FILE_TYPES)
+    text = str(value).strip()
+    if isinstance(value, int) or re.fullmatch(r"[+-]?\d+", text):
+        ftype_id = int(text)
+        if ftype_id in _BY_ID:
+            return _BY_ID[ftype_id]
+        for name, uid in _UNSUPPORTED_FTYPES.items():
+            if uid == ftype_id:
+                raise PolicyError(f"ftype id {ftype_id} ({name}) is not supported by quantkit; supported: {known}")
+        raise PolicyError(f"unknown ftype id {ftype_id}; supported: {known}")
+    key = text.upper()
+    key = FTYPE_ALIASES.get(key, key)
+    if key in _BY_NAME:
+        return _BY_NAME[key]
+    if key in _UNSUPPORTED_FTYPES:
+        raise PolicyError(f"ftype {key} is not supported by quantkit; supported: {known}")
+    raise PolicyError(f"unknown ftype {value!r}; supported: {known}")
+
+
+# ---------------------------------------------------------------------------------------------
+# ggml types
+# ---------------------------------------------------------------------------------------------
+
+_NOT_QUANTIZED = frozenset(
+    t for t in (Q.F32, Q.F16, Q.BF16, Q.F64, Q.I8, Q.I16, Q.I32, Q.I64)
+)
+
+
+def is_quantized_type(qtype: GGMLQuantizationType) -> bool:
+    """ggml_is_quantized: every block type; not F32/F16/BF16/F64 or the integer types."""
+    return qtype not in _NOT_QUANTIZED
+
+
+def block_size(qtype: GGMLQuantizationType) -> int:
+    return GGML_QUANT_SIZES[qtype][0]
+
+
+def ggml_type_name(qtype: GGMLQuantizationType) -> str:
+    """ggml's own spelling: ``q4_K``, ``iq4_nl``, ``f16``."""
+    name = qtype.name.lower()
+    return name[:-2] + "_K" if name.endswith("_k") else name
+
+
+def parse_ggml_type(value: str | int | GGMLQuantizationType) -> GGMLQuantizationType:
+    """A ggml tensor type from its name, case-insensitive (``q8_0``, ``Q6_K``, ``f16``), as
+    ``--output-tensor-type`` / ``--token-embedding-type`` / ``--tensor-type`` take it."""
+    if isinstance(value, GGMLQuantizationType):
+        return value
+    if isinstance(value, int):
+        try:
+            return Q(value)
+        except ValueError:
+            raise PolicyError(f"unknown ggml type id {value}") from None
+    key = str(value).strip().upper()
+    try:
+        return Q[key]
+    except KeyError:
+        known = ", ".join(ggml_type_name(t) for t in Q)
+        raise PolicyError(f"unknown ggml type {value!r}; known: {known}") from None
+
+
+def parse_tensor_type_arg(arg: str) -> tuple[str, GGMLQuantizationType]:
+    """One ``--tensor-type PATTERN=TYPE`` argument. As llama-quantize does, the pattern is
+    lower-cased; it must compile as a regular expression."""
+    pattern, sep, type_name = arg.rpartition("=")
+    if not sep or not pattern or not type_name:
+        raise PolicyError(f"malformed --tensor-type {arg!r}: expected PATTERN=TYPE, e.g. 'attn_v=q8_0'")
+    pattern = pattern.lower()
+    _compile_pattern(pattern)
+    return pattern, parse_ggml_type(type_name)
+
+
+def _compile_pattern(pattern: str) -> re.Pattern[str]:
+    try:
+        return re.compile(pattern)
+    except re.error as e:
+        raise PolicyError(f"bad --tensor-type regex {pattern!r}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# Model facts (§2.1)
+# ---------------------------------------------------------------------------------------------
+
+
+def _layer0(value: Any) -> int:
+    """Head counts may be per-layer arrays; llama.cpp's n_head()/n_head_kv() read layer 0."""
+    if value is None:
+        return 0
+    if isinstance(value, (str, bytes)):
+        return int(value)
+    try:
+        return int(value[0]) if len(value) else 0
+    except TypeError:
+        return int(value)
+
+
+# Architectures whose "70B" model type is a function of the layer count only (src/models/*.cpp).
+_LAYERS_70B: dict[str, int] = {"qwen2": 80, "olmo": 80, "deci": 80, "jais2": 68}
+
+
+def is_70b(arch: str, n_layer: int, n_head: int, n_head_kv: int, n_expert: int) -> bool:
+    """llama.cpp's ``model.type == LLM_TYPE_70B`` for the architectures that have it."""
+    if arch == "llama":
+        return n_layer == 80 and n_head != n_head_kv and n_expert != 8
+    return _LAYERS_70B.get(arch) == n_layer
+
+
+def use_more_bits(i: int, n: int) -> bool:
+    """The layers that get more bits: the first and last eighth, and every third in between."""
+    return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
+
+
+@dataclass(frozen=True)
+class ModelFacts:
+    arch: str
+    n_layer: int
+    n_head: int
+    n_head_kv: int
+    n_expert: int
+
+    @classmethod
+    def from_metadata(cls, metadata: Mapping[str, Any]) -> "ModelFacts":
+        arch = metadata.get("general.architecture")
+        if isinstance(arch, bytes):
+            arch = arch.decode()
+        if not arch:
+            raise PolicyError("model metadata lacks general.architecture")
+
+        def key(name: str) -> Any:
+            return metadata.get(f"{arch}.{name}")
+
+        if key("block_count") is None:
+            raise PolicyError(f"model metadata lacks {arch}.block_count")
+        return cls(
+            arch=str(arch),
+            n_layer=int(key("block_count")),
+            n_head=_layer0(key("attention.head_count")),
+            n_head_kv=_layer0(key("attention.head_count_kv") if key("attention.head_count_kv") is not None
+                              else key("attention.head_count")),
+            n_expert=int(key("expert_count") or 0),
+        )
+
+    @property
+    def n_gqa(self) -> int:
+        return self.n_head // self.n_head_kv if self.n_head_kv else 0
+
+    @property
+    def is_70b(self) -> bool:
+        return is_70b(self.arch, self.n_layer, self.n_head, self.n_head_kv, self.n_expert)
+
+    @property
+    def is_falcon(self) -> bool:
+        return self.arch == "falcon"
+
+
+# ---------------------------------------------------------------------------------------------
+# Eligibility (§2.2) and categories (§2.3)
+# ---------------------------------------------------------------------------------------------
+
+_NEVER_QUANTIZED_SUBSTRINGS: tuple[str, ...] = (
+    "_norm.weight",
+    "ffn_gate_inp.weight",
+    "ffn_gate_tid2eid.weight",
+    "altup",
+    "laurel",
+    "per_layer_model_proj",
+    "ssm_conv1d",
+    "shortconv.conv.weight",
+    "indexer.k_proj.weight",
+    "indexer.q_proj.weight",
+    "time_mix_first.weight",
+    "time_mix_w0.weight", "time_mix_w1.weight", "time_mix_w2.weight",
+    "time_mix_v0.weight", "time_mix_v1.weight", "time_mix_v2.weight",
+    "time_mix_a0.weight", "time_mix_a1.weight", "time_mix_a2.weight",
+    "time_mix_g1.weight", "time_mix_g2.weight",
+    "time_mix_decay_w1.weight", "time_mix_decay_w2.weight",
+    "time_mix_lerp_fused.weight",
+    "attn_rel_b.weight",
+    ".position_embd", "sam.pos_embd", "sam.neck.", "sam.net_", ".rel_pos", ".patch_embd", ".patch_merger",
+    "a.rvq.codebook", "mm.a.code_embd",
+)
+_NEVER_QUANTIZED_NAMES = frozenset({"position_embd.weight", "token_types.weight"})
+
+
+def n_dims(shape: Sequence[int]) -> int:
+    """ggml_n_dims: trailing dimensions of size 1 do not count; at least 1."""
+    dims = [int(d) for d in shape]
+    while len(dims) > 1 and dims[-1] == 1:
+        dims.pop()
+    return max(len(dims), 1)
+
+
+def tensor_allows_quantization(name: str, shape: Sequence[int], *, leave_output_tensor: bool = False) -> bool:
+    """§2.2 for a non-COPY file type."""
+    if n_dims(shape) < 2 or not name.endswith("weight"):
+        return False
+    if leave_output_tensor and name == "output.weight":
+        return False
+    if name in _NEVER_QUANTIZED_NAMES:
+        return False
+    return not any(s in name for s in _NEVER_QUANTIZED_SUBSTRINGS)
+
+
+OUTPUT, TOKEN_EMBD, QKV, KV_B, V, K, Q_, ATTN_OUT, FFN_UP, FFN_GATE, FFN_DOWN, OTHER = (
+    "output", "token_embd", "attn_qkv", "attn_kv_b", "attn_v", "attn_k", "attn_q", "attn_output",
+    "ffn_up", "ffn_gate", "ffn_down", "other",
+)
+V_LIKE = frozenset({V, QKV, KV_B})
+
+_CATEGORY_SUBSTRINGS: tuple[tuple[str, str], ...] = (
+    ("attn_qkv.weight", QKV),
+    ("attn_kv_b.weight", KV_B),
+    ("attn_v.weight", V),
+    ("attn_k.weight", K),
+    ("attn_q.weight", Q_),
+    ("attn_output.weight", ATTN_OUT),
+    ("ffn_up", FFN_UP),
+    ("ffn_gate", FFN_GATE),
+    ("ffn_down", FFN_DOWN),
+)
+
+
+def tensor_category(name: str) -> str:
+    if name == "output.weight":
+        return OUTPUT
+    if name in ("token_embd.weight", "per_layer_token_embd.weight"):
+        return TOKEN_EMBD
+    for sub, category in _CATEGORY_SUBSTRINGS:
+        if sub in name:
+            return category
+    return OTHER
+
+
+_LAYER_RE = re.compile(r"blk\.\s*([+-]?\d+)")
+
+
+def layer_of(name: str) -> int | None:
+    """The layer as ``sscanf(name, "blk.%d.")`` reads it, or None."""
+    m = _LAYER_RE.match(name)
+    return int(m.group(1)) if m else None
+
+
+def processing_order_key(name: str) -> tuple[int, bytes]:
+    """The model loader's map order (§2.4): layer number (−1 without one), then the name's bytes."""
+    layer = layer_of(name)
+    return (-1 if layer is None else layer, name.encode())
+
+
+# ---------------------------------------------------------------------------------------------
+# Shape fallback (§2.7)
+# ---------------------------------------------------------------------------------------------
+
+# The 32-element block types fall back to f16 (their ncols cannot be a multiple of 32 here). This is
+# measured, not in type-rules.md §2.7, which says they have no fallback: llama.cpp as shipped in
+# llama-cpp-python 0.3.36 turns q8_0/q4_0/... on a 100-column tensor into f16 with the "must use F16
+# due to unusual shape" warning (tests/data/policy/odd100.json), while q1_0, nvfp4 and q8_K throw.
+_FALLBACK: dict[GGMLQuantizationType, GGMLQuantizationType] = {}
+for _names, _to in (
+    (("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS"), Q.IQ4_NL),
+    (("Q2_0", "Q2_K", "Q3_K", "TQ1_0", "TQ2_0"), Q.Q4_0),
+    (("Q4_K",), Q.Q5_0),
+    (("Q5_K",), Q.Q5_1),
+    (("Q6_K",), Q.Q8_0),
+    (("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "IQ4_NL", "MXFP4"), Q.F16),
+):
+    for _n in _names:
+        if _n in Q.__members__:  # gguf 0.19 has no Q2_0
+            _FALLBACK[Q[_n]] = _to
+
+
+def fallback_type(qtype: GGMLQuantizationType, ncols: int, name: str) -> GGMLQuantizationType:
+    """The type used instead of ``qtype`` when ``ncols`` (ne[0]) is not a multiple of its block."""
+    if qtype not in _FALLBACK:
+        raise NoFallbackError(
+            f"tensor {name}: ncols {ncols} is not divisible by {block_size(qtype)} "
+            f"(required for type {ggml_type_name(qtype)}) and no tensor type fallback is defined "
+            f"for type {ggml_type_name(qtype)}"
+        )
+    new = _FALLBACK[qtype]
+    return new if ncols % block_size(new) == 0 else Q.F16
+
+
+# ---------------------------------------------------------------------------------------------
+# The mixture rules (§2.6) and the outer procedure (§2.5)
+# ---------------------------------------------------------------------------------------------
+
+# Targets that need an imatrix outside token_embd/output (quantize.md §1.4).
+_IMATRIX_TYPES = frozenset(
+    Q[n] for n in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
+)
+
+
+@dataclass(frozen=True)
+class TensorPlan:
+    name: str
+    shape: tuple[int, ...]  # GGUF order, ne0 first
+    source: GGMLQuantizationType
+    target: GGMLQuantizationType
+    category: str
+    quantizable: bool  # §2.2; False means copied unchanged
+    manual: bool  # decided by a --tensor-type pattern
+    fallback_from: GGMLQuantizationType | None  # the type §2.7 replaced, if it fired
+    requires_imatrix: bool
+
+    @property
+    def fallback(self) -> bool:
+        return self.fallback_from is not None
+
+    @property
+    def changes_type(self) -> bool:
+        return self.target != self.source
+
+
+@dataclass(frozen=True)
+class TypePlan:
+    ftype: FileType
+    tensors: tuple[TensorPlan, ...]  # in llama.cpp's processing order (§2.4)
+    n_fallback: int
+    has_imatrix: bool
+
+    def types(self) -> dict[str, GGMLQuantizationType]:
+        return {t.name: t.target for t in self.tensors}
+
+    @property
+    def imatrix_required_by(self) -> tuple[TensorPlan, ...]:
+        """Tensors whose target needs an imatrix (llama.cpp refuses to run without one)."""
+        return tuple(t for t in self.tensors if t.requires_imatrix)
+
+    @property
+    def manual(self) -> tuple[TensorPlan, ...]:
+        return tuple(t for t in self.tensors if t.manual)
+
+    def override_notices(self) -> list[tuple[str, GGMLQuantizationType, GGMLQuantizationType]]:
+        """``(name, default, pattern type)`` for the manual tensors whose pattern changed the type:
+        the ones llama.cpp prints "applying manual override: D -> T" for."""
+        d = self.ftype.default
+        out = []
+        for t in self.tensors:
+            chosen = t.fallback_from or t.target
+            if t.manual and d is not None and chosen != d:
+                out.append((t.name, d, chosen))
+        return out
+
+
+class _Mixture:
+    """llama_tensor_get_type_impl with its running counters (quantize_state_impl)."""
+
+    def __init__(self, facts: ModelFacts, ftype: FileType, has_imatrix: bool, has_output: bool,
+                 output_tensor_type: GGMLQuantizationType | None, n_attention_wv: int) -> None:
+        self.m = facts
+        self.ft = ftype.name
+        self.default = ftype.default
+        self.has_imatrix = has_imatrix
+        self.has_output = has_output
+        self.output_tensor_type = output_tensor_type
+        self.n_attention_wv = n_attention_wv
+        self.i_attention_wv = self.i_ffn_down = self.i_ffn_gate = self.i_ffn_up = 0
+
+    def _layer(self, counter: int, name: str) -> tuple[int, int]:
+        """(i_layer, n_layer) for the FFN rules: the running counter for dense models, the
+        ``blk.N.`` number for MoE, where experts are not stored in layer order."""
+        n_layer = self.m.n_layer
+        if self.m.n_expert <= 1:
+            return counter, n_layer
+        i_layer = layer_of(name)
+        if i_layer is None:
+            raise PolicyError(f"failed to determine the layer of tensor {name} (MoE models need 'blk.N.' names)")
+        if not 0 <= i_layer < n_layer:
+            raise PolicyError(f"bad layer {i_layer} for tensor {name}: must be in [0, {n_layer})")
+        return i_layer, n_layer
+
+    def __call__(self, name: str, shape: Sequence[int], category: str) -> GGMLQuantizationType:
+        ft, m, t = self.ft, self.m, self.default
+        assert t is not None
+        ne0 = int(shape[0])
+
+        # A. output, and token_embd when the embeddings are tied
+        if category == OUTPUT or (category == TOKEN_EMBD and not self.has_output):
+            if self.output_tensor_type is not None:
+                return self.output_tensor_type
+            if m.is_falcon or ne0 % block_size(t) != 0:
+                return Q.Q8_0
+            return Q.Q6_K if t != Q.Q8_0 else t
+
+        # C. untied token_embd: every file type in scope keeps D
+        if category == TOKEN_EMBD:
+            return t
+
+        # E. V-like
+        if category in V_LIKE:
+            i, n = self.i_attention_wv, self.n_attention_wv
+            if ft == "Q2_K":
+                t = Q.Q4_K if m.n_gqa >= 4 else Q.Q3_K
+            elif ft == "Q2_K_S" and m.n_gqa >= 4:
+                t = Q.Q4_K
+            elif ft == "Q3_K_M":
+                t = Q.Q5_K if i < 2 else Q.Q4_K
+            elif ft == "Q3_K_L":
+                t = Q.Q5_K
+            elif ft in ("IQ4_NL", "IQ4_XS") and m.n_gqa >= 4:
+                t = Q.Q5_K
+            elif ft in ("Q4_K_M", "Q5_K_M") and use_more_bits(i, n):
+                t = Q.Q6_K
+            elif ft == "Q4_K_S" and i < 4:
+                t = Q.Q5_K
+            if m.is_70b and t in (Q.Q3_K, Q.Q4_K):
+                t = Q.Q5_K
+            if m.n_expert == 8:
+                t = Q.Q8_0
+            self.i_attention_wv += 1
+            return t
+
+        # F. attn_k, G. attn_q
+        if category == K:
+            return Q.Q8_0 if m.n_expert == 8 else t
+        if category == Q_:
+            return t
+
+        # H. ffn_down
+        if category == FFN_DOWN:
+            i, n = self._layer(self.i_ffn_down, name)
+            if ft == "Q2_K":
+                t = Q.Q3_K
+            elif ft == "Q2_K_S":
+                if i < n // 8:
+                    t = Q.Q4_K
+            elif ft == "Q3_K_M":
+                t = Q.Q5_K if i < n // 16 else Q.Q4_K if (not m.is_falcon or use_more_bits(i, n)) else Q.Q3_K
+            elif ft == "Q3_K_L":
+                t = Q.Q4_K if m.is_falcon else Q.Q5_K
+            elif ft == "Q4_K_M":
+                if m.is_falcon:
+                    t = Q.Q6_K if i < n // 16 else Q.Q5_K if use_more_bits(i, n) else Q.Q4_K
+                elif use_more_bits(i, n):
+                    t = Q.Q6_K
+            elif i < n // 8 and ft in ("IQ4_NL", "IQ4_XS") and not self.has_imatrix:
+                t = Q.Q5_K
+            elif ft == "Q5_K_M" and use_more_bits(i, n):
+                t = Q.Q6_K
+            elif ft == "Q4_K_S" and not m.is_falcon and i < n // 8:
+                t = Q.Q5_K
+            elif ft in ("Q4_0", "Q5_0") and self.has_imatrix and i < n // 8:
+                t = Q.Q4_1 if ft == "Q4_0" else Q.Q5_1
+            self.i_ffn_down += 1
+            return t
+
+        # I. attn_output
+        if category == ATTN_OUT:
+            if m.is_falcon:
+                return Q.Q4_K if ft == "Q3_K_L" else t
+            if m.n_expert == 8:
+                if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"):
+                    return Q.Q5_K
+                return t
+            return {"Q2_K": Q.Q3_K, "Q3_K_M": Q.Q4_K, "Q3_K_L": Q.Q5_K}.get(ft, t)
+
+        # K. ffn_gate / ffn_up: nothing changes for these file types, but the layer is still
+        # resolved (an MoE name without 'blk.N.' is an error) and the counter advances.
+        if category == FFN_GATE:
+            self._layer(self.i_ffn_gate, name)
+            self.i_ffn_gate += 1
+            return t
+        if category == FFN_UP:
+            self._layer(self.i_ffn_up, name)
+            self.i_ffn_up += 1
+            return t
+
+        # L. everything else
+        return t
+
+
+def _as_type(value: Any) -> GGMLQuantizationType:
+    return value if isinstance(value, GGMLQuantizationType) else parse_ggml_type(value)
+
+
+def plan_types(
+    metadata: Mapping[str, Any],
+    tensors: Iterable[tuple[str, Sequence[int], Any]],
+    ftype: str | int | FileType,
+    *,
+    pure: bool = False,
+    has_imatrix: bool = False,
+    output_tensor_type: str | GGMLQuantizationType | None = None,
+    token_embedding_type: str | GGMLQuantizationType | None = None,
+    tensor_types: Sequence[tuple[str, str | GGMLQuantizationType]] = (),
+    leave_output_tensor: bool = False,
+) -> TypePlan:
+    """Decide every tensor's type as llama_model_quantize's preliminary pass does (§2.4–§2.7).
+
+    ``tensor_types`` are ``(regex, type)`` pairs in command-line order; the first pattern found
+    anywhere in a tensor name wins. Patterns are used as given (``parse_tensor_type_arg`` lower-cases
+    them the way llama-quantize does).
+    """
+    ft = parse_ftype(ftype)
+    facts = ModelFacts.from_metadata(metadata)
+    out_type = None if output_tensor_type is None else _as_type(output_tensor_type)
+    embd_type = None if token_embedding_type is None else _as_type(token_embedding_type)
+    patterns = [(_compile_pattern(p), _as_type(qt)) for p, qt in tensor_types]
+
+    items = [(str(name), tuple(int(d) for d in shape), _as_type(qt)) for name, shape, qt in tensors]
+    seen: set[str] = set()
+    for name, _, _ in items:
+        if name in seen:
+            raise PolicyError(f"duplicate tensor name {name}")
+        seen.add(name)
+    items.sort(key=lambda item: processing_order_key(item[0]))
+
+    has_output = "output.weight" in seen
+    n_attention_wv = sum(1 for name, _, _ in items if tensor_category(name) in V_LIKE)
+    mix = _Mixture(facts, ft, has_imatrix, has_output, out_type, n_attention_wv)
+
+    plans: list[TensorPlan] = []
+    n_fallback = 0
+    for name, shape, source in items:
+        category = tensor_category(name)
+        manual = False
+        fallback_from = None
+        quantizable = not ft.only_copy and tensor_allows_quantization(
+            name, shape, leave_output_tensor=leave_output_tensor)
+        if not quantizable:
+            target = source
+        elif category == TOKEN_EMBD and embd_type is not None:
+            target = embd_type
+        elif category == OUTPUT and out_type is not None:
+            target = out_type
+        elif not ft.is_quantized:
+            assert ft.default is not None
+            target = ft.default
+        else:
+            assert ft.default is not None
+            target = ft.default
+            for regex, qtype in patterns:
+                if regex.search(name):
+                    target, manual = qtype, True
+                    break
+            if not manual and not pure:
+                target = mix(name, shape, category)
+            ncols = shape[0]
+            if ncols % block_size(target) != 0:
+                fallback_from = target
+                target = fallback_type(target, ncols, name)
+                n_fallback += 1
+        requires_imatrix = quantizable and category not in (OUTPUT, TOKEN_EMBD) and (
+            target in _IMATRIX_TYPES or (ft.name == "Q2_K_S" and target == Q.Q2_K))
+        plans.append(TensorPlan(name, shape, source, target, category, quantizable, manual,
+                                fallback_from, requires_imatrix))
+    return TypePlan(ft, tuple(plans), n_fallback, has_imatrix)
+
+
+def choose_types(
+    metadata: Mapping[str, Any],
+    tensors: Iterable[tuple[str, Sequence[int], Any]],
+    ftype: str | int | FileType,
+    *,
+    pure: bool = False,
+    has_imatrix: bool = False,
+    output_tensor_type: str | GGMLQuantizationType | None = None,
+    token_embedding_type: str | GGMLQuantizationType | None = None,
+    tensor_types: Sequence[tuple[str, str | GGMLQuantizationType]] = (),
+    leave_output_tensor: bool = False,
+) -> dict[str, GGMLQuantizationType]:
+    """``{tensor name: target type}``; see ``plan_types``."""
+    return plan_types(
+        metadata, tensors, ftype, pure=pure, has_imatrix=has_imatrix,
+        output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
+        tensor_types=tensor_types, leave_output_tensor=leave_output_tensor,
+    ).types()
