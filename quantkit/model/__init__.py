@@ -1,0 +1,1 @@
+"""Model layer: tokenizer, forward pass, KV cache, sampling."""

@@ -1,0 +1,1029 @@
+"""llama.cpp's tokenizers, read from GGUF metadata: GPT-2 byte-level BPE and SentencePiece (SPM).
+
+Bit-exact with llama.cpp's ``src/llama-vocab.cpp`` and ``src/unicode.cpp`` (checked against
+llama-cpp-python 0.3.36; see ``tests/data/tokenizer/README.md``):
+
+* vocabulary loading (``llama_vocab::impl::load``): token attributes from ``tokenizer.ggml.token_type``,
+  special ids with their per-model defaults, ``add_bos`` / ``add_eos`` rules, text-based detection of
+  EOT / EOM / FIM tokens, and the end-of-generation (EOG) set;
+* ``tokenizer_st_partition``: special tokens matched whole (longest first) before pre-tokenization;
+  control and unknown tokens only when ``parse_special`` is on, user-defined tokens always;
+* BPE (``llm_tokenizer_bpe_session``): the pre-tokenizer regexes chosen by ``tokenizer.ggml.pre``,
+  GPT-2 byte-to-unicode encoding, merges applied lowest rank first (leftmost on ties);
+* SPM (``llm_tokenizer_spm_session``): spaces escaped to U+2581, a space prefix at the start and after
+  every special token, bigrams merged highest score first, byte fallback ``<0xXX>``;
+* ``token_to_piece`` and ``detokenize`` (including the ``clean_spaces`` passes).
+
+How the pre-tokenizer regexes are run: llama.cpp replaces every codepoint >= 128 by one byte standing
+for its Unicode category (letter, number, punctuation, mark, symbol, whitespace, other) and runs
+``std::regex`` on that "collapsed" text, with ``\\p{..}`` in the pattern rewritten to the same bytes
+(``unicode_regex_split``). Its hand-written splitters for the GPT-2 and Llama-3 patterns behave like
+those patterns. This module does the same collapse and runs Python's ``re`` on it, so the split is the
+same as llama.cpp's wherever Python's ``unicodedata`` (Unicode 14 in CPython 3.11) and llama.cpp's
+table (a newer Unicode) agree on a character's category; they differ only for characters assigned
+after Unicode 14.
+"""
+
+from __future__ import annotations
+
+import codecs
+import heapq
+import re
+import unicodedata
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping, Sequence
+
+from quantkit.errors import ModelError
+
+# --------------------------------------------------------------------------------------------------
+# token types (GGUF tokenizer.ggml.token_type) and attributes (llama_token_attr)
+# --------------------------------------------------------------------------------------------------
+
+TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
+
+ATTR_UNDEFINED = 0
+ATTR_UNKNOWN = 1 << 0
+ATTR_UNUSED = 1 << 1
+ATTR_NORMAL = 1 << 2
+ATTR_CONTROL = 1 << 3
+ATTR_USER_DEFINED = 1 << 4
+ATTR_BYTE = 1 << 5
+ATTR_NORMALIZED = 1 << 6
+ATTR_LSTRIP = 1 << 7
+ATTR_RSTRIP = 1 << 8
+ATTR_SINGLE_WORD = 1 << 9
+
+_TYPE_TO_ATTR = {
+    TYPE_UNKNOWN: ATTR_UNKNOWN,
+    TYPE_UNUSED: ATTR_UNUSED,
+    TYPE_NORMAL: ATTR_NORMAL,
+    TYPE_CONTROL: ATTR_CONTROL,
+    TYPE_USER_DEFINED: ATTR_USER_DEFINED,
+    TYPE_BYTE: ATTR_BYTE,
+    TYPE_UNDEFINED: ATTR_UNDEFINED,
+}
+
+# --------------------------------------------------------------------------------------------------
+# GGUF keys
+# --------------------------------------------------------------------------------------------------
+
+KEY_MODEL = "tokenizer.ggml.model"
+KEY_PRE = "tokenizer.ggml.pre"
+KEY_TOKENS = "tokenizer.ggml.tokens"
+KEY_SCORES = "tokenizer.ggml.scores"
+KEY_TOKEN_TYPE = "tokenizer.ggml.token_type"
+KEY_MERGES = "tokenizer.ggml.merges"
+KEY_ADD_PREFIX = "tokenizer.ggml.add_space_prefix"
+KEY_ADD_BOS = "tokenizer.ggml.add_bos_token"
+KEY_ADD_EOS = "tokenizer.ggml.add_eos_token"
+KEY_ADD_SEP = "tokenizer.ggml.add_sep_token"
+
+# (attribute name, GGUF key), in llama.cpp's order; the deprecated prefix/suffix/middle keys come last
+# and override the fim_* ones, as there.
+_SPECIAL_KEYS = (
+    ("bos", "tokenizer.ggml.bos_token_id"),
+    ("eos", "tokenizer.ggml.eos_token_id"),
+    ("eot", "tokenizer.ggml.eot_token_id"),
+    ("eom", "tokenizer.ggml.eom_token_id"),
+    ("unk", "tokenizer.ggml.unknown_token_id"),
+    ("sep", "tokenizer.ggml.seperator_token_id"),
+    ("pad", "tokenizer.ggml.padding_token_id"),
+    ("mask", "tokenizer.ggml.mask_token_id"),
+    ("fim_pre", "tokenizer.ggml.fim_pre_token_id"),
+    ("fim_suf", "tokenizer.ggml.fim_suf_token_id"),
+    ("fim_mid", "tokenizer.ggml.fim_mid_token_id"),
+    ("fim_pad", "tokenizer.ggml.fim_pad_token_id"),
+    ("fim_rep", "tokenizer.ggml.fim_rep_token_id"),
+    ("fim_sep", "tokenizer.ggml.fim_sep_token_id"),
+    ("fim_pre", "tokenizer.ggml.prefix_token_id"),
+    ("fim_suf", "tokenizer.ggml.suffix_token_id"),
+    ("fim_mid", "tokenizer.ggml.middle_token_id"),
+)
+
+# Token texts llama.cpp recognises when the GGUF does not name the token (llama_vocab::impl::load).
+_EOT_TEXTS = (
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
+    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
+)
+_EOM_TEXTS = ("<|eom_id|>",)
+_FIM_TEXTS = {
+    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
+                "<|code_prefix|>", "<|prefix|>"),
+    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
+                "<|code_suffix|>", "<|suffix|>"),
+    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
+                "<|code_middle|>", "<|middle|>"),
+    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
+    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
+    "fim_sep": ("<|file_sep|>",),
+}
+_EOG_TEXTS = frozenset((
+    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
+    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
+    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
+    "<｜end▁of▁sentence｜>", "[e~[",
+))
+_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss hack
+
+# --------------------------------------------------------------------------------------------------
+# pre-tokenizers (llm_tokenizer_bpe constructor and the tokenizer_pre switch in load)
+# --------------------------------------------------------------------------------------------------
+
+_CONTRACTIONS_CS = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])"
+RE_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+RE_LLAMA3 = (_CONTRACTIONS_CS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_QWEN2 = (_CONTRACTIONS_CS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_QWEN35 = (_CONTRACTIONS_CS + r"|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+             r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_JAIS2 = (_CONTRACTIONS_CS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+            r"|\s*[\r\n]+|\s{512}(?!\S)|\s{256}(?!\S)|\s{128}(?!\S)|\s{64}(?!\S)|\s{32}(?!\S)"
+            r"|\s{16}(?!\S)|\s{8}(?!\S)|\s{4}(?!\S)|\s{1,2}(?!\S)|\s{1}")
+RE_TEKKEN = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+"
+             r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*"
+             r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_GPT4O = (r"[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))*((?=[\p{L}])([^A-Z]))+" + _CONTRACTIONS_CS + "?"
+            r"|[^\r\n\p{L}\p{N}]?((?=[\p{L}])([^a-z]))+((?=[\p{L}])([^A-Z]))*" + _CONTRACTIONS_CS + "?"
+            r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_DEEPSEEK3 = ("[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
+                "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+")
+RE_BAILINGMOE = (r"'(?:[sSdDmMtT]|[lL][lL]|[vV][eE]|[rR][eE])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]|\s+(?!\S)|\s+")
+RE_SEED_CODER = (_CONTRACTIONS_CS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1}| ?[^\s\p{L}\p{N}\r\n]+"
+                 r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_UFAKZEKA = r"[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+RE_EXAONE_MOE = (_CONTRACTIONS_CS + r"|[^\r\n\p{L}\p{N}]?(?:\p{L}\p{M}*(?: \p{L}\p{M}*)*)+|\p{N}"
+                 r"| ?[^\s\p{L}\p{N}]+[\r\n/]?|\s*[\r\n]|\s+(?!\S)|\s+")
+RE_MINICPM5 = (_CONTRACTIONS_CS + r"|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}+| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+RE_BLOOM = " ?[^(\\s|.,!?\u2026\u3002\uff0c\u3001\u0964\u06d4\u060c)]+"
+
+_DEEPSEEK_LLM_LETTERS = (  # letters of many scripts, as in llama.cpp (escaped: NFC would alter some)
+    "\\s?[A-Za-z\xb5\xc0-\xd6\xd8-\xf6\xf8-\u01ba\u01bc-\u01bf\u01c4-\u0293\u0295-\u02af\u0370-"
+    "\u0373\u0376\u0377\u037b-\u037d\u037f\u0386\u0388-\u038a\u038c\u038e-\u03a1\u03a3-\u03f5\u03f7-"
+    "\u0481\u048a-\u052f\u0531-\u0556\u10a0-\u10c5\u13a0-\u13f5\u13f8-\u13fd\u1c90-\u1cba\u1cbd-"
+    "\u1cbf\u1d00-\u1d2b\u1d6b-\u1d77\u1d79-\u1d9a\u1e00-\u1f15\u1f18-\u1f1d\u1f20-\u1f45\u1f48-"
+    "\u1f4d\u1f50-\u1f57\u1f59\u1f5b\u1f5d\u1f5f-\u1f7d\u1f80-\u1fb4\u1fb6-\u1fbc\u1fbe\u1fc2-\u1fc4"
+    "\u1fc6-\u1fcc\u1fd0-\u1fd3\u1fd6-\u1fdb\u1fe0-\u1fec\u1ff2-\u1ff4\u1ff6-\u1ffc\u2102\u2107"
+    "\u210a-\u2113\u2115\u2119-\u211d\u2124\u2126\u2128\u212a-\u212d\u212f-\u2134\u2139\u213c-\u213f"
+    "\u2145-\u2149\u214e\u2183\u2184\u2c00-\u2c7b\u2c7e-\u2ce4\u2ceb-\u2cee\u2cf2\u2cf3\ua640-\ua66d"
+    "\ua680-\ua69b\ua722-\ua76f\ua771-\ua787\ua78b-\ua78e\uab70-\uabbf\ufb00-\ufb06\ufb13-\ufb17"
+    "\uff21-\uff3a\uff41-\uff5a\U00010400-\U0001044f\U000104b0-\U000104d3\U000104d8-\U000104fb\U00010c80-"
+    "\U00010cb2\U00010cc0-\U00010cf2\U000118a0-\U000118df\U0001e900-\U0001e943]+"
+)
+
+_PRE_REGEXES: dict[str, tuple[str, ...]] = {
+    "default": (r"[\p{P}\$\+<=>\^~\|]+", RE_GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
+    "llama3": (RE_LLAMA3,),
+    "jais2": (RE_JAIS2,),
+    "deepseek_llm": ("[\r\n]", _DEEPSEEK_LLM_LETTERS, "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", "\\s+$",
+                     "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}+"),
+    "deepseek3_llm": (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+", RE_DEEPSEEK3),
+    "deepseek_coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"),
+    "falcon": (r"[\p{P}\$\+<=>\^~\|`]+", RE_GPT2, "[0-9][0-9][0-9]"),
+    "starcoder": (r"\p{N}", RE_GPT2),
+    "gpt2": (RE_GPT2,),
+    "qwen2": (RE_QWEN2,),
+    "qwen35": (RE_QWEN35,),
+    "poro": (RE_BLOOM,),
+    "chatglm4": (RE_LLAMA3,),
+    "viking": (RE_BLOOM, r"\p{N}"),
+    "tekken": (RE_TEKKEN,),
+    "chameleon": ("<sentinel:[0-9]+>", "(IMGIMG)((A|B|C|D|E|F|G|H|I){1,4})Z", "([\\t\\n]|    |  )",
+                  r"\p{N}", r"[\p{P}!-/:-@\[-`{-~]", RE_GPT2),
+    "gpt4o": (RE_GPT4O,),
+    "bailingmoe": (RE_BAILINGMOE,),
+    "seed_coder": (RE_SEED_CODER,),
+    "ufakzeka": (RE_UFAKZEKA,),
+    "exaone_moe": (RE_EXAONE_MOE,),
+    "minicpm5": (r"\p{N}{1,3}", RE_MINICPM5),
+    "laguna": ("[^\\n]+|[\\n]+", RE_QWEN2),
+}
+
+
+@dataclass(frozen=True)
+class _PreRule:
+    kind: str  # key of _PRE_REGEXES
+    clean_spaces: bool = True
+    ignore_merges: bool = False
+    add_bos: bool = False
+    no_bos: bool = False  # special_bos_id = LLAMA_TOKEN_NULL (chatglm)
+
+
+def _rules() -> dict[str, _PreRule]:
+    r: dict[str, _PreRule] = {}
+
+    def add(names: Iterable[str], rule: _PreRule) -> None:
+        for n in names:
+            r[n] = rule
+
+    add(["default"], _PreRule("default"))
+    add(["minicpm5"], _PreRule("minicpm5", ignore_merges=True))
+    add(["llama3", "llama-v3", "llama-bpe", "falcon3", "falcon-h1", "pixtral", "midm-2.0", "lfm2",
+         "jina-v5-nano"], _PreRule("llama3", ignore_merges=True, add_bos=True))
+    add(["deepseek-llm"], _PreRule("deepseek_llm", clean_spaces=False))
+    add(["deepseek-coder"], _PreRule("deepseek_coder", clean_spaces=False))
+    add(["deepseek-v3"], _PreRule("deepseek3_llm", clean_spaces=False))
+    add(["hunyuan-dense", "joyai-llm", "hy_v4"], _PreRule("deepseek3_llm", clean_spaces=False))
+    add(["falcon"], _PreRule("falcon"))
+    add(["mpt", "gpt-2", "phi-2", "jina-es", "jina-de", "gigachat", "jina-v2-es", "jina-v2-de", "a.x-4.0",
+         "mellum", "modern-bert", "jina-v1-en", "jina-v2-code", "roberta-bpe", "olmo", "jais", "exaone4"],
+        _PreRule("gpt2"))
+    add(["trillion", "granite-docling"], _PreRule("gpt2", clean_spaces=False))
+    add(["jais-2"], _PreRule("jais2"))
+    add(["starcoder", "refact", "codeshell", "exaone", "minerva-7b", "mellum2"], _PreRule("starcoder"))
+    add(["command-r", "smollm"], _PreRule("starcoder", clean_spaces=False))
+    add(["qwen2", "deepseek-r1-qwen", "kormo", "f2llmv2", "hunyuan", "solar-open"],
+        _PreRule("qwen2", clean_spaces=False))
+    add(["megrez", "stablelm2"], _PreRule("qwen2"))
+    add(["qwen35"], _PreRule("qwen35", clean_spaces=False))
+    add(["dbrx", "smaug-bpe"], _PreRule("llama3"))
+    add(["poro-chat"], _PreRule("poro", clean_spaces=False))
+    add(["bloom", "gpt3-finnish"], _PreRule("poro"))
+    add(["glm4", "chatglm-bpe"], _PreRule("chatglm4", no_bos=True))
+    add(["viking"], _PreRule("viking", clean_spaces=False))
+    add(["tekken"], _PreRule("tekken", clean_spaces=False, ignore_merges=True, add_bos=True))
+    add(["chameleon"], _PreRule("chameleon", clean_spaces=False, add_bos=True))
+    add(["gpt-4o", "llama4", "kanana2", "talkie", "minimax-m2"], _PreRule("gpt4o", clean_spaces=False))
+    add(["bailingmoe", "bailingmoe2", "llada-moe"], _PreRule("bailingmoe", clean_spaces=False))
+    add(["seed-coder"], _PreRule("seed_coder", clean_spaces=False))
+    add(["ufakzeka"], _PreRule("ufakzeka", clean_spaces=False))
+    add(["grok-2"], _PreRule("qwen2", clean_spaces=False))
+    add(["laguna"], _PreRule("laguna", clean_spaces=False))
+    add(["exaone-moe"], _PreRule("exaone_moe"))
+    return r
+
+
+PRE_TOKENIZERS: dict[str, _PreRule] = _rules()
+
+# --------------------------------------------------------------------------------------------------
+# Unicode: categories, whitespace, the collapsed text, GPT-2 byte encoding (unicode.cpp)
+# --------------------------------------------------------------------------------------------------
+
+# llama.cpp's whitespace set (Unicode White_Space), not Python's str.isspace (which adds \x1c-\x1f).
+WHITESPACE = frozenset([*range(0x09, 0x0E), 0x20, 0x85, 0xA0, 0x1680, *range(0x2000, 0x200B),
+                        0x2028, 0x2029, 0x202F, 0x205F, 0x3000])
+
+_C_NUMBER, _C_LETTER, _C_PUNCT, _C_MARK, _C_SYMBOL, _C_OTHER = "\xd1", "\xd2", "\xd3", "\xd4", "\xd5", "\xd0"
+_CATEGORY_CHAR = {"N": _C_NUMBER, "L": _C_LETTER, "P": _C_PUNCT, "M": _C_MARK, "S": _C_SYMBOL}
+
+
+class _CollapseTable(dict):
+    """``str.translate`` table: codepoint -> llama.cpp's one-byte category stand-in (filled lazily)."""
+
+    def __missing__(self, cp: int) -> str:
+        if cp < 128:
+            v = chr(cp)
+        elif cp in WHITESPACE:
+            v = "\x0b"
+        else:
+            v = _CATEGORY_CHAR.get(unicodedata.category(chr(cp))[0], _C_OTHER)
+        self[cp] = v
+        return v
+
+
+class _WideTable(dict):
+    """``str.translate`` table for the ``std::wregex`` path: non-ASCII whitespace -> ``\\x0b``."""
+
+    def __missing__(self, cp: int) -> int:
+        v = 0x0B if cp > 0x7F and cp in WHITESPACE else cp
+        self[cp] = v
+        return v
+
+
+_COLLAPSE = _CollapseTable()
+_WIDE = _WideTable()
+
+# The ASCII members llama.cpp adds next to each category byte (k_ucat_map), already regex-escaped.
+_UCAT_CLASS = {
+    "N": _C_NUMBER + "0-9",
+    "L": _C_LETTER + "A-Za-z",
+    "P": _C_PUNCT + r"!-#%-*,-/:-;?-@\[-\]_\{\}",
+    "M": _C_MARK,
+    "S": _C_SYMBOL + r"\$\+<->\^`\|",
+}
+_UCAT_NAMES = {"N": "N", "L": "L", "P": "P", "M": "M", "S": "S", "Lu": "L", "Ll": "L", "Lt": "L",
+               "Lm": "L", "Lo": "L"}
+
+
+def _collapse_regex(expr: str) -> str:
+    """Rewrite ``\\p{..}`` the way unicode_regex_split does before handing the pattern to std::regex."""
+    out: list[str] = []
+    inside = False
+    i = 0
+    while i < len(expr):
+        c = expr[i]
+        if c == "[" and (i == 0 or expr[i - 1] != "\\"):
+            out.append("[")
+            inside = True
+            i += 1
+            continue
+        if inside and c == "]" and expr[i - 1] != "\\":
+            out.append("]")
+            inside = False
+            i += 1
+            continue
+        if expr.startswith("\\p{", i):
+            close = expr.find("}", i + 3)
+            name = expr[i + 3 : close] if close >= 0 else ""
+            if name in _UCAT_NAMES:
+                cls = _UCAT_CLASS[_UCAT_NAMES[name]]
+                out.append(cls if inside else "[" + cls + "]")
+                i = close + 1
+                continue
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+def _uses_categories(expr: str) -> bool:
+    return any("\\p{" + n + "}" in expr for n in _UCAT_NAMES)
+
+
+def _ecmascript_to_python(expr: str) -> str:
+    """The few ECMAScript-vs-Python differences that matter here: ``$`` is end of input only."""
+    out: list[str] = []
+    inside = False
+    i = 0
+    while i < len(expr):
+        c = expr[i]
+        if c == "\\" and i + 1 < len(expr):
+            out.append(expr[i : i + 2])
+            i += 2
+            continue
+        if c == "[":
+            inside = True
+        elif c == "]":
+            inside = False
+        elif c == "$" and not inside:
+            c = r"\Z"
+        out.append(c)
+        i += 1
+    return "".join(out)
+
+
+@dataclass(frozen=True)
+class _SplitRegex:
+    pattern: re.Pattern[str]
+    collapsed: bool  # run on the collapsed text (True) or on the wide text (False)
+
+
+def _compile_split_regex(expr: str) -> _SplitRegex:
+    if expr == RE_GPT2:
+        # llama.cpp's hand-written splitter for this pattern also takes a lone whitespace (\s+).
+        expr = expr + r"|\s+"
+    if _uses_categories(expr):
+        if any(ord(ch) >= 128 for ch in expr):
+            raise ModelError("pre-tokenizer regex mixes Unicode categories and non-ASCII characters")
+        return _SplitRegex(re.compile(_ecmascript_to_python(_collapse_regex(expr)), re.ASCII), True)
+    return _SplitRegex(re.compile(_ecmascript_to_python(expr), re.ASCII), False)
+
+
+def split_words(text: str, regexes: Sequence[_SplitRegex]) -> list[str]:
+    """unicode_regex_split without the byte encoding: each regex refines the previous chunks; the text
+    between matches is kept as chunks of its own."""
+    collapsed = wide = None
+    spans = [(0, len(text))] if text else []
+    for rx in regexes:
+        if rx.collapsed:
+            if collapsed is None:
+                collapsed = text.translate(_COLLAPSE)
+            subject = collapsed
+        else:
+            if wide is None:
+                wide = text.translate(_WIDE)
+            subject = wide
+        finditer = rx.pattern.finditer
+        new: list[tuple[int, int]] = []
+        for start, end in spans:
+            chunk = subject[start:end]
+            prev = 0
+            for m in finditer(chunk):
+                s, e = m.span()
+                if s > prev:
+                    new.append((start + prev, start + s))
+                new.append((start + s, start + e))
+                prev = e
+            if prev < end - start:
+                new.append((start + prev, end))
+        spans = new
+    return [text[s:e] for s, e in spans if e > s]
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's byte -> printable-character table (unicode_byte_to_utf8_map)."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table = [""] * 256
+    for b in keep:
+        table[b] = chr(b)
+    n = 0
+    for b in range(256):
+        if not table[b]:
+            table[b] = chr(256 + n)
+            n += 1
+    return table
+
+
+BYTE_TO_UNICODE: list[str] = _bytes_to_unicode()
+UNICODE_TO_BYTE: dict[str, int] = {ch: b for b, ch in enumerate(BYTE_TO_UNICODE)}
+_BYTE_ENCODE_TABLE = {b: ch for b, ch in enumerate(BYTE_TO_UNICODE)}  # for latin-1 str.translate
+
+_C_ISSPACE = frozenset(" \t\n\v\f\r")
+
+# --------------------------------------------------------------------------------------------------
+# the tokenizer
+# --------------------------------------------------------------------------------------------------
+
+
+def _meta_get(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
+    v = meta.get(key, default)
+    return v
+
+
+class Tokenizer:
+    """A llama.cpp vocabulary: ``encode`` / ``decode`` / ``token_to_piece`` and the special ids.
+
+    Build it with :meth:`from_metadata` (a ``dict`` of GGUF key -> plain Python value) or
+    :meth:`from_gguf` (a path or a ``gguf.GGUFReader``).
+    """
+
+    def __init__(self, meta: Mapping[str, Any]):
+        model = meta.get(KEY_MODEL)
+        if model is None:
+            raise ModelError(f"tokenizer: metadata has no {KEY_MODEL} key")
+        model = str(model)
+        if model == "llama":
+            self.kind = "spm"
+        elif model == "gpt2":
+            self.kind = "bpe"
+        else:
+            raise ModelError(f"tokenizer: unsupported {KEY_MODEL} {model!r} (supported: 'gpt2', 'llama')")
+        self.model = model
+        self.pre = str(meta.get(KEY_PRE) or "")
+
+        tokens = meta.get(KEY_TOKENS)
+        if tokens is None:
+            raise ModelError(f"tokenizer: metadata has no {KEY_TOKENS} key")
+        tokens = [str(t) for t in tokens]
+        n = len(tokens)
+        if n == 0:
+            raise ModelError(f"tokenizer: {KEY_TOKENS} is empty")
+
+        # defaults per vocab type
+        self.add_space_prefix = False
+        self.add_bos = False
+        self.add_eos = False
+        self.add_sep = False
+        self.clean_spaces = False
+        self.ignore_merges = False
+        ids: dict[str, int | None] = {k: None for k, _ in _SPECIAL_KEYS}
+        self._regexes: tuple[_SplitRegex, ...] = ()
+        self._ranks: dict[tuple[str, str], int] = {}
+        if self.kind == "spm":
+            ids.update(bos=1, eos=2, unk=0)
+            self.add_space_prefix = True
+            self.add_bos = True
+        else:
+            merges = meta.get(KEY_MERGES)
+            if merges is None:
+                raise ModelError(f"tokenizer: gpt2 tokenizer but metadata has no {KEY_MERGES} key")
+            ranks = self._ranks
+            for i, word in enumerate(merges):
+                word = str(word)
+                pos = word.find(" ", 1)
+                pair = (word[:pos], word[pos + 1 :]) if pos >= 0 else ("", "")
+                ranks.setdefault(pair, i)
+            ids.update(bos=11, eos=11)
+            self.clean_spaces = True
+            pre = self.pre or "default"
+            rule = PRE_TOKENIZERS.get(pre)
+            if rule is None:
+                raise ModelError(f"tokenizer: unsupported pre-tokenizer {KEY_PRE} = {pre!r}")
+            self.clean_spaces = rule.clean_spaces
+            self.ignore_merges = rule.ignore_merges
+            self.add_bos = rule.add_bos
+            if rule.no_bos:
+                ids["bos"] = None
+            self._regexes = tuple(_compile_split_regex(e) for e in _PRE_REGEXES[rule.kind])
+        if KEY_ADD_PREFIX in meta:
+            self.add_space_prefix = bool(meta[KEY_ADD_PREFIX])
+
+        scores = meta.get(KEY_SCORES)
+        if scores is not None and len(scores) < n:
+            raise ModelError(f"tokenizer: {KEY_SCORES} has {len(scores)} entries for {n} tokens")
+        types = meta.get(KEY_TOKEN_TYPE)
+        if types is not None and len(types) < n:
+            raise ModelError(f"tokenizer: {KEY_TOKEN_TYPE} has {len(types)} entries for {n} tokens")
+
+        self.tokens: list[str] = []
+        self.scores: list[float] = [float(s) for s in scores[:n]] if scores is not None else [0.0] * n
+        self.attrs: list[int] = []
+        self.token_to_id: dict[str, int] = {}
+        for i, word in enumerate(tokens):
+            if not word:
+                word = f"[EMPTY_{i}]"
+            if word in self.token_to_id:
+                raise ModelError(f"tokenizer: duplicate token {word!r} with ids {self.token_to_id[word]} and {i}")
+            self.token_to_id[word] = i
+            self.tokens.append(word)
+            self.attrs.append(_TYPE_TO_ATTR.get(int(types[i]), ATTR_UNDEFINED) if types is not None
+                              else ATTR_NORMAL)
+
+        # special ids: defaults out of range are disabled; GGUF values in range override
+        for name, key in _SPECIAL_KEYS:
+            if ids[name] is not None and ids[name] >= n:
+                ids[name] = None
+            if key in meta and meta[key] is not None:
+                v = int(meta[key])
+                if 0 <= v < n:
+                    ids[name] = v
+        if KEY_ADD_BOS in meta:
+            self.add_bos = bool(meta[KEY_ADD_BOS])
+        if KEY_ADD_EOS in meta:
+            self.add_eos = bool(meta[KEY_ADD_EOS])
+        if KEY_ADD_SEP in meta:
+            self.add_sep = bool(meta[KEY_ADD_SEP])
+        for flag, name, key in ((self.add_bos, "bos", KEY_ADD_BOS), (self.add_eos, "eos", KEY_ADD_EOS),
+                                (self.add_sep, "sep", KEY_ADD_SEP)):
+            if flag and ids[name] is None:
+                raise ModelError(f"tokenizer: {key} is true but the model has no {name} token")
+
+        self._detect_special(ids)
+        self.bos_id: int | None = ids["bos"]
+        self.eos_id: int | None = ids["eos"]
+        self.eot_id: int | None = ids["eot"]
+        self.eom_id: int | None = ids["eom"]
+        self.unk_id: int | None = ids["unk"]
+        self.sep_id: int | None = ids["sep"]
+        self.pad_id: int | None = ids["pad"]
+        self.mask_id: int | None = ids["mask"]
+        self.fim_ids: dict[str, int | None] = {k: ids[k] for k in _FIM_TEXTS}
+
+        # special tokens matched whole by tokenizer_st_partition, longest first
+        special = [i for i, a in enumerate(self.attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
+        special.sort(key=lambda i: -len(self.tokens[i].encode("utf-8")))
+        self.special_ids: tuple[int, ...] = tuple(special)
+
+        name = str(meta.get("general.name") or "").lower()
+        if "phi-3" in name or "phi3" in name:
+            for i in special:
+                self.attrs[i] |= ATTR_RSTRIP
+            for t, on in (("</s>", True), ("<unk>", False), ("<s>", False), ("<|endoftext|>", False)):
+                if t not in self.token_to_id:
+                    raise ModelError(f"tokenizer: phi-3 model without the {t!r} token")
+                j = self.token_to_id[t]
+                self.attrs[j] = (self.attrs[j] | ATTR_RSTRIP) if on else (self.attrs[j] & ~ATTR_RSTRIP)
+
+        self._pieces: list[bytes | None] = [None] * n
+        self._word_cache: dict[str, tuple[int, ...]] = {}
+        self.nl_id: int | None = self._find_newline()
+
+    # ---------------------------------------------------------------- construction helpers
+
+    @classmethod
+    def from_metadata(cls, meta: Mapping[str, Any]) -> "Tokenizer":
+        """From a plain mapping of GGUF keys to Python values (lists for arrays)."""
+        return cls(meta)
+
+    @staticmethod
+    def metadata_from_reader(reader: Any) -> dict[str, Any]:
+        """The ``tokenizer.*`` and ``general.name`` fields of a ``gguf.GGUFReader`` as plain values."""
+        out: dict[str, Any] = {}
+        for key, field in reader.fields.items():
+            if key.startswith("tokenizer.") or key in ("general.name", "general.architecture"):
+                out[key] = field.contents()
+        return out
+
+    @classmethod
+    def from_gguf(cls, source: Any) -> "Tokenizer":
+        """From a GGUF path or an open ``gguf.GGUFReader``."""
+        if not hasattr(source, "fields"):
+            import gguf
+
+            source = gguf.GGUFReader(str(source))
+        return cls(cls.metadata_from_reader(source))
+
+    def _detect_special(self, ids: dict[str, int | None]) -> None:
+        """EOT / EOM / FIM / EOG detection by token text, as llama_vocab::impl::load does it.
+
+        llama.cpp walks an unordered_map, so when several texts match it keeps whichever it meets
+        first; here the lowest id wins."""
+        t2i = self.token_to_id
+        attrs = self.attrs
+
+        def mark_control(i: int) -> None:
+            attrs[i] |= ATTR_CONTROL
+
+        def detect(name: str, texts: Iterable[str]) -> None:
+            if ids[name] is not None:
+                return
+            found = sorted(t2i[t] for t in texts if t in t2i)
+            if found:
+                ids[name] = found[0]
+                mark_control(found[0])
+
+        detect("eot", _EOT_TEXTS)
+        detect("eom", _EOM_TEXTS)
+        for name, texts in _FIM_TEXTS.items():
+            detect(name, texts)
+
+        for i, a in enumerate(attrs):
+            if a & ATTR_CONTROL and not a & ATTR_UNUSED and "unused" in self.tokens[i]:
+                attrs[i] = a | ATTR_UNUSED
+
+        eog: set[int] = set()
+        for name in ("fim_pad", "fim_rep", "fim_sep"):
+            if ids[name] is not None:
+                eog.add(ids[name])
+        for t in _EOG_TEXTS:
+            if t in t2i:
+                eog.add(t2i[t])
+                mark_control(t2i[t])
+        for t in _ALWAYS_RENDERED:
+            if t in t2i:
+                attrs[t2i[t]] = ATTR_USER_DEFINED
+        for name in ("eos", "eot", "eom"):
+            if ids[name] is not None:
+                eog.add(ids[name])
+
+        texts = {self.tokens[i]: i for i in eog}
+        if "<|end|>" in texts and (("<|return|>" in texts and "<|call|>" in texts)
+                                   or ("<|calls|>" in texts and "<|flush|>" in texts)):
+            j = texts["<|end|>"]
+            eog.discard(j)
+            attrs[j] = ATTR_USER_DEFINED
+        if "<|tool_response>" in texts and "</s>" in texts:
+            j = texts["</s>"]
+            eog.discard(j)
+            attrs[j] = ATTR_NORMAL
+        self.eog_ids: frozenset[int] = frozenset(eog)
+
+    def _find_newline(self) -> int | None:
+        if self.kind == "spm":
+            try:
+                return self._byte_to_token(0x0A)
+            except ModelError:
+                return self.pad_id
+        ids = self.encode("\n", add_special=False)
+        return ids[0] if ids else self.pad_id
+
+    # ---------------------------------------------------------------- properties
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    def is_eog(self, token_id: int) -> bool:
+        """True for tokens that end generation (EOS, EOT, EOM and e.g. ``<|im_end|>``)."""
+        return token_id in self.eog_ids
+
+    def is_control(self, token_id: int) -> bool:
+        return bool(self.attrs[token_id] & ATTR_CONTROL)
+
+    # ---------------------------------------------------------------- encode
+
+    def encode(self, text: str, add_special: bool = True, parse_special: bool = False) -> list[int]:
+        """Token ids for ``text``, as ``llama_tokenize(vocab, text, add_special, parse_special)``.
+
+        ``add_special`` adds BOS / EOS only where the model asks for them (``add_bos`` / ``add_eos``);
+        ``parse_special`` lets control tokens written in the text (e.g. ``<|im_start|>``) become
+        their ids instead of being tokenized as plain text."""
+        fragments = self._partition(text, parse_special)
+        out: list[int] = []
+        if self.kind == "spm":
+            is_prev_special = True
+            if add_special and self.add_bos:
+                out.append(self._require(self.bos_id, "bos"))
+            for frag in fragments:
+                if isinstance(frag, int):
+                    out.append(frag)
+                    is_prev_special = True
+                    continue
+                piece = text[frag[0] : frag[1]]
+                if self.add_space_prefix and is_prev_special:
+                    piece = " " + piece
+                self._spm_tokenize(piece.replace(" ", "\u2581"), out)
+                is_prev_special = False
+            if add_special and self.add_eos:
+                out.append(self._require(self.eos_id, "eos"))
+            return out
+
+        if add_special and self.add_bos:
+            out.append(self._require(self.bos_id, "bos"))
+        for frag in fragments:
+            if isinstance(frag, int):
+                out.append(frag)
+            else:
+                self._bpe_tokenize(text[frag[0] : frag[1]], out)
+        if add_special and self.add_eos:
+            out.append(self._require(self.eos_id, "eos"))
+        return out
+
+    @staticmethod
+    def _require(token_id: int | None, name: str) -> int:
+        if token_id is None:
+            raise ModelError(f"tokenizer: the model asks for a {name} token but has none")
+        return token_id
+
+    def _partition(self, text: str, parse_special: bool) -> list[int | tuple[int, int]]:
+        """tokenizer_st_partition: split ``text`` around whole special tokens, longest first."""
+        frags: list[int | tuple[int, int]] = [(0, len(text))] if text else []
+        for sid in self.special_ids:
+            attr = self.attrs[sid]
+            if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
+                continue
+            stext = self.tokens[sid]
+            if not any(not isinstance(f, int) and text.find(stext, f[0], f[1]) >= 0 for f in frags):
+                continue
+            new: list[int | tuple[int, int]] = []
+            for f in frags:
+                if isinstance(f, int):
+                    new.append(f)
+                    continue
+                start, end = f
+                while True:
+                    m = text.find(stext, start, end)
+                    if m < 0:
+                        if start < end:
+                            new.append((start, end))
+                        break
+                    left_end = m
+                    if attr & ATTR_LSTRIP:
+                        while left_end > start and text[left_end - 1] in _C_ISSPACE:
+                            left_end -= 1
+                    if left_end > start:
+                        new.append((start, left_end))
+                    new.append(sid)
+                    start = m + len(stext)
+                    if attr & ATTR_RSTRIP:
+                        while start < end and text[start] in _C_ISSPACE:
+                            start += 1
+                    if start >= end:
+                        break
+            frags = new
+        return frags
+
+    # ---- BPE
+
+    def _bpe_tokenize(self, text: str, out: list[int]) -> None:
+        cache = self._word_cache
+        for word in split_words(text, self._regexes):
+            ids = cache.get(word)
+            if ids is None:
+                ids = self._bpe_word(word.encode("utf-8").decode("latin-1").translate(_BYTE_ENCODE_TABLE))
+                if len(cache) < 1_000_000:
+                    cache[word] = ids
+            out.extend(ids)
+
+    def _bpe_word(self, word: str) -> tuple[int, ...]:
+        """llm_tokenizer_bpe_session::tokenize for one byte-encoded word."""
+        t2i = self.token_to_id
+        if self.ignore_merges and word in t2i:
+            return (t2i[word],)
+        syms = list(word)
+        n = len(syms)
+        if n > 1:
+            ranks = self._ranks
+            nxt = list(range(1, n)) + [-1]
+            prv = list(range(-1, n - 1))
+            heap: list[tuple[int, int, int, str]] = []
+            for i in range(n - 1):
+                r = ranks.get((syms[i], syms[i + 1]))
+                if r is not None:
+                    heap.append((r, i, i + 1, syms[i] + syms[i + 1]))
+            heapq.heapify(heap)
+            while heap:
+                _, left, right, merged = heapq.heappop(heap)
+                a, b = syms[left], syms[right]
+                if not a or not b or a + b != merged:
+                    continue
+                syms[left] = merged
+                syms[right] = ""
+                nr = nxt[right]
+                nxt[left] = nr
+                if nr >= 0:
+                    prv[nr] = left
+                pl = prv[left]
+                if pl >= 0:
+                    r = ranks.get((syms[pl], merged))
+                    if r is not None:
+                        heapq.heappush(heap, (r, pl, left, syms[pl] + merged))
+                if nr >= 0:
+                    r = ranks.get((merged, syms[nr]))
+                    if r is not None:
+                        heapq.heappush(heap, (r, left, nr, merged + syms[nr]))
+        ids: list[int] = []
+        for s in syms:
+            if not s:
+                continue
+            tid = t2i.get(s)
+            if tid is not None:
+                ids.append(tid)
+                continue
+            for byte in s.encode("utf-8"):  # llama.cpp looks each byte up as a one-byte token
+                if byte < 0x80:
+                    tid = t2i.get(chr(byte))
+                    if tid is not None:
+                        ids.append(tid)
+        return tuple(ids)
+
+    # ---- SPM
+
+    def _spm_tokenize(self, text: str, out: list[int]) -> None:
+        """llm_tokenizer_spm_session::tokenize (text already has spaces escaped)."""
+        if not text:
+            return
+        t2i = self.token_to_id
+        scores = self.scores
+        syms = list(text)
+        n = len(syms)
+        nxt = list(range(1, n)) + [-1]
+        prv = list(range(-1, n - 1))
+        heap: list[tuple[float, int, int, int]] = []
+
+        def try_add(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            merged = syms[left] + syms[right]
+            tid = t2i.get(merged)
+            if tid is None:
+                return
+            # max score first, then the leftmost; size identifies stale entries
+            heapq.heappush(heap, (-scores[tid], left, right, len(merged)))
+
+        for i in range(1, n):
+            try_add(i - 1, i)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            a, b = syms[left], syms[right]
+            if not a or not b or len(a) + len(b) != size:
+                continue
+            syms[left] = a + b
+            syms[right] = ""
+            nr = nxt[right]
+            nxt[left] = nr
+            if nr >= 0:
+                prv[nr] = left
+            try_add(prv[left], left)
+            try_add(left, nr)
+
+        i = 0
+        while i != -1:
+            s = syms[i]
+            tid = t2i.get(s)
+            if tid is not None:
+                out.append(tid)
+            else:
+                for byte in s.encode("utf-8"):
+                    out.append(self._byte_to_token(byte))
+            i = nxt[i]
+
+    def _byte_to_token(self, byte: int) -> int:
+        t2i = self.token_to_id
+        if self.kind == "spm":
+            tid = t2i.get(f"<0x{byte:02X}>")
+            if tid is None and byte < 0x80:
+                tid = t2i.get(chr(byte))
+        else:
+            tid = t2i.get(BYTE_TO_UNICODE[byte])
+        if tid is None:
+            raise ModelError(f"tokenizer: vocabulary has no token for byte 0x{byte:02X}")
+        return tid
+
+    # ---------------------------------------------------------------- decode
+
+    def _piece(self, token_id: int) -> bytes:
+        """token_to_piece(special=True) without lstrip, cached (token_to_piece_for_cache)."""
+        p = self._pieces[token_id]
+        if p is not None:
+            return p
+        attr = self.attrs[token_id]
+        text = self.tokens[token_id]
+        if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
+            p = text.encode("utf-8")
+        elif attr & ATTR_NORMAL:
+            if self.kind == "spm":
+                p = text.replace("\u2581", " ").encode("utf-8")
+            else:
+                p = _decode_gpt2_text(text)
+        elif attr & ATTR_BYTE:
+            p = bytes([int(text[3:5], 16)])
+        else:
+            p = b""
+        self._pieces[token_id] = p
+        return p
+
+    def token_to_piece(self, token_id: int, special: bool = True, lstrip: int = 0) -> bytes:
+        """The bytes of one token, as ``llama_token_to_piece(vocab, id, buf, n, lstrip, special)``.
+
+        With ``special=False`` control and unknown tokens give ``b""``. A piece can end inside a
+        UTF-8 character: join pieces before decoding, or use :class:`StreamDecoder`."""
+        if not 0 <= token_id < len(self.tokens):
+            raise ModelError(f"tokenizer: token id {token_id} out of range [0, {len(self.tokens)})")
+        if not special and self.attrs[token_id] & (ATTR_UNKNOWN | ATTR_CONTROL):
+            return b""
+        p = self._piece(token_id)
+        while lstrip > 0 and p[:1] == b" ":
+            p = p[1:]
+            lstrip -= 1
+        return p
+
+    def detokenize(self, ids: Sequence[int], remove_special: bool = False, unparse_special: bool = False) -> bytes:
+        """``llama_detokenize``: pieces joined, the SPM leading space removed, then ``clean_spaces``."""
+        ids = list(ids)
+        remove_space = self.add_space_prefix
+        if remove_special and self.add_bos and ids and ids[0] == self.bos_id:
+            remove_space = False
+            ids = ids[1:]
+        if remove_special and self.add_eos and ids and ids[-1] == self.eos_id:
+            ids = ids[:-1]
+        parts = []
+        for tid in ids:
+            parts.append(self.token_to_piece(tid, special=unparse_special, lstrip=int(remove_space)))
+            remove_space = False
+        text = bytearray(b"".join(parts))
+        if self.clean_spaces:
+            text = _clean_spaces(text)
+        return bytes(text)
+
+    def decode(self, ids: Sequence[int], special: bool = False) -> str:
+        """Text of ``ids`` (llama_detokenize with ``unparse_special=special``); invalid UTF-8 -> U+FFFD."""
+        return self.detokenize(ids, unparse_special=special).decode("utf-8", errors="replace")
+
+    def stream(self, special: bool = True) -> "StreamDecoder":
+        return StreamDecoder(self, special=special)
+
+
+def _decode_gpt2_text(text: str) -> bytes:
+    """llama_decode_text: GPT-2 characters back to bytes; unknown characters spelled out."""
+    out = bytearray()
+    for ch in text:
+        b = UNICODE_TO_BYTE.get(ch)
+        if b is not None:
+            out.append(b)
+        else:
+            out += b"[UNK_BYTE_0x" + ch.encode("utf-8").hex().encode() + text.encode("utf-8") + b"]"
+    return bytes(out)
+
+
+def _clean_spaces(text: bytearray) -> bytearray:
+    """The three in-place passes of llama_vocab::impl::detokenize when clean_spaces is set."""
+    sp, ap = 0x20, 0x27
+    # first pass: " ?", " !", " .", " ," lose the space
+    total1 = len(text)
+    total = 1 if total1 else 0
+    for i in range(1, total1):
+        x = text[i]
+        if text[i - 1] == sp and x in b"?!.,":
+            total -= 1
+        text[total] = x
+        total += 1
+    # second pass: " ' " -> "'"
+    total2 = total
+    total = 1 if total2 else 0
+    i = 1
+    while i < total2:
+        x = text[i]
+        if x == ap and i + 1 < total2 and text[i - 1] == sp and text[i + 1] == sp:
+            total -= 1
+            i += 1
+            text[i] = 0
+        text[total] = x
+        total += 1
+        i += 1
+    # third pass: " 's", " 'm", " 're", " 've" lose the space
+    total3 = total
+    total = 1 if total3 else 0
+    for i in range(1, total3):
+        x = text[i]
+        if text[i - 1] == sp and x == ap and i + 1 < total3:
+            x1 = text[i + 1]
+            if x1 in b"sm":
+                total -= 1
+            elif x1 not in b"td" and i + 2 < total3:
+                x2 = text[i + 2]
+                if (x1, x2) in ((ord("r"), ord("e")), (ord("v"), ord("e"))):
+                    total -= 1
+        text[total] = x
+        total += 1
+    del text[total:]
+    return text
+
+
+class StreamDecoder:
+    """Turns token ids into text as they are generated, holding back incomplete UTF-8 sequences.
+
+    ``push(id)`` returns the text that became complete (possibly ``""``); ``flush()`` returns what is
+    left (invalid bytes as U+FFFD)."""
+
+    def __init__(self, tokenizer: Tokenizer, special: bool = True):
+        self._tok = tokenizer
+        self._special = special
+        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_id: int) -> str:
+        return self._dec.decode(self._tok.token_to_piece(token_id, special=self._special))
+
+    def flush(self) -> str:
+        return self._dec.decode(b"", final=True)
