@@ -24,7 +24,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import bits_to_f32, f32_to_bits, njit, njit_parallel, prange
+from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
 from quantkit.quants.common import get_f16, get_f32, put_f16, put_f32
 
@@ -299,10 +299,11 @@ def dequantize_row_q4_0(y, x):
 # Q5_0: fp16 d, qh[4] (bit j = 5th bit of value j), qs[16] (low nibbles as Q4_0)
 # ---------------------------------------------------------------------------------------------
 @njit
-def _q5_0_pack(y, o, ib_l0, ib_l1, j, qh):
-    y[o + 6 + j] = np.uint8((ib_l0 & 0x0F) | ((ib_l1 & 0x0F) << 4))
-    qh |= np.uint32((ib_l0 & 0x10) >> 4) << np.uint32(j)
-    qh |= np.uint32((ib_l1 & 0x10) >> 4) << np.uint32(j + 16)
+def _q5_0_pack(y, o, l0, l1, j, qh):
+    """Store levels l0 (value j) and l1 (value j+16) of a Q5_0 block; return qh with their fifth bits."""
+    y[o + 6 + j] = np.uint8((l0 & 0x0F) | ((l1 & 0x0F) << 4))
+    qh |= np.uint32((l0 & 0x10) >> 4) << np.uint32(j)
+    qh |= np.uint32((l1 & 0x10) >> 4) << np.uint32(j + 16)
     return qh
 
 
