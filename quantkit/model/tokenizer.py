@@ -177,7 +177,8 @@ _PRE_REGEXES: dict[str, tuple[str, ...]] = {
     "default": (r"[\p{P}\$\+<=>\^~\|]+", RE_GPT2, r"\p{N}+", "[0-9][0-9][0-9]"),
     "llama3": (RE_LLAMA3,),
     "jais2": (RE_JAIS2,),
-    "deepseek_llm": ("[\r\n]", _DEEPSEEK_LLM_LETTERS, "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", "\\s+$",
+    "deepseek_llm": ("[\r\n]", _DEEPSEEK_LLM_LETTERS,
+                     "\\s?[!-/:-~\uff01-\uff0f\uff1a-\uff5e\u2018-\u201f\u3000-\u3002]+", "\\s+$",
                      "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}+"),
     "deepseek3_llm": (r"\p{N}{1,3}", "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+", RE_DEEPSEEK3),
     "deepseek_coder": ("[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+", "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"),
@@ -434,11 +435,6 @@ _C_ISSPACE = frozenset(" \t\n\v\f\r")
 # --------------------------------------------------------------------------------------------------
 # the tokenizer
 # --------------------------------------------------------------------------------------------------
-
-
-def _meta_get(meta: Mapping[str, Any], key: str, default: Any = None) -> Any:
-    v = meta.get(key, default)
-    return v
 
 
 class Tokenizer:
