@@ -1,0 +1,737 @@
+"""The affine family: every block stores a scale ``d`` and a minimum, ``x ~ d * q - min``.
+
+Types: Q4_1, Q5_1 (32-element blocks) and Q2_K, Q4_K, Q5_K (256-element super-blocks whose
+sub-block scales and mins are themselves quantized against two fp16 super-scales).
+
+Bit-exact with ggml (``src/ggml-quants.c``), per ``ggml_quantize_chunk``'s dispatch:
+
+* no importance matrix: ``quantize_row_{q4_1,q5_1,q2_K,q4_K,q5_K}_ref``;
+* with an importance matrix: ``quantize_row_X_impl`` -- a weighted min/scale search
+  (``make_qkx3_quants``) per block, and for the K-types a weighted quantization of the sub-block
+  scales and mins (``make_qp_quants``).
+
+Dequantization is bit-exact with ``gguf.quants.dequantize`` (and ggml's ``dequantize_row_X``).
+
+Float-exactness notes (what makes the bytes match):
+* every intermediate is float32, in the C evaluation order (``w*l*x`` is ``(w*l)*x``); integers are
+  converted to float32 explicitly because numba would otherwise promote ``float32 * int`` to float64;
+* ``nearest_int`` is ggml's magic-number trick reproduced on the bits (``_nint``), so it also agrees
+  with ggml on NaN/inf arguments, which appear when a block's range overflows fp16;
+* C stores some ints into ``uint8_t`` (wrapping), kept with ``& 0xFF``; float -> small-int casts use
+  x86's truncating conversion (``_c_trunc``).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
+from quantkit.quants.base import QuantType
+from quantkit.quants.common import get_f16, put_f16
+
+F32 = np.float32
+QK_K = 256
+_GROUP_MAX_EPS = np.float32(1e-15)
+_INT_MIN = np.int32(-2147483648)
+
+
+# ---------------------------------------------------------------------------------------------
+# scalar helpers
+# ---------------------------------------------------------------------------------------------
+
+@njit
+def _nint(f):
+    """ggml's nearest_int: add 1.5*2**23 and read the low mantissa bits (ties to even)."""
+    v = np.float32(f) + np.float32(12582912.0)
+    return np.int32(f32_to_bits(v) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
+
+
+@njit
+def _c_trunc(v):
+    """C's float -> int32 conversion as x86 does it: truncate; NaN/out of range give INT_MIN."""
+    if v != v or v >= np.float32(2147483648.0) or v < np.float32(-2147483648.0):
+        return _INT_MIN
+    return np.int32(v)
+
+
+@njit
+def _clamp(lo, hi, v):
+    return lo if v < lo else (hi if v > hi else v)
+
+
+# ---------------------------------------------------------------------------------------------
+# the search helpers
+# ---------------------------------------------------------------------------------------------
+
+@njit
+def make_qkx2_quants(nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
+    """Weighted (scale, min) search for ``x ~ scale * L + min`` with ``0 <= L <= nmax``.
+
+    ggml's ``make_qkx2_quants``: start from the min/max grid, then try ``nstep + 1`` grid scales
+    ``(nmax + rmin + rdelta * is) / (max - min)`` and keep the least-squares fit with the lowest
+    weighted error (absolute error if ``use_mad``). Fills ``L`` (uint8), uses ``Laux`` as scratch.
+    Returns ``(scale, the_min)`` where ``the_min`` is the *negated* minimum (>= 0 for min <= 0).
+    """
+    n = x.shape[0]
+    fmax = F32(nmax)
+    mn = x[0]
+    mx = x[0]
+    sum_w = weights[0]
+    sum_x = sum_w * x[0]
+    for i in range(1, n):
+        if x[i] < mn:
+            mn = x[i]
+        if x[i] > mx:
+            mx = x[i]
+        w = weights[i]
+        sum_w += w
+        sum_x += w * x[i]
+    if mn > F32(0.0):
+        mn = F32(0.0)
+    if mx <= mn:  # only equality can happen: min <= 0 and min <= every x <= max
+        for i in range(n):
+            L[i] = 0
+        return F32(0.0), -mn
+    iscale = fmax / (mx - mn)
+    scale = F32(1.0) / iscale
+    best_error = F32(0.0)
+    for i in range(n):
+        l = _clamp(0, nmax, _nint(iscale * (x[i] - mn)))
+        L[i] = l
+        diff = scale * F32(l) + mn - x[i]
+        diff = abs(diff) if use_mad else diff * diff
+        best_error += weights[i] * diff
+    if nstep < 1:
+        return scale, -mn
+    for step in range(nstep + 1):
+        iscale = (rmin + rdelta * F32(step) + fmax) / (mx - mn)
+        sum_l = F32(0.0)
+        sum_l2 = F32(0.0)
+        sum_xl = F32(0.0)
+        for i in range(n):
+            l = _clamp(0, nmax, _nint(iscale * (x[i] - mn)))
+            Laux[i] = l
+            w = weights[i]
+            fl = F32(l)
+            sum_l += w * fl
+            sum_l2 += w * fl * fl
+            sum_xl += w * fl * x[i]
+        D = sum_w * sum_l2 - sum_l * sum_l
+        if D > F32(0.0):
+            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
+            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
+            if this_min > F32(0.0):
+                this_min = F32(0.0)
+                this_scale = sum_xl / sum_l2
+            cur_error = F32(0.0)
+            for i in range(n):
+                diff = this_scale * F32(Laux[i]) + this_min - x[i]
+                diff = abs(diff) if use_mad else diff * diff
+                cur_error += weights[i] * diff
+            if cur_error < best_error:
+                for i in range(n):
+                    L[i] = Laux[i]
+                best_error = cur_error
+                scale = this_scale
+                mn = this_min
+    return scale, -mn
+
+
+@njit
+def make_qkx3_quants(nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
+    """ggml's ``make_qkx3_quants`` with explicit weights (every ggml call site passes them).
+
+    Its only difference from ``make_qkx2_quants`` is testing ``max <= min`` instead of
+    ``max == min`` for the degenerate block, which is the same test for finite data (min is clamped
+    to <= 0 and every x lies in [min, max]); so the search is shared.
+    """
+    return make_qkx2_quants(nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad)
+
+
+@njit
+def make_qp_quants(nmax, x, L, quant_weights):
+    """Weighted quantization of non-negative values ``x`` to ``0..nmax`` with one scale, no min.
+
+    ggml's ``make_qp_quants`` (used for the sub-block scales and mins of the K-types): best of nine
+    grid scales, then up to five rounds of coordinate descent on ``sum(w x l)^2 / sum(w l^2)``.
+    ``L`` is an int32 array holding what C's ``uint8_t`` would (negative values wrap modulo 256).
+    Returns the scale.
+    """
+    n = x.shape[0]
+    fmax = F32(nmax)
+    mx = F32(0.0)
+    for i in range(n):
+        mx = mx if mx > x[i] else x[i]
+    if mx < _GROUP_MAX_EPS:
+        for i in range(n):
+            L[i] = 0
+        return F32(0.0)
+    iscale = fmax / mx
+    for i in range(n):
+        L[i] = _nint(iscale * x[i]) & 0xFF
+    scale = F32(1.0) / iscale
+    best_mse = F32(0.0)
+    for i in range(n):
+        diff = x[i] - scale * F32(L[i])
+        best_mse += quant_weights[i] * diff * diff
+    for step in range(-4, 5):
+        if step == 0:
+            continue
+        iscale_is = (F32(0.1) * F32(step) + fmax) / mx
+        scale_is = F32(1.0) / iscale_is
+        mse = F32(0.0)
+        for i in range(n):
+            l = min(nmax, _nint(iscale_is * x[i]))
+            diff = x[i] - scale_is * F32(l)
+            mse += quant_weights[i] * diff * diff
+        if mse < best_mse:
+            best_mse = mse
+            iscale = iscale_is
+    sumlx = F32(0.0)
+    suml2 = F32(0.0)
+    for i in range(n):
+        l = min(nmax, _nint(iscale * x[i]))
+        L[i] = l & 0xFF
+        w = quant_weights[i]
+        sumlx += w * x[i] * F32(l)
+        suml2 += w * F32(l) * F32(l)
+    for _ in range(5):
+        n_changed = 0
+        for i in range(n):
+            w = quant_weights[i]
+            fl = F32(L[i])
+            slx = sumlx - w * x[i] * fl
+            sl2 = suml2 - w * fl * fl
+            if slx > F32(0.0) and sl2 > F32(0.0):
+                new_l = min(nmax, _nint(x[i] * sl2 / slx))
+                if new_l != L[i]:
+                    slx += w * x[i] * F32(new_l)
+                    sl2 += w * F32(new_l) * F32(new_l)
+                    if slx * slx * suml2 > sumlx * sumlx * sl2:
+                        L[i] = new_l & 0xFF
+                        sumlx = slx
+                        suml2 = sl2
+                        n_changed += 1
+        if n_changed == 0:
+            break
+    return sumlx / suml2 if suml2 > F32(0.0) else F32(0.0)
+
+
+@njit
+def _row_sigma2(x):
+    """sum(x^2) / n over a whole row, accumulated left to right in float32."""
+    s = F32(0.0)
+    for j in range(x.shape[0]):
+        s += x[j] * x[j]
+    return s / F32(x.shape[0])
+
+
+@njit
+def _imatrix_weights(xb, qw, sigma2, out):
+    """ggml's per-element weights for the weighted paths: qw * sqrt(sigma2 + x^2)."""
+    for j in range(xb.shape[0]):
+        out[j] = qw[j] * np.sqrt(sigma2 + xb[j] * xb[j])
+
+
+# ---------------------------------------------------------------------------------------------
+# Q4_1 / Q5_1: 32 values, fp16 d and m, 4- or 5-bit quants
+# ---------------------------------------------------------------------------------------------
+
+@njit
+def _block_minmax_ref(xb, nmax, Lb):
+    """quantize_row_q{4,5}_1_ref for one block: grid from min to max, round half up.
+
+    Returns (d, min) and fills Lb with the 0..nmax levels as C's casts leave them.
+    """
+    mn = F32(3.4028234663852886e38)
+    mx = F32(-3.4028234663852886e38)
+    for j in range(32):
+        v = xb[j]
+        if v < mn:
+            mn = v
+        if v > mx:
+            mx = v
+    d = (mx - mn) / F32(nmax)
+    idd = F32(1.0) / d if d != F32(0.0) else F32(0.0)
+    for j in range(32):
+        t = _c_trunc((xb[j] - mn) * idd + F32(0.5))
+        if nmax == 15:  # (int8_t) cast, then MIN(15, .), stored to uint8
+            t = t & 0xFF
+            if t >= 128:
+                t -= 256
+            t = min(15, t) & 0xFF
+        else:  # (uint8_t) cast
+            t = t & 0xFF
+        Lb[j] = t
+    return d, mn
+
+
+@njit
+def _put_q4_1(yb, d, m, Lb):
+    put_f16(yb, 0, d)
+    put_f16(yb, 2, m)
+    for j in range(16):
+        yb[4 + j] = np.uint8((Lb[j] | (Lb[j + 16] << 4)) & 0xFF)
+
+
+@njit
+def _put_q5_1(yb, d, m, Lb):
+    put_f16(yb, 0, d)
+    put_f16(yb, 2, m)
+    qh = np.uint32(0)
+    for j in range(16):
+        a = Lb[j]
+        b = Lb[j + 16]
+        yb[8 + j] = np.uint8((a & 0x0F) | ((b & 0x0F) << 4))
+        qh |= np.uint32((a & 0x10) >> 4) << np.uint32(j)
+        qh |= np.uint32((b & 0x10) >> 4) << np.uint32(j + 16)
+    for k in range(4):
+        yb[4 + k] = np.uint8((qh >> np.uint32(8 * k)) & np.uint32(0xFF))
+
+
+@njit
+def _quantize_row_x_1(x, y, qw, nmax, type_size):
+    nb = x.shape[0] // 32
+    Lb = np.zeros(32, dtype=np.int32)
+    L = np.zeros(32, dtype=np.uint8)
+    Laux = np.zeros(32, dtype=np.uint8)
+    weight = np.zeros(32, dtype=np.float32)
+    weighted = qw.shape[0] > 0
+    sigma2 = _row_sigma2(x) if weighted else F32(0.0)
+    for ib in range(nb):
+        xb = x[ib * 32:(ib + 1) * 32]
+        yb = y[ib * type_size:(ib + 1) * type_size]
+        if weighted:
+            _imatrix_weights(xb, qw[ib * 32:(ib + 1) * 32], sigma2, weight)
+            d, the_min = make_qkx3_quants(nmax, xb, weight, L, Laux, F32(-0.9), F32(0.05), 36, False)
+            m = -the_min
+            for j in range(32):
+                Lb[j] = L[j]
+        else:
+            d, m = _block_minmax_ref(xb, nmax, Lb)
+        if nmax == 15:
+            _put_q4_1(yb, d, m, Lb)
+        else:
+            _put_q5_1(yb, d, m, Lb)
+
+
+@njit_parallel
+def quantize_rows_q4_1(x, y, qw):
+    for r in prange(x.shape[0]):
+        _quantize_row_x_1(x[r], y[r], qw, 15, 20)
+
+
+@njit_parallel
+def quantize_rows_q5_1(x, y, qw):
+    for r in prange(x.shape[0]):
+        _quantize_row_x_1(x[r], y[r], qw, 31, 24)
+
+
+@njit_parallel
+def dequantize_rows_q4_1(y, x):
+    nb = x.shape[1] // 32
+    for r in prange(y.shape[0]):
+        for ib in range(nb):
+            yb = y[r, ib * 20:(ib + 1) * 20]
+            d = get_f16(yb, 0)
+            m = get_f16(yb, 2)
+            for j in range(16):
+                q = yb[4 + j]
+                x[r, ib * 32 + j] = F32(q & 0x0F) * d + m
+                x[r, ib * 32 + j + 16] = F32(q >> 4) * d + m
+
+
+@njit_parallel
+def dequantize_rows_q5_1(y, x):
+    nb = x.shape[1] // 32
+    for r in prange(y.shape[0]):
+        for ib in range(nb):
+            yb = y[r, ib * 24:(ib + 1) * 24]
+            d = get_f16(yb, 0)
+            m = get_f16(yb, 2)
+            qh = (np.uint32(yb[4]) | (np.uint32(yb[5]) << np.uint32(8)) | (np.uint32(yb[6]) << np.uint32(16))
+                  | (np.uint32(yb[7]) << np.uint32(24)))
+            for j in range(16):
+                q = yb[8 + j]
+                h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
+                h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
+                x[r, ib * 32 + j] = F32((q & 0x0F) | h0) * d + m
+                x[r, ib * 32 + j + 16] = F32((q >> 4) | h1) * d + m
+
+
+# ---------------------------------------------------------------------------------------------
+# Q2_K: 16 sub-blocks of 16, 4-bit scale and 4-bit min per sub-block, 2-bit quants
+#   bytes: scales[16] (scale | min << 4), qs[64], d (fp16), dmin (fp16)
+# ---------------------------------------------------------------------------------------------
+
+@njit
+def _q2_k_super_ref(xb, yb, L, Laux, weights, scales, mins):
+    q4scale = F32(15.0)
+    max_scale = F32(0.0)
+    max_min = F32(0.0)
+    for j in range(16):
+        xs = xb[16 * j:16 * j + 16]
+        for l in range(16):
+            weights[l] = abs(xs[l])
+        sc, mn = make_qkx2_quants(3, xs, weights, L[16 * j:16 * j + 16], Laux, F32(-0.5), F32(0.1), 15, True)
+        scales[j] = sc
+        mins[j] = mn
+        if sc > max_scale:
+            max_scale = sc
+        if mn > max_min:
+            max_min = mn
+    if max_scale > F32(0.0):
+        iscale = q4scale / max_scale
+        for j in range(16):
+            yb[j] = np.uint8(_nint(iscale * scales[j]) & 0xFF)
+        put_f16(yb, 80, max_scale / q4scale)
+    else:
+        for j in range(16):
+            yb[j] = 0
+        put_f16(yb, 80, F32(0.0))
+    if max_min > F32(0.0):
+        iscale = q4scale / max_min
+        for j in range(16):
+            yb[j] = np.uint8((np.int32(yb[j]) | (_nint(iscale * mins[j]) << 4)) & 0xFF)
+        put_f16(yb, 82, max_min / q4scale)
+    else:
+        put_f16(yb, 82, F32(0.0))
+
+
+@njit
+def _q2_k_super_impl(xb, yb, qwb, L, Laux, weights, scales, mins, sw, Ls, Lm):
+    sumx2 = F32(0.0)
+    for j in range(QK_K):
+        sumx2 += xb[j] * xb[j]
+    sigma2 = sumx2 / F32(QK_K)
+    for j in range(16):
+        xs = xb[16 * j:16 * j + 16]
+        _imatrix_weights(xs, qwb[16 * j:16 * j + 16], sigma2, weights)
+        s = F32(0.0)
+        for l in range(16):
+            s += weights[l]
+        sw[j] = s
+        sc, mn = make_qkx3_quants(3, xs, weights, L[16 * j:16 * j + 16], Laux, F32(-0.9), F32(0.05), 36, False)
+        scales[j] = sc
+        mins[j] = mn
+    dm = make_qp_quants(15, scales, Ls, sw)
+    mm = make_qp_quants(15, mins, Lm, sw)
+    put_f16(yb, 80, dm)
+    put_f16(yb, 82, mm)
+    for j in range(16):
+        yb[j] = np.uint8((Ls[j] | (Lm[j] << 4)) & 0xFF)
+
+
+@njit
+def _q2_k_requant_pack(xb, yb, L):
+    """Re-round every value against the stored fp16 scales, then pack four 2-bit quants a byte."""
+    d_all = get_f16(yb, 80)
+    m_all = get_f16(yb, 82)
+    for j in range(16):
+        d = d_all * F32(yb[j] & 0xF)
+        if d == F32(0.0):
+            continue
+        dm = m_all * F32(yb[j] >> 4)
+        for ii in range(16):
+            L[16 * j + ii] = _clamp(0, 3, _nint((xb[16 * j + ii] + dm) / d))
+    for j in range(0, QK_K, 128):
+        for l in range(32):
+            yb[16 + j // 4 + l] = np.uint8(
+                L[j + l] | (L[j + l + 32] << 2) | (L[j + l + 64] << 4) | (L[j + l + 96] << 6))
+
+
+@njit
+def _quantize_row_q2_k(x, y, qw):
+    nb = x.shape[0] // QK_K
+    L = np.zeros(QK_K, dtype=np.uint8)
+    Laux = np.zeros(16, dtype=np.uint8)
+    weights = np.zeros(16, dtype=np.float32)
+    scales = np.zeros(16, dtype=np.float32)
+    mins = np.zeros(16, dtype=np.float32)
+    sw = np.zeros(16, dtype=np.float32)
+    Ls = np.zeros(16, dtype=np.int32)
+    Lm = np.zeros(16, dtype=np.int32)
+    for i in range(nb):
+        xb = x[i * QK_K:(i + 1) * QK_K]
+        yb = y[i * 84:(i + 1) * 84]
+        if qw.shape[0] > 0:
+            _q2_k_super_impl(xb, yb, qw[i * QK_K:(i + 1) * QK_K], L, Laux, weights, scales, mins, sw, Ls, Lm)
+        else:
+            _q2_k_super_ref(xb, yb, L, Laux, weights, scales, mins)
+        _q2_k_requant_pack(xb, yb, L)
+
+
+@njit_parallel
+def quantize_rows_q2_k(x, y, qw):
+    for r in prange(x.shape[0]):
+        _quantize_row_q2_k(x[r], y[r], qw)
+
+
+@njit_parallel
+def dequantize_rows_q2_k(y, x):
+    nb = x.shape[1] // QK_K
+    for r in prange(y.shape[0]):
+        for i in range(nb):
+            yb = y[r, i * 84:(i + 1) * 84]
+            xo = x[r, i * QK_K:(i + 1) * QK_K]
+            d = get_f16(yb, 80)
+            dmin = get_f16(yb, 82)
+            for half in range(2):
+                q = yb[16 + 32 * half:16 + 32 * half + 32]
+                for shift4 in range(4):
+                    shift = 2 * shift4
+                    for part in range(2):
+                        k = 8 * half + 2 * shift4 + part
+                        sc = yb[k]
+                        dl = d * F32(sc & 0xF)
+                        ml = dmin * F32(sc >> 4)
+                        for l in range(16):
+                            xo[16 * k + l] = dl * F32((q[16 * part + l] >> shift) & 3) - ml
+
+
+# ---------------------------------------------------------------------------------------------
+# Q4_K / Q5_K: 8 sub-blocks of 32, 6-bit scale and 6-bit min per sub-block
+#   bytes: d (fp16), dmin (fp16), scales[12] (get_scale_min_k4 packing), [qh[32] for Q5_K], qs[128]
+# ---------------------------------------------------------------------------------------------
+
+@njit
+def _put_scale_min_k4(sc12, j, ls, lm):
+    """Pack sub-block j's 6-bit scale ``ls`` and min ``lm`` into the 12 scale bytes.
+
+    Sub-blocks 0-3 take the low 6 bits of bytes 0-7; 4-7 put their low nibbles in bytes 8-11 and their
+    top 2 bits into bits 6-7 of bytes 0-7, so callers must go j = 0..7 in order (as ggml does).
+    Values are stored with C's uint8 wrap-around."""
+    if j < 4:
+        sc12[j] = np.uint8(ls & 0xFF)
+        sc12[j + 4] = np.uint8(lm & 0xFF)
+    else:
+        sc12[j + 4] = np.uint8(((ls & 0xF) | ((lm & 0xF) << 4)) & 0xFF)
+        sc12[j - 4] = np.uint8((np.int32(sc12[j - 4]) | ((ls >> 4) << 6)) & 0xFF)
+        sc12[j] = np.uint8((np.int32(sc12[j]) | ((lm >> 4) << 6)) & 0xFF)
+
+
+@njit
+def _get_scale_min_k4(j, sc12):
+    if j < 4:
+        return np.int32(sc12[j] & 63), np.int32(sc12[j + 4] & 63)
+    d = np.int32((sc12[j + 4] & 0xF) | ((sc12[j - 4] >> 6) << 4))
+    m = np.int32((sc12[j + 4] >> 4) | ((sc12[j] >> 6) << 4))
+    return d, m
+
+
+@njit
+def _k32_super_ref(xb, yb, nmax, rmin, rdelta, nstep, L, Laux, weights, scales, mins):
+    """quantize_row_q{4,5}_K_ref up to the scales: fills d, dmin, scales[12] of yb and L."""
+    max_scale = F32(0.0)
+    max_min = F32(0.0)
+    for j in range(8):
+        xs = xb[32 * j:32 * j + 32]
+        sum_x2 = F32(0.0)
+        for l in range(32):
+            sum_x2 += xs[l] * xs[l]
+        av_x = np.sqrt(sum_x2 / F32(32.0))
+        for l in range(32):
+            weights[l] = av_x + abs(xs[l])
+        sc, mn = make_qkx2_quants(nmax, xs, weights, L[32 * j:32 * j + 32], Laux, rmin, rdelta, nstep, False)
+        scales[j] = sc
+        mins[j] = mn
+        if sc > max_scale:
+            max_scale = sc
+        if mn > max_min:
+            max_min = mn
+    inv_scale = F32(63.0) / max_scale if max_scale > F32(0.0) else F32(0.0)
+    inv_min = F32(63.0) / max_min if max_min > F32(0.0) else F32(0.0)
+    sc12 = yb[4:16]
+    for j in range(8):
+        ls = min(63, _nint(inv_scale * scales[j]) & 0xFF)
+        lm = min(63, _nint(inv_min * mins[j]) & 0xFF)
+        _put_scale_min_k4(sc12, j, ls, lm)
+    put_f16(yb, 0, max_scale / F32(63.0))
+    put_f16(yb, 2, max_min / F32(63.0))
+
+
+@njit
+def _k32_super_impl(xb, yb, qwb, nmax, clamp63, L, Laux, weights, scales, mins, sw, Ls, Lm):
+    """quantize_row_q{4,5}_K_impl up to the scales (importance-weighted)."""
+    sum_x2 = F32(0.0)
+    for l in range(QK_K):
+        sum_x2 += xb[l] * xb[l]
+    sigma2 = F32(2.0) * sum_x2 / F32(QK_K)
+    for j in range(8):
+        xs = xb[32 * j:32 * j + 32]
+        _imatrix_weights(xs, qwb[32 * j:32 * j + 32], sigma2, weights)
+        s = F32(0.0)
+        for l in range(32):
+            s += weights[l]
+        sw[j] = s
+        sc, mn = make_qkx3_quants(nmax, xs, weights, L[32 * j:32 * j + 32], Laux, F32(-0.9), F32(0.05), 36, False)
+        scales[j] = sc
+        mins[j] = mn
+    d_block = make_qp_quants(63, scales, Ls, sw)
+    m_block = make_qp_quants(63, mins, Lm, sw)
+    sc12 = yb[4:16]
+    for j in range(8):
+        ls = Ls[j]
+        lm = Lm[j]
+        if clamp63:  # Q5_K clamps here, Q4_K does not
+            ls = min(63, ls)
+            lm = min(63, lm)
+        _put_scale_min_k4(sc12, j, ls, lm)
+    put_f16(yb, 0, d_block)
+    put_f16(yb, 2, m_block)
+
+
+@njit
+def _k32_requant(xb, yb, nmax, L):
+    """Re-round every value against the stored fp16 d/dmin and 6-bit scales/mins."""
+    d_all = get_f16(yb, 0)
+    m_all = get_f16(yb, 2)
+    sc12 = yb[4:16]
+    for j in range(8):
+        sc, m = _get_scale_min_k4(j, sc12)
+        d = d_all * F32(sc)
+        if d == F32(0.0):
+            continue
+        dm = m_all * F32(m)
+        for ii in range(32):
+            L[32 * j + ii] = _clamp(0, nmax, _nint((xb[32 * j + ii] + dm) / d))
+
+
+@njit
+def _quantize_row_k32(x, y, qw, nmax, type_size):
+    nb = x.shape[0] // QK_K
+    L = np.zeros(QK_K, dtype=np.uint8)
+    Laux = np.zeros(32, dtype=np.uint8)
+    weights = np.zeros(32, dtype=np.float32)
+    scales = np.zeros(8, dtype=np.float32)
+    mins = np.zeros(8, dtype=np.float32)
+    sw = np.zeros(8, dtype=np.float32)
+    Ls = np.zeros(8, dtype=np.int32)
+    Lm = np.zeros(8, dtype=np.int32)
+    for i in range(nb):
+        xb = x[i * QK_K:(i + 1) * QK_K]
+        yb = y[i * type_size:(i + 1) * type_size]
+        if qw.shape[0] > 0:
+            _k32_super_impl(xb, yb, qw[i * QK_K:(i + 1) * QK_K], nmax, nmax == 31, L, Laux, weights, scales,
+                            mins, sw, Ls, Lm)
+        elif nmax == 15:
+            _k32_super_ref(xb, yb, 15, F32(-1.0), F32(0.1), 20, L, Laux, weights, scales, mins)
+        else:
+            _k32_super_ref(xb, yb, 31, F32(-0.5), F32(0.1), 15, L, Laux, weights, scales, mins)
+        _k32_requant(xb, yb, nmax, L)
+        if nmax == 15:
+            for j in range(0, QK_K, 64):
+                for l in range(32):
+                    yb[16 + j // 2 + l] = np.uint8(L[j + l] | (L[j + l + 32] << 4))
+        else:
+            qh = yb[16:48]
+            ql = yb[48:176]
+            for l in range(32):
+                qh[l] = 0
+            for g in range(4):
+                n = 64 * g
+                m1 = np.uint8(1 << (2 * g))
+                m2 = np.uint8(2 << (2 * g))
+                for j in range(32):
+                    l1 = np.int32(L[n + j])
+                    if l1 > 15:
+                        l1 -= 16
+                        qh[j] |= m1
+                    l2 = np.int32(L[n + j + 32])
+                    if l2 > 15:
+                        l2 -= 16
+                        qh[j] |= m2
+                    ql[32 * g + j] = np.uint8((l1 | (l2 << 4)) & 0xFF)
+
+
+@njit_parallel
+def quantize_rows_q4_k(x, y, qw):
+    for r in prange(x.shape[0]):
+        _quantize_row_k32(x[r], y[r], qw, 15, 144)
+
+
+@njit_parallel
+def quantize_rows_q5_k(x, y, qw):
+    for r in prange(x.shape[0]):
+        _quantize_row_k32(x[r], y[r], qw, 31, 176)
+
+
+@njit_parallel
+def dequantize_rows_q4_k(y, x):
+    nb = x.shape[1] // QK_K
+    for r in prange(y.shape[0]):
+        for i in range(nb):
+            yb = y[r, i * 144:(i + 1) * 144]
+            xo = x[r, i * QK_K:(i + 1) * QK_K]
+            d = get_f16(yb, 0)
+            dmin = get_f16(yb, 2)
+            sc12 = yb[4:16]
+            for g in range(4):
+                q = yb[16 + 32 * g:48 + 32 * g]
+                sc, m = _get_scale_min_k4(2 * g, sc12)
+                d1 = d * F32(sc)
+                m1 = dmin * F32(m)
+                sc, m = _get_scale_min_k4(2 * g + 1, sc12)
+                d2 = d * F32(sc)
+                m2 = dmin * F32(m)
+                for l in range(32):
+                    xo[64 * g + l] = d1 * F32(q[l] & 0xF) - m1
+                    xo[64 * g + 32 + l] = d2 * F32(q[l] >> 4) - m2
+
+
+@njit_parallel
+def dequantize_rows_q5_k(y, x):
+    nb = x.shape[1] // QK_K
+    for r in prange(y.shape[0]):
+        for i in range(nb):
+            yb = y[r, i * 176:(i + 1) * 176]
+            xo = x[r, i * QK_K:(i + 1) * QK_K]
+            d = get_f16(yb, 0)
+            dmin = get_f16(yb, 2)
+            sc12 = yb[4:16]
+            qh = yb[16:48]
+            for g in range(4):
+                ql = yb[48 + 32 * g:80 + 32 * g]
+                u1 = 1 << (2 * g)
+                u2 = 2 << (2 * g)
+                sc, m = _get_scale_min_k4(2 * g, sc12)
+                d1 = d * F32(sc)
+                m1 = dmin * F32(m)
+                sc, m = _get_scale_min_k4(2 * g + 1, sc12)
+                d2 = d * F32(sc)
+                m2 = dmin * F32(m)
+                for l in range(32):
+                    h1 = 16 if (qh[l] & u1) != 0 else 0
+                    h2 = 16 if (qh[l] & u2) != 0 else 0
+                    xo[64 * g + l] = d1 * F32((ql[l] & 0xF) + h1) - m1
+                    xo[64 * g + 32 + l] = d2 * F32((ql[l] >> 4) + h2) - m2
+
+
+# ---------------------------------------------------------------------------------------------
+# registration
+# ---------------------------------------------------------------------------------------------
+
+class Q4_1(QuantType, qtype=T.Q4_1):
+    quantize_rows = quantize_rows_q4_1
+    dequantize_rows = dequantize_rows_q4_1
+
+
+class Q5_1(QuantType, qtype=T.Q5_1):
+    quantize_rows = quantize_rows_q5_1
+    dequantize_rows = dequantize_rows_q5_1
+
+
+class Q2_K(QuantType, qtype=T.Q2_K):
+    quantize_rows = quantize_rows_q2_k
+    dequantize_rows = dequantize_rows_q2_k
+
+
+class Q4_K(QuantType, qtype=T.Q4_K):
+    quantize_rows = quantize_rows_q4_k
+    dequantize_rows = dequantize_rows_q4_k
+
+
+class Q5_K(QuantType, qtype=T.Q5_K):
+    quantize_rows = quantize_rows_q5_k
+    dequantize_rows = dequantize_rows_q5_k
