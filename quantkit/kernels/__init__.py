@@ -1,0 +1,53 @@
+"""Kernels: activation quantization, block dot products, GEMV/GEMM over GGUF weight bytes.
+
+Public API (see docs/kernels.md):
+
+* ``matmul(w, wtype, x, out=None)`` -- float32 (n_tok, n_out) = x @ dequantize(w).T
+* ``get_rows(w, wtype, ids)``       -- embedding lookup, dequantizing only the rows asked for
+* ``set_threads(n)``                -- numba's worker count (BLAS is limited to it in ``matmul``)
+* ``VEC_DOT_TYPE``                  -- weight type -> the activation type ggml's CPU backend uses
+* numba-callable: ``matvec_kernel(wtype)`` -> ``matvec(w, xq, xd, xs, out, chunk)``;
+  ``quantize_activations`` / ``empty_activations`` and ``activation_kind(wtype)`` for its inputs.
+"""
+
+from __future__ import annotations
+
+from gguf import GGMLQuantizationType as T
+
+from quantkit.jit import get_threads, set_threads
+from quantkit.kernels.activations import (empty_activations, pack_q8_0, pack_q8_k, quantize_activations,
+                                          quantize_q8_0_into, quantize_q8_k_into)
+from quantkit.kernels.ir import HAS_F16, HAS_VNNI, VARIANTS, default_variant
+from quantkit.kernels.mul_mat import CHUNK_ROWS, PREFILL_MIN_TOKENS, TILE_ROWS, get_rows, matmul
+from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_kernel, matvec_kernel,
+                                     rowdot_kernel)
+
+#: ggml-cpu's type_traits_cpu[...].vec_dot_type: what the activations are converted to. quantkit
+#: follows it for the quantized types; for F16 and BF16 it keeps float32 activations (see docs).
+VEC_DOT_TYPE = {
+    T.F32: T.F32,
+    T.F16: T.F16,
+    T.BF16: T.BF16,
+    T.Q4_0: T.Q8_0,
+    T.Q5_0: T.Q8_0,
+    T.Q8_0: T.Q8_0,
+    T.IQ4_NL: T.Q8_0,
+    T.Q4_1: T.Q8_1,
+    T.Q5_1: T.Q8_1,
+    T.Q2_K: T.Q8_K,
+    T.Q3_K: T.Q8_K,
+    T.Q4_K: T.Q8_K,
+    T.Q5_K: T.Q8_K,
+    T.Q6_K: T.Q8_K,
+    T.IQ4_XS: T.Q8_K,
+}
+
+#: every weight type the kernels handle
+WEIGHT_TYPES = tuple(KERNEL_TRAITS)
+
+__all__ = [
+    "CHUNK_ROWS", "HAS_F16", "HAS_VNNI", "PREFILL_MIN_TOKENS", "TILE_ROWS", "VARIANTS", "VEC_DOT_TYPE",
+    "WEIGHT_TYPES", "activation_kind", "default_variant", "deq_kernel", "empty_activations", "get_rows",
+    "get_threads", "matmul", "matvec_kernel", "pack_q8_0", "pack_q8_k", "quantize_activations",
+    "quantize_q8_0_into", "quantize_q8_k_into", "rowdot_kernel", "set_threads",
+]

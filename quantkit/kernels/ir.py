@@ -1,0 +1,573 @@
+"""LLVM-IR building blocks for the integer dot products, emitted with ``numba.extending.intrinsic``.
+
+Plain numba types integer arithmetic as int64, so an int8 x int8 loop never becomes ``vpdpbusd``
+(../../../shared/reference/numba-kernels.md). Here the inner part of each block dot -- unpacking
+the weight bits to 32 unsigned bytes per chunk and multiplying them with 32 int8 activations -- is
+written as LLVM IR. Everything else (fp16 scales, mins through the activation sums, the float
+accumulate) stays in ordinary numba code in ``vecdot.py``.
+
+Every weight chunk is turned into *unsigned* bytes ``u`` (0..255); a signed format is written as
+``u - offset`` (Q4_0: nibble - 8, Q8_0: (q ^ 0x80) - 128, Q6_K: q - 32, ...), and the caller
+subtracts ``offset * sum(x)`` using the per-block activation sums (Q8_K's ``bsums``, our Q8_0/Q8_1
+block sums). So every dot is u8 x s8, which is exactly ``vpdpbusd``.
+
+Variants (the same numba bodies are compiled against either):
+
+* ``vnni``    -- ``llvm.x86.avx512.vpdpbusd.256`` (AVX512-VNNI+VL, or AVX-VNNI: LLVM picks the VEX form)
+* ``generic`` -- target-independent IR: ``mul(zext u, sext x)`` summed to 8 lanes of 4 bytes (LLVM
+  turns this into vpdpbusd/vpmaddubsw where it can, and into plain SIMD elsewhere)
+
+A chunk dot produces 8 int32 lanes, lane i holding bytes 4i..4i+3; so lanes 0-3 are the first 16
+elements and 4-7 the last 16, which is how per-16 scales (Q2_K, Q3_K, Q6_K) are applied before the
+single horizontal reduction per (super-)block.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import platform
+
+import llvmlite.binding as llb
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from quantkit.jit import njit
+from quantkit.quants.common import bf16_to_fp32, get_f16
+
+# -- host features ---------------------------------------------------------------------------------
+
+_FEATURES = {k for k, v in llb.get_host_cpu_features().items() if v}
+IS_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+HAS_VNNI = IS_X86 and (("avx512vnni" in _FEATURES and "avx512vl" in _FEATURES) or "avxvnni" in _FEATURES)
+#: hardware half -> float (``fpext half``): F16C on x86; native elsewhere
+HAS_F16 = (not IS_X86) or "f16c" in _FEATURES
+
+VARIANTS = ("vnni", "generic", "plain")
+
+
+def _digest() -> str:
+    """A digest of the sources the built kernels inline (this package, quants/common.py, jit.py).
+    It goes into the built kernels' names: numba's on-disk cache only watches the file a function
+    is defined in, so without it an edit to a callee in another file would leave stale machine code."""
+    here = os.path.dirname(os.path.abspath(__file__))
+    files = sorted(os.path.join(here, f) for f in os.listdir(here) if f.endswith(".py"))
+    files += [os.path.join(here, "..", "quants", "common.py"), os.path.join(here, "..", "jit.py")]
+    h = hashlib.sha1()
+    for f in files:
+        with open(f, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()[:10]
+
+
+IR_DIGEST = _digest()
+
+
+def default_variant() -> str:
+    """The kernel variant in force: ``QUANTKIT_KERNELS=vnni|generic|plain`` overrides;
+    ``QUANTKIT_NO_VNNI=1`` forces ``generic``; otherwise ``vnni`` where the CPU has it."""
+    v = os.environ.get("QUANTKIT_KERNELS", "").strip().lower()
+    if v in VARIANTS:
+        if v == "vnni" and not HAS_VNNI:
+            return "generic"
+        return v
+    if os.environ.get("QUANTKIT_NO_VNNI", "") not in ("", "0"):
+        return "generic"
+    return "vnni" if HAS_VNNI else "generic"
+
+
+# -- IR helpers ------------------------------------------------------------------------------------
+
+I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64)
+V8I32 = ir.VectorType(I32, 8)
+V32I8 = ir.VectorType(I8, 32)
+V16I8 = ir.VectorType(I8, 16)
+V32I32 = ir.VectorType(I32, 32)
+
+
+def _byte_ptr(context, builder, aty, aval, off, oty):
+    """i8* to byte ``off`` of array ``aval`` (any dtype, contiguous)."""
+    ary = context.make_array(aty)(context, builder, aval)
+    off = context.cast(builder, off, oty, types.intp)
+    base = builder.bitcast(ary.data, I8.as_pointer())
+    return builder.gep(base, [off])
+
+
+def _load(builder, p, off, vty):
+    q = builder.gep(p, [ir.Constant(I64, off)]) if off else p
+    return builder.load(builder.bitcast(q, vty.as_pointer()), align=1)
+
+
+def _splat(ty, n, c):
+    return ir.Constant(ir.VectorType(ty, n), [c] * n)
+
+
+def _decl(module, name, ret, args):
+    return cgutils.get_or_insert_function(module, ir.FunctionType(ret, args), name)
+
+
+def _concat16(builder, a, b):
+    return builder.shuffle_vector(a, b, ir.Constant(V32I32, list(range(32))))
+
+
+def _nibbles16(builder, p, off):
+    """16 bytes -> 32 unsigned values: low nibbles first, then high nibbles (ggml's 32-blocks)."""
+    b = _load(builder, p, off, V16I8)
+    lo = builder.and_(b, _splat(I8, 16, 15))
+    hi = builder.lshr(b, _splat(I8, 16, 4))
+    return _concat16(builder, lo, hi)
+
+
+def _bits_to_bytes(builder, word_i32, shift):
+    """32-bit mask -> <32 x i8> with (bit j) << shift in element j."""
+    m = builder.bitcast(word_i32, ir.VectorType(ir.IntType(1), 32))
+    z = builder.zext(m, V32I8)
+    return builder.shl(z, _splat(I8, 32, shift)) if shift else z
+
+
+def _lut16(builder, variant, idx, table):
+    """Look up 32 nibble indices in a 16-entry byte table."""
+    if variant == "vnni":  # AVX2 pshufb works within 128-bit lanes: the table is repeated
+        fn = _decl(builder.module, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
+        return builder.call(fn, [ir.Constant(V32I8, list(table) * 2), idx])
+    # portable: a tree of selects on the index bits
+    level = [_splat(I8, 32, t) for t in table]
+    bit = 1
+    while len(level) > 1:
+        sel = builder.icmp_unsigned("!=", builder.and_(idx, _splat(I8, 32, bit)), _splat(I8, 32, 0))
+        level = [builder.select(sel, level[i + 1], level[i]) for i in range(0, len(level), 2)]
+        bit <<= 1
+    return level[0]
+
+
+def _dot(builder, variant, acc, u, x):
+    """acc (<8 x i32> or None) + per-4-byte-lane sums of u8 u * s8 x."""
+    if variant == "vnni":
+        fn = _decl(builder.module, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, V8I32, V8I32])
+        a = acc if acc is not None else ir.Constant(V8I32, None)
+        return builder.call(fn, [a, builder.bitcast(u, V8I32), builder.bitcast(x, V8I32)])
+    m = builder.mul(builder.zext(u, V32I32), builder.sext(x, V32I32))
+    parts = [builder.shuffle_vector(m, m, ir.Constant(V8I32, [4 * i + j for i in range(8)])) for j in range(4)]
+    s = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))
+    return s if acc is None else builder.add(acc, s)
+
+
+def _reduce(builder, v):
+    fn = _decl(builder.module, "llvm.vector.reduce.add.v8i32", I32, [V8I32])
+    return builder.call(fn, [v])
+
+
+# -- weight chunk loaders: (builder, variant, p, k) -> <32 x i8> unsigned values of chunk k --------
+
+KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+_IQ4_U = tuple((v + 128) & 0xFF for v in KVALUES_IQ4NL)  # offset by 128 -> unsigned
+
+
+def _chunk_q8_0(b, var, p, k):  # qs[32] int8 -> q ^ 0x80 = q + 128
+    return b.xor(_load(b, p, 0, V32I8), _splat(I8, 32, 0x80))
+
+
+def _chunk_q4_0(b, var, p, k):  # qs[16]
+    return _nibbles16(b, p, 0)
+
+
+def _chunk_q5_0(b, var, p, k):  # qh[4] then qs[16]; bit j of qh is bit 4 of element j
+    qh = _load(b, p, 0, I32)
+    return b.or_(_nibbles16(b, p, 4), _bits_to_bytes(b, qh, 4))
+
+
+def _chunk_iq4_nl(b, var, p, k):  # qs[16] of table indices
+    return _lut16(b, var, _nibbles16(b, p, 0), _IQ4_U)
+
+
+def _chunk_iq4_xs(b, var, p, k):  # qs[128]: 16 bytes per 32-chunk
+    return _lut16(b, var, _nibbles16(b, p, 16 * k), _IQ4_U)
+
+
+def _chunk_q4_k(b, var, p, k):  # qs[128]: 64 elements per 32 bytes, low nibbles first
+    v = _load(b, p, 32 * (k // 2), V32I8)
+    return b.and_(v, _splat(I8, 32, 15)) if k % 2 == 0 else b.lshr(v, _splat(I8, 32, 4))
+
+
+def _chunk_q5_k(b, var, p, k):  # qh[32] then qs[128]; chunk k takes bit k of qh
+    v = _load(b, p, 32 + 32 * (k // 2), V32I8)
+    lo = b.and_(v, _splat(I8, 32, 15)) if k % 2 == 0 else b.lshr(v, _splat(I8, 32, 4))
+    h = _load(b, p, 0, V32I8)
+    hb = b.and_(b.lshr(h, _splat(I8, 32, k)), _splat(I8, 32, 1)) if k else b.and_(h, _splat(I8, 32, 1))
+    return b.or_(lo, b.shl(hb, _splat(I8, 32, 4)))
+
+
+def _chunk_q6_k(b, var, p, k):  # ql[128] qh[64]; 128 elements per half, 4 chunks each
+    n, i = divmod(k, 4)
+    ql = _load(b, p, 64 * n + 32 * (i % 2), V32I8)
+    lo = b.and_(ql, _splat(I8, 32, 15)) if i < 2 else b.lshr(ql, _splat(I8, 32, 4))
+    h = _load(b, p, 128 + 32 * n, V32I8)
+    if i:
+        h = b.lshr(h, _splat(I8, 32, 2 * i))
+    hb = b.and_(h, _splat(I8, 32, 3))
+    return b.or_(lo, b.shl(hb, _splat(I8, 32, 4)))
+
+
+def _chunk_q3_k(b, var, p, k):  # hmask[32] qs[64]; value = low2 + 4*hbit (caller subtracts 4)
+    n, j = divmod(k, 4)
+    q = _load(b, p, 32 + 32 * n, V32I8)
+    if j:
+        q = b.lshr(q, _splat(I8, 32, 2 * j))
+    low = b.and_(q, _splat(I8, 32, 3))
+    h = _load(b, p, 0, V32I8)
+    if k:
+        h = b.lshr(h, _splat(I8, 32, k))
+    hb = b.and_(h, _splat(I8, 32, 1))
+    return b.or_(low, b.shl(hb, _splat(I8, 32, 2)))
+
+
+def _chunk_q2_k(b, var, p, k):  # qs[64]
+    n, j = divmod(k, 4)
+    q = _load(b, p, 32 * n, V32I8)
+    if j:
+        q = b.lshr(q, _splat(I8, 32, 2 * j))
+    return b.and_(q, _splat(I8, 32, 3))
+
+
+# -- whole-row dots ----------------------------------------------------------------------------------
+#
+# ``ROW(wr, xq, xd, xs) -> float32``: one weight row (bytes) . one token's planar activations, as one
+# IR loop over the row's blocks. Per block: the integer dots of its 32-element chunks (times the
+# sub-block scales, for super-blocks) stay in an <8 x i32>; it is converted once to float and
+# multiply-added into an <8 x float> accumulator with the block's float scale; mins / offsets go
+# through the activation sums the same way. One horizontal float reduction per row.
+
+F32T = ir.FloatType()
+V8F32 = ir.VectorType(F32T, 8)
+_FM = ("contract",)  # fma contraction only: no reassociation, so every build sums in the same order
+
+
+def _f16(builder, p, off):
+    """fp16 at byte ``off`` of i8* ``p`` -> float, exact."""
+    q = builder.gep(p, [off]) if isinstance(off, ir.Value) else _gep(builder, p, off)
+    if HAS_F16:
+        return builder.fpext(builder.load(builder.bitcast(q, ir.HalfType().as_pointer()), align=1), F32T)
+    # portable: (h & 0x7fff) << 13 reinterpreted, times 2**112, is exact for normals and subnormals
+    h = builder.zext(builder.load(builder.bitcast(q, I16.as_pointer()), align=1), I32)
+    mag = builder.and_(h, ir.Constant(I32, 0x7FFF))
+    f = builder.fmul(builder.bitcast(builder.shl(mag, ir.Constant(I32, 13)), F32T),
+                     ir.Constant(F32T, 2.0 ** 112))
+    special = builder.icmp_unsigned(">=", mag, ir.Constant(I32, 0x7C00))
+    infnan = builder.bitcast(builder.or_(builder.shl(mag, ir.Constant(I32, 13)), ir.Constant(I32, 0x7F800000)), F32T)
+    f = builder.select(special, infnan, f)
+    sign = builder.shl(builder.and_(h, ir.Constant(I32, 0x8000)), ir.Constant(I32, 16))
+    return builder.bitcast(builder.or_(builder.bitcast(f, I32), sign), F32T)
+
+
+def _gep(builder, p, off):
+    return builder.gep(p, [ir.Constant(I64, off)]) if off else p
+
+
+def _ld(builder, p, off, ty):
+    return builder.load(builder.bitcast(_gep(builder, p, off), ty.as_pointer()), align=1)
+
+
+def _vconst(vals, ty=I32):
+    return ir.Constant(ir.VectorType(ty, len(vals)), list(vals))
+
+
+def _shuf(builder, v, idx):
+    return builder.shuffle_vector(v, v, _vconst(idx))
+
+
+def _fold16(builder, v16):
+    """<16 x i32> -> <8 x i32> (lane i + lane i+8): for sums that are reduced later anyway."""
+    return builder.add(_shuf(builder, v16, range(8)), _shuf(builder, v16, range(8, 16)))
+
+
+def _pairs16(builder, v16):
+    """<16 x i32> -> <8 x i32> of adjacent pairs (16-element bsums -> 32-element sums)."""
+    return builder.add(_shuf(builder, v16, range(0, 16, 2)), _shuf(builder, v16, range(1, 16, 2)))
+
+
+def _fma_acc(builder, acc, ivec, scale):
+    """acc + float(ivec) * scale (ivec <8 x i32>, scale a float)."""
+    sv = builder.insert_element(ir.Constant(V8F32, None), scale, ir.Constant(I32, 0))
+    sv = builder.shuffle_vector(sv, sv, ir.Constant(V8I32, [0] * 8))
+    return builder.fadd(acc, builder.fmul(builder.sitofp(ivec, V8F32), sv, flags=_FM), flags=_FM)
+
+
+def _scaled_chunks(builder, variant, chunk, wq, xb, scv, per):
+    """sum over the 8 chunks of a super-block of (u8 . s8 lanes) * scale lanes -> <8 x i32>."""
+    acc = ir.Constant(V8I32, None)
+    for k in range(8):
+        t = _dot(builder, variant, None, chunk(builder, variant, wq, k), _ld(builder, xb, 32 * k, V32I8))
+        mask = [k] * 8 if per == 32 else [2 * k] * 4 + [2 * k + 1] * 4
+        acc = builder.add(acc, builder.mul(t, _shuf(builder, scv, mask)))
+    return acc
+
+
+def _kmask_q4k(builder, wb):
+    """Q4_K / Q5_K: the 12 scale bytes at wb+4 -> (scales <8 x i32>, mins <8 x i32>), as ggml's
+    utmp / kmask shuffle (== get_scale_min_k4)."""
+    u0, u1, u2 = (_ld(builder, wb, 4 + 4 * i, I32) for i in range(3))
+    k1, k2, k3 = (ir.Constant(I32, c) for c in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
+    c4, c6 = ir.Constant(I32, 4), ir.Constant(I32, 6)
+    m47 = builder.or_(builder.and_(builder.lshr(u2, c4), k2), builder.shl(builder.and_(builder.lshr(u1, c6), k3), c4))
+    m03 = builder.and_(u1, k1)
+    s47 = builder.or_(builder.and_(u2, k2), builder.shl(builder.and_(builder.lshr(u0, c6), k3), c4))
+    s03 = builder.and_(u0, k1)
+    v = ir.Constant(ir.VectorType(I32, 4), None)
+    for i, x in enumerate((s03, s47, m03, m47)):
+        v = builder.insert_element(v, x, ir.Constant(I32, i))
+    v16 = builder.zext(builder.bitcast(v, V16I8), ir.VectorType(I32, 16))
+    return _shuf(builder, v16, range(8)), _shuf(builder, v16, range(8, 16))
+
+
+def _q3k_scales(builder, wb):
+    """Q3_K: the 12 scale bytes at wb+96 -> 16 signed scales <16 x i32> (6-bit, minus 32)."""
+    a0, a1, tmp = (_ld(builder, wb, 96 + 4 * i, I32) for i in range(3))
+    k1, k2 = ir.Constant(I32, 0x03030303), ir.Constant(I32, 0x0F0F0F0F)
+    c = lambda n: ir.Constant(I32, n)  # noqa: E731
+    hi = lambda sh: builder.shl(builder.and_(builder.lshr(tmp, c(sh)) if sh else tmp, k1), c(4))  # noqa: E731
+    aux = (builder.or_(builder.and_(a0, k2), hi(0)),
+           builder.or_(builder.and_(a1, k2), hi(2)),
+           builder.or_(builder.and_(builder.lshr(a0, c(4)), k2), hi(4)),
+           builder.or_(builder.and_(builder.lshr(a1, c(4)), k2), hi(6)))
+    v = ir.Constant(ir.VectorType(I32, 4), None)
+    for i, x in enumerate(aux):
+        v = builder.insert_element(v, x, ir.Constant(I32, i))
+    v16 = builder.zext(builder.bitcast(v, V16I8), ir.VectorType(I32, 16))
+    return builder.sub(v16, _vconst([32] * 16))
+
+
+def _iq4xs_scales(builder, wb):
+    """IQ4_XS: scales_h (u16 at wb+2) and scales_l (4 bytes at wb+4) -> 8 signed scales <8 x i32>."""
+    sh = builder.zext(_ld(builder, wb, 2, I16), I32)
+    shv = builder.shuffle_vector(builder.insert_element(ir.Constant(V8I32, None), sh, ir.Constant(I32, 0)),
+                                 ir.Constant(V8I32, None), ir.Constant(V8I32, [0] * 8))
+    high = builder.shl(builder.and_(builder.lshr(shv, _vconst(range(0, 16, 2))), _vconst([3] * 8)), _vconst([4] * 8))
+    sl = _ld(builder, wb, 4, ir.VectorType(I8, 4))
+    sl8 = builder.zext(builder.shuffle_vector(sl, sl, _vconst([0, 0, 1, 1, 2, 2, 3, 3])), V8I32)
+    low = builder.and_(builder.lshr(sl8, _vconst([0, 4] * 4)), _vconst([15] * 8))
+    return builder.sub(builder.or_(low, high), _vconst([32] * 8))
+
+
+class _Blk:
+    """What a per-block emitter gets: builder, variant, and pointers at this block."""
+
+    def __init__(self, builder, variant, wb, xb, dx, sb):
+        self.b, self.v, self.wb, self.xb, self.dx, self.sb = builder, variant, wb, xb, dx, sb
+
+    def bsums(self):
+        return _ld(self.b, self.sb, 0, ir.VectorType(I32, 16))
+
+
+# Each emitter: (blk, acc <8 x float>, extra float) -> (acc, extra); result = reduce(acc) + extra.
+
+def _legacy(ts, q_off, chunk, offset, has_min):
+    def emit(k, acc, extra):
+        b = k.b
+        s = b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM)
+        t = _dot(b, k.v, None, chunk(b, k.v, _gep(b, k.wb, q_off), 0), _ld(b, k.xb, 0, V32I8))
+        acc = _fma_acc(b, acc, t, s)
+        xsum = b.sitofp(_ld(b, k.sb, 0, I32), F32T)
+        if has_min:  # + m * d_x * sum(x_q)
+            mt = b.fmul(b.fmul(_f16(b, k.wb, 2), k.dx, flags=_FM), xsum, flags=_FM)
+            extra = b.fadd(extra, mt, flags=_FM)
+        elif offset:  # - offset * d_w * d_x * sum(x_q)
+            extra = b.fsub(extra, b.fmul(b.fmul(s, xsum, flags=_FM), ir.Constant(F32T, float(offset)), flags=_FM),
+                           flags=_FM)
+        return acc, extra
+    return ts, 32, 1, emit
+
+
+def _emit_q4k_like(q_off, chunk):
+    def emit(k, acc, extra):
+        b = k.b
+        sc, mn = _kmask_q4k(b, k.wb)
+        ai = _scaled_chunks(b, k.v, chunk, _gep(b, k.wb, q_off), k.xb, sc, 32)
+        acc = _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM))
+        mins = b.mul(mn, _pairs16(b, k.bsums()))
+        acc = _fma_acc(b, acc, mins, b.fneg(b.fmul(_f16(b, k.wb, 2), k.dx, flags=_FM)))
+        return acc, extra
+    return emit
+
+
+def _emit_q6k(k, acc, extra):
+    b = k.b
+    sc = b.sext(_ld(b, k.wb, 192, V16I8), ir.VectorType(I32, 16))
+    ai = _scaled_chunks(b, k.v, _chunk_q6_k, k.wb, k.xb, sc, 16)
+    off = _fold16(b, b.mul(sc, k.bsums()))
+    ai = b.sub(ai, b.shl(off, _vconst([5] * 8)))  # - 32 * sum(sc * bsums)
+    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 208), k.dx, flags=_FM)), extra
+
+
+def _emit_q3k(k, acc, extra):
+    b = k.b
+    sc = _q3k_scales(b, k.wb)
+    ai = _scaled_chunks(b, k.v, _chunk_q3_k, k.wb, k.xb, sc, 16)
+    off = _fold16(b, b.mul(sc, k.bsums()))
+    ai = b.sub(ai, b.shl(off, _vconst([2] * 8)))  # - 4 * sum(sc * bsums)
+    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 108), k.dx, flags=_FM)), extra
+
+
+def _emit_q2k(k, acc, extra):
+    b = k.b
+    v = _ld(b, k.wb, 0, V16I8)
+    v16 = ir.VectorType(I32, 16)
+    sc = b.zext(b.and_(v, _splat(I8, 16, 15)), v16)
+    mn = b.zext(b.lshr(v, _splat(I8, 16, 4)), v16)
+    ai = _scaled_chunks(b, k.v, _chunk_q2_k, _gep(b, k.wb, 16), k.xb, sc, 16)
+    acc = _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 80), k.dx, flags=_FM))
+    mins = _fold16(b, b.mul(mn, k.bsums()))
+    return _fma_acc(b, acc, mins, b.fneg(b.fmul(_f16(b, k.wb, 82), k.dx, flags=_FM))), extra
+
+
+def _emit_iq4xs(k, acc, extra):
+    b = k.b
+    sc = _iq4xs_scales(b, k.wb)
+    ai = _scaled_chunks(b, k.v, _chunk_iq4_xs, _gep(b, k.wb, 8), k.xb, sc, 32)
+    off = b.mul(sc, _pairs16(b, k.bsums()))
+    ai = b.sub(ai, b.shl(off, _vconst([7] * 8)))  # - 128 * sum(sc * bsums)
+    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM)), extra
+
+
+#: type name -> (block bytes, elements per block, activation sums per block, emitter)
+ROW_SPECS = {
+    "Q8_0": _legacy(34, 2, _chunk_q8_0, 128, False),
+    "Q4_0": _legacy(18, 2, _chunk_q4_0, 8, False),
+    "Q4_1": _legacy(20, 4, _chunk_q4_0, 0, True),
+    "Q5_0": _legacy(22, 2, _chunk_q5_0, 16, False),
+    "Q5_1": _legacy(24, 4, _chunk_q5_0, 0, True),
+    "IQ4_NL": _legacy(18, 2, _chunk_iq4_nl, 128, False),
+    "Q2_K": (84, 256, 16, _emit_q2k),
+    "Q3_K": (110, 256, 16, _emit_q3k),
+    "Q4_K": (144, 256, 16, _emit_q4k_like(16, _chunk_q4_k)),
+    "Q5_K": (176, 256, 16, _emit_q4k_like(16, _chunk_q5_k)),
+    "Q6_K": (210, 256, 16, _emit_q6k),
+    "IQ4_XS": (136, 256, 16, _emit_iq4xs),
+}
+
+
+def _row_dot(variant, name):
+    ts, qk, ns, emit = ROW_SPECS[name]
+    unroll = 4 if qk == 32 else 2
+
+    def impl(typingctx, wr, xq, xd, xs):
+        sig = types.float32(wr, xq, xd, xs)
+
+        def codegen(context, builder, signature, args):
+            ta = signature.args
+            zero = context.get_constant(types.intp, 0)
+            wp = _byte_ptr(context, builder, ta[0], args[0], zero, types.intp)
+            xp = _byte_ptr(context, builder, ta[1], args[1], zero, types.intp)
+            dp = builder.bitcast(_byte_ptr(context, builder, ta[2], args[2], zero, types.intp), F32T.as_pointer())
+            sp = builder.bitcast(_byte_ptr(context, builder, ta[3], args[3], zero, types.intp), I32.as_pointer())
+            nb = cgutils.unpack_tuple(builder, context.make_array(ta[2])(context, builder, args[2]).shape)[0]
+            # U independent accumulators: one fma chain per block would be latency-bound
+            accps = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(unroll)]
+            extps = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in range(unroll)]
+
+            def one(i, u):
+                blk = _Blk(builder, variant,
+                           builder.gep(wp, [builder.mul(i, ir.Constant(i.type, ts))]),
+                           builder.gep(xp, [builder.mul(i, ir.Constant(i.type, qk))]),
+                           builder.load(builder.gep(dp, [i])),
+                           builder.gep(sp, [builder.mul(i, ir.Constant(i.type, ns))]))
+                acc, ext = emit(blk, builder.load(accps[u]), builder.load(extps[u]))
+                builder.store(acc, accps[u])
+                builder.store(ext, extps[u])
+
+            cu = ir.Constant(nb.type, unroll)
+            nmain = builder.mul(builder.sdiv(nb, cu), cu)
+            with cgutils.for_range_slice(builder, ir.Constant(nb.type, 0), nmain, cu) as (i, _):
+                for u in range(unroll):
+                    one(builder.add(i, ir.Constant(i.type, u)), u)
+            with cgutils.for_range(builder, nb, start=nmain) as loop:
+                one(loop.index, 0)
+            acc = builder.load(accps[0])
+            ext = builder.load(extps[0])
+            for u in range(1, unroll):
+                acc = builder.fadd(acc, builder.load(accps[u]), flags=_FM)
+                ext = builder.fadd(ext, builder.load(extps[u]), flags=_FM)
+            for n in (4, 2, 1):  # tree reduction of the 8 lanes
+                lo = builder.shuffle_vector(acc, acc, _vconst(range(n)))
+                hi = builder.shuffle_vector(acc, acc, _vconst(range(n, 2 * n)))
+                acc = builder.fadd(lo, hi, flags=_FM)
+            r = builder.extract_element(acc, ir.Constant(I32, 0))
+            return builder.fadd(r, ext, flags=_FM)
+
+        return sig, codegen
+
+    impl.__name__ = f"row_{name.lower()}_{variant}"
+    return intrinsic(impl)
+
+
+def row_dots(variant: str) -> dict:
+    """``{type name: ROW intrinsic}`` for one IR variant ('vnni' or 'generic')."""
+    if variant not in ("vnni", "generic"):
+        raise ValueError(f"no IR dots for variant {variant!r}")
+    return {name: _row_dot(variant, name) for name in ROW_SPECS}
+
+
+# -- scalar loads at a byte offset (float32 results) -----------------------------------------------
+
+@intrinsic
+def ld_f32(typingctx, a, off):
+    """The little-endian float32 at byte ``off`` of array ``a``."""
+    sig = types.float32(a, off)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        return builder.load(builder.bitcast(p, ir.FloatType().as_pointer()), align=1)
+
+    return sig, codegen
+
+
+@intrinsic
+def _ld_f16_hw(typingctx, a, off):
+    sig = types.float32(a, off)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        h = builder.load(builder.bitcast(p, ir.HalfType().as_pointer()), align=1)
+        return builder.fpext(h, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def ld_u16(typingctx, a, off):
+    """The little-endian uint16 at byte ``off`` of array ``a`` (as uint32)."""
+    sig = types.uint32(a, off)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        return builder.zext(builder.load(builder.bitcast(p, I16.as_pointer()), align=1), I32)
+
+    return sig, codegen
+
+
+@intrinsic
+def ld_u32(typingctx, a, off):
+    """The little-endian uint32 at byte ``off`` of array ``a``."""
+    sig = types.uint32(a, off)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        return builder.load(builder.bitcast(p, I32.as_pointer()), align=1)
+
+    return sig, codegen
+
+
+@njit
+def _ld_f16_soft(a, off):
+    return get_f16(a, off)
+
+
+@njit
+def ld_bf16(a, off):
+    """The bfloat16 at byte ``off`` of array ``a`` as float32."""
+    return bf16_to_fp32(ld_u16(a, off))
+
+
+#: fp16 at a byte offset -> float32, exact (``fpext half``: F16C on x86; software elsewhere on x86)
+ld_f16 = _ld_f16_hw if HAS_F16 else _ld_f16_soft

@@ -1,0 +1,108 @@
+"""``matmul`` (decode GEMV and prefill GEMM) and ``get_rows`` over raw GGUF weight bytes."""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from threadpoolctl import ThreadpoolController
+
+from quantkit.errors import QuantError
+from quantkit.jit import get_threads
+from quantkit.kernels.activations import quantize_activations
+from quantkit.kernels.ir import default_variant
+from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_rows_kernel, get_rows_kernel,
+                                     matvec_kernel)
+from quantkit.quants.base import resolve_type
+
+#: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
+PREFILL_MIN_TOKENS = 32
+#: weight rows per prange chunk in the GEMV
+CHUNK_ROWS = 16
+#: weight rows dequantized per BLAS call in the prefill path
+TILE_ROWS = 256
+
+_BLAS = None
+
+
+def _blas():
+    global _BLAS
+    if _BLAS is None:
+        _BLAS = ThreadpoolController()
+    return _BLAS
+
+
+def _check(w, wtype, where):
+    t = resolve_type(wtype)
+    if t not in KERNEL_TRAITS:
+        raise QuantError(f"{where}: no kernel for weight type {t.name}; have "
+                         f"{', '.join(x.name for x in KERNEL_TRAITS)}")
+    if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
+        raise QuantError(f"{where}: weights must be a 2-D uint8 array (n_out, row_bytes), got "
+                         f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")
+    if not w.flags.c_contiguous:
+        raise QuantError(f"{where}: weights of shape {w.shape} must be C-contiguous")
+    bs, ts = GGML_QUANT_SIZES[t]
+    if w.shape[1] % ts:
+        raise QuantError(f"{where}: {w.shape[1]} bytes per row is not a multiple of {t.name}'s "
+                         f"{ts}-byte block")
+    return t, w.shape[1] // ts * bs
+
+
+def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """y = x @ dequantize(w).T : w uint8 (n_out, row_bytes) of ``wtype`` (a GGUF 2-D tensor, ne1 =
+    n_out rows of ne0 = n_in), x float32 (n_tok, n_in) -> float32 (n_tok, n_out), into ``out`` if given.
+
+    Fewer than PREFILL_MIN_TOKENS tokens: x is quantized once to the type's vec_dot type and each
+    weight row is dotted with integer block products (GEMV). More: tiles of TILE_ROWS weight rows are
+    dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count."""
+    t, n_in = _check(w, wtype, "matmul")
+    x = np.asarray(x)
+    if x.ndim != 2 or x.shape[1] != n_in:
+        raise QuantError(f"matmul: activations of shape {x.shape} do not fit {t.name} weights of "
+                         f"{w.shape[0]} x {n_in}")
+    x = np.ascontiguousarray(x, dtype=np.float32)
+    n_tok, n_out = x.shape[0], w.shape[0]
+    if out is None:
+        out = np.empty((n_tok, n_out), np.float32)
+    elif out.shape != (n_tok, n_out) or out.dtype != np.float32 or not out.flags.c_contiguous:
+        raise QuantError(f"matmul: out must be C-contiguous float32 of shape {(n_tok, n_out)}")
+    if n_tok == 0 or n_out == 0:
+        return out
+    if n_tok >= PREFILL_MIN_TOKENS:
+        return _prefill(w, t, x, out)
+    variant = default_variant()
+    xq = quantize_activations(x, activation_kind(t, variant))
+    matvec_kernel(t, variant)(w, *xq, out, CHUNK_ROWS)
+    return out
+
+
+def _prefill(w, t, x, out):
+    n_out, n_in = out.shape[1], x.shape[1]
+    with _blas().limit(limits=get_threads(), user_api="blas"):
+        if t == T.F32:
+            np.matmul(x, w.view(np.float32).T, out=out)
+            return out
+        deq = deq_rows_kernel(t)
+        tile = np.empty((min(TILE_ROWS, n_out), n_in), np.float32)
+        part = np.empty((x.shape[0], tile.shape[0]), np.float32)
+        for r0 in range(0, n_out, TILE_ROWS):
+            r1 = min(r0 + TILE_ROWS, n_out)
+            tl = tile[: r1 - r0]
+            deq(w, r0, tl)
+            p = part[:, : r1 - r0]
+            np.matmul(x, tl.T, out=p)
+            out[:, r0:r1] = p
+    return out
+
+
+def get_rows(w: np.ndarray, wtype, ids) -> np.ndarray:
+    """Embedding lookup: float32 (len(ids), n_in), dequantizing only the rows ``ids`` of ``w``."""
+    t, n_in = _check(w, wtype, "get_rows")
+    ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
+    if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
+        raise QuantError(f"get_rows: ids must be in [0, {w.shape[0]}), got {ids.min()}..{ids.max()}")
+    out = np.empty((ids.size, n_in), np.float32)
+    if ids.size:
+        get_rows_kernel(t)(w, ids, out)
+    return out

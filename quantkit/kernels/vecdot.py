@@ -1,0 +1,194 @@
+"""Row dots (one weight row . one token's quantized activations) and the GEMV kernels built on them.
+
+Each ``rowdot_X(wr, xq, xd, xs, sc) -> float32`` takes one weight row's bytes ``wr`` (1-D uint8), one
+token's planar activations (``xq`` int8 quants, ``xd`` float32 block scales, ``xs`` int32 group
+sums; see activations.py) and a 16-int32 scratch ``sc`` for decoded sub-block scales. The integer
+part of every (super-)block is one IR intrinsic (``DOT_X``, ir.py) returning an int32; the fp16
+scales, the mins / offsets (through the activation sums) and the float accumulate are numba code,
+one float multiply-add per block as ggml's ``vec_dot_X_Y``.
+
+The bodies are written once and *built* per variant: ``build(fn, variant, ...)`` copies a body with
+the variant's intrinsics in its globals and compiles it -- the umap habit of one body, several
+builds (serial / parallel, vnni / generic / plain), so they can be compared in tests.
+"""
+
+from __future__ import annotations
+
+import types as pytypes
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from quantkit.jit import njit_fast, njit_fast_parallel, prange
+from quantkit.kernels import dequant as dq
+from quantkit.kernels.ir import IR_DIGEST, default_variant, ld_bf16, ld_f16, ld_f32, row_dots
+
+F = np.float32
+
+
+def rowdot_ir(wr, xq, xd, xs, sc):
+    """A quantized row: one IR intrinsic (ir.ROW_SPECS) does the whole row."""
+    return ROW(wr, xq, xd, xs)  # noqa: F821
+
+
+# -- unquantized weights: float32 activations (xq is the float32 row; xd, xs unused) ---------------
+
+def rowdot_f32(wr, xq, xd, xs, sc):
+    acc = F(0.0)
+    for j in range(xq.shape[0]):
+        acc += ld_f32(wr, 4 * j) * xq[j]
+    return acc
+
+
+def rowdot_f16(wr, xq, xd, xs, sc):
+    acc = F(0.0)
+    for j in range(xq.shape[0]):
+        acc += ld_f16(wr, 2 * j) * xq[j]
+    return acc
+
+
+def rowdot_bf16(wr, xq, xd, xs, sc):
+    acc = F(0.0)
+    for j in range(xq.shape[0]):
+        acc += ld_bf16(wr, 2 * j) * xq[j]
+    return acc
+
+
+# -- GEMV bodies -----------------------------------------------------------------------------------
+
+def matvec_body(w, xq, xd, xs, out, chunk):
+    """out[t, r] = w[r] . x[t] for every token t; prange over chunks of ``chunk`` rows, each thread
+    owning its rows (no cross-thread reduction: results do not depend on the thread count). The
+    token loop is innermost so a weight row is read from memory once for all tokens."""
+    n_out = w.shape[0]
+    n_tok = xq.shape[0]
+    n_chunks = (n_out + chunk - 1) // chunk
+    for c in prange(n_chunks):
+        sc = np.zeros(16, np.int32)
+        r0 = c * chunk
+        r1 = min(r0 + chunk, n_out)
+        for r in range(r0, r1):
+            wr = w[r]
+            for t in range(n_tok):
+                out[t, r] = ROWDOT(wr, xq[t], xd[t], xs[t], sc)  # noqa: F821
+
+
+def matvec_plain_body(w, xq, xd, xs, out, chunk):
+    """The portable fallback: dequantize each weight row (DEQ) and dot it with float32 activations."""
+    n_out = w.shape[0]
+    n_tok = xq.shape[0]
+    n_in = xq.shape[1]
+    n_chunks = (n_out + chunk - 1) // chunk
+    for c in prange(n_chunks):
+        row = np.empty(n_in, np.float32)
+        r0 = c * chunk
+        r1 = min(r0 + chunk, n_out)
+        for r in range(r0, r1):
+            DEQ(w[r], row)  # noqa: F821
+            for t in range(n_tok):
+                x = xq[t]
+                acc = F(0.0)
+                for j in range(n_in):
+                    acc += row[j] * x[j]
+                out[t, r] = acc
+
+
+def deq_rows_body(w, r0, tile):
+    """tile[i] = dequantized w[r0 + i]; prange over rows."""
+    for i in prange(tile.shape[0]):
+        DEQ(w[r0 + i], tile[i])  # noqa: F821
+
+
+def get_rows_body(w, ids, out):
+    for i in prange(ids.shape[0]):
+        DEQ(w[ids[i]], out[i])  # noqa: F821
+
+
+# -- the traits table ------------------------------------------------------------------------------
+
+#: weight type -> (row dot body, row decoder, activation kind for the integer path)
+KERNEL_TRAITS = {
+    T.F32: (rowdot_f32, dq.deq_f32, "F32"),
+    T.F16: (rowdot_f16, dq.deq_f16, "F32"),
+    T.BF16: (rowdot_bf16, dq.deq_bf16, "F32"),
+    T.Q4_0: (rowdot_ir, dq.deq_q4_0, "Q8_0"),
+    T.Q4_1: (rowdot_ir, dq.deq_q4_1, "Q8_1"),
+    T.Q5_0: (rowdot_ir, dq.deq_q5_0, "Q8_0"),
+    T.Q5_1: (rowdot_ir, dq.deq_q5_1, "Q8_1"),
+    T.Q8_0: (rowdot_ir, dq.deq_q8_0, "Q8_0"),
+    T.IQ4_NL: (rowdot_ir, dq.deq_iq4_nl, "Q8_0"),
+    T.Q2_K: (rowdot_ir, dq.deq_q2_k, "Q8_K"),
+    T.Q3_K: (rowdot_ir, dq.deq_q3_k, "Q8_K"),
+    T.Q4_K: (rowdot_ir, dq.deq_q4_k, "Q8_K"),
+    T.Q5_K: (rowdot_ir, dq.deq_q5_k, "Q8_K"),
+    T.Q6_K: (rowdot_ir, dq.deq_q6_k, "Q8_K"),
+    T.IQ4_XS: (rowdot_ir, dq.deq_iq4_xs, "Q8_K"),
+}
+
+_DOTS: dict[str, dict] = {}
+_BUILT: dict[tuple, object] = {}
+
+
+def _rows(variant):
+    if variant not in _DOTS:
+        _DOTS[variant] = row_dots(variant)
+    return _DOTS[variant]
+
+
+def build(fn, tag: str, parallel: bool, **names):
+    """Compile a copy of body ``fn`` whose globals have ``names`` replaced; ``tag`` makes the copy's
+    name (and so numba's cache entry) unique per build."""
+    key = (fn.__name__, tag, parallel)
+    if key in _BUILT:
+        return _BUILT[key]
+    g = dict(fn.__globals__)
+    g.update(names)
+    suffix = f"__{tag}_{'par' if parallel else 'ser'}_{IR_DIGEST}"
+    new = pytypes.FunctionType(fn.__code__, g, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+    new.__qualname__ = fn.__qualname__ + suffix
+    new.__module__ = fn.__module__
+    new.__doc__ = fn.__doc__
+    out = (njit_fast_parallel if parallel else njit_fast)(new)
+    _BUILT[key] = out
+    return out
+
+
+def activation_kind(wtype, variant: str | None = None) -> str:
+    """What ``matvec_kernel(wtype, variant)`` expects as activations: 'Q8_0', 'Q8_1', 'Q8_K' or 'F32'."""
+    variant = variant or default_variant()
+    return "F32" if variant == "plain" else KERNEL_TRAITS[T(wtype)][2]
+
+
+def rowdot_kernel(wtype, variant: str | None = None):
+    """The compiled serial ``rowdot(wr, xq, xd, xs, sc) -> float32`` of ``wtype`` (not for 'plain')."""
+    variant = variant or default_variant()
+    t = T(wtype)
+    body = KERNEL_TRAITS[t][0]
+    if t in (T.F32, T.F16, T.BF16):
+        return build(body, "f", False)
+    return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
+
+
+def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
+    """The compiled ``matvec(w, xq, xd, xs, out, chunk)`` of ``wtype``: w uint8 (n_out, row_bytes),
+    activations as ``activation_kind(wtype, variant)``, out float32 (n_tok, n_out)."""
+    variant = variant or default_variant()
+    t = T(wtype)
+    if variant == "plain":
+        return build(matvec_plain_body, f"{t.name}_plain", parallel, DEQ=deq_kernel(t))
+    return build(matvec_body, f"{t.name}_{variant}", parallel, ROWDOT=rowdot_kernel(t, variant))
+
+
+def deq_kernel(wtype):
+    """The compiled serial row decoder ``deq(src_row_u8, dst_row_f32)`` of ``wtype``."""
+    return KERNEL_TRAITS[T(wtype)][1]
+
+
+def deq_rows_kernel(wtype):
+    t = T(wtype)
+    return build(deq_rows_body, t.name, True, DEQ=deq_kernel(t))
+
+
+def get_rows_kernel(wtype):
+    t = T(wtype)
+    return build(get_rows_body, t.name, True, DEQ=deq_kernel(t))

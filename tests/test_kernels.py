@@ -1,0 +1,190 @@
+"""Kernels: matmul (decode and prefill, every variant) vs a float64 product of gguf's dequantization,
+get_rows exact, activation quantizers vs ggml's reference, 1 thread == 2 threads byte for byte."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+
+from quantkit import kernels as K
+from quantkit.errors import QuantError
+from quantkit.jit import get_threads, set_threads
+
+LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+#: byte offsets of the fp16 scale fields, for building random but valid K / IQ blocks
+F16_FIELDS = {
+    T.IQ4_NL: (0,), T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2),
+    T.Q6_K: (208,), T.IQ4_XS: (0,),
+}
+ALL = K.WEIGHT_TYPES
+VARIANTS = [v for v in K.VARIANTS if v != "vnni" or K.HAS_VNNI]
+
+
+def make_weights(t, n_out, n_in, seed=0):
+    """Raw bytes (n_out, row_bytes) of type t: gguf's quantizer where it has one, else random blocks."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((n_out, n_in)).astype(np.float32)
+    if t == T.F32:
+        return x.view(np.uint8)
+    if t == T.F16:
+        return x.astype(np.float16).view(np.uint8)
+    if t == T.BF16 or t in LEGACY:
+        return np.ascontiguousarray(gq.quantize(x, t))
+    bs, ts = GGML_QUANT_SIZES[t]
+    nb = n_in // bs
+    raw = rng.integers(0, 256, size=(n_out, nb, ts), dtype=np.uint8)
+    for pos in F16_FIELDS[t]:
+        d = (rng.uniform(0.002, 0.02, size=(n_out, nb)) * rng.choice([-1, 1], size=(n_out, nb)))
+        if len(F16_FIELDS[t]) == 2 and pos == F16_FIELDS[t][1]:
+            d = np.abs(d)  # dmin
+        raw[:, :, pos:pos + 2] = d.astype(np.float16).view(np.uint8).reshape(n_out, nb, 2)
+    return raw.reshape(n_out, nb * ts)
+
+
+def n_in_for(t, wide=False):
+    bs = GGML_QUANT_SIZES[t][0]
+    if bs == 256:
+        return 768 if wide else 512
+    return 576
+
+
+def rel_err(y, ref):
+    return float(np.sqrt(np.mean((y - ref) ** 2)) / np.sqrt(np.mean(ref ** 2)))
+
+
+def tolerance(t, path):
+    if path == "prefill" or t in (T.F32,):
+        return 2e-6
+    if t in (T.F16, T.BF16):
+        return 2e-6
+    return 0.02  # 8-bit activations: ~0.5-1% of the output RMS
+
+
+@pytest.fixture(autouse=True)
+def _restore_threads():
+    n = get_threads()
+    yield
+    set_threads(n)
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [1, 3, 40])
+def test_matmul_vs_float64(t, n_tok):
+    n_in = n_in_for(t, wide=n_tok == 3)
+    n_out = 37  # not a multiple of CHUNK_ROWS
+    w = make_weights(t, n_out, n_in, seed=n_tok)
+    x = np.random.default_rng(1).standard_normal((n_tok, n_in)).astype(np.float32)
+    ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+    y = K.matmul(w, t, x)
+    assert y.shape == (n_tok, n_out) and y.dtype == np.float32
+    path = "prefill" if n_tok >= K.PREFILL_MIN_TOKENS else "decode"
+    assert rel_err(y, ref) < tolerance(t, path), (t.name, path, rel_err(y, ref))
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_variants_agree(t, variant):
+    """Every kernel variant (vnni IR, generic IR, plain numba) against float64."""
+    n_in = n_in_for(t)
+    w = make_weights(t, 21, n_in, seed=5)
+    x = np.random.default_rng(2).standard_normal((2, n_in)).astype(np.float32)
+    ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+    kind = K.activation_kind(t, variant)
+    out = np.empty((2, 21), np.float32)
+    K.matvec_kernel(t, variant)(w, *K.quantize_activations(x, kind), out, 4)
+    tol = 2e-6 if kind == "F32" else 0.02
+    assert rel_err(out, ref) < tol, (variant, rel_err(out, ref))
+
+
+@pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
+@pytest.mark.parametrize("t", [t for t in ALL if K.activation_kind(t, "generic") != "F32"], ids=lambda t: t.name)
+def test_integer_dot_exact(t, variant):
+    """The integer path equals the exact sum of dequantized weight x dequantized activation, up to
+    float32 accumulation (so any bit-unpacking slip shows)."""
+    n_in = n_in_for(t)
+    w = make_weights(t, 5, n_in, seed=9)
+    x = np.random.default_rng(3).standard_normal((1, n_in)).astype(np.float32)
+    kind = K.activation_kind(t, variant)
+    qs, d, s = K.quantize_activations(x, kind)
+    per = 256 if kind == "Q8_K" else 32
+    xdeq = (qs.astype(np.float64).reshape(1, -1, per) * d.astype(np.float64)[:, :, None]).reshape(1, -1)
+    ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T
+    out = np.empty((1, 5), np.float32)
+    K.matvec_kernel(t, variant)(w, qs, d, s, out, 16)
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok", [2, 40])
+def test_threads_identical(t, n_tok):
+    n_in = n_in_for(t)
+    w = make_weights(t, 70, n_in, seed=4)
+    x = np.random.default_rng(4).standard_normal((n_tok, n_in)).astype(np.float32)
+    set_threads(1)
+    y1 = K.matmul(w, t, x)
+    set_threads(2)
+    y2 = K.matmul(w, t, x)
+    np.testing.assert_array_equal(y1, y2)
+
+
+@pytest.mark.parametrize("t", ALL, ids=lambda t: t.name)
+def test_get_rows_exact(t):
+    n_in = n_in_for(t)
+    w = make_weights(t, 33, n_in, seed=6)
+    ids = np.array([0, 32, 7, 7, 12])
+    ref = gq.dequantize(w, t)[ids]
+    np.testing.assert_array_equal(K.get_rows(w, t, ids), ref)
+
+
+def test_readonly_memmap(tmp_path):
+    t = T.Q8_0
+    w = make_weights(t, 40, 576)
+    p = tmp_path / "w.bin"
+    w.tofile(p)
+    mm = np.memmap(p, dtype=np.uint8, mode="r", shape=w.shape)
+    x = np.random.default_rng(0).standard_normal((1, 576)).astype(np.float32)
+    np.testing.assert_array_equal(K.matmul(mm, t, x), K.matmul(w, t, x))
+    np.testing.assert_array_equal(K.get_rows(mm, t, [3]), K.get_rows(w, t, [3]))
+
+
+def test_out_argument_and_errors():
+    w = make_weights(T.Q4_0, 8, 64)
+    x = np.ones((1, 64), np.float32)
+    out = np.zeros((1, 8), np.float32)
+    assert K.matmul(w, T.Q4_0, x, out=out) is out
+    with pytest.raises(QuantError):
+        K.matmul(w, T.Q4_0, np.ones((1, 32), np.float32))
+    with pytest.raises(QuantError):
+        K.matmul(w[:, :17], T.Q4_0, x)
+    with pytest.raises(QuantError):
+        K.get_rows(w, T.Q4_0, [8])
+
+
+def test_q8_0_activations_match_gguf():
+    x = np.random.default_rng(7).standard_normal((3, 576)).astype(np.float32)
+    x[1, :32] = 0.0  # an all-zero block
+    qs, d, s = K.quantize_activations(x, "Q8_0")
+    np.testing.assert_array_equal(K.pack_q8_0(qs, d), gq.quantize(x, T.Q8_0))
+    np.testing.assert_array_equal(s, qs.reshape(3, -1, 32).astype(np.int32).sum(-1))
+
+
+def test_q8_k_activations():
+    x = np.random.default_rng(8).standard_normal((2, 512)).astype(np.float32)
+    x[1, 256:] = 0.0
+    qs, d, s = K.quantize_activations(x, "Q8_K")
+    assert qs.min() >= -127
+    np.testing.assert_array_equal(s, qs.reshape(2, -1, 16).astype(np.int32).sum(-1))
+    back = (qs.reshape(2, 2, 256) * d[:, :, None]).reshape(2, 512)
+    assert np.abs(back - x).max() <= np.abs(x).max() / 127 * 0.51 + 1e-7
+    packed = K.pack_q8_k(qs, d, s)
+    assert packed.shape == (2, 2 * 292)
+    assert np.frombuffer(packed[0, :4].tobytes(), "<f4")[0] == d[0, 0]
+
+
+def test_vec_dot_type_table():
+    for t in ALL:
+        assert t in K.VEC_DOT_TYPE
+    assert K.VEC_DOT_TYPE[T.Q4_1] == T.Q8_1 and K.VEC_DOT_TYPE[T.IQ4_XS] == T.Q8_K
