@@ -1,0 +1,294 @@
+"""The llama forward pass, llama2.c style: a run state allocated once and one straight loop over layers.
+
+``Runner(model, n_ctx)`` owns every buffer (activations for up to ``n_batch`` tokens, the RoPE table
+and the KV cache) so a step allocates nothing but the logits it returns.
+``runner.forward(tokens, pos0)`` runs a batch of tokens at positions pos0, pos0+1, ... -- the prompt
+in one go (matrix x matrix products, at most ``n_batch`` rows per pass), or one token while decoding --
+and returns the logits of the rows asked for (the last token by default).
+
+Choices, and why:
+
+* KV cache in float32, shape (n_layer, n_ctx, n_head_kv * head_dim) per K and V. llama.cpp keeps f16;
+  float32 avoids a conversion in the attention loop and ``np.zeros`` maps it lazily, so only the
+  positions used take memory (SmolLM2 at 4096 positions: 189 MB reserved, 46 KB per token touched).
+* RoPE is the NORM style (adjacent pairs), the llama convention in GGUF files; the cos/sin table is
+  built like ggml's rope cache (theta multiplied by theta_scale step by step in float32), and
+  ``rope_freqs`` divides theta when the model has it.
+* The matrix products are ``quantkit.kernels.matmul`` on the memory-mapped quantized weights. The
+  small ops (RMSNorm, RoPE + cache store, attention, SwiGLU) are numba kernels below -- one call each
+  per layer, to keep the Python work per layer small.
+* ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at
+  least ``COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from quantkit.errors import ModelError
+from quantkit.jit import njit_fast, njit_fast_parallel, prange
+from quantkit.model.llama import Llama, Weight
+
+from quantkit.kernels import get_rows, matmul
+
+COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Callable
+
+import numpy as np
+
+from quantkit.errors import ModelError
+from quantkit.jit import njit_fast, njit_fast_parallel, prange
+from quantkit.model.llama import Llama, Weight
+
+try:
+    from quantkit.kernels import get_rows, matmul
+except ImportError:  # the kernels layer is not there: dequantize per call and use numpy (slow)
+    from quantkit.quants import dequantize as _dequantize
+
+    def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+        y = np.matmul(x, _dequantize(w, wtype).T)
+        if out is None:
+            return y
+        out[...] = y
+        return out
+
+    def get_rows(w: np.ndarray, wtype, ids) -> np.ndarray:
+        return _dequantize(w[np.asarray(ids, dtype=np.int64)], wtype)
+
+
+COLLECT_MIN_ROWS = 16
+DEFAULT_N_BATCH = 512
+
+
+# -- small ops: output arrays first in the docs, inputs never modified unless said -----------------
+
+@njit_fast
+def rmsnorm(x, w, eps, out):
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (sum of squares in float64, as ggml)."""
+    n, d = x.shape
+    for r in range(n):
+        ss = 0.0
+        for i in range(d):
+            ss += np.float64(x[r, i]) * np.float64(x[r, i])
+        scale = np.float32(1.0 / math.sqrt(ss / d + eps))
+        for i in range(d):
+            out[r, i] = x[r, i] * scale * w[i]
+
+
+@njit_fast
+def rope_store(q, k, v, kc, vc, pos0, cos, sin, n_head, n_head_kv, head_dim, n_rot):
+    """Rotate q (n, n_head*head_dim) in place and k, then write k and v into cache rows pos0.. ."""
+    n = q.shape[0]
+    half = n_rot // 2
+    for t in range(n):
+        p = pos0 + t
+        for h in range(n_head):
+            o = h * head_dim
+            for i in range(half):
+                c = cos[p, i]
+                s = sin[p, i]
+                x0 = q[t, o + 2 * i]
+                x1 = q[t, o + 2 * i + 1]
+                q[t, o + 2 * i] = x0 * c - x1 * s
+                q[t, o + 2 * i + 1] = x0 * s + x1 * c
+        for h in range(n_head_kv):
+            o = h * head_dim
+            for i in range(half):
+                c = cos[p, i]
+                s = sin[p, i]
+                x0 = k[t, o + 2 * i]
+                x1 = k[t, o + 2 * i + 1]
+                kc[p, o + 2 * i] = x0 * c - x1 * s
+                kc[p, o + 2 * i + 1] = x0 * s + x1 * c
+            for i in range(n_rot, head_dim):
+                kc[p, o + i] = k[t, o + i]
+        for j in range(v.shape[1]):
+            vc[p, j] = v[t, j]
+
+
+def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, out):
+    """Causal grouped-query attention: query t (at pos0+t), head h sees cache rows 0..pos0+t of
+    kv head h // (n_head / n_head_kv). out (n, n_head*head_dim). One (t, h) pair per iteration,
+    so the result does not depend on the thread count."""
+    n = q.shape[0]
+    group = n_head // n_head_kv
+    for th in prange(n * n_head):
+        t = th // n_head
+        h = th - t * n_head
+        qo = h * head_dim
+        ko = (h // group) * head_dim
+        n_kv = pos0 + t + 1
+        att = np.empty(n_kv, np.float32)
+        mx = np.float32(-np.inf)
+        for j in range(n_kv):
+            s = np.float32(0.0)
+            for i in range(head_dim):
+                s += q[t, qo + i] * kc[j, ko + i]
+            s *= scale
+            att[j] = s
+            if s > mx:
+                mx = s
+        tot = np.float32(0.0)
+        for j in range(n_kv):
+            e = np.exp(att[j] - mx)
+            att[j] = e
+            tot += e
+        inv = np.float32(1.0) / tot
+        for i in range(head_dim):
+            out[t, qo + i] = 0.0
+        for j in range(n_kv):
+            a = att[j] * inv
+            for i in range(head_dim):
+                out[t, qo + i] += a * vc[j, ko + i]
+
+
+#: one body compiled twice: serial for decode (a parallel launch costs more than 9 heads of work, and
+#: far more when the cores are shared), parallel over (token, head) pairs for a prompt
+attention_serial = njit_fast(_attention)
+attention_parallel = njit_fast_parallel(_attention)
+PARALLEL_ATTENTION_MIN_TOKENS = 4
+
+
+@njit_fast
+def swiglu(gate, up):
+    """gate <- silu(gate) * up."""
+    n, d = gate.shape
+    for r in range(n):
+        for i in range(d):
+            g = gate[r, i]
+            gate[r, i] = g / (np.float32(1.0) + np.exp(-g)) * up[r, i]
+
+
+def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
+               freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """cos, sin float32 (n_ctx, n_rot/2) as ggml_rope_cache_init: theta_i = p * theta_scale^i, the power
+    built by repeated float32 multiplication, times freq_scale, divided by freq_factors[i]."""
+    half = n_rot // 2
+    theta_scale = np.float32(freq_base ** (-2.0 / n_rot))
+    steps = np.empty((n_ctx, half), np.float32)
+    steps[:, 0] = np.arange(n_ctx, dtype=np.float32)
+    steps[:, 1:] = theta_scale
+    theta = np.cumprod(steps, axis=1, dtype=np.float32)
+    if freq_factors is not None:
+        theta = (theta / freq_factors.astype(np.float32)).astype(np.float32)
+    theta = (np.float32(freq_scale) * theta).astype(np.float32)
+    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+
+
+class Runner:
+    """Run state for one sequence: buffers for ``n_batch`` tokens and a KV cache of ``n_ctx`` positions."""
+
+    def __init__(self, model: Llama, n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH):
+        c = model.config
+        n_ctx = c.n_ctx_train if not n_ctx else int(n_ctx)
+        if n_ctx <= 0:
+            raise ModelError(f"context size must be positive, got {n_ctx}")
+        if n_ctx > c.n_ctx_train:
+            raise ModelError(f"context size {n_ctx} is over the model's trained context length {c.n_ctx_train}")
+        self.model, self.config = model, c
+        self.n_ctx = n_ctx
+        self.n_batch = max(1, min(int(n_batch), n_ctx))
+        self.n_past = 0                      # positions of the cache that hold valid keys/values
+        self.collect: Callable[[str, np.ndarray], None] | None = None
+        B, E, Q, KV, F = self.n_batch, c.n_embd, c.n_head * c.head_dim, c.n_embd_kv, c.n_ff
+        f32 = np.float32
+        self.x = np.zeros((B, E), f32)       # residual stream
+        self.xb = np.zeros((B, E), f32)      # normed input of a block
+        self.xb2 = np.zeros((B, E), f32)     # output of a block, before the residual add
+        self.q = np.zeros((B, Q), f32)
+        self.k = np.zeros((B, KV), f32)
+        self.v = np.zeros((B, KV), f32)
+        self.att = np.zeros((B, Q), f32)     # attention output, heads concatenated
+        self.gate = np.zeros((B, F), f32)    # ffn_gate, then silu(gate) * up
+        self.up = np.zeros((B, F), f32)
+        self.key_cache = np.zeros((c.n_layer, n_ctx, KV), f32)    # lazily mapped by the OS
+        self.value_cache = np.zeros((c.n_layer, n_ctx, KV), f32)
+        self.rope_cos, self.rope_sin = rope_table(n_ctx, c.n_rot, c.rope_freq_base, c.rope_freq_scale,
+                                                  model.rope_freqs)
+        self.scale = np.float32(1.0 / math.sqrt(c.head_dim))
+
+    def reset(self) -> None:
+        self.n_past = 0
+
+    def _mm(self, w: Weight, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+        if self.collect is not None and x.shape[0] >= COLLECT_MIN_ROWS:
+            self.collect(w.name, x)
+        return matmul(w.data, w.type, x, out)
+
+    def forward(self, tokens, pos0: int | None = None, logits: str | np.ndarray = "last") -> np.ndarray:
+        """Logits float32 (n_rows, n_vocab) for ``tokens`` at positions pos0.. (default: after the
+        cache's contents). ``logits``: "last", "all", "none" or indices into ``tokens``."""
+        c = self.config
+        tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
+        n = tokens.size
+        pos0 = self.n_past if pos0 is None else int(pos0)
+        if n == 0:
+            raise ModelError("forward: no tokens")
+        if pos0 < 0 or pos0 > self.n_past:
+            raise ModelError(f"forward: position {pos0} leaves a gap after the {self.n_past} cached positions")
+        if pos0 + n > self.n_ctx:
+            raise ModelError(f"forward: positions {pos0}..{pos0 + n - 1} do not fit the context of {self.n_ctx}")
+        lo, hi = int(tokens.min()), int(tokens.max())
+        if lo < 0 or hi >= c.n_vocab:
+            raise ModelError(f"forward: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {c.n_vocab})")
+        if isinstance(logits, str):
+            rows = {"last": np.array([n - 1]), "all": np.arange(n), "none": np.zeros(0, np.int64)}.get(logits)
+            if rows is None:
+                raise ModelError(f"forward: logits must be 'last', 'all', 'none' or indices, got {logits!r}")
+        else:
+            rows = np.asarray(logits, dtype=np.int64).reshape(-1)
+            if rows.size and (rows.min() < 0 or rows.max() >= n):
+                raise ModelError(f"forward: logits rows must be in [0, {n})")
+        out = np.empty((rows.size, c.n_vocab), np.float32)
+        for b0 in range(0, n, self.n_batch):
+            b1 = min(n, b0 + self.n_batch)
+            sel = (rows >= b0) & (rows < b1)
+            part = self._step(tokens[b0:b1], pos0 + b0, rows[sel] - b0)
+            if part is not None:
+                out[sel] = part
+        return out
+
+    def _step(self, tokens: np.ndarray, pos0: int, rows: np.ndarray) -> np.ndarray | None:
+        """One pass of up to n_batch tokens; returns the logits of ``rows`` (None when there are none)."""
+        m, c = self.model, self.config
+        n = tokens.size
+        x, xb, xb2 = self.x[:n], self.xb[:n], self.xb2[:n]
+        q, k, v, att = self.q[:n], self.k[:n], self.v[:n], self.att[:n]
+        gate, up = self.gate[:n], self.up[:n]
+        eps = np.float32(c.rms_eps)
+        attend = attention_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else attention_serial
+
+        x[...] = get_rows(m.token_embd.data, m.token_embd.type, tokens)      # (n, n_embd)
+        for i, b in enumerate(m.blk):
+            kc, vc = self.key_cache[i], self.value_cache[i]
+            # attention: norm, project, rotate, cache, attend, project back, add
+            rmsnorm(x, b.attn_norm, eps, xb)
+            self._mm(b.attn_q, xb, q)                                         # (n, n_head*head_dim)
+            self._mm(b.attn_k, xb, k)                                         # (n, n_head_kv*head_dim)
+            self._mm(b.attn_v, xb, v)
+            rope_store(q, k, v, kc, vc, pos0, self.rope_cos, self.rope_sin,
+                       c.n_head, c.n_head_kv, c.head_dim, c.n_rot)
+            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, att)
+            self._mm(b.attn_output, att, xb2)                                 # (n, n_embd)
+            x += xb2
+            # feed-forward: norm, SwiGLU, project back, add
+            rmsnorm(x, b.ffn_norm, eps, xb)
+            self._mm(b.ffn_gate, xb, gate)                                    # (n, n_ff)
+            self._mm(b.ffn_up, xb, up)
+            swiglu(gate, up)
+            self._mm(b.ffn_down, gate, xb2)                                   # (n, n_embd)
+            x += xb2
+        self.n_past = pos0 + n
+        if not rows.size:
+            return None
+        h = np.empty((rows.size, c.n_embd), np.float32)
+        rmsnorm(np.ascontiguousarray(x[rows]), m.output_norm, eps, h)                # (rows, n_embd)
+        return self._mm(m.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)

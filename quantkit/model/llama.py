@@ -1,0 +1,222 @@
+"""The ``llama`` architecture: its config from GGUF metadata and its weights, still quantized and mapped.
+
+Config comes from the ``llama.*`` keys alone (tinygrad / llama3.np style), with the fallbacks
+llama.cpp uses when a key is absent. Weights are attributes named after the GGUF tensors
+(``token_embd``, ``blk[i].attn_q`` ... ``output``), each a ``Weight``: the tensor's zero-copy uint8 rows
+and its ggml type, never dequantized here. ``output`` is ``token_embd`` itself when the file has no
+``output.weight`` (tied embeddings, as SmolLM2).
+
+GGUF's llama convention: the converter permutes the Q and K rows of HF checkpoints so that RoPE in a
+GGUF file rotates *adjacent* pairs (x[2i], x[2i+1]) -- llama.cpp's rope type NORM (0).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from gguf import GGMLQuantizationType
+
+from quantkit.errors import ModelError
+from quantkit.formats.gguf_io import GGUFModel
+
+SUPPORTED_ARCHS = ("llama",)
+
+
+@dataclass(frozen=True)
+class LlamaConfig:
+    n_layer: int            # llama.block_count
+    n_embd: int             # llama.embedding_length
+    n_ff: int               # llama.feed_forward_length
+    n_head: int             # llama.attention.head_count
+    n_head_kv: int          # llama.attention.head_count_kv (default: n_head, i.e. no GQA)
+    head_dim: int           # n_embd / n_head (llama.attention.key_length if present)
+    n_rot: int              # llama.rope.dimension_count (default: head_dim)
+    rms_eps: float          # llama.attention.layer_norm_rms_epsilon (default 1e-5)
+    rope_freq_base: float   # llama.rope.freq_base (default 10000)
+    rope_freq_scale: float  # 1 / llama.rope.scaling.factor for linear scaling (default 1)
+    n_ctx_train: int        # llama.context_length (default 2048)
+    n_vocab: int            # llama.vocab_size or len(tokenizer.ggml.tokens) or token_embd rows
+
+    @property
+    def n_embd_kv(self) -> int:
+        return self.n_head_kv * self.head_dim
+
+    @classmethod
+    def from_metadata(cls, meta: dict[str, Any], n_vocab_tensor: int | None = None, where: str = "") -> "LlamaConfig":
+        at = f"{where}: " if where else ""
+        arch = str(meta.get("general.architecture", ""))
+        if arch not in SUPPORTED_ARCHS:
+            raise ModelError(f"{at}architecture {arch or '(none)'!r} is not supported "
+                             f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+
+        def need(key: str) -> int:
+            full = f"{arch}.{key}"
+            if full not in meta:
+                raise ModelError(f"{at}metadata key {full!r} is missing")
+            return _int(meta[full], full, at)
+
+        def opt(key: str, default):
+            return meta.get(f"{arch}.{key}", default)
+
+        n_layer = need("block_count")
+        n_embd = need("embedding_length")
+        n_ff = need("feed_forward_length")
+        n_head = need("attention.head_count")
+        n_head_kv = _int(opt("attention.head_count_kv", n_head), f"{arch}.attention.head_count_kv", at)
+        for key, v in (("block_count", n_layer), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
+                       ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv)):
+            if v <= 0:
+                raise ModelError(f"{at}metadata key {arch}.{key} = {v} must be positive")
+        if n_embd % n_head:
+            raise ModelError(f"{at}{arch}.embedding_length {n_embd} is not a multiple of head_count {n_head}")
+        head_dim = _int(opt("attention.key_length", n_embd // n_head), f"{arch}.attention.key_length", at)
+        if head_dim * n_head != n_embd or _int(opt("attention.value_length", head_dim), "", at) != head_dim:
+            raise ModelError(f"{at}attention key/value length {head_dim} x {n_head} heads != embedding_length "
+                             f"{n_embd}: not supported")
+        if n_head % n_head_kv:
+            raise ModelError(f"{at}head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
+        n_rot = _int(opt("rope.dimension_count", head_dim), f"{arch}.rope.dimension_count", at)
+        if n_rot <= 0 or n_rot > head_dim or n_rot % 2:
+            raise ModelError(f"{at}{arch}.rope.dimension_count {n_rot} must be even and in 2..{head_dim}")
+        scaling = str(opt("rope.scaling.type", "none"))
+        factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
+        if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
+            raise ModelError(f"{at}rope scaling {scaling!r} is not supported (only linear)")
+        freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
+
+        n_vocab = meta.get(f"{arch}.vocab_size")
+        if n_vocab is None and "tokenizer.ggml.tokens" in meta:
+            n_vocab = len(meta["tokenizer.ggml.tokens"])
+        if n_vocab is None:
+            n_vocab = n_vocab_tensor
+        if n_vocab is None:
+            raise ModelError(f"{at}cannot tell the vocabulary size ({arch}.vocab_size, tokenizer.ggml.tokens "
+                             f"and token_embd.weight are all missing)")
+        return cls(
+            n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
+            n_rot=n_rot,
+            rms_eps=float(opt("attention.layer_norm_rms_epsilon", 1e-5)),
+            rope_freq_base=float(opt("rope.freq_base", 10000.0)),
+            rope_freq_scale=freq_scale,
+            n_ctx_train=_int(opt("context_length", 2048), f"{arch}.context_length", at),
+            n_vocab=_int(n_vocab, "vocab size", at),
+        )
+
+
+def _int(v: Any, key: str, at: str) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        raise ModelError(f"{at}metadata key {key!r} = {v!r} is not an integer") from None
+
+
+@dataclass(frozen=True)
+class Weight:
+    """One tensor as the kernels take it: ``data`` uint8 (n_rows, row_bytes), memory-mapped."""
+
+    name: str                       # the GGUF tensor name, e.g. "blk.0.attn_q.weight"
+    type: GGMLQuantizationType
+    shape: tuple[int, ...]          # GGUF order: (n_in, n_out) for a matrix
+    data: np.ndarray
+
+    @property
+    def n_in(self) -> int:
+        return self.shape[0]
+
+    @property
+    def n_out(self) -> int:
+        return self.data.shape[0]
+
+    def dequantize(self) -> np.ndarray:
+        """float32 (n_rows, n_in): for references and norms, never on the hot path of matrices."""
+        from quantkit.quants import dequantize
+
+        return dequantize(self.data, self.type).reshape(self.data.shape[0], self.shape[0])
+
+
+class Block:
+    """One transformer layer; attribute names are the GGUF names after ``blk.N.``."""
+
+    attn_norm: np.ndarray   # float32 (n_embd,)
+    attn_q: Weight          # (n_embd -> n_head * head_dim)
+    attn_k: Weight          # (n_embd -> n_head_kv * head_dim)
+    attn_v: Weight          # (n_embd -> n_head_kv * head_dim)
+    attn_output: Weight     # (n_head * head_dim -> n_embd)
+    ffn_norm: np.ndarray    # float32 (n_embd,)
+    ffn_gate: Weight        # (n_embd -> n_ff)
+    ffn_up: Weight          # (n_embd -> n_ff)
+    ffn_down: Weight        # (n_ff -> n_embd)
+
+
+class Llama:
+    """A llama-architecture GGUF, opened memory-mapped: ``config``, ``token_embd``, ``blk``, ``output``."""
+
+    def __init__(self, path: str | os.PathLike | GGUFModel):
+        gg = path if isinstance(path, GGUFModel) else GGUFModel(path)
+        self.gguf = gg
+        self.path = gg.path
+        self.metadata = gg.metadata
+        where = str(gg.path)
+        embd_rows = gg.tensor("token_embd.weight").n_rows if gg.has_tensor("token_embd.weight") else None
+        c = self.config = LlamaConfig.from_metadata(gg.metadata, embd_rows, where)
+        E, KV, F, V = c.n_embd, c.n_embd_kv, c.n_ff, c.n_vocab
+
+        def matrix(name: str, n_in: int, n_out: int) -> Weight:
+            if not gg.has_tensor(name):
+                raise ModelError(f"{where}: tensor {name!r} is missing")
+            t = gg.tensor(name)
+            if tuple(t.shape) != (n_in, n_out):
+                raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected [{n_in}, {n_out}]")
+            return Weight(name, t.type, tuple(t.shape), t.data)
+
+        def vector(name: str, n: int) -> np.ndarray:
+            if not gg.has_tensor(name):
+                raise ModelError(f"{where}: tensor {name!r} is missing")
+            t = gg.tensor(name)
+            if tuple(t.shape) != (n,):
+                raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected [{n}]")
+            return np.ascontiguousarray(Weight(name, t.type, tuple(t.shape), t.data).dequantize().reshape(n))
+
+        self.token_embd = matrix("token_embd.weight", E, V)          # (n_vocab rows of n_embd)
+        self.blk: list[Block] = []
+        for i in range(c.n_layer):
+            b = Block()
+            p = f"blk.{i}."
+            b.attn_norm = vector(p + "attn_norm.weight", E)
+            b.attn_q = matrix(p + "attn_q.weight", E, c.n_head * c.head_dim)
+            b.attn_k = matrix(p + "attn_k.weight", E, KV)
+            b.attn_v = matrix(p + "attn_v.weight", E, KV)
+            b.attn_output = matrix(p + "attn_output.weight", c.n_head * c.head_dim, E)
+            b.ffn_norm = vector(p + "ffn_norm.weight", E)
+            b.ffn_gate = matrix(p + "ffn_gate.weight", E, F)
+            b.ffn_up = matrix(p + "ffn_up.weight", E, F)
+            b.ffn_down = matrix(p + "ffn_down.weight", F, E)
+            self.blk.append(b)
+        self.output_norm = vector("output_norm.weight", E)                # (n_embd,)
+        self.output = matrix("output.weight", E, V) if gg.has_tensor("output.weight") else self.token_embd
+        # rope_freqs: per-pair frequency divisors (llama 3.x long-context); ones when absent
+        self.rope_freqs = vector("rope_freqs.weight", c.n_rot // 2) if gg.has_tensor("rope_freqs.weight") else None
+
+    def matrices(self) -> list[Weight]:
+        out = [self.token_embd]
+        for b in self.blk:
+            out += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate, b.ffn_up, b.ffn_down]
+        if self.output is not self.token_embd:
+            out.append(self.output)
+        return out
+
+    def close(self) -> None:
+        self.gguf.close()
+
+    def __enter__(self) -> "Llama":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def load(path: str | os.PathLike) -> Llama:
+    return Llama(path)
