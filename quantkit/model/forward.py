@@ -30,39 +30,8 @@ import numpy as np
 
 from quantkit.errors import ModelError
 from quantkit.jit import njit_fast, njit_fast_parallel, prange
-from quantkit.model.llama import Llama, Weight
-
 from quantkit.kernels import get_rows, matmul
-
-COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
-"""
-
-from __future__ import annotations
-
-import math
-from typing import Callable
-
-import numpy as np
-
-from quantkit.errors import ModelError
-from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.model.llama import Llama, Weight
-
-try:
-    from quantkit.kernels import get_rows, matmul
-except ImportError:  # the kernels layer is not there: dequantize per call and use numpy (slow)
-    from quantkit.quants import dequantize as _dequantize
-
-    def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
-        y = np.matmul(x, _dequantize(w, wtype).T)
-        if out is None:
-            return y
-        out[...] = y
-        return out
-
-    def get_rows(w: np.ndarray, wtype, ids) -> np.ndarray:
-        return _dequantize(w[np.asarray(ids, dtype=np.int64)], wtype)
-
 
 COLLECT_MIN_ROWS = 16
 DEFAULT_N_BATCH = 512
