@@ -188,3 +188,21 @@ def test_vec_dot_type_table():
     for t in ALL:
         assert t in K.VEC_DOT_TYPE
     assert K.VEC_DOT_TYPE[T.Q4_1] == T.Q8_1 and K.VEC_DOT_TYPE[T.IQ4_XS] == T.Q8_K
+
+
+@pytest.mark.parametrize("env, want", [({"QUANTKIT_NO_VNNI": "1"}, "generic"),
+                                       ({"QUANTKIT_KERNELS": "plain"}, "plain"),
+                                       ({"QUANTKIT_KERNELS": "generic"}, "generic")])
+def test_env_switches_variant(monkeypatch, env, want):
+    """The fallbacks are reachable through the environment, and matmul stays correct under them."""
+    monkeypatch.delenv("QUANTKIT_KERNELS", raising=False)
+    monkeypatch.delenv("QUANTKIT_NO_VNNI", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert K.default_variant() == want
+    for t in (T.Q4_K, T.Q5_0):
+        n_in = n_in_for(t)
+        w = make_weights(t, 19, n_in, seed=11)
+        x = np.random.default_rng(12).standard_normal((2, n_in)).astype(np.float32)
+        ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+        assert rel_err(K.matmul(w, t, x), ref) < (2e-6 if want == "plain" else 0.02)

@@ -366,15 +366,16 @@ def _legacy(ts, q_off, chunk, offset, has_min):
     def emit(k, acc, extra):
         b = k.b
         s = b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM)
-        t = _dot(b, k.v, None, chunk(b, k.v, _gep(b, k.wb, q_off), 0), _ld(b, k.xb, 0, V32I8))
+        xsum = _ld(b, k.sb, 0, I32)
+        init = None
+        if offset:  # the dot starts from -offset * sum(x_q) in lane 0 (offset is a power of two)
+            neg = b.sub(ir.Constant(I32, 0), b.shl(xsum, ir.Constant(I32, offset.bit_length() - 1)))
+            init = b.insert_element(ir.Constant(V8I32, None), neg, ir.Constant(I32, 0))
+        t = _dot(b, k.v, init, chunk(b, k.v, _gep(b, k.wb, q_off), 0), _ld(b, k.xb, 0, V32I8))
         acc = _fma_acc(b, acc, t, s)
-        xsum = b.sitofp(_ld(b, k.sb, 0, I32), F32T)
         if has_min:  # + m * d_x * sum(x_q)
-            mt = b.fmul(b.fmul(_f16(b, k.wb, 2), k.dx, flags=_FM), xsum, flags=_FM)
+            mt = b.fmul(b.fmul(_f16(b, k.wb, 2), k.dx, flags=_FM), b.sitofp(xsum, F32T), flags=_FM)
             extra = b.fadd(extra, mt, flags=_FM)
-        elif offset:  # - offset * d_w * d_x * sum(x_q)
-            extra = b.fsub(extra, b.fmul(b.fmul(s, xsum, flags=_FM), ir.Constant(F32T, float(offset)), flags=_FM),
-                           flags=_FM)
         return acc, extra
     return ts, 32, 1, emit
 
