@@ -62,6 +62,9 @@ def main() -> int:
     ap.add_argument("--tensor-type", action="append", default=[])
     ap.add_argument("--imatrix")
     ap.add_argument("--prune-layers")
+    ap.add_argument("--override-kv", action="append", default=[])
+    ap.add_argument("--include-weights", action="append", default=[])
+    ap.add_argument("--exclude-weights", action="append", default=[])
     a = ap.parse_args()
 
     p = llama_cpp.llama_model_quantize_default_params()
@@ -87,8 +90,28 @@ def main() -> int:
         arr[len(a.tensor_type)].pattern = None
         p.tt_overrides = arr
         keep.append(arr)
+    overrides = []  # (key, tag, value) in llama-quantize's order: --override-kv first, imatrix keys after
+    for spec in a.override_kv:
+        key, _, rest = spec.partition("=")
+        kind, _, val = rest.partition(":")
+        tag = {"int": 0, "float": 1, "bool": 2, "str": 3}[kind]
+        overrides.append((key, tag, {"int": lambda v: int(v, 0), "float": float,
+                                      "bool": lambda v: v == "true", "str": str}[kind](val)))
     if a.imatrix:
         w = imatrix_weights(a.imatrix)
+        # llama-quantize's prepare_imatrix: keep names containing an --include-weights string, then
+        # drop names containing an --exclude-weights string
+        if a.include_weights:
+            w = {k: v for k, v in w.items() if any(s in k for s in a.include_weights)}
+        if a.exclude_weights:
+            w = {k: v for k, v in w.items() if not any(s in k for s in a.exclude_weights)}
+        r = gguf.GGUFReader(a.imatrix)
+        ds = r.fields["imatrix.datasets"].contents()
+        overrides.append(("quantize.imatrix.file", 3, a.imatrix[:127]))
+        if ds:
+            overrides.append(("quantize.imatrix.dataset", 3, ds[0]))
+        overrides.append(("quantize.imatrix.entries_count", 0, len(w)))
+        overrides.append(("quantize.imatrix.chunks_count", 0, int(r.fields["imatrix.chunk_count"].contents())))
         arr = (llama_cpp.llama_model_imatrix_data * (len(w) + 1))()
         for i, (name, vals) in enumerate(sorted(w.items())):
             b = name.encode()
@@ -98,6 +121,22 @@ def main() -> int:
             arr[i].size = vals.size
         arr[len(w)].name = None
         p.imatrix = arr
+        keep.append(arr)
+    if overrides:
+        arr = (llama_cpp.llama_model_kv_override * (len(overrides) + 1))()
+        for i, (key, tag, val) in enumerate(overrides):
+            arr[i].key = key.encode()
+            arr[i].tag = tag
+            if tag == 0:
+                arr[i].value.val_i64 = val
+            elif tag == 1:
+                arr[i].value.val_f64 = val
+            elif tag == 2:
+                arr[i].value.val_bool = val
+            else:
+                arr[i].value.val_str = val.encode()[:127]
+        arr[len(overrides)].key = b""
+        p.kv_overrides = arr
         keep.append(arr)
     if a.prune_layers:
         ids = [int(x) for x in a.prune_layers.split(",")] + [-1]

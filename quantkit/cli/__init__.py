@@ -9,6 +9,7 @@ errors never compile anything.
 from __future__ import annotations
 
 import functools
+import signal
 import sys
 
 import click
@@ -17,6 +18,10 @@ from quantkit import __version__
 from quantkit.errors import QuantkitError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+
+
+def _sigterm(signum, frame):  # make SIGTERM unwind like Ctrl-C, so temporary files are removed
+    raise KeyboardInterrupt
 
 
 class _Group(click.Group):
@@ -38,6 +43,10 @@ class _Group(click.Group):
 @click.version_option(__version__, "--version", prog_name="quantkit")
 def main() -> None:
     """quantkit: llama.cpp's quantize, imatrix, run, bench and perplexity tools in Python."""
+    try:  # runs only when a subcommand runs (not for --help)
+        signal.signal(signal.SIGTERM, _sigterm)
+    except ValueError:  # not the main thread (e.g. under a test runner's thread)
+        pass
 
 
 def threads_option(fn):

@@ -47,7 +47,10 @@ def _split_positionals(args: tuple[str, ...], dry_run: bool):
             raise click.UsageError(f"unknown file type {args[1]!r}")
         raise click.UsageError(f"{args[1]!r} is not a file type, and no TYPE follows it")
     if as_ftype(args[2]) is None:
-        parse_ftype(args[2])  # raises the one-line "unknown file type" error
+        try:
+            parse_ftype(args[2])
+        except PolicyError as e:
+            raise click.UsageError(str(e)) from None
     if len(args) > 4:
         raise click.UsageError(f"unexpected extra argument {args[4]!r}")
     return inp, args[1], args[2], (as_threads(args[3]) if len(args) > 3 else None)
@@ -100,8 +103,8 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     The output is written to a temporary file and renamed into place when complete; an interrupted or
     failed run leaves nothing at OUTPUT.
     """
-    from quantkit.pipelines.quantize import (QuantizeOptions, default_output_path, parse_override_kv,
-                                             quantize_file)
+    from quantkit.pipelines.quantize import (QuantizeError, QuantizeOptions, default_output_path,
+                                             parse_override_kv, quantize_file)
     from quantkit.policy import parse_ggml_type, parse_tensor_type_arg
 
     if include_weights and exclude_weights:
@@ -109,14 +112,20 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     inp, out, ftype_text, nthreads = _split_positionals(args, dry_run)
     if threads is None and nthreads is not None:
         threads = nthreads if nthreads > 0 else None
-    if output_tensor_type:
-        parse_ggml_type(output_tensor_type)
-    if token_embedding_type:
-        parse_ggml_type(token_embedding_type)
-    patterns = [parse_tensor_type_arg(a) for a in tensor_type]
-    if tensor_type_file:
-        with open(tensor_type_file, encoding="utf-8") as f:
-            patterns += [parse_tensor_type_arg(tok) for tok in f.read().split()]
+    from quantkit.policy import PolicyError
+
+    try:
+        if output_tensor_type:
+            parse_ggml_type(output_tensor_type)
+        if token_embedding_type:
+            parse_ggml_type(token_embedding_type)
+        patterns = [parse_tensor_type_arg(a) for a in tensor_type]
+        if tensor_type_file:
+            with open(tensor_type_file, encoding="utf-8") as f:
+                patterns += [parse_tensor_type_arg(tok) for tok in f.read().split()]
+        kv_overrides = tuple(parse_override_kv(a) for a in override_kv)
+    except (PolicyError, QuantizeError) as e:
+        raise click.UsageError(str(e)) from None
     prune = ()
     if prune_layers:
         try:
@@ -132,7 +141,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         include_weights=tuple(include_weights), exclude_weights=tuple(exclude_weights),
         output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
         tensor_types=tuple(patterns), prune_layers=prune,
-        override_kv=tuple(parse_override_kv(a) for a in override_kv), no_fallback=no_fallback,
+        override_kv=kv_overrides, no_fallback=no_fallback,
     )
 
     from tqdm import tqdm

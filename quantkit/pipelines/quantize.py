@@ -241,6 +241,8 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
     imatrix = None
     if opts.imatrix is not None:
         imatrix = load_imatrix(opts.imatrix).filtered(tuple(opts.include_weights), tuple(opts.exclude_weights))
+        if not imatrix.entries:  # llama-quantize then proceeds as if no imatrix was given
+            imatrix = None
 
     by_name = {t.name: t for t in model.tensors}
     from quantkit.policy import processing_order_key
