@@ -95,7 +95,7 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
         click.echo(f"sampling: seed {sampler.seed}, temp {temp}, top_k {top_k}, top_p {top_p}, min_p {min_p}, "
                    f"repeat_penalty {repeat_penalty} (last {repeat_last_n})", err=True)
 
-    out = click.get_text_stream("stdout")
+    out = sys.stdout
     if not chat and not no_display_prompt:
         out.write(tok.decode(ids))
         out.flush()

@@ -1,0 +1,86 @@
+"""``quantkit run`` end to end on the bundled model, and its errors (one line, exit 1 or 2)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from quantkit.cli import main
+
+GOLDEN = Path(__file__).parent / "data" / "run" / "golden.json"
+
+
+def run(*args: str, input: str | None = None):
+    return CliRunner().invoke(main, ["run", *args], input=input)
+
+
+def assert_one_line_error(result, code: int, needle: str) -> None:
+    assert result.exit_code == code, result.output
+    assert "Traceback" not in result.output
+    err = [ln for ln in result.stderr.splitlines() if ln.strip()]
+    assert any(needle in ln for ln in err), result.stderr
+    assert err[-1].startswith("Error:")
+
+
+@pytest.mark.slow
+def test_run_greedy_bundled():
+    golden = json.loads(GOLDEN.read_text(encoding="utf-8"))["prompts"][0]
+    r = run("-p", golden["text"], "--temp", "0", "-n", "8", "-t", "1")
+    assert r.exit_code == 0, r.output
+    from quantkit.formats.locate import bundled_model
+    from quantkit.formats.gguf_io import GGUFModel
+    from quantkit.model.tokenizer import Tokenizer
+
+    with GGUFModel(bundled_model()) as g:
+        tok = Tokenizer.from_metadata(g.metadata)
+    assert r.stdout == golden["text"] + tok.decode(golden["greedy"][:8]) + "\n"
+    assert "prompt eval time" in r.stderr and "eval time" in r.stderr and "load time" in r.stderr
+    assert "decoded 8 tokens" in r.stderr
+
+
+@pytest.mark.slow
+def test_run_chat_and_prompt_file(tmp_path):
+    f = tmp_path / "prompt.txt"
+    f.write_text("What is 2+2?", encoding="utf-8")
+    r = run("-f", str(f), "--chat", "--temp", "0", "-n", "4", "-t", "1")
+    assert r.exit_code == 0, r.output
+    assert "What is 2+2?" not in r.stdout          # chat mode prints only the reply
+    assert r.stdout.strip()
+
+
+def test_help_lists_every_option():
+    r = run("--help")
+    assert r.exit_code == 0
+    for opt in ("--model", "--prompt", "--file", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
+                "--top-p", "--min-p", "--repeat-penalty", "--seed", "--chat"):
+        assert opt in r.output
+
+
+@pytest.mark.parametrize("args, code, needle", [
+    (["-p", "x", "--top-p", "1.5"], 2, "--top-p"),
+    (["-p", "x", "--top-p", "0"], 2, "--top-p"),
+    (["-p", "x", "--temp", "-1"], 2, "--temp"),
+    (["-m", "/nonexistent/model.gguf", "-p", "x"], 2, "does not exist"),
+    ([], 2, "no prompt"),
+    (["-p", "x", "-f", "-"], 2, "not both"),
+])
+def test_usage_errors(args, code, needle):
+    assert_one_line_error(run(*args), code, needle)
+
+
+def test_context_over_trained_length():
+    assert_one_line_error(run("-p", "hello", "-c", "100000", "-n", "1"), 1, "over the model's trained context length")
+
+
+def test_prompt_longer_than_context():
+    assert_one_line_error(run("-p", "one two three four five six seven eight nine ten", "-c", "4", "-n", "1"),
+                          1, "too long for a context of 4")
+
+
+def test_not_a_gguf(tmp_path):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    assert_one_line_error(run("-m", str(bad), "-p", "x"), 1, "not a GGUF file")
