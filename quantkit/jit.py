@@ -90,3 +90,52 @@ def bits_to_f32(typingctx, x):
         return builder.bitcast(v, context.get_value_type(types.float32))
 
     return sig, codegen
+
+
+def host_features() -> set[str]:
+    """CPU features LLVM sees on this machine, e.g. {'avx512vnni', 'f16c', ...}."""
+    import llvmlite.binding as llvm
+
+    feats = llvm.get_host_cpu_features()
+    return {k for k, v in feats.items() if v}
+
+
+HAS_F16C = "f16c" in host_features()
+
+
+@intrinsic
+def half_bits_to_f32(typingctx, x):
+    """IEEE half bits (an unsigned 16-bit integer) -> float32 with LLVM's ``fpext half`` (F16C)."""
+    if not isinstance(x, types.Integer):
+        return None
+    sig = types.float32(x)
+
+    def codegen(context, builder, signature, args):
+        import llvmlite.ir as ir
+
+        v = args[0]
+        i16 = ir.IntType(16)
+        if x.bitwidth > 16:
+            v = builder.trunc(v, i16)
+        elif x.bitwidth < 16:
+            v = builder.zext(v, i16)
+        h = builder.bitcast(v, ir.HalfType())
+        return builder.fpext(h, ir.FloatType())
+
+    return sig, codegen
+
+
+@intrinsic
+def f32_to_half_bits(typingctx, x):
+    """float32 -> IEEE half bits (uint16), round to nearest even, with LLVM's ``fptrunc`` (F16C)."""
+    if x != types.float32:
+        return None
+    sig = types.uint16(types.float32)
+
+    def codegen(context, builder, signature, args):
+        import llvmlite.ir as ir
+
+        h = builder.fptrunc(args[0], ir.HalfType())
+        return builder.bitcast(h, ir.IntType(16))
+
+    return sig, codegen

@@ -12,12 +12,20 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantkit.jit import bits_to_f32, f32_to_bits, njit
+from quantkit.jit import HAS_F16C, bits_to_f32, f32_to_bits, f32_to_half_bits, half_bits_to_f32, njit
 
 
 @njit
 def fp32_to_fp16(f):
     """float32 -> IEEE half bits (uint16), round to nearest even; overflow gives inf."""
+    if HAS_F16C:  # one vcvtps2ph; the bit-level version below is the portable fallback
+        return f32_to_half_bits(np.float32(f))
+    return fp32_to_fp16_bits(f)
+
+
+@njit
+def fp32_to_fp16_bits(f):
+    """Portable float32 -> half bits, the same rounding as F16C's vcvtps2ph (nearest even)."""
     bits = f32_to_bits(np.float32(f))
     sign = np.uint32((bits >> np.uint32(16)) & np.uint32(0x8000))
     exp = np.int32((bits >> np.uint32(23)) & np.uint32(0xFF))
@@ -50,6 +58,14 @@ def fp32_to_fp16(f):
 @njit
 def fp16_to_fp32(h):
     """IEEE half bits (any unsigned int) -> float32, exact."""
+    if HAS_F16C:
+        return half_bits_to_f32(np.uint16(h))
+    return fp16_to_fp32_bits(h)
+
+
+@njit
+def fp16_to_fp32_bits(h):
+    """Portable half bits -> float32 (exact)."""
     h = np.uint32(h)
     sign = (h & np.uint32(0x8000)) << np.uint32(16)
     exp = (h >> np.uint32(10)) & np.uint32(0x1F)
