@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Sequence
@@ -80,15 +81,27 @@ class _Reader(GGUFReader):
     """
 
     _plain: np.ndarray | None = None
+    _native = "<" if sys.byteorder == "little" else ">"
 
     def _get(self, offset, dtype, count=1, override_order=None):
         plain = self._plain
         if plain is None:
             plain = self._plain = self.data.view(np.ndarray)
-        count = int(count)
-        dt = np.dtype(dtype)
-        arr = plain[offset:offset + dt.itemsize * count].view(dtype=dt)[:count]
-        return arr.view(arr.dtype.newbyteorder(self.byte_order if override_order is None else override_order))
+        dt = _DTYPES.get(dtype)
+        if dt is None:
+            dt = np.dtype(dtype)
+        n = dt.itemsize * int(count)
+        arr = plain[offset:offset + n].view(dt)
+        if arr.nbytes != n:  # past the end of the file: what gguf's own slicing would return
+            arr = arr[:int(count)]
+        order = self.byte_order if override_order is None else override_order
+        if order == "I" or order == self._native:
+            return arr
+        return arr.view(arr.dtype.newbyteorder(order))
+
+
+_DTYPES = {t: np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64,
+                                   np.int64, np.float32, np.float64, np.bool_)}
 
 
 def _field_kv(field) -> KV:
