@@ -63,6 +63,49 @@ def _psum(a):
     return part.sum()
 
 
+def ggml_vec_dot_rate(t, nbytes, rng, reps):
+    """GB/s (CPU time, one thread) of ggml's own vec_dot for type t over ~nbytes of weights, through
+    llama-cpp-python's bundled libggml-cpu (a yardstick; None when it is not installed)."""
+    import ctypes
+
+    try:
+        import llama_cpp
+    except ImportError:
+        return None
+    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    ctypes.CDLL(os.path.join(lib, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
+    cpu.ggml_cpu_init()
+
+    class Traits(ctypes.Structure):
+        _fields_ = [("from_float", ctypes.c_void_p), ("vec_dot", ctypes.c_void_p),
+                    ("vec_dot_type", ctypes.c_int), ("nrows", ctypes.c_int64)]
+
+    cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
+    tr = cpu.ggml_get_type_traits_cpu(int(t)).contents
+    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tr.from_float)
+    vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
+                               ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)(tr.vec_dot)
+    bs, ts = GGML_QUANT_SIZES[t]
+    n = nbytes // ts * bs
+    n -= n % 256
+    w = random_weights(t, 1, n, rng)
+    x = rng.standard_normal(n, dtype=np.float32)
+    vbs, vts = GGML_QUANT_SIZES[T(tr.vec_dot_type)]
+    y = np.zeros(n // vbs * vts + 64, np.uint8)
+    from_float(x.ctypes.data, y.ctypes.data, n)
+    s = np.zeros(1, np.float32)
+    args = (n, s.ctypes.data, 0, w.ctypes.data, 0, y.ctypes.data, 0, 1)
+    vec_dot(*args)
+    best = 1e9
+    for _ in range(reps):
+        c0 = time.process_time()
+        for _ in range(20):
+            vec_dot(*args)
+        best = min(best, (time.process_time() - c0) / 20)
+    return w.nbytes / best / 1e9
+
+
 def best_of(fn, reps, inner=1):
     best = 1e9
     for _ in range(reps):
@@ -88,6 +131,8 @@ def main():
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--ggml", action="store_true",
+                    help="also time ggml's own vec_dot per core (needs llama-cpp-python)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     types = [T[n.strip().upper()] for n in args.types.split(",") if n.strip()]
@@ -97,11 +142,15 @@ def main():
     print(f"memory bandwidth (prange sum over {args.bw_mib} MiB): 1 thread {bw[1]:.1f} GB/s, "
           f"2 threads {bw[2]:.1f} GB/s")
     print()
-    print("| type | n_in x n_out | MiB | compile s | GB/s 1 thr | GB/s 2 thr | of bandwidth (2 thr) |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
+    print("GB/s = weight bytes / wall time; 'per core' = weight bytes / CPU time of one thread on a 1 MiB")
+    print("matrix (less sensitive to other processes); ggml = its vec_dot the same way.")
+    print()
+    print("| type | n_in x n_out | MiB | compile s | GB/s 1 thr | GB/s 2 thr | of bandwidth (2 thr) "
+          "| per core | ggml per core |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for t in types:
         bs, ts = GGML_QUANT_SIZES[t]
-        n_in = 4096 if bs == 256 or t in (T.F32, T.F16, T.BF16) else 4096
+        n_in = 4096
         n_out = max(256, args.mib * 2**20 // (n_in // bs * ts))
         w = random_weights(t, n_out, n_in, rng)
         x = rng.standard_normal((1, n_in), dtype=np.float32)
@@ -114,8 +163,24 @@ def main():
             set_threads(n)
             K.matmul(w, t, x, out=out)
             res[n] = w.nbytes / best_of(lambda: K.matmul(w, t, x, out=out), args.reps) / 1e9
+        # per-core compute rate: CPU time of the serial build on a cache-resident 1 MiB matrix
+        small = w[: max(1, 2**20 // w.shape[1])]
+        so = np.empty((1, small.shape[0]), np.float32)
+        kind = K.activation_kind(t)
+        xq = K.quantize_activations(x, kind)
+        mv = K.matvec_kernel(t, parallel=False)
+        mv(small, *xq, so, 16)
+        cpu = 1e9
+        for _ in range(args.reps):
+            c0 = time.process_time()
+            for _ in range(20):
+                mv(small, *xq, so, 16)
+            cpu = min(cpu, (time.process_time() - c0) / 20)
+        core = small.nbytes / cpu / 1e9
+        g = ggml_vec_dot_rate(t, 2**20, rng, args.reps) if args.ggml else None
+        gs = f"{g:.1f}" if g is not None else "-"
         print(f"| {t.name} | {n_in} x {n_out} | {w.nbytes / 2**20:.0f} | {comp:.2f} | {res[1]:.1f} | "
-              f"{res[2]:.1f} | {res[2] / bw[2]:.0%} |", flush=True)
+              f"{res[2]:.1f} | {res[2] / bw[2]:.0%} | {core:.1f} | {gs} |", flush=True)
 
     if args.no_prefill:
         return

@@ -294,8 +294,27 @@ def _fma_acc(builder, acc, ivec, scale):
     return builder.fadd(acc, builder.fmul(builder.sitofp(ivec, V8F32), sv, flags=_FM), flags=_FM)
 
 
-def _scaled_chunks(builder, variant, chunk, wq, xb, scv, per):
-    """sum over the 8 chunks of a super-block of (u8 . s8 lanes) * scale lanes -> <8 x i32>."""
+V16I16 = ir.VectorType(I16, 16)
+
+
+def _scaled_chunks(builder, variant, chunk, wq, xb, scv, per, small=True):
+    """sum over the 8 chunks of a super-block of (u8 . s8 lanes) * scale lanes -> <8 x i32>.
+
+    ``small``: the unsigned values are < 64, so pairs of u8*s8 fit in int16; with VNNI the chunk is
+    then ``vpmaddubsw`` (u8 x s8 -> i16 pairs) + ``vpdpwssd`` (i16 x i16 scale, accumulated in i32):
+    two instructions instead of vpdpbusd + vpmulld (two uops) + add, as ggml's AVX2 K-quant dots."""
+    if variant == "vnni" and small:
+        n = 8 if per == 32 else 16
+        sc16 = builder.trunc(scv, ir.VectorType(I16, n))
+        mad = _decl(builder.module, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+        dpw = _decl(builder.module, "llvm.x86.avx512.vpdpwssd.256", V8I32, [V8I32, V8I32, V8I32])
+        acc = ir.Constant(V8I32, None)
+        for k in range(8):
+            p16 = builder.call(mad, [chunk(builder, variant, wq, k), _ld(builder, xb, 32 * k, V32I8)])
+            mask = [k] * 16 if per == 32 else [2 * k] * 8 + [2 * k + 1] * 8
+            s16 = builder.shuffle_vector(sc16, sc16, _vconst(mask))
+            acc = builder.call(dpw, [acc, builder.bitcast(p16, V8I32), builder.bitcast(s16, V8I32)])
+        return acc
     acc = ir.Constant(V8I32, None)
     for k in range(8):
         t = _dot(builder, variant, None, chunk(builder, variant, wq, k), _ld(builder, xb, 32 * k, V32I8))
@@ -425,7 +444,7 @@ def _emit_q2k(k, acc, extra):
 def _emit_iq4xs(k, acc, extra):
     b = k.b
     sc = _iq4xs_scales(b, k.wb)
-    ai = _scaled_chunks(b, k.v, _chunk_iq4_xs, _gep(b, k.wb, 8), k.xb, sc, 32)
+    ai = _scaled_chunks(b, k.v, _chunk_iq4_xs, _gep(b, k.wb, 8), k.xb, sc, 32, small=False)
     off = b.mul(sc, _pairs16(b, k.bsums()))
     ai = b.sub(ai, b.shl(off, _vconst([7] * 8)))  # - 128 * sum(sc * bsums)
     return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM)), extra

@@ -9,10 +9,8 @@ from threadpoolctl import ThreadpoolController
 
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads
-from quantkit.kernels.activations import quantize_activations
 from quantkit.kernels.ir import default_variant
-from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_rows_kernel, get_rows_kernel,
-                                     matvec_kernel)
+from quantkit.kernels.vecdot import KERNEL_TRAITS, deq_rows_kernel, gemv_kernel, get_rows_kernel
 from quantkit.quants.base import resolve_type
 
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
@@ -23,6 +21,7 @@ CHUNK_ROWS = 16
 TILE_ROWS = 256
 
 _BLAS = None
+_GEMV: dict = {}
 
 
 def _blas():
@@ -72,8 +71,11 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out)
     variant = default_variant()
-    xq = quantize_activations(x, activation_kind(t, variant))
-    matvec_kernel(t, variant)(w, *xq, out, CHUNK_ROWS)
+    key = (t, variant)
+    gemv = _GEMV.get(key)
+    if gemv is None:
+        gemv = _GEMV[key] = gemv_kernel(t, variant)
+    gemv(w, x, out, CHUNK_ROWS)
     return out
 
 

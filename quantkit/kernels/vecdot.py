@@ -93,6 +93,24 @@ def matvec_plain_body(w, xq, xd, xs, out, chunk):
                 out[t, r] = acc
 
 
+def gemv_q_body(w, x, out, chunk):
+    """Quantize x to the planar activations of kind (QUANT, QD, QS) and run MATVEC: one compiled
+    call per matmul, so the Python-level cost of a small GEMV is a single dispatch."""
+    n_tok = x.shape[0]
+    n_in = x.shape[1]
+    xq = np.empty((n_tok, n_in), np.int8)
+    xd = np.empty((n_tok, n_in // QD), np.float32)  # noqa: F821
+    xs = np.empty((n_tok, n_in // QS), np.int32)  # noqa: F821
+    QUANT(x, xq, xd, xs)  # noqa: F821
+    MATVEC(w, xq, xd, xs, out, chunk)  # noqa: F821
+
+
+def gemv_f_body(w, x, out, chunk):
+    """MATVEC with float32 activations (F32/F16/BF16 weights, and the plain variant)."""
+    n_tok = x.shape[0]
+    MATVEC(w, x, np.empty((n_tok, 0), np.float32), np.empty((n_tok, 0), np.int32), out, chunk)  # noqa: F821
+
+
 def deq_rows_body(w, r0, tile):
     """tile[i] = dequantized w[r0 + i]; prange over rows."""
     for i in prange(tile.shape[0]):
@@ -177,6 +195,21 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
     if variant == "plain":
         return build(matvec_plain_body, f"{t.name}_plain", parallel, DEQ=deq_kernel(t))
     return build(matvec_body, f"{t.name}_{variant}", parallel, ROWDOT=rowdot_kernel(t, variant))
+
+
+def gemv_kernel(wtype, variant: str | None = None):
+    """The compiled ``gemv(w, x, out, chunk)``: quantize float32 x (n_tok, n_in) and multiply."""
+    from quantkit.kernels.activations import ACT_LAYOUT, quantize_q8_0_into, quantize_q8_k_into
+
+    variant = variant or default_variant()
+    t = T(wtype)
+    kind = activation_kind(t, variant)
+    mv = matvec_kernel(t, variant)
+    if kind == "F32":
+        return build(gemv_f_body, f"{t.name}_{variant}", False, MATVEC=mv)
+    qd, qs = ACT_LAYOUT[kind]
+    quant = quantize_q8_k_into if kind == "Q8_K" else quantize_q8_0_into
+    return build(gemv_q_body, f"{t.name}_{variant}", False, MATVEC=mv, QUANT=quant, QD=qd, QS=qs)
 
 
 def deq_kernel(wtype):
