@@ -206,3 +206,32 @@ def test_env_switches_variant(monkeypatch, env, want):
         x = np.random.default_rng(12).standard_normal((2, n_in)).astype(np.float32)
         ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
         assert rel_err(K.matmul(w, t, x), ref) < (2e-6 if want == "plain" else 0.02)
+
+
+@pytest.mark.skipif(not K.HAS_VNNI, reason="needs VNNI")
+def test_opt_in_512_bit_pairs():
+    """QUANTKIT_512=1 (read at import) switches the 32-block types to 512-bit pairs; same results
+    within the 8-bit tolerance, odd block counts (remainder loop) included."""
+    import subprocess
+    import sys
+    code = """
+import numpy as np, sys
+sys.path.insert(0, %r)
+from test_kernels import make_weights, rel_err
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+from quantkit import kernels as K
+from quantkit.kernels import ir
+assert ir.PAIRS_512 == ir.HAS_VNNI512
+for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL):
+    for n_in in (576, 608):
+        w = make_weights(t, 9, n_in, seed=3)
+        x = np.random.default_rng(4).standard_normal((2, n_in)).astype(np.float32)
+        ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+        assert rel_err(K.matmul(w, t, x), ref) < 0.02, t
+print("ok")
+""" % str(__import__("pathlib").Path(__file__).parent)
+    import os
+    env = dict(os.environ, QUANTKIT_512="1")
+    r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
