@@ -14,15 +14,20 @@ $(BIN)/quantkit: pyproject.toml
 
 setup: $(BIN)/quantkit
 
-# The main job on the bundled SmolLM2 model.
+# The main job on the bundled SmolLM2 model: F16 from the shipped Q4_1, Q4_K_M from that (both
+# byte-identical to llama-quantize's), then a short greedy generation with the result.
+OUT := out
 demo: setup
-	$(BIN)/quantkit roundtrip
+	mkdir -p $(OUT)
+	$(BIN)/quantkit quantize --allow-requantize "$$($(BIN)/quantkit bundled-model)" $(OUT)/smollm2-f16.gguf F16
+	$(BIN)/quantkit quantize $(OUT)/smollm2-f16.gguf $(OUT)/smollm2-Q4_K_M.gguf Q4_K_M
+	$(BIN)/quantkit run -m $(OUT)/smollm2-Q4_K_M.gguf -p "The three primary colors are" -n 32 --temp 0
 
 test: setup
 	$(BIN)/python -m pytest -q tests
 
 bench: setup
-	$(BIN)/python benchmarks/bench_quantize.py
+	$(BIN)/python benchmarks/bench_quantize_model.py
 
 # Regenerate golden files from the real ggml: runs in a separate venv with llama-cpp-python, never in
 # .venv (see tests/data/README.md for how to create it). Override: make golden LLAMAREF_PY=/path/python
@@ -31,4 +36,4 @@ golden:
 	$(LLAMAREF_PY) tools/make_golden.py
 
 clean:
-	rm -rf $(NUMBA_CACHE_DIR) .pytest_cache
+	rm -rf $(NUMBA_CACHE_DIR) .pytest_cache $(OUT)

