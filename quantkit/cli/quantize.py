@@ -94,10 +94,12 @@ def _ftype_label(text: str) -> str:
 @click.option("--no-fallback", is_flag=True,
               help="Fail before computing anything if a tensor would need a fallback type.")
 @click.option("-t", "--threads", type=int, default=None, metavar="N", help="Threads (default: all cores).")
+@click.option("--verify", "verify_after", is_flag=True,
+              help="Re-read the written file and check every tensor (as `quantkit verify`).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no per-tensor lines.")
 def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, include_weights,
              exclude_weights, output_tensor_type, token_embedding_type, tensor_type, tensor_type_file,
-             prune_layers, override_kv, dry_run, plan_out, no_fallback, threads, quiet):
+             prune_layers, override_kv, dry_run, plan_out, no_fallback, verify_after, threads, quiet):
     """Quantize a GGUF model like llama-quantize (same flags, same output bytes).
 
     The output is written to a temporary file and renamed into place when complete; an interrupted or
@@ -170,3 +172,11 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     click.echo(f"llama_quantize: quantize time = {seconds * 1000:10.2f} ms", err=True)
     if not dry_run:
         click.echo(f"wrote {out}", err=True)
+    if verify_after and not dry_run:
+        from quantkit.cli.verify import report_verify
+        from quantkit.pipelines.verify import verify_file
+
+        report = verify_file(out)
+        report_verify(report, lambda line: click.echo(line, err=True), verbose=False)
+        if not report.ok:
+            raise click.exceptions.Exit(1)
