@@ -235,3 +235,13 @@ print("ok")
     env = dict(os.environ, QUANTKIT_512="1")
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
+
+
+def test_q8_1_activations():
+    x = np.random.default_rng(9).standard_normal((2, 576)).astype(np.float32)
+    q0, d0, s0 = K.quantize_activations(x, "Q8_0")
+    q1, d1, s1 = K.quantize_activations(x, "Q8_1")
+    np.testing.assert_array_equal(q1, q0)
+    np.testing.assert_array_equal(d1, d0)
+    assert s1.dtype == np.float32
+    np.testing.assert_array_equal(s1, d0 * s0.astype(np.float32))

@@ -6,8 +6,8 @@ dot kernels read 32 contiguous int8 per block and the per-block integer sums are
 * ``qs`` int8  (n_tok, n_in)        the quants
 * ``d``  float32 (n_tok, n_in/QK)   the block scale (Q8_0/Q8_1: the fp16-rounded value ggml stores;
   Q8_K: the float32 ``d``)
-* ``s``  int32 (n_tok, n_in/G)      sum of qs per group: G = 32 for Q8_0/Q8_1 (ggml's Q8_1 keeps
-  ``d*sum`` as fp16; we keep the exact integer), G = 16 for Q8_K (ggml's ``bsums``)
+* ``s``  (n_tok, n_in/G)            per group of G: Q8_0: int32 sum of qs (G = 32); Q8_1: float32
+  ``d * sum(qs)`` (ggml's ``s``, in float32 instead of fp16); Q8_K: int32 ``bsums`` (G = 16)
 
 Rounding follows ggml's ``quantize_row_q8_0_ref`` / ``_q8_1_ref`` (``roundf``: half away from zero)
 and ``quantize_row_q8_K_ref`` (``nearest_int``: half to even, ``iscale = -127/max``).
@@ -57,6 +57,18 @@ def quantize_q8_0_into(x, qs, d, s):
 
 
 @njit
+def quantize_q8_1_into(x, qs, d, s):
+    """Q8_1: the quants and scales of Q8_0, and s float32 (n_tok, n_in/32) = d * sum(qs) (ggml's
+    ``s``, kept in float32 from the stored d) -- the Q4_1/Q5_1 min term needs exactly that."""
+    n_tok, n_in = x.shape
+    tmp = np.empty((n_tok, n_in // 32), np.int32)
+    quantize_q8_0_into(x, qs, d, tmp)
+    for t in range(n_tok):
+        for b in range(n_in // 32):
+            s[t, b] = d[t, b] * np.float32(tmp[t, b])
+
+
+@njit
 def quantize_q8_k_into(x, qs, d, s):
     """x float32 (n_tok, n_in) -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/256),
     s int32 (n_tok, n_in/16) = ggml's bsums."""
@@ -91,8 +103,15 @@ def quantize_q8_k_into(x, qs, d, s):
             d[t, b] = np.float32(1.0) / iscale
 
 
+
+
+
 #: activation kind -> (elements per d, elements per s)
 ACT_LAYOUT = {"Q8_0": (32, 32), "Q8_1": (32, 32), "Q8_K": (256, 16), "F32": (0, 0)}
+#: activation kind -> dtype of s (Q8_1 keeps d * sum as float32, the others the integer sums)
+ACT_SUM_DTYPE = {"Q8_0": np.int32, "Q8_1": np.float32, "Q8_K": np.int32, "F32": np.int32}
+#: activation kind -> the njit quantizer (x, qs, d, s)
+ACT_QUANTIZER = {"Q8_0": quantize_q8_0_into, "Q8_1": quantize_q8_1_into, "Q8_K": quantize_q8_k_into}
 
 
 def empty_activations(kind: str, n_tok: int, n_in: int):
@@ -102,7 +121,7 @@ def empty_activations(kind: str, n_tok: int, n_in: int):
                 np.empty((n_tok, 0), np.int32))
     qd, qsum = ACT_LAYOUT[kind]
     return (np.empty((n_tok, n_in), np.int8), np.empty((n_tok, n_in // qd), np.float32),
-            np.empty((n_tok, n_in // qsum), np.int32))
+            np.empty((n_tok, n_in // qsum), ACT_SUM_DTYPE[kind]))
 
 
 def quantize_activations(x: np.ndarray, kind: str, bufs=None):
@@ -110,7 +129,7 @@ def quantize_activations(x: np.ndarray, kind: str, bufs=None):
     if kind == "F32":
         return x, np.empty((x.shape[0], 0), np.float32), np.empty((x.shape[0], 0), np.int32)
     qs, d, s = bufs if bufs is not None else empty_activations(kind, x.shape[0], x.shape[1])
-    (quantize_q8_k_into if kind == "Q8_K" else quantize_q8_0_into)(x, qs, d, s)
+    ACT_QUANTIZER[kind](x, qs, d, s)
     return qs, d, s
 
 

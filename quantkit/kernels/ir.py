@@ -398,8 +398,8 @@ def _legacy(ts, q_off, chunk, offset, has_min):
             init = b.insert_element(ir.Constant(V8I32, None), neg, ir.Constant(I32, 0))
         t = _dot(b, k.v, init, chunk(b, k.v, _gep(b, k.wb, q_off), 0), _ld(b, k.xb, 0, V32I8))
         acc = _fma_acc(b, acc, t, s)
-        if has_min:  # + m * d_x * sum(x_q)
-            mt = b.fmul(b.fmul(_f16(b, k.wb, 2), k.dx, flags=_FM), b.sitofp(xsum, F32T), flags=_FM)
+        if has_min:  # + m * (d_x * sum(x_q)): Q8_1's s, float32
+            mt = b.fmul(_f16(b, k.wb, 2), _ld(b, k.sb, 0, F32T), flags=_FM)
             extra = b.fadd(extra, mt, flags=_FM)
         return acc, extra
 
@@ -428,8 +428,8 @@ def _legacy(ts, q_off, chunk, offset, has_min):
         sv = b.shuffle_vector(sv, sv, _vconst([0] * 8 + [8] * 8))
         acc16 = b.fadd(acc16, b.fmul(b.sitofp(t, v16f), sv, flags=_FM), flags=_FM)
         if has_min:
-            for k, xsum in ((k0, xs0), (k1, xs1)):
-                mt = b.fmul(b.fmul(_f16(b, k.wb, 2), k.dx, flags=_FM), b.sitofp(xsum, F32T), flags=_FM)
+            for k in (k0, k1):
+                mt = b.fmul(_f16(b, k.wb, 2), _ld(b, k.sb, 0, F32T), flags=_FM)
                 extra = b.fadd(extra, mt, flags=_FM)
         return acc16, extra
 
@@ -519,7 +519,7 @@ def _row_dot(variant, name):
             wp = _byte_ptr(context, builder, ta[0], args[0], zero, types.intp)
             xp = _byte_ptr(context, builder, ta[1], args[1], zero, types.intp)
             dp = builder.bitcast(_byte_ptr(context, builder, ta[2], args[2], zero, types.intp), F32T.as_pointer())
-            sp = builder.bitcast(_byte_ptr(context, builder, ta[3], args[3], zero, types.intp), I32.as_pointer())
+            sp = _byte_ptr(context, builder, ta[3], args[3], zero, types.intp)  # i8*: int32 or float32 sums
             nb = cgutils.unpack_tuple(builder, context.make_array(ta[2])(context, builder, args[2]).shape)[0]
             # U independent accumulators: one fma chain per block would be latency-bound
             accps = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(unroll)]
@@ -533,7 +533,7 @@ def _row_dot(variant, name):
                             builder.gep(wp, [builder.mul(i, ir.Constant(i.type, ts))]),
                             builder.gep(xp, [builder.mul(i, ir.Constant(i.type, qk))]),
                             builder.load(builder.gep(dp, [i])),
-                            builder.gep(sp, [builder.mul(i, ir.Constant(i.type, ns))]))
+                            builder.gep(sp, [builder.mul(i, ir.Constant(i.type, 4 * ns))]))
 
             def one(i, u):
                 acc, ext = emit(blk_at(i), builder.load(accps[u]), builder.load(extps[u]))

@@ -100,7 +100,7 @@ def gemv_q_body(w, x, out, chunk):
     n_in = x.shape[1]
     xq = np.empty((n_tok, n_in), np.int8)
     xd = np.empty((n_tok, n_in // QD), np.float32)  # noqa: F821
-    xs = np.empty((n_tok, n_in // QS), np.int32)  # noqa: F821
+    xs = np.empty((n_tok, n_in // QS), XS_DTYPE)  # noqa: F821
     QUANT(x, xq, xd, xs)  # noqa: F821
     MATVEC(w, xq, xd, xs, out, chunk)  # noqa: F821
 
@@ -199,7 +199,7 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
 
 def gemv_kernel(wtype, variant: str | None = None):
     """The compiled ``gemv(w, x, out, chunk)``: quantize float32 x (n_tok, n_in) and multiply."""
-    from quantkit.kernels.activations import ACT_LAYOUT, quantize_q8_0_into, quantize_q8_k_into
+    from quantkit.kernels.activations import ACT_LAYOUT, ACT_QUANTIZER, ACT_SUM_DTYPE
 
     variant = variant or default_variant()
     t = T(wtype)
@@ -208,8 +208,8 @@ def gemv_kernel(wtype, variant: str | None = None):
     if kind == "F32":
         return build(gemv_f_body, f"{t.name}_{variant}", False, MATVEC=mv)
     qd, qs = ACT_LAYOUT[kind]
-    quant = quantize_q8_k_into if kind == "Q8_K" else quantize_q8_0_into
-    return build(gemv_q_body, f"{t.name}_{variant}", False, MATVEC=mv, QUANT=quant, QD=qd, QS=qs)
+    return build(gemv_q_body, f"{t.name}_{variant}", False, MATVEC=mv, QUANT=ACT_QUANTIZER[kind], QD=qd,
+                 QS=qs, XS_DTYPE=ACT_SUM_DTYPE[kind])
 
 
 def deq_kernel(wtype):
