@@ -23,6 +23,8 @@ rejects those names with a clear message.
 from __future__ import annotations
 
 import re
+
+import numpy as np
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
@@ -189,16 +191,20 @@ def _compile_pattern(pattern: str) -> re.Pattern[str]:
 # ---------------------------------------------------------------------------------------------
 
 
-def _layer0(value: Any) -> int:
+def _as_int(key: str, value: Any) -> int:
+    """A metadata integer; anything else (a string, a float, a bool) is a one-line PolicyError."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise PolicyError(f"metadata key {key} must be an integer, got {type(value).__name__} {value!r:.40}")
+    return int(value)
+
+
+def _layer0(value: Any, key: str = "head count") -> int:
     """Head counts may be per-layer arrays; llama.cpp's n_head()/n_head_kv() read layer 0."""
     if value is None:
         return 0
-    if isinstance(value, (str, bytes)):
-        return int(value)
-    try:
-        return int(value[0]) if len(value) else 0
-    except TypeError:
-        return int(value)
+    if isinstance(value, (list, tuple, np.ndarray)):
+        return _as_int(key, value[0]) if len(value) else 0
+    return _as_int(key, value)
 
 
 # Architectures whose "70B" model type is a function of the layer count only (src/models/*.cpp).
@@ -238,13 +244,13 @@ class ModelFacts:
 
         if key("block_count") is None:
             raise PolicyError(f"model metadata lacks {arch}.block_count")
+        kv_name = "attention.head_count_kv" if key("attention.head_count_kv") is not None else "attention.head_count"
         return cls(
             arch=str(arch),
-            n_layer=int(key("block_count")),
-            n_head=_layer0(key("attention.head_count")),
-            n_head_kv=_layer0(key("attention.head_count_kv") if key("attention.head_count_kv") is not None
-                              else key("attention.head_count")),
-            n_expert=int(key("expert_count") or 0),
+            n_layer=_as_int(f"{arch}.block_count", key("block_count")),
+            n_head=_layer0(key("attention.head_count"), f"{arch}.attention.head_count"),
+            n_head_kv=_layer0(key(kv_name), f"{arch}.{kv_name}"),
+            n_expert=_as_int(f"{arch}.expert_count", key("expert_count") or 0),
         )
 
     @property

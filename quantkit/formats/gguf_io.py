@@ -91,13 +91,53 @@ class _Reader(GGUFReader):
         if dt is None:
             dt = np.dtype(dtype)
         n = dt.itemsize * int(count)
+        if offset < 0 or count < 0 or offset + n > plain.size:
+            # A count or length from the file that runs past its end: stop here, before any loop over it
+            raise FormatError(f"a read of {n} bytes at offset {offset} runs past the end of the file "
+                              f"({plain.size} bytes): truncated or corrupt")
         arr = plain[offset:offset + n].view(dt)
-        if arr.nbytes != n:  # past the end of the file: what gguf's own slicing would return
-            arr = arr[:int(count)]
         order = self.byte_order if override_order is None else override_order
         if order == "I" or order == self._native:
             return arr
         return arr.view(arr.dtype.newbyteorder(order))
+
+
+    def _build_tensors(self, start_offs, fields):
+        """Check every tensor's type, shape, alignment and bounds before gguf maps it."""
+        size = int(self.data.size)
+        spans = []
+        for field in fields:
+            _nl, name_data, _nd, dims, raw_dtype, off = field.parts
+            name = bytes(name_data).decode("utf-8", errors="replace")
+            try:
+                qt = GGMLQuantizationType(int(raw_dtype[0]))
+            except ValueError:
+                raise FormatError(f"tensor {name!r} has unknown ggml type id {int(raw_dtype[0])}") from None
+            ne = [int(d) for d in dims]
+            if not ne or any(d <= 0 for d in ne):
+                raise FormatError(f"tensor {name!r} has an empty dimension: shape {ne}")
+            n = 1
+            for d in ne:
+                n *= d
+            block, tsize = GGML_QUANT_SIZES[qt]
+            if ne[0] % block:
+                raise FormatError(f"tensor {name!r}: row length {ne[0]} is not a multiple of the "
+                                  f"{qt.name} block size {block}")
+            nbytes = n // block * tsize
+            rel = int(off[0])
+            if rel % self.alignment:
+                raise FormatError(f"tensor {name!r}: data offset {rel} is not a multiple of the alignment "
+                                  f"{self.alignment}")
+            start = int(start_offs) + rel
+            if start + nbytes > size:
+                raise FormatError(f"tensor {name!r}: {nbytes} bytes at offset {start} run past the end of "
+                                  f"the file ({size} bytes)")
+            spans.append((start, start + nbytes, name))
+        spans.sort()
+        for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
+            if b0 < a1:
+                raise FormatError(f"tensors {an!r} and {bn!r} overlap in the data section")
+        super()._build_tensors(start_offs, fields)
 
 
 _DTYPES = {t: np.dtype(t) for t in (np.uint8, np.int8, np.uint16, np.int16, np.uint32, np.int32, np.uint64,
@@ -131,6 +171,10 @@ class GGUFModel:
             raise FormatError(f"{self.path}: not a GGUF file (magic {magic!r}, expected {GGUF_MAGIC!r})")
         try:
             reader = _Reader(self.path, "r")
+        except FormatError as e:
+            raise FormatError(f"{self.path}: {e}") from None
+        except KeyError as e:  # gguf's duplicate-key check
+            raise FormatError(f"{self.path}: {e.args[0] if e.args else e}") from None
         except Exception as e:  # the gguf package raises many kinds on damaged files
             raise FormatError(f"{self.path}: damaged or truncated GGUF ({type(e).__name__}: {e})") from None
         self.reader = reader
