@@ -19,6 +19,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable
 
@@ -75,11 +76,11 @@ class TensorJob:
     def src_bytes(self) -> int:
         return self.src.nbytes
 
-    @property
+    @cached_property
     def out_tensor(self) -> Tensor:
         return Tensor(self.name, self.src.shape, self.target)
 
-    @property
+    @cached_property
     def out_bytes(self) -> int:
         return self.out_tensor.nbytes
 
