@@ -100,7 +100,8 @@ def test_quantize_matches_llama_quantize(name, f16_model, tmp_path):
     args = [IMATRIX if a == "IMATRIX" else a for a in case["args"]]
     threads = "1" if name == "q8_0" else "2"  # one case single-threaded: bytes must not depend on it
     # run from the imatrix's folder: its path is recorded in the output as given
-    res = run_cli(["quantize", "-q", *args, str(f16_model), str(out), case["ftype"], threads], cwd=DATA)
+    src = bundled_model() if case["source"] == "bundled" else f16_model
+    res = run_cli(["quantize", "-q", *args, str(src), str(out), case["ftype"], threads], cwd=DATA)
     assert res.exit_code == 0, res.output
     assert sha256(out) == case["sha256"], explain_mismatch(out, case)
 

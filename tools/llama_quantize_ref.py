@@ -69,7 +69,10 @@ def main() -> int:
 
     p = llama_cpp.llama_model_quantize_default_params()
     p.nthread = a.threads
-    p.ftype = FTYPES[a.ftype.upper()]
+    if a.ftype.upper() == "COPY":  # llama-quantize: only_copy, ftype left at its default
+        p.only_copy = True
+    else:
+        p.ftype = FTYPES[a.ftype.upper()]
     p.allow_requantize = a.allow_requantize
     p.quantize_output_tensor = not a.leave_output_tensor
     p.pure = a.pure

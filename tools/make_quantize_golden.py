@@ -51,6 +51,7 @@ CASES = [
     ("iq4_xs", "f16", "IQ4_XS", []),
     ("bf16", "f16", "BF16", []),
     ("q4_k_m_pure", "f16", "Q4_K_M", ["--pure"]),
+    ("copy", "bundled", "COPY", []),
     ("q4_k_m_tensor_type", "f16", "Q4_K_M",
      ["--tensor-type", "attn_v=q8_0", "--tensor-type", r"\.(\d*[13579])\.ffn_down=q5_k"]),
     ("q4_k_m_output_q8_0", "f16", "Q4_K_M", ["--output-tensor-type", "q8_0"]),
