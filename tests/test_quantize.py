@@ -300,3 +300,39 @@ def test_interrupted_quantize_leaves_no_output(sig, f16_model, tmp_path):
         assert proc.returncode != 0
     else:  # nothing can run on SIGKILL; the temporary file is hidden and never at the output path
         assert all(n.startswith(".o.gguf.") and n.endswith(".partial") for n in left)
+
+
+_RSS_SCRIPT = r"""
+import resource, sys
+import numpy as np
+from quantkit.formats.gguf_io import GGUFModel
+from quantkit.pipelines.quantize import QuantizeOptions, plan_quantization, quantize_file
+import quantkit.quants as q
+mode, src, dst = sys.argv[1:4]
+opts = QuantizeOptions(ftype="F16", threads=2, allow_requantize=True)
+# warm the kernels the job uses, so both runs load the same compiled code
+q.dequantize(np.zeros((1, 612), np.uint8), "Q8_0"); q.dequantize(np.zeros((1, 20), np.uint8), "Q4_1")
+q.quantize(np.ones((1, 576), np.float32), "F16"); q.dequantize(np.zeros((1, 2), np.uint8), "F16")
+if mode == "plan":
+    m = GGUFModel(src)
+    plan_quantization(m, opts)
+else:
+    quantize_file(src, dst, opts)
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def test_quantize_peak_memory_is_about_one_tensor(tmp_path):
+    """Peak RSS of a whole quantization stays within 3x the largest tensor's float32 size above the
+    RSS of just opening and planning it (the input is streamed, pages released after each tensor)."""
+    src = str(bundled_model())
+
+    def peak(mode):
+        out = subprocess.run([sys.executable, "-c", _RSS_SCRIPT, mode, src, str(tmp_path / "o.gguf")],
+                             capture_output=True, text=True, check=True)
+        return int(out.stdout.strip().splitlines()[-1])
+
+    base = peak("plan")
+    full = peak("quantize")
+    largest_f32 = 576 * 49152 * 4  # token_embd.weight
+    assert full - base <= 3 * largest_f32, (full - base) / 2**20

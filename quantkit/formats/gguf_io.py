@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import sys
 from dataclasses import dataclass
@@ -218,6 +219,24 @@ class GGUFModel:
 
     def has_tensor(self, name: str) -> bool:
         return name in self._by_name
+
+    def release(self, tensor: Tensor) -> None:
+        """Drop a tensor's pages from this process's memory (llama-quantize's unmap_weight).
+
+        The mapping stays valid: touching the data again reads it back from the file.
+        """
+        mm = getattr(getattr(self.reader, "data", None), "_mmap", None)
+        if mm is None or tensor.data is None or not tensor.data.size or not hasattr(mm, "madvise"):
+            return
+        base = np.frombuffer(mm, dtype=np.uint8).__array_interface__["data"][0]
+        start = tensor.data.__array_interface__["data"][0] - base
+        page = mmap.PAGESIZE
+        lo = start // page * page
+        hi = start + tensor.data.nbytes
+        try:
+            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+        except (OSError, ValueError):
+            pass
 
     def kv_record(self, key: str) -> KV | None:
         for kv in self.kv:

@@ -380,7 +380,9 @@ def convert_tensor(job: TensorJob) -> np.ndarray:
     else:
         out = quantize(rows, job.target, None if job.imatrix is None else job.imatrix[0])
     del rows
-    if not np.isfinite(dequantize(out, job.target)).all():
+    flat = out.reshape(-1, out.shape[-1])
+    step = max(1, (1 << 22) // max(1, src.shape[0]))  # decode ~16 MiB of floats at a time
+    if not all(np.isfinite(dequantize(flat[i:i + step], job.target)).all() for i in range(0, flat.shape[0], step)):
         raise QuantizeError(f"{job.name}: quantized data validation failed ({job.target.name} block scale "
                             f"is NaN/Inf; values too large for the type's fp16 scales)")
     return out
@@ -388,7 +390,8 @@ def convert_tensor(job: TensorJob) -> np.ndarray:
 
 def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                     log: Callable[[str], None] = lambda s: None,
-                    progress: Callable[..., Any] | None = None) -> Path:
+                    progress: Callable[..., Any] | None = None,
+                    release: Callable[[Tensor], None] = lambda t: None) -> Path:
     """Stream every tensor to ``out_path`` (via a temporary file renamed at the end)."""
     out_tensors = [j.out_tensor for j in plan.jobs]
     bar = progress(total=plan.size_in, unit="B", unit_scale=True, unit_divisor=1024, desc="quantize") \
@@ -405,6 +408,7 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                     data = job.src.data
                 out.write(job.name, data)
                 del data
+                release(job.src)  # its pages leave memory: peak RSS stays near one tensor
                 log(tensor_line(i, n, job, dry_run=False))
                 if bar is not None:
                     bar.update(job.src_bytes)
@@ -464,7 +468,7 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
             for problem in plan.problems:
                 log(f"WARNING: the real run would fail: {problem}")
         else:
-            write_quantized(plan, out, log=log, progress=progress)
+            write_quantized(plan, out, log=log, progress=progress, release=model.release)
         for line in summary_lines(plan, dry_run):
             log(f"llama_model_quantize_impl: {line}" if "size" in line else line)
     return plan, time.perf_counter() - t0
