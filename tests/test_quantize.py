@@ -336,3 +336,26 @@ def test_quantize_peak_memory_is_about_one_tensor(tmp_path):
     full = peak("quantize")
     largest_f32 = 576 * 49152 * 4  # token_embd.weight
     assert full - base <= 3 * largest_f32, (full - base) / 2**20
+
+
+def test_nonfinite_source_refused_before_writing(tmp_path):
+    from gguf import GGMLQuantizationType as T
+    from gguf import GGUFValueType
+
+    from quantkit.formats.gguf_io import KV, GGUFOutput, Tensor
+
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    w[5, 7] = np.nan
+    w[9, 1] = np.inf
+    kv = [KV("general.architecture", "llama", GGUFValueType.STRING),
+          KV("llama.block_count", 1, GGUFValueType.UINT32),
+          KV("llama.attention.head_count", 4, GGUFValueType.UINT32)]
+    src = tmp_path / "nan.gguf"
+    with GGUFOutput(src, kv, [Tensor("blk.0.attn_q.weight", (256, 64), T.F32)]) as out:
+        out.write("blk.0.attn_q.weight", w)
+        out.commit()
+    dst = tmp_path / "o.gguf"
+    msg = one_line_error(run_cli(["quantize", str(src), str(dst), "Q8_0"]))
+    assert "blk.0.attn_q.weight contains 2 NaN/Inf" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["nan.gguf"]

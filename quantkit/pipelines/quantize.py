@@ -370,10 +370,7 @@ def convert_tensor(job: TensorJob) -> np.ndarray:
     from quantkit.quants import dequantize, quantize
 
     src = job.src
-    rows = dequantize(src.data, src.type)  # (n_rows, ne0) float32
-    bad = rows.size - int(np.count_nonzero(np.isfinite(rows)))
-    if bad:
-        raise QuantizeError(f"{src.name}: source weights contain {bad} NaN/Inf value(s); refusing to quantize")
+    rows = dequantize(src.data, src.type)  # (n_rows, ne0) float32; finite (checked by scan_source)
     if job.imatrix is not None and job.imatrix.shape[0] > 1:
         ne2 = job.imatrix.shape[0]
         out = quantize(rows.reshape(ne2, -1, src.shape[0]), job.target, job.imatrix)
@@ -386,6 +383,35 @@ def convert_tensor(job: TensorJob) -> np.ndarray:
         raise QuantizeError(f"{job.name}: quantized data validation failed ({job.target.name} block scale "
                             f"is NaN/Inf; values too large for the type's fp16 scales)")
     return out
+
+
+def count_nonfinite(t: Tensor) -> int:
+    """NaN/Inf values in a tensor, decoded a few MiB at a time."""
+    from quantkit.quants import TRAITS, dequantize
+
+    if t.type not in TRAITS or t.data is None:
+        return 0
+    rows = t.data
+    step = max(1, (1 << 22) // max(1, t.shape[0]))
+    bad = 0
+    for i in range(0, rows.shape[0], step):
+        vals = dequantize(rows[i:i + step], t.type)
+        bad += vals.size - int(np.count_nonzero(np.isfinite(vals)))
+    return bad
+
+
+def scan_source(plan: QuantPlan, release: Callable[[Tensor], None] = lambda t: None) -> None:
+    """Refuse source weights with NaN/Inf before any output is written, naming tensor and count."""
+    bad = []
+    for job in plan.jobs:
+        n = count_nonfinite(job.src)
+        release(job.src)
+        if n:
+            bad.append((job.src.name, n))
+    if bad:
+        more = f" (and {len(bad) - 1} more tensor(s))" if len(bad) > 1 else ""
+        raise QuantizeError(f"source tensor {bad[0][0]} contains {bad[0][1]} NaN/Inf value(s){more}; "
+                            f"refusing to quantize")
 
 
 def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
@@ -468,6 +494,7 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
             for problem in plan.problems:
                 log(f"WARNING: the real run would fail: {problem}")
         else:
+            scan_source(plan, release=model.release)
             write_quantized(plan, out, log=log, progress=progress, release=model.release)
         for line in summary_lines(plan, dry_run):
             log(f"llama_model_quantize_impl: {line}" if "size" in line else line)
