@@ -1,0 +1,282 @@
+"""Prompt (pp) and generation (tg) speed: ``quantkit bench`` beside llama.cpp, with a bandwidth yardstick.
+
+    python benchmarks/bench_vs_llama.py [-m FILE ...] [-t 2] [-p 512] [-n 128] [-r 5]
+        [--llama-bench PATH] [--llama-python PATH] [--no-llama] [--bw-mib 512]
+
+For each model (the bundled SmolLM2-135M-Instruct Q4_1, plus every -m), at one thread count:
+
+* quantkit: ``quantkit.pipelines.bench.run_bench`` in this process -- the procedure of ``quantkit bench``
+  (warmup, repetitions, random tokens; numba compile time is reported apart, never in t/s).
+* llama.cpp: the ``llama-bench`` binary when found (--llama-bench, $LLAMA_BENCH, PATH, or llama.cpp's
+  build tree under /opt/llamaref), run as ``llama-bench -m FILE -p P -n N -t T -r R -o json``; if it
+  crashes (this build segfaults on some CPUs with its repacked AMX buffers) it is run again with
+  ``--repack 0`` and the table says so. Without the binary, llama-cpp-python's ``Llama`` in a subprocess
+  of /opt/llamaref/venv (--llama-python) times the same pp/tg loops through the low-level API (random
+  tokens, no sampling, KV cleared per repetition; rerun with ``use_extra_bufts = false`` if it crashes). Without either, llama.cpp is skipped with a note.
+* memory bandwidth, measured in the same run: a numba ``prange`` sum over a --bw-mib array (256 MiB at
+  least), best of 5, on 1 thread and on the benchmark's thread count. A decode step reads every weight
+  once, so tg t/s <= bandwidth / weight bytes per token; the table prints the fraction of that limit
+  reached (``tg x bytes/token / bandwidth``) for both tools.
+
+OPENBLAS_CORETYPE / OPENBLAS_L2_SIZE are removed from this process's environment (and the children's):
+some environments here set them and they slow current OpenBLAS.
+"""
+
+from __future__ import annotations
+
+import os
+
+for _k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
+    os.environ.pop(_k, None)
+
+import argparse  # noqa: E402
+import io  # noqa: E402
+import json  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import textwrap  # noqa: E402
+import time  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+DEFAULT_LLAMA_BENCH = "/opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench"
+DEFAULT_LLAMA_PYTHON = "/opt/llamaref/venv/bin/python"
+
+
+# -- memory bandwidth -------------------------------------------------------------------------------
+
+def bandwidth_gbs(mib: int, threads: int, reps: int = 5) -> float:
+    """Best-of-``reps`` read bandwidth (GB/s) of a parallel float32 sum over ``mib`` MiB."""
+    import numpy as np
+
+    from quantkit.jit import njit_fast_parallel, prange, set_threads
+
+    @njit_fast_parallel(cache=False)
+    def chunk_sums(a, chunk, out):
+        for c in prange(out.size):
+            s = a[c * chunk:(c + 1) * chunk]   # slice first: indices from 0, no wraparound checks
+            acc = np.float32(0.0)
+            for i in range(s.size):
+                acc += s[i]
+            out[c] = acc
+
+    n = max(256, mib) * 2**20 // 4
+    a = np.ones(n, np.float32)
+    chunk = 1 << 16
+    out = np.empty(n // chunk, np.float32)
+    set_threads(threads)
+    chunk_sums(a, chunk, out)                  # compile, and fault every page in
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        chunk_sums(a, chunk, out)
+        best = min(best, time.perf_counter() - t)
+    return a.nbytes / best / 1e9
+
+
+def weight_bytes_per_token(path: str) -> int:
+    """Bytes a decode step reads: every tensor, except the token embedding's unread rows (one row is
+    gathered) -- unless the output projection is the embedding itself (tied), which reads it whole."""
+    from quantkit.formats.gguf_io import GGUFModel
+
+    with GGUFModel(path) as g:
+        total = sum(t.nbytes for t in g.tensors)
+        if g.has_tensor("output.weight") and g.has_tensor("token_embd.weight"):
+            total -= g.tensor("token_embd.weight").nbytes
+    return total
+
+
+# -- quantkit --------------------------------------------------------------------------------------
+
+def run_quantkit(models: list[str], a) -> dict[tuple[str, str], dict]:
+    from quantkit.pipelines.bench import BenchParams, MarkdownPrinter, run_bench
+
+    p = BenchParams(models=models, n_prompt=[a.n_prompt], n_gen=[a.n_gen], n_threads=[a.threads], reps=a.reps)
+    md = io.StringIO()
+    res = run_bench(p, [MarkdownPrinter(md)], log=(lambda s: print(s, file=sys.stderr)) if a.verbose else None)
+    print("quantkit bench:\n" + md.getvalue())
+    out = {}
+    for r in res:
+        kind = "pp" if r.inst.n_prompt else "tg"
+        out[(r.inst.model, kind)] = {"ts": r.avg_ts, "sd": r.stdev_ts, "compile_s": r.compile_s,
+                                     "peak_rss_mib": r.peak_rss_mib, "rss_bound_mib": r.rss_bound_mib}
+    return out
+
+
+# -- llama.cpp ---------------------------------------------------------------------------------------
+
+def find_llama_bench(arg: str | None) -> str | None:
+    for cand in (arg, os.environ.get("LLAMA_BENCH"), shutil.which("llama-bench"), DEFAULT_LLAMA_BENCH):
+        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
+            return cand
+    return None
+
+
+def run_llama_bench(exe: str, model: str, a) -> tuple[dict[str, float], str]:
+    cmd = [exe, "-m", model, "-p", str(a.n_prompt), "-n", str(a.n_gen), "-t", str(a.threads), "-r", str(a.reps),
+           "-o", "json"]
+    note = "llama-bench"
+    for extra in ([], ["--repack", "0"]):
+        proc = subprocess.run(cmd + extra, capture_output=True, text=True, env=os.environ.copy())
+        if proc.returncode == 0:
+            note = "llama-bench" + (" --repack 0" if extra else "")
+            rows = json.loads(proc.stdout)
+            got = {}
+            for row in rows:
+                got["pp" if row["n_prompt"] else "tg"] = row["avg_ts"]
+            return got, note
+        print(f"llama-bench {' '.join(extra) or '(defaults)'} failed with code {proc.returncode}: "
+              f"{proc.stderr.strip().splitlines()[-1:] or ''}", file=sys.stderr)
+    return {}, "llama-bench failed"
+
+
+LLAMA_CPP_PYTHON_SCRIPT = textwrap.dedent("""
+    # llama-bench's loops through llama-cpp-python's low-level API: clear the KV cache, decode n_prompt
+    # random tokens in batches of 2048 (logits of the last only), then n_gen single tokens.
+    import json, random, sys, time
+    import llama_cpp as L
+    path, threads, n_prompt, n_gen, reps, extra = sys.argv[1:7]
+    threads, n_prompt, n_gen, reps = int(threads), int(n_prompt), int(n_gen), int(reps)
+    L.llama_backend_init()
+    mp = L.llama_model_default_params()
+    mp.use_extra_bufts = extra == "1"
+    model = L.llama_model_load_from_file(path.encode(), mp)
+    cp = L.llama_context_default_params()
+    cp.n_ctx, cp.n_batch, cp.n_ubatch = n_prompt + n_gen, 2048, 512
+    cp.n_threads = cp.n_threads_batch = threads
+    ctx = L.llama_init_from_model(model, cp)
+    n_vocab = L.llama_vocab_n_tokens(L.llama_model_get_vocab(model))
+    rng = random.Random(1)
+
+    def decode(ids, pos):
+        b = L.llama_batch_init(len(ids), 0, 1)
+        for i, t in enumerate(ids):
+            b.token[i], b.pos[i], b.n_seq_id[i], b.logits[i] = t, pos + i, 1, i == len(ids) - 1
+            b.seq_id[i][0] = 0
+        b.n_tokens = len(ids)
+        assert L.llama_decode(ctx, b) == 0
+        L.llama_synchronize(ctx)
+        L.llama_batch_free(b)
+
+    def run(n_p, n_g):
+        L.llama_memory_clear(L.llama_get_memory(ctx), False)
+        t, pos = time.perf_counter_ns(), 0
+        while pos < n_p:
+            k = min(2048, n_p - pos)
+            decode([rng.randrange(n_vocab) for _ in range(k)], pos)
+            pos += k
+        for _ in range(n_g):
+            decode([rng.randrange(n_vocab)], pos)
+            pos += 1
+        return time.perf_counter_ns() - t
+
+    out = {}
+    for kind, n_p, n_g in (("pp", n_prompt, 0), ("tg", 0, n_gen)):
+        run(n_p, min(n_g, 1))  # warmup
+        ts = [(n_p + n_g) * 1e9 / run(n_p, n_g) for _ in range(reps)]
+        out[kind] = sum(ts) / len(ts)
+    print(json.dumps(out))
+""")
+
+
+def run_llama_cpp_python(py: str, model: str, a) -> tuple[dict[str, float], str]:
+    for extra in ("1", "0"):
+        proc = subprocess.run([py, "-c", LLAMA_CPP_PYTHON_SCRIPT, model, str(a.threads), str(a.n_prompt),
+                               str(a.n_gen), str(a.reps), extra], capture_output=True, text=True,
+                              env=os.environ.copy())
+        if proc.returncode == 0:
+            note = "llama-cpp-python" + (" (use_extra_bufts=false)" if extra == "0" else "")
+            return json.loads(proc.stdout.strip().splitlines()[-1]), note
+        print(f"llama-cpp-python (use_extra_bufts={extra == '1'}) failed with code {proc.returncode}: "
+              f"{proc.stderr.strip().splitlines()[-1:]}", file=sys.stderr)
+    return {}, "llama-cpp-python failed"
+
+
+def llama_cpp_python_usable(py: str) -> bool:
+    if not (py and Path(py).is_file()):
+        return False
+    return subprocess.run([py, "-c", "import llama_cpp"], capture_output=True).returncode == 0
+
+
+# -- main ------------------------------------------------------------------------------------------
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-m", "--model", action="append", default=[], help="extra GGUF file (repeatable)")
+    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: physical cores)")
+    ap.add_argument("-p", "--n-prompt", type=int, default=512)
+    ap.add_argument("-n", "--n-gen", type=int, default=128)
+    ap.add_argument("-r", "--reps", type=int, default=5)
+    ap.add_argument("--llama-bench", default=None, help="llama-bench binary")
+    ap.add_argument("--llama-python", default=DEFAULT_LLAMA_PYTHON,
+                    help="python with llama_cpp installed, used when no llama-bench binary is found")
+    ap.add_argument("--no-llama", action="store_true", help="quantkit and the bandwidth only")
+    ap.add_argument("--bw-mib", type=int, default=512, help="array size of the bandwidth probe (>= 256)")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    a = ap.parse_args()
+
+    from quantkit.formats.locate import bundled_model
+    from quantkit.pipelines.bench import default_threads
+
+    a.threads = a.threads or default_threads()
+    models = [str(bundled_model())] + [m for m in a.model if m]
+    for m in models:
+        if not Path(m).is_file():
+            print(f"error: {m}: no such file", file=sys.stderr)
+            return 1
+
+    bw = {1: bandwidth_gbs(a.bw_mib, 1)}
+    bw[a.threads] = bandwidth_gbs(a.bw_mib, a.threads) if a.threads != 1 else bw[1]
+    print("memory bandwidth (numba prange float32 sum, best of 5): "
+          + ", ".join(f"{bw[t]:.1f} GB/s on {t} thread{'s' if t > 1 else ''}" for t in sorted(bw)))
+
+    qk = run_quantkit(models, a)
+
+    exe = None if a.no_llama else find_llama_bench(a.llama_bench)
+    use_py = not a.no_llama and exe is None and llama_cpp_python_usable(a.llama_python)
+    if a.no_llama:
+        print("llama.cpp: skipped (--no-llama)")
+    elif exe is None and not use_py:
+        print("llama.cpp: skipped (no llama-bench binary and no llama-cpp-python found)")
+
+    pp, tg = f"pp{a.n_prompt}", f"tg{a.n_gen}"
+    head = (f"| model | threads | tool | {pp} t/s | {tg} t/s | {pp} ratio | {tg} ratio | "
+            f"tg x bytes/token / bandwidth |")
+    print(head)
+    print("|" + " --- |" * 8)
+    notes = []
+    for m in models:
+        wb = weight_bytes_per_token(m)
+        ours = {"pp": qk.get((m, "pp"), {}).get("ts"), "tg": qk.get((m, "tg"), {}).get("ts")}
+        ref, note = ({}, "")
+        if exe is not None:
+            ref, note = run_llama_bench(exe, m, a)
+        elif use_py:
+            ref, note = run_llama_cpp_python(a.llama_python, m, a)
+        name = Path(m).name
+
+        def f(x):
+            return f"{x:.2f}" if x else "-"
+
+        def frac(ts):
+            return f"{ts * wb / (bw[a.threads] * 1e9):.1%}" if ts else "-"
+
+        def ratio(k):
+            return f"{ours[k] / ref[k]:.2f}" if ours.get(k) and ref.get(k) else "-"
+
+        print(f"| {name} | {a.threads} | quantkit | {f(ours['pp'])} | {f(ours['tg'])} | {ratio('pp')} | "
+              f"{ratio('tg')} | {frac(ours['tg'])} |")
+        if ref:
+            print(f"| {name} | {a.threads} | {note} | {f(ref.get('pp'))} | {f(ref.get('tg'))} | 1.00 | 1.00 | "
+                  f"{frac(ref.get('tg'))} |")
+        q = qk.get((m, "tg")) or qk.get((m, "pp")) or {}
+        comp = sum(qk.get((m, k), {}).get("compile_s", 0.0) for k in ("pp", "tg"))
+        notes.append(f"{name}: weight bytes/token {wb / 2**20:.1f} MiB; quantkit compile/cache-load {comp:.2f} s "
+                     f"(untimed); peak RSS {q.get('peak_rss_mib', 0):.0f} MiB vs bound "
+                     f"{q.get('rss_bound_mib', 0):.0f} MiB (file + KV cache + 64 MiB)")
+    print("\n".join([""] + notes))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
