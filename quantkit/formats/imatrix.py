@@ -1,9 +1,9 @@
 """Importance-matrix files in both formats llama.cpp writes (../shared/reference/imatrix.md §3.3-3.6).
 
 * GGUF (default since PR #9400): ``general.type = "imatrix"``, ``imatrix.datasets`` (str array),
-  ``imatrix.chunk_count`` and ``imatrix.chunk_size`` (u32), and per weight two F32 tensors in sorted
-  name order: ``<name>.in_sum2`` [ne0, n_mat] raw sums of squared activations and ``<name>.counts``
-  [1, n_mat] token counts.
+  ``imatrix.chunk_count`` and ``imatrix.chunk_size`` (u32), and per weight (sorted by weight name)
+  two F32 tensors: ``<name>.in_sum2`` [ne0, n_mat] raw sums of squared activations, then
+  ``<name>.counts`` [1, n_mat] token counts (a trailing n_mat of 1 is not stored, as ggml does).
 * Legacy ``.dat``: int32 entry count; per entry (sorted names) int32 name length, the name, int32
   ncall, int32 nval, float32 values (means times ncall); then optionally int32 last_chunk and the
   dataset name.
@@ -220,12 +220,15 @@ def save_imatrix_gguf(im: Imatrix, path: str | os.PathLike) -> Path:
         KV("imatrix.chunk_count", int(im.chunk_count), GGUFValueType.UINT32),
         KV("imatrix.chunk_size", int(im.chunk_size), GGUFValueType.UINT32),
     ]
+    # As llama-imatrix's save_imatrix: per sorted weight name, in_sum2 then counts; ggml stores
+    # ggml_n_dims dimensions (trailing 1s dropped), so a dense entry is [ne0] and [1]. With the same
+    # data the bytes equal llama-imatrix's.
     tensors = []
     for n in names:
         e = im.entries[n]
-        tensors.append(Tensor(f"{n}.counts", (1, e.n_mat), GGMLQuantizationType.F32))
-        tensors.append(Tensor(f"{n}.in_sum2", (e.ne0, e.n_mat), GGMLQuantizationType.F32))
-    tensors.sort(key=lambda t: t.name)
+        dense = e.n_mat == 1
+        tensors.append(Tensor(f"{n}.in_sum2", (e.ne0,) if dense else (e.ne0, e.n_mat), GGMLQuantizationType.F32))
+        tensors.append(Tensor(f"{n}.counts", (1,) if dense else (1, e.n_mat), GGMLQuantizationType.F32))
     with GGUFOutput(path, kv, tensors) as out:
         for t in tensors:
             base, _, kind = t.name.rpartition(".")

@@ -1,0 +1,163 @@
+"""``quantkit imatrix``: llama-imatrix's collection, combine/convert and statistics modes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from quantkit.cli import main, threads_option
+
+EPILOG = """\b
+Modes, as llama-imatrix:
+  collect     quantkit imatrix [-m model.gguf] [-f text.txt] [-o imatrix.gguf]
+  continue    quantkit imatrix -m model.gguf -f more.txt --in-file old.gguf [--chunk N]
+  combine     quantkit imatrix --in-file a.gguf --in-file b.dat -o both.gguf
+  convert     quantkit imatrix --in-file a.gguf --output-format dat -o a.dat
+  statistics  quantkit imatrix --in-file a.gguf --show-statistics
+
+\b
+Without -f (and without --in-file) the built-in calibration text is used: the first half of the
+standard library's pydoc_data.topics, split as calibration/README.md describes (perplexity evaluates
+on the other half). With --in-file and no -f the inputs are only combined; add --builtin-text to
+continue collecting on the built-in text instead.
+"""
+
+
+def _in_files(values) -> list[str]:
+    out = []
+    for v in values:
+        out += [s.strip() for s in v.split(",") if s.strip()]
+    return out
+
+
+@main.command(epilog=EPILOG)
+@click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="GGUF model (default: the bundled SmolLM2-135M-Instruct Q4_1).")
+@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="UTF-8 calibration text (default: the built-in calibration text, see below).")
+@click.option("--builtin-text", is_flag=True,
+              help="Collect on the built-in calibration text even though --in-file is given.")
+@click.option("-o", "--output-file", "out", default="imatrix.gguf", show_default=True, metavar="FILE",
+              help="Output file (written atomically).")
+@click.option("--output-format", "fmt", type=click.Choice(["gguf", "dat"]), default=None,
+              help="gguf (default) or llama.cpp's legacy dat.")
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=512, show_default=True,
+              help="Chunk length in tokens (context per sequence).")
+@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Batch size: n_seq = b/c chunks per batch (as llama.cpp; must be < c or a multiple of c). "
+                   "quantkit runs the chunks one after another in passes of min(b, 512) tokens.")
+@click.option("--chunks", "n_chunks", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="Process at most N chunks (-1 = all).")
+@click.option("--chunk", "--from-chunk", "from_chunk", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Skip the first N chunks of the text.")
+@click.option("-ofreq", "--output-frequency", "out_freq", type=click.IntRange(min=1), default=10, show_default=True,
+              help="Save the output every N chunks.")
+@click.option("--save-frequency", "save_freq", type=click.IntRange(min=0), default=0, show_default=True,
+              help="Every N chunks also write a snapshot <out>.at_<chunk> (0 = never).")
+@click.option("--process-output", is_flag=True, help="Also collect output.weight (when the model has its own).")
+@click.option("--ppl/--no-ppl", "compute_ppl", default=True, show_default=True,
+              help="Compute the perplexity of the second half of each chunk while collecting.")
+@click.option("--in-file", "in_files", multiple=True, metavar="FILE[,FILE...]",
+              help="Imatrix file(s), GGUF or dat, to load first (repeatable or comma-separated): "
+                   "combine, convert, or continue collecting on top.")
+@click.option("--show-statistics", is_flag=True,
+              help="Print per-tensor and per-layer statistics of exactly one --in-file and exit.")
+@click.option("--parse-special", is_flag=True, help="Tokenize special tokens written in the text.")
+@click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
+@threads_option
+def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chunks, from_chunk, out_freq,
+            save_freq, process_output, compute_ppl, in_files, show_statistics, parse_special, quiet, threads):
+    """Collect an importance matrix (llama-imatrix): per weight, the sum over tokens of each input
+    column's squared activation, and the token count. quantkit quantize --imatrix reads the result.
+    """
+    from quantkit.pipelines import imatrix as im
+    from quantkit.pipelines import perplexity as pp
+
+    files = _in_files(in_files)
+    err = lambda s: click.echo(s, err=True)  # noqa: E731
+    try:
+        pp.check_batch(n_ctx, n_batch)
+    except pp.PerplexityError as e:
+        raise click.UsageError(str(e)) from None
+
+    if show_statistics:
+        if len(files) != 1:
+            raise click.UsageError("--show-statistics needs exactly one --in-file")
+        from quantkit.formats.imatrix import load_imatrix
+
+        for line in im.statistics(load_imatrix(im.file_or_error(files[0])), n_ctx):
+            click.echo(line)
+        return
+
+    save_opts = im.SaveOptions(out=out, fmt=fmt)
+    if files and text_file is None and not builtin_text:
+        # combine / convert: no model, no text
+        for f in files:
+            im.file_or_error(f)
+        acc = im.load_inputs(files, n_ctx, log=err)
+        err(f"No text given; {'converting' if len(files) == 1 else 'combining'} {len(files)} file(s) "
+            f"into '{out}'")
+        im.check_output_name(save_opts, err)
+        p = im.save(acc, list(acc.datasets), save_opts, log=err)
+        err(f"wrote {p} ({len(acc.sums)} entries, {acc.last_chunk()} chunks of {n_ctx})")
+        return
+
+    from quantkit.jit import set_threads
+
+    set_threads(threads)
+    text, dataset = pp.read_text(text_file, "calibration")
+    acc = im.load_inputs([im.file_or_error(f) for f in files], n_ctx, log=err)
+    datasets = list(acc.datasets) + [dataset]
+    model, tok, runner = pp.open_model(model_path, n_ctx, n_batch)
+    with model:
+        if files:
+            im.check_model_entries(acc, model, process_output)
+        tokens = pp.tokenize(tok, text, n_ctx, text_file or "the built-in calibration text", parse_special)
+        err(f"compute_imatrix: tokenized {dataset}: {tokens.size} tokens")
+        avail = (tokens.size - from_chunk * n_ctx) // n_ctx
+        n = avail if n_chunks < 0 else min(n_chunks, avail)
+        err(f"compute_imatrix: computing over {max(n, 0)} chunks, n_ctx={n_ctx}, batch_size={n_batch}, "
+            f"n_seq={max(1, n_batch // n_ctx)}")
+        im.check_output_name(save_opts, err)
+        bar = None
+        if not quiet and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            bar = tqdm(total=max(n, 0), unit="chunk", file=sys.stderr, dynamic_ncols=True)
+        parts: list[str] = []
+
+        def log(line: str) -> None:
+            if bar is not None:
+                bar.write(line, file=sys.stderr)
+            else:
+                err(line)
+
+        def on_chunk(i, ppl):
+            if ppl is not None:
+                parts.append(f"[{i + 1}]{ppl:.4f},")
+                if bar is None:
+                    sys.stdout.write(parts[-1])
+                    sys.stdout.flush()
+            if bar is not None:
+                if ppl is not None:
+                    bar.set_postfix_str(f"ppl {ppl:.4f}")
+                bar.update(1)
+
+        opts = im.CollectOptions(n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks, from_chunk=from_chunk,
+                                 out_freq=out_freq, save_freq=save_freq, process_output=process_output,
+                                 compute_ppl=compute_ppl, parse_special=parse_special)
+        res = im.collect(runner, tokens, pp.add_bos_id(tok), acc, datasets, opts, save_opts, log=log,
+                         on_chunk=on_chunk)
+        if bar is not None:
+            bar.close()
+            sys.stdout.write("".join(parts))
+        sys.stdout.write("\n")
+        if res.ppl is not None:
+            click.echo(res.ppl.final_line())
+        p = im.save(acc, datasets, save_opts, log=err)
+        err(f"\ncompute_imatrix: {res.n_chunk} chunks ({res.n_tokens} tokens) in {res.seconds:.2f} s "
+            f"({res.n_tokens / max(res.seconds, 1e-9):.1f} tokens/s)")
+        for line in im.coverage(acc, model, process_output):
+            err(line)
+        err(f"wrote {p}")

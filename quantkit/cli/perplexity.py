@@ -1,0 +1,157 @@
+"""``quantkit perplexity``: llama-perplexity's PPL and KL-divergence modes."""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+from quantkit.cli import main, threads_option
+
+EPILOG = """\b
+Without -f the built-in evaluation text is used: the second half of the standard library's
+pydoc_data.topics, split as calibration/README.md describes (the imatrix command calibrates on the
+first half, so the two never overlap).
+
+\b
+KL divergence, as llama.cpp:
+  1. quantkit perplexity -m base.gguf [-f text] -c 512 --kl-divergence-base base.kld
+  2. quantkit perplexity -m quant.gguf --kl-divergence-base base.kld --kl-divergence
+The base file has llama-perplexity's layout, so either tool can write it and either can read it.
+"""
+
+
+@main.command(epilog=EPILOG)
+@click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="GGUF model (default: the bundled SmolLM2-135M-Instruct Q4_1).")
+@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="UTF-8 text to evaluate (default: the built-in evaluation text, see below).")
+@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=4), default=None,
+              help="Chunk length in tokens (default 512; with --kl-divergence, the base file's).")
+@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048, show_default=True,
+              help="Batch size: n_seq = b/c chunks per batch (as llama.cpp; must be < c or a multiple of c). "
+                   "quantkit runs the chunks one after another in passes of min(b, 512) tokens.")
+@click.option("--chunks", "n_chunks", type=click.IntRange(min=-1), default=-1, show_default=True,
+              help="Evaluate at most N chunks (-1 = all).")
+@click.option("--kl-divergence-base", "--save-all-logits", "base_file", type=click.Path(dir_okay=False),
+              default=None, metavar="FILE",
+              help="Write the base model's log-probabilities to FILE (or read them with --kl-divergence).")
+@click.option("--kl-divergence", "kl", is_flag=True,
+              help="Compare with --kl-divergence-base FILE: KL divergence, Δp and same-top-p statistics. "
+                   "The tokens come from FILE; -f is not needed.")
+@threads_option
+def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, threads):
+    """Perplexity of a model over a text, scored like llama-perplexity (second half of each chunk).
+
+    Progress ([i]ppl, ...) and the results go to stdout; timings and the progress bar to stderr.
+    """
+    from quantkit.jit import set_threads
+    from quantkit.pipelines import perplexity as pp
+
+    if kl and not base_file:
+        raise click.UsageError("--kl-divergence needs --kl-divergence-base FILE (the base model's log-probs)")
+    try:
+        pp.check_batch(n_ctx or 512, n_batch)
+    except pp.PerplexityError as e:
+        raise click.UsageError(str(e)) from None
+    set_threads(threads)
+    err = lambda s: click.echo(s, err=True)  # noqa: E731
+
+    if kl:
+        if text_file:
+            err(f"note: --kl-divergence reads the tokens from {base_file}; -f {text_file} is not used")
+        base = pp.open_logits(base_file)
+        model, tok, runner = pp.open_model(model_path, base.n_ctx, n_batch)
+        with model:
+            pp.check_base(base, model.config.n_vocab, model.config.n_ctx_train, n_ctx)
+            n = base.n_chunk if n_chunks < 0 else min(n_chunks, base.n_chunk)
+            err(f"kl_divergence: computing over {n} chunks, n_ctx={base.n_ctx}, batch_size={n_batch}, "
+                f"n_seq={max(1, n_batch // base.n_ctx)}")
+            bar = _bar(n)
+            lines = []
+
+            def on_chunk(i, line):
+                if i == 0:
+                    _out(bar, lines, "")
+                    _out(bar, lines, pp.KLD_HEADER)
+                _out(bar, lines, line)
+                if bar is not None:
+                    bar.update(1)
+
+            res = pp.kl_divergence(runner, base, n_chunks, pp.add_bos_id(tok), log=_logger(bar), on_chunk=on_chunk)
+            _close(bar, lines)
+            click.echo("")
+            for line in res.report():
+                click.echo(line)
+            err(f"\nkl_divergence: {res.sums.count} tokens in {res.seconds:.2f} s "
+                f"({res.sums.count / max(res.seconds, 1e-9):.1f} scored tokens/s, "
+                f"{res.n_chunk * res.n_ctx / max(res.seconds, 1e-9):.1f} evaluated tokens/s)")
+        return
+
+    n_ctx = n_ctx or 512
+    text, where = pp.read_text(text_file, "evaluation")
+    model, tok, runner = pp.open_model(model_path, n_ctx, n_batch)
+    with model:
+        tokens = pp.tokenize(tok, text, n_ctx, text_file or "the built-in evaluation text")
+        n = tokens.size // n_ctx if n_chunks < 0 else min(n_chunks, tokens.size // n_ctx)
+        err(f"perplexity: tokenized {where}: {tokens.size} tokens")
+        if base_file:
+            err(f"perplexity: saving all logits to {base_file}")
+        err(f"perplexity: calculating perplexity over {n} chunks, n_ctx={n_ctx}, batch_size={n_batch}, "
+            f"n_seq={max(1, n_batch // n_ctx)}")
+        bar = _bar(n)
+        parts: list[str] = []
+
+        def on_chunk(i, ppl):
+            parts.append(f"[{i + 1}]{ppl:.4f},")
+            if bar is None:
+                sys.stdout.write(parts[-1])
+                sys.stdout.flush()
+            else:
+                bar.set_postfix_str(f"ppl {ppl:.4f}")
+                bar.update(1)
+
+        res = pp.perplexity(runner, tokens, n_ctx, n_chunks, pp.add_bos_id(tok), base_out=base_file,
+                            log=_logger(bar), on_chunk=on_chunk)
+        if bar is not None:
+            bar.close()
+            sys.stdout.write("".join(parts))
+        sys.stdout.write("\n")
+        click.echo(res.final_line())
+        err(f"\nperplexity: {res.count} tokens scored in {res.seconds:.2f} s "
+            f"({res.n_chunk * n_ctx / max(res.seconds, 1e-9):.1f} evaluated tokens/s)")
+        if base_file:
+            err(f"wrote {base_file}")
+
+
+def _bar(n: int):
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=n, unit="chunk", file=sys.stderr, dynamic_ncols=True)
+
+
+def _logger(bar):
+    def log(line: str) -> None:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            click.echo(line, err=True)
+
+    return log
+
+
+def _out(bar, held: list, line: str) -> None:
+    """A result line on stdout; held back while a progress bar shares the terminal."""
+    if bar is not None and sys.stdout.isatty():
+        held.append(line)
+    else:
+        click.echo(line)
+
+
+def _close(bar, held: list) -> None:
+    if bar is not None:
+        bar.close()
+    for line in held:
+        click.echo(line)

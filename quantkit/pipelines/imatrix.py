@@ -1,0 +1,441 @@
+"""Importance-matrix collection, combining and statistics, as llama-imatrix (../shared/reference/imatrix.md §3).
+
+Collection: the forward pass calls ``Collector`` with the input ``x`` (rows, ne0) of every matrix
+product that has at least 16 rows (``quantkit.model.forward.COLLECT_MIN_ROWS``). Products over
+``blk.*`` weights, and ``output.weight`` with ``process_output``, add each column's sum of squares to
+that weight's entry and the row count to its count; ``token_embd`` is a row lookup, never a product,
+so it is never collected. Sums are accumulated in float64 (llama.cpp adds float32 products into
+float32 one row at a time) and stored as float32.
+
+Chunking and PPL follow ``compute_imatrix``: the text is tokenized once (BOS first if the vocab adds
+it), ``--chunk N`` drops the first N chunks, at least ``2*n_ctx`` tokens must remain, each chunk runs
+from an empty cache with BOS in its first position when the vocab adds BOS, and the running PPL is
+computed on the second half of each chunk.
+
+Saving: the chunk number is ``max(counts) // chunk_size`` (``chunk_size`` = the per-sequence context,
+i.e. ``-c``); when it crosses a multiple of ``out_freq`` the output is saved, and a multiple of
+``save_freq`` writes a snapshot ``<out>.at_<chunk>``. llama.cpp checks this inside the callback, so its
+periodic files can hold a chunk for some tensors only; here it is checked after each whole chunk.
+Every save is atomic (temporary file, then rename).
+
+``--in-file`` loading reconstructs llama.cpp's raw form: GGUF sums and counts are added as they are;
+a legacy ``.dat`` contributes ``value * chunk_size`` and ``ncall * chunk_size``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from quantkit.errors import FormatError, QuantkitError
+from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
+
+Log = Callable[[str], None]
+
+
+class ImatrixError(QuantkitError):
+    """A request llama-imatrix would refuse (mismatched files, weights missing from the model, ...)."""
+
+
+# -- the accumulator ---------------------------------------------------------------------------
+
+@dataclass
+class Accumulator:
+    """Raw sums (float64 [n_mat, ne0]) and counts (float64 [n_mat]) per weight name, plus datasets."""
+
+    chunk_size: int
+    sums: dict = field(default_factory=dict)
+    counts: dict = field(default_factory=dict)
+    datasets: list = field(default_factory=list)
+    sources: dict = field(default_factory=dict)     # name -> file that first brought the entry
+
+    def add_file(self, im: Imatrix) -> None:
+        """llama-imatrix's ``load_imatrix``: accumulate one loaded file in raw form."""
+        for name, e in im.entries.items():
+            if im.legacy:
+                s = e.sums.astype(np.float64) * self.chunk_size
+                c = np.array([float(e.counts[0]) * self.chunk_size])
+            else:
+                s = e.sums.astype(np.float64)
+                c = e.counts.astype(np.float64)
+            have = self.sums.get(name)
+            if have is None:
+                self.sums[name] = s.copy()
+                self.counts[name] = c.copy()
+                self.sources[name] = im.source
+                continue
+            if have.size != s.size:
+                raise ImatrixError(f"{im.source}: entry {name!r} has {s.shape[0]} x {s.shape[1]} values, but "
+                                   f"{self.sources[name]} gave it {have.shape[0]} x {have.shape[1]}")
+            if have.shape != s.shape:
+                s = s.reshape(have.shape)
+            have += s
+            cc = self.counts[name]
+            if cc.size == 1 and c.size > 1:
+                cc = self.counts[name] = np.full(c.size, cc[0])
+            elif c.size == 1 and cc.size > 1:
+                c = np.full(cc.size, c[0])
+            elif cc.size != c.size:
+                raise ImatrixError(f"{im.source}: entry {name!r} has {c.size} counts, but "
+                                   f"{self.sources[name]} gave it {cc.size}")
+            cc += c
+        self.datasets.extend(im.datasets)
+
+    def last_chunk(self) -> int:
+        mx = 0.0
+        for c in self.counts.values():
+            if c.size:
+                mx = max(mx, float(c.max()))
+        return int(mx) // self.chunk_size
+
+    def to_imatrix(self, datasets: list[str]) -> Imatrix:
+        entries = {}
+        for name in self.sums:
+            entries[name] = Entry(self.sums[name].astype(np.float32), self.counts[name].astype(np.float32))
+        return Imatrix(entries, list(datasets), self.last_chunk(), self.chunk_size)
+
+
+class Collector:
+    """The ``runner.collect`` hook: add sums of squares per input column for the selected weights."""
+
+    def __init__(self, acc: Accumulator, process_output: bool):
+        self.acc = acc
+        self.process_output = process_output
+        self.rows_seen: dict[str, int] = {}
+
+    def wanted(self, name: str) -> bool:
+        return name.startswith("blk.") or (self.process_output and name == "output.weight")
+
+    def __call__(self, name: str, x: np.ndarray) -> None:
+        if not self.wanted(name):
+            return
+        acc = self.acc
+        x64 = x.astype(np.float64)
+        sq = np.einsum("ij,ij->j", x64, x64)
+        s = acc.sums.get(name)
+        if s is None:
+            s = acc.sums[name] = np.zeros((1, x.shape[1]), np.float64)
+            acc.counts[name] = np.zeros(1, np.float64)
+            acc.sources[name] = "this run"
+        elif s.size != x.shape[1]:
+            raise ImatrixError(f"inconsistent size for {name} ({s.size} loaded vs {x.shape[1]} in the model)")
+        s[0] += sq
+        if not np.isfinite(s).all():
+            raise ImatrixError(f"non-finite values detected in {name}")
+        c = acc.counts[name]
+        if c.size > 1 and (c == c[0]).all():
+            c = acc.counts[name] = c[:1].copy()
+        c += x.shape[0]
+        self.rows_seen[name] = self.rows_seen.get(name, 0) + x.shape[0]
+
+
+# -- saving ------------------------------------------------------------------------------------
+
+@dataclass
+class SaveOptions:
+    out: str = "imatrix.gguf"
+    fmt: str | None = None          # "gguf", "dat" or None (gguf, warning on a non-.gguf name)
+
+
+def save(acc: Accumulator, datasets: list[str], opts: SaveOptions, snapshot: int = 0,
+         log: Log | None = None) -> Path:
+    """Write the accumulated data (atomically); ``snapshot`` > 0 writes ``<out>.at_<snapshot>``."""
+    im = acc.to_imatrix(datasets)
+    path = opts.out + (f".at_{snapshot}" if snapshot > 0 else "")
+    if opts.fmt == "dat":
+        p, stored = save_imatrix_dat(im, path)
+        skipped = [n for n in sorted(im.entries) if not (im.entries[n].counts > 0).any()]
+        if log:
+            for n in skipped:
+                log(f"save_imatrix: entry '{n:>40}' has no data - skipping")
+            if stored < len(im.entries):
+                log(f"save_imatrix: storing only {stored} out of {len(im.entries)} entries")
+        return p
+    if log:
+        for n in sorted(im.entries):
+            c = im.entries[n].counts
+            zeros = int((c == 0).sum())
+            if zeros:
+                log(f"save_imatrix: entry '{n:>40}' has partial data ({100.0 * (c.size - zeros) / c.size:.2f}%)")
+    return save_imatrix_gguf(im, path)
+
+
+def check_output_name(opts: SaveOptions, log: Log) -> None:
+    if opts.fmt is None and not opts.out.endswith(".gguf"):
+        log("save_imatrix: saving imatrix using GGUF format with a different suffix than .gguf")
+        log("save_imatrix: if you want the previous imatrix format, use --output-format dat")
+
+
+def load_inputs(paths: list[str], chunk_size: int, log: Log | None = None) -> Accumulator:
+    acc = Accumulator(chunk_size)
+    for p in paths:
+        if log:
+            log(f"loading imatrix from '{p}'")
+        acc.add_file(load_imatrix(p))
+    return acc
+
+
+# -- collection --------------------------------------------------------------------------------
+
+@dataclass
+class CollectOptions:
+    n_ctx: int = 512
+    n_batch: int = 2048
+    n_chunks: int = -1
+    from_chunk: int = 0
+    out_freq: int = 10
+    save_freq: int = 0
+    process_output: bool = False
+    compute_ppl: bool = True
+    parse_special: bool = False
+
+
+@dataclass
+class CollectResult:
+    n_chunk: int = 0
+    n_tokens: int = 0
+    seconds: float = 0.0
+    first_pass_s: float = 0.0
+    ppl: object = None                  # PerplexityResult when compute_ppl
+    saves: list = field(default_factory=list)
+
+
+def check_model_entries(acc: Accumulator, model, process_output: bool) -> None:
+    """Continuing on loaded data: every loaded entry must be a weight of this model with the same
+    number of input columns (llama.cpp would stop mid-run with 'inconsistent size')."""
+    shapes = {w.name: w.n_in for w in model.matrices()}
+    for name, s in acc.sums.items():
+        if name not in shapes:
+            raise ImatrixError(f"{acc.sources.get(name, '?')}: entry {name!r} names a weight that "
+                               f"{model.path} does not have; is the imatrix from another model?")
+        if s.shape[-1] != shapes[name]:
+            raise ImatrixError(f"{acc.sources.get(name, '?')}: entry {name!r} has {s.shape[-1]} columns, but "
+                               f"{model.path} has {shapes[name]} input columns for it")
+
+
+def collect(runner, tokens: np.ndarray, bos: int | None, acc: Accumulator, datasets: list[str],
+            opts: CollectOptions, save_opts: SaveOptions, log: Log | None = None,
+            on_chunk: Callable[[int, float | None], None] | None = None) -> CollectResult:
+    """Evaluate the chunks with the collector hooked in; saves periodically as llama-imatrix."""
+    from quantkit.pipelines.perplexity import PerplexityError, PerplexityResult, _eta_line, chunk_input, nll_rows
+
+    n_ctx = opts.n_ctx
+    if opts.from_chunk > 0:
+        if (opts.from_chunk + 2) * n_ctx >= tokens.size:
+            raise PerplexityError(f"there will be not enough tokens left after removing {opts.from_chunk} "
+                                  f"chunks ({tokens.size} tokens, context {n_ctx})")
+        tokens = tokens[opts.from_chunk * n_ctx:]
+    if tokens.size < 2 * n_ctx:
+        raise PerplexityError(f"you need at least {2 * n_ctx} tokens for a context of {n_ctx} tokens; "
+                              f"the text tokenizes to only {tokens.size} tokens")
+    n_chunk_max = tokens.size // n_ctx
+    n_chunk = n_chunk_max if opts.n_chunks < 0 else min(opts.n_chunks, n_chunk_max)
+    if n_chunk <= 0:
+        raise PerplexityError("no chunk to process (--chunks 0)")
+    first = n_ctx // 2
+    collector = Collector(acc, opts.process_output)
+    ppl = PerplexityResult(n_ctx, n_chunk) if opts.compute_ppl else None
+    res = CollectResult(n_chunk=n_chunk, ppl=ppl)
+    last = acc.last_chunk()
+    if opts.process_output:
+        want = "all"
+    elif opts.compute_ppl:
+        want = np.arange(first, n_ctx - 1)
+    else:
+        want = "none"
+    runner.collect = collector
+    t0 = time.perf_counter()
+    try:
+        for i in range(n_chunk):
+            tc = time.perf_counter()
+            x = chunk_input(tokens, i, n_ctx, bos)
+            runner.reset()
+            logits = runner.forward(x, 0, logits=want)
+            res.n_tokens += n_ctx
+            if i == 0:
+                res.first_pass_s = time.perf_counter() - tc
+                if log:
+                    log(_eta_line(res.first_pass_s, n_chunk))
+            now = acc.last_chunk()
+            if now > last:
+                step = now - last
+                last = now
+                if (last % opts.out_freq) // step == 0:
+                    res.saves.append(save(acc, datasets, save_opts))
+                if opts.save_freq > 0 and (last % opts.save_freq) // step == 0:
+                    res.saves.append(save(acc, datasets, save_opts, snapshot=last))
+            value = None
+            if ppl is not None:
+                rows = logits[first:n_ctx - 1] if opts.process_output else logits
+                targets = tokens[i * n_ctx + first + 1:(i + 1) * n_ctx].astype(np.int64)
+                value = ppl.add(nll_rows(rows, targets))
+            if on_chunk:
+                on_chunk(i, value)
+    finally:
+        runner.collect = None
+    res.seconds = time.perf_counter() - t0
+    return res
+
+
+# -- reports -----------------------------------------------------------------------------------
+
+def coverage(acc: Accumulator, model, process_output: bool) -> list[str]:
+    """Which of the model's collectable matrices have data, with how many tokens, and the input
+    columns that were never activated (sum of squares exactly 0)."""
+    expected = [w.name for w in model.matrices()
+                if w.name.startswith("blk.") or (process_output and w.name == "output.weight")]
+    have = [n for n in expected if n in acc.sums and (acc.counts[n] > 0).any()]
+    lines = [f"coverage: {len(have)} of {len(expected)} collectable tensors have data"
+             + ("" if not process_output or "output.weight" in expected
+                else " (output.weight is tied to token_embd here: a row lookup, not collected)")]
+    missing = [n for n in expected if n not in have]
+    if missing:
+        lines.append(f"coverage: no data for {', '.join(missing[:8])}" + (" ..." if len(missing) > 8 else ""))
+    counts = sorted({int(acc.counts[n].max()) for n in have})
+    if counts:
+        lines.append("coverage: tokens per tensor: " + (f"{counts[0]}" if len(counts) == 1
+                                                        else f"{counts[0]} .. {counts[-1]}"))
+    dead_total = 0
+    worst = []
+    for n in have:
+        dead = int((acc.sums[n] == 0).sum())
+        if dead:
+            dead_total += dead
+            worst.append((dead, n, acc.sums[n].size))
+    if dead_total:
+        worst.sort(reverse=True)
+        lines.append(f"coverage: {dead_total} input columns never activated, in {len(worst)} tensors: "
+                     + ", ".join(f"{n} ({d}/{sz})" for d, n, sz in worst[:6]) + (" ..." if len(worst) > 6 else ""))
+    else:
+        lines.append("coverage: every input column of every collected tensor was activated")
+    return lines
+
+
+def _split_name(name: str) -> tuple[str, str]:
+    """llama.cpp's process_tensor_name: (layer, short tensor name)."""
+    parts = name.split(".")
+    layer = ""
+    tensor = ""
+    for i, p in enumerate(parts):
+        if p == "blk" and i + 1 < len(parts):
+            layer = parts[i + 1]
+            break
+    for i, p in enumerate(parts):
+        if p == "weight" and i > 0:
+            tensor = parts[i - 1]
+            break
+    return (layer or "-"), (tensor or name)
+
+
+def _f32sum(a: np.ndarray) -> np.float32:
+    """std::accumulate(..., 0.0f): a sequential float32 sum."""
+    return np.cumsum(a, dtype=np.float32)[-1] if a.size else np.float32(0)
+
+
+@dataclass
+class TensorStats:
+    name: str
+    values: np.ndarray      # raw sums, flattened (for CosSim)
+    total: float
+    mean: float
+    max: float
+    min: float
+    n: int
+    std: float
+    active: float
+    entropy: float
+    zd: float
+    cossim: float = 0.0
+
+
+def tensor_stats(name: str, sums: np.ndarray, counts: np.ndarray) -> TensorStats | None:
+    """llama-imatrix's compute_statistics on one entry (None when every count is 0)."""
+    sums = sums.reshape(counts.size, -1).astype(np.float32)
+    acts = [sums[i] / np.float32(counts[i]) for i in range(counts.size) if counts[i] != 0]
+    if not acts:
+        return None
+    a = np.concatenate(acts).astype(np.float32)
+    total = _f32sum(a)
+    mean = np.float32(total / np.float32(a.size))
+    sq = _f32sum(a * a)
+    var = np.float32(sq / np.float32(a.size)) - mean * mean
+    dev = np.float32(math.sqrt(max(0.0, float(var))))
+    active = 1.0 - float((np.abs(a) <= np.float32(1e-5)).sum()) / a.size
+    entropy = 0.0
+    if total > 0:
+        p = a / total
+        p = p[p > 0]
+        entropy = float(-(p * np.log2(p)).sum())
+    zd = float(((a - mean) / dev > 1).sum()) / a.size if dev > 0 else 0.0
+    return TensorStats(name, sums.reshape(-1), float(total), float(mean), float(a.max()), float(a.min()), int(a.size),
+                       float(dev), active, entropy, zd)
+
+
+def statistics(im: Imatrix, chunk_size: int = 512) -> list[str]:
+    """``--show-statistics``: the per-tensor table and the per-layer weighted means (imatrix.md §3.7)."""
+    acc = Accumulator(chunk_size)
+    acc.add_file(im)
+    ts = [t for t in (tensor_stats(n, acc.sums[n], acc.counts[n]) for n in acc.sums) if t is not None]
+    if not ts:
+        raise ImatrixError(f"{im.source}: cannot compute statistics (no entry has data)")
+    by_name = {t.name: t for t in ts}
+    pat = re.compile(r"blk\.(\d+)\.")
+    for t in ts:
+        m = pat.search(t.name)
+        if not m:
+            continue
+        prev = by_name.get(t.name[:m.start(1)] + str(int(m.group(1)) - 1) + t.name[m.end(1):])
+        if prev is not None and prev.values.size == t.values.size:
+            a, b = t.values.astype(np.float64), prev.values.astype(np.float64)
+            den = math.sqrt(float(a @ a)) * math.sqrt(float(b @ b))
+            t.cossim = float(a @ b) / den if den > 0 else float("nan")
+    ts.sort(key=lambda t: (_split_name(t.name)[1], -t.total))
+    lines = [f"Computing statistics for {im.source} ({len(ts)} tensors)", "",
+             "\t".join([" Layer", "       Tensor", "          Σ(Act²)", "  Min", "            Max", "           μ",
+                        "   σ", " % Active", "N", "   Entropy", "E (norm)", "ZD", "  CosSim"]),
+             "=" * 179]
+    ws: dict[int, list[float]] = {}
+    for t in ts:
+        layer, short = _split_name(t.name)
+        try:
+            blk = int(layer)
+        except ValueError:
+            blk = -1
+        enorm = 100.0 * (t.entropy / math.log2(t.n)) if t.n > 1 else 0.0
+        lines.append("%5s\t%-20s\t%10.2f\t%8.4f\t%11.4f\t%6.2f\t%6.2f\t%8.2f%%\t%6d\t%10.4f\t%6.2f%%\t%10.2f%%\t%8.4f"
+                     % (layer, short, t.total, t.min, t.max, t.mean, t.std, t.active * 100.0, t.n, t.entropy,
+                        enorm, 100.0 * t.zd, t.cossim))
+        w = ws.setdefault(blk, [0.0, 0.0, 0.0, 0])
+        w[0] += t.n * t.total
+        w[1] += t.n * t.zd
+        w[2] += t.n * t.cossim
+        w[3] += t.n
+    layers = sorted(k for k in ws if k >= 0)
+    lines += ["", f"Computing weighted average statistics per layer ({len(layers)} layers)", "",
+              "\t".join(["  Layer", "     μΣ(Act²)", "      μZD", "μCosSim"]), "=" * 48]
+    for k in layers:
+        w = ws[k]
+        if w[3]:
+            lines.append("%5d\t%14.2f\t%10.4f%%\t%6.4f" % (k, w[0] / w[3], 100.0 * w[1] / w[3], w[2] / w[3]))
+    return lines
+
+
+def combine(paths: list[str], chunk_size: int, datasets_extra: list[str] | None = None) -> tuple[Accumulator, list[str]]:
+    """Load and accumulate ``--in-file``s (no text): the combine / convert mode."""
+    if not paths:
+        raise ImatrixError("no text and no --in-file to combine")
+    acc = load_inputs(paths, chunk_size)
+    return acc, list(acc.datasets) + list(datasets_extra or [])
+
+
+def file_or_error(path: str) -> str:
+    if not os.path.isfile(path):
+        raise FormatError(f"{path}: no such imatrix file")
+    return path
