@@ -190,6 +190,9 @@ class GGUFModel:
             raise FormatError(f"{self.path}: unreadable metadata ({type(e).__name__}: {e})") from None
         self.metadata: dict[str, Any] = {kv.key: kv.value for kv in self.kv}
         self.version = int(reader.fields["GGUF.version"].contents())
+        # gguf keeps a numpy array per string of every array value (two per vocabulary entry): tens of
+        # MiB for a 49k vocabulary. Everything is in self.kv now, so let them go.
+        reader.fields.clear()
         self.tensors: list[Tensor] = []
         for rt in reader.tensors:
             shape = tuple(int(d) for d in rt.shape)
