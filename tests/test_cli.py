@@ -1,0 +1,53 @@
+"""The command-line layer: help everywhere, no compile for --help or bad arguments, version."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from quantkit import __version__
+from quantkit.cli import main
+
+COMMANDS = sorted(main.commands)
+
+
+def test_version():
+    res = CliRunner().invoke(main, ["--version"])
+    assert res.exit_code == 0 and __version__ in res.output
+
+
+def test_all_commands_present():
+    for name in ("quantize", "run", "bench", "imatrix", "perplexity", "verify", "roundtrip"):
+        assert name in COMMANDS
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_every_option_has_help(name):
+    cmd = main.commands[name]
+    assert cmd.help, name
+    for p in cmd.params:
+        if p.param_type_name == "option":
+            assert p.help, f"{name} {p.opts} has no help"
+
+
+_PROBE = r"""
+import sys
+from quantkit.cli import main
+try:
+    main(sys.argv[1:], standalone_mode=True)
+except SystemExit as e:
+    code = e.code
+heavy = sorted(m for m in ("numba", "quantkit.kernels", "quantkit.quants") if m in sys.modules)
+print("HEAVY:" + ",".join(heavy))
+"""
+
+
+@pytest.mark.parametrize("name", COMMANDS)
+def test_help_and_usage_errors_compile_nothing(name):
+    for args in ([name, "--help"], [name, "--no-such-option"]):
+        out = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=60)
+        assert "HEAVY:\n" in out.stdout or out.stdout.strip().endswith("HEAVY:"), (args, out.stdout[-300:])
+        assert "Traceback" not in out.stderr
