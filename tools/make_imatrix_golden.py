@@ -7,8 +7,12 @@ Development only: the test suite never runs llama.cpp. Writes:
 
 * ``calibration-sample.txt``: the first ~3000 characters of quantkit's calibration text (cut at a
   newline), so the goldens do not depend on the CPython version's pydoc topics.
-* ``llama-imatrix.c128x4.gguf``: ``llama-imatrix -m <bundled SmolLM2 Q4_1> -f calibration-sample.txt
-  -c 128 --chunks 4 -o ... -nr -t 2``.
+* ``llama-imatrix.c128x4.gguf``: ``llama-imatrix -m smol-f16.gguf -f calibration-sample.txt
+  -c 128 --chunks 4 -o ... -nr -t 2``, where smol-f16.gguf is the bundled SmolLM2 Q4_1 converted with
+  ``quantkit quantize --allow-requantize <bundled> smol-f16.gguf F16`` (byte-identical to
+  llama-quantize's; its sha256 is recorded). F16, because there quantkit's forward pass and
+  llama.cpp's agree to ~0.05 logits, so the comparison tests the collector rather than the
+  arithmetic of quantized matrix products.
 * ``golden.json``: the command lines, llama.cpp's PPL output of that run, the sha256 of what
   llama-imatrix writes when it converts that file to dat and back and when it merges it with its own
   dat (for byte-for-byte comparisons), and its ``--show-statistics`` table.
@@ -66,8 +70,15 @@ def sample_text(which: int, n_chars: int = 3000) -> str:
     return t[:cut] + "\n"
 
 
-def main() -> None:
+def make_f16(dst: Path) -> Path:
     from quantkit.formats.locate import bundled_model
+
+    subprocess.run([sys.executable, "-m", "quantkit", "quantize", "-q", "--allow-requantize", str(bundled_model()),
+                    str(dst), "F16"], check=True, capture_output=True)
+    return dst
+
+
+def main() -> None:
 
     bindir = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LLAMA_BIN", DEFAULT_BIN))
     exe = str(bindir / "llama-imatrix")
@@ -75,8 +86,9 @@ def main() -> None:
     OUT.mkdir(parents=True, exist_ok=True)
     text = OUT / "calibration-sample.txt"
     text.write_text(sample_text(0), encoding="utf-8")
-    model = bundled_model()
-    golden = {"llama_cpp": version, "model": model.name, "n_ctx": N_CTX, "n_chunks": N_CHUNKS, "flags": FLAGS}
+    keep = tempfile.TemporaryDirectory()
+    model = make_f16(Path(keep.name) / "smol-f16.gguf")
+    golden = {"llama_cpp": version, "model": model.name, "model_sha256": sha256(model), "n_ctx": N_CTX, "n_chunks": N_CHUNKS, "flags": FLAGS}
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         shutil.copy(text, tmp / text.name)

@@ -400,7 +400,7 @@ def statistics(im: Imatrix, chunk_size: int = 512) -> list[str]:
     lines = [f"Computing statistics for {im.source} ({len(ts)} tensors)", "",
              "\t".join([" Layer", "       Tensor", "          Σ(Act²)", "  Min", "            Max", "           μ",
                         "   σ", " % Active", "N", "   Entropy", "E (norm)", "ZD", "  CosSim"]),
-             "=" * 179]
+             "=" * 169]
     ws: dict[int, list[float]] = {}
     for t in ts:
         layer, short = _split_name(t.name)
