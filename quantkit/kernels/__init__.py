@@ -5,6 +5,7 @@ Public API (see docs/kernels.md):
 * ``matmul(w, wtype, x, out=None)`` -- float32 (n_tok, n_out) = x @ dequantize(w).T
 * ``get_rows(w, wtype, ids)``       -- embedding lookup, dequantizing only the rows asked for
 * ``set_threads(n)``                -- numba's worker count (BLAS is limited to it in ``matmul``)
+* ``blas_limit()``                  -- context manager limiting BLAS to that count for a caller's products
 * ``VEC_DOT_TYPE``                  -- weight type -> the activation type ggml's CPU backend uses
 * numba-callable: ``matvec_kernel(wtype)`` -> ``matvec(w, xq, xd, xs, out, chunk)``;
   ``quantize_activations`` / ``empty_activations`` and ``activation_kind(wtype)`` for its inputs.
@@ -18,7 +19,7 @@ from quantkit.jit import get_threads, set_threads
 from quantkit.kernels.activations import (empty_activations, pack_q8_0, pack_q8_k, quantize_activations,
                                           quantize_q8_0_into, quantize_q8_1_into, quantize_q8_k_into)
 from quantkit.kernels.ir import HAS_F16, HAS_VNNI, VARIANTS, default_variant
-from quantkit.kernels.mul_mat import CHUNK_ROWS, PREFILL_MIN_TOKENS, TILE_ROWS, get_rows, matmul
+from quantkit.kernels.mul_mat import CHUNK_ROWS, PREFILL_MIN_TOKENS, TILE_ROWS, blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_kernel, gemv_kernel, matvec_kernel,
                                      rowdot_kernel)
 
@@ -50,5 +51,5 @@ __all__ = [
     "WEIGHT_TYPES", "activation_kind", "default_variant", "deq_kernel", "empty_activations", "get_rows",
     "get_threads", "matmul", "matvec_kernel", "pack_q8_0", "pack_q8_k", "quantize_activations",
     "quantize_q8_0_into", "quantize_q8_1_into", "quantize_q8_k_into", "rowdot_kernel", "set_threads",
-    "gemv_kernel",
+    "gemv_kernel", "blas_limit",
 ]

@@ -19,6 +19,8 @@ PREFILL_MIN_TOKENS = 32
 CHUNK_ROWS = 16
 #: weight rows dequantized per BLAS call in the prefill path
 TILE_ROWS = 256
+#: a matrix whose float32 copy is at most this big is dequantized whole (one BLAS call)
+TILE_BYTES = 8 << 20
 
 _BLAS = None
 _GEMV: dict = {}
@@ -29,6 +31,12 @@ def _blas():
     if _BLAS is None:
         _BLAS = ThreadpoolController()
     return _BLAS
+
+
+def blas_limit():
+    """Context manager: BLAS limited to numba's thread count (threadpoolctl), for a caller's own
+    numpy matrix products around or between ``matmul`` calls."""
+    return _blas().limit(limits=get_threads(), user_api="blas")
 
 
 def _check(w, wtype, where):
@@ -81,15 +89,21 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -
 
 def _prefill(w, t, x, out):
     n_out, n_in = out.shape[1], x.shape[1]
-    with _blas().limit(limits=get_threads(), user_api="blas"):
+    with blas_limit():
         if t == T.F32:
             np.matmul(x, w.view(np.float32).T, out=out)
             return out
         deq = deq_rows_kernel(t)
-        tile = np.empty((min(TILE_ROWS, n_out), n_in), np.float32)
+        # whole matrix in one BLAS call when its float32 copy fits TILE_BYTES, else TILE_ROWS-row tiles
+        rows = n_out if n_out * n_in * 4 <= TILE_BYTES else max(TILE_ROWS, TILE_BYTES // (4 * n_in))
+        tile = np.empty((min(rows, n_out), n_in), np.float32)
+        if rows >= n_out:
+            deq(w, 0, tile)
+            np.matmul(x, tile.T, out=out)
+            return out
         part = np.empty((x.shape[0], tile.shape[0]), np.float32)
-        for r0 in range(0, n_out, TILE_ROWS):
-            r1 = min(r0 + TILE_ROWS, n_out)
+        for r0 in range(0, n_out, rows):
+            r1 = min(r0 + rows, n_out)
             tl = tile[: r1 - r0]
             deq(w, r0, tl)
             p = part[:, : r1 - r0]

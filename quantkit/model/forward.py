@@ -8,15 +8,19 @@ and returns the logits of the rows asked for (the last token by default).
 
 Choices, and why:
 
-* KV cache in float32, shape (n_layer, n_ctx, n_head_kv * head_dim) per K and V. llama.cpp keeps f16;
-  float32 avoids a conversion in the attention loop and ``np.zeros`` maps it lazily, so only the
-  positions used take memory (SmolLM2 at 4096 positions: 189 MB reserved, 46 KB per token touched).
+* KV cache in float32 by default, shape (n_layer, n_ctx, n_head_kv * head_dim) per K and V;
+  ``type_kv="f16"`` stores fp16 as llama.cpp does by default (half the attention's memory traffic).
+  Against llama.cpp's golden ids fp16 measured no better (equal top-1 agreement over 400 positions)
+  and flipped one greedy step where llama.cpp's top-2 gap is 0.26, so float32 stays the default
+  (docs/run.md). ``np.zeros`` maps the cache lazily, so only the positions used take memory.
 * RoPE is the NORM style (adjacent pairs), the llama convention in GGUF files; the cos/sin table is
   built like ggml's rope cache (theta multiplied by theta_scale step by step in float32), and
   ``rope_freqs`` divides theta when the model has it.
-* The matrix products are ``quantkit.kernels.matmul`` on the memory-mapped quantized weights. The
-  small ops (RMSNorm, RoPE + cache store, attention, SwiGLU) are numba kernels below -- one call each
-  per layer, to keep the Python work per layer small.
+* One token (decoding) runs ``quantkit.model.decode``'s compiled step: every layer in one numba call.
+  A batch runs the per-layer loop below: the matrix products are ``quantkit.kernels.matmul`` on the
+  memory-mapped quantized weights (GEMV under 32 rows, dequantized weights + BLAS from 32), attention
+  is BLAS products per KV head from 32 rows (a numba kernel below), and the small ops (RMSNorm, RoPE +
+  cache store, softmax, SwiGLU) are numba kernels; BLAS is limited to numba's thread count.
 * ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at
   least ``COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
 """
@@ -30,11 +34,17 @@ import numpy as np
 
 from quantkit.errors import ModelError
 from quantkit.jit import njit_fast, njit_fast_parallel, prange
-from quantkit.kernels import get_rows, matmul
+from quantkit.kernels.ir import default_variant
+from quantkit.kernels import blas_limit, get_rows, matmul
+from quantkit.kernels.vecdot import build
+from quantkit.model.decode import DecodeStep, expf, kv_f16_load, kv_f16_store, kv_f32_same
 from quantkit.model.llama import Llama, Weight
 
 COLLECT_MIN_ROWS = 16
 DEFAULT_N_BATCH = 512
+#: the KV cache element type: float32 by default; "f16" (llama.cpp's default) is an option -- it
+#: measured no better against llama.cpp's golden ids and lost one greedy prompt (docs/run.md)
+DEFAULT_TYPE_KV = "f32"
 
 
 # -- small ops: output arrays first in the docs, inputs never modified unless said -----------------
@@ -52,9 +62,9 @@ def rmsnorm(x, w, eps, out):
             out[r, i] = x[r, i] * scale * w[i]
 
 
-@njit_fast
-def rope_store(q, k, v, kc, vc, pos0, cos, sin, n_head, n_head_kv, head_dim, n_rot):
-    """Rotate q (n, n_head*head_dim) in place and k, then write k and v into cache rows pos0.. ."""
+def _rope_store(q, k, v, kc, vc, pos0, cos, sin, n_head, n_head_kv, head_dim, n_rot):
+    """Rotate q (n, n_head*head_dim) in place and k, then write k and v into cache rows pos0.. (ST_KV:
+    float32 -> the cache's element, fp16 bits or float32)."""
     n = q.shape[0]
     half = n_rot // 2
     for t in range(n):
@@ -75,12 +85,12 @@ def rope_store(q, k, v, kc, vc, pos0, cos, sin, n_head, n_head_kv, head_dim, n_r
                 s = sin[p, i]
                 x0 = k[t, o + 2 * i]
                 x1 = k[t, o + 2 * i + 1]
-                kc[p, o + 2 * i] = x0 * c - x1 * s
-                kc[p, o + 2 * i + 1] = x0 * s + x1 * c
+                kc[p, o + 2 * i] = ST_KV(x0 * c - x1 * s)  # noqa: F821
+                kc[p, o + 2 * i + 1] = ST_KV(x0 * s + x1 * c)  # noqa: F821
             for i in range(n_rot, head_dim):
-                kc[p, o + i] = k[t, o + i]
+                kc[p, o + i] = ST_KV(k[t, o + i])  # noqa: F821
         for j in range(v.shape[1]):
-            vc[p, j] = v[t, j]
+            vc[p, j] = ST_KV(v[t, j])  # noqa: F821
 
 
 def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, out):
@@ -100,14 +110,14 @@ def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, out):
         for j in range(n_kv):
             s = np.float32(0.0)
             for i in range(head_dim):
-                s += q[t, qo + i] * kc[j, ko + i]
+                s += q[t, qo + i] * LD_KV(kc[j, ko + i])  # noqa: F821
             s *= scale
             att[j] = s
             if s > mx:
                 mx = s
         tot = np.float32(0.0)
         for j in range(n_kv):
-            e = np.exp(att[j] - mx)
+            e = expf(att[j] - mx)
             att[j] = e
             tot += e
         inv = np.float32(1.0) / tot
@@ -116,14 +126,50 @@ def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, out):
         for j in range(n_kv):
             a = att[j] * inv
             for i in range(head_dim):
-                out[t, qo + i] += a * vc[j, ko + i]
+                out[t, qo + i] += a * LD_KV(vc[j, ko + i])  # noqa: F821
 
 
-#: one body compiled twice: serial for decode (a parallel launch costs more than 9 heads of work, and
-#: far more when the cores are shared), parallel over (token, head) pairs for a prompt
-attention_serial = njit_fast(_attention)
-attention_parallel = njit_fast_parallel(_attention)
+def kv_kernels(kv_f16: bool):
+    """(rope_store, attention_serial, attention_parallel) for an fp16-bits (uint16) or float32 cache.
+    The attention body is compiled serial for a few tokens (a parallel launch costs more than 9 heads of
+    work) and parallel over (token, head) pairs for more."""
+    tag = "kv16" if kv_f16 else "kv32"
+    ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
+    return (build(_rope_store, tag, False, ST_KV=st), build(_attention, tag, False, LD_KV=ld),
+            build(_attention, tag, True, LD_KV=ld))
+
+
 PARALLEL_ATTENTION_MIN_TOKENS = 4
+#: from this many tokens on, attention is matrix products (BLAS) over blocks of ATTN_BLOCK queries
+BLAS_ATTENTION_MIN_TOKENS = 32
+ATTN_BLOCK = 256
+
+
+def _causal_softmax(S, first, group, scale):
+    """S (rows, nk): scores, row r belonging to query r // group, which sees keys 0..first + r // group.
+    In place: softmax of scale * S over the keys each row sees, zeros elsewhere. One row per iteration."""
+    m, nk = S.shape
+    for r in prange(m):
+        row = S[r]
+        lim = min(first + r // group + 1, nk)
+        mx = np.float32(-np.inf)
+        for j in range(lim):
+            v = row[j] * scale
+            row[j] = v
+            mx = max(mx, v)
+        tot = np.float32(0.0)
+        for j in range(lim):
+            e = expf(row[j] - mx)
+            row[j] = e
+            tot += e
+        inv = np.float32(1.0) / tot
+        for j in range(lim):
+            row[j] *= inv
+        for j in range(lim, nk):
+            row[j] = 0.0
+
+
+causal_softmax = njit_fast_parallel(_causal_softmax)
 
 
 @njit_fast
@@ -133,7 +179,7 @@ def swiglu(gate, up):
     for r in range(n):
         for i in range(d):
             g = gate[r, i]
-            gate[r, i] = g / (np.float32(1.0) + np.exp(-g)) * up[r, i]
+            gate[r, i] = g / (np.float32(1.0) + expf(-g)) * up[r, i]
 
 
 def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
@@ -153,20 +199,29 @@ def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0
 
 
 class Runner:
-    """Run state for one sequence: buffers for ``n_batch`` tokens and a KV cache of ``n_ctx`` positions."""
+    """Run state for one sequence: buffers for ``n_batch`` tokens and a KV cache of ``n_ctx`` positions.
 
-    def __init__(self, model: Llama, n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH):
+    ``type_kv``: "f32" (default) or "f16" (llama.cpp's default cache type). ``key_cache`` / ``value_cache`` are
+    numpy arrays (n_layer, n_ctx, n_head_kv * head_dim) of that type. One-token calls run the compiled
+    decode step (``quantkit.model.decode``) unless ``compiled_step=False`` or the model cannot use it
+    (``self.step`` is then None)."""
+
+    def __init__(self, model: Llama, n_ctx: int | None = None, n_batch: int = DEFAULT_N_BATCH,
+                 type_kv: str = DEFAULT_TYPE_KV, compiled_step: bool = True):
         c = model.config
         n_ctx = c.n_ctx_train if not n_ctx else int(n_ctx)
         if n_ctx <= 0:
             raise ModelError(f"context size must be positive, got {n_ctx}")
         if n_ctx > c.n_ctx_train:
             raise ModelError(f"context size {n_ctx} is over the model's trained context length {c.n_ctx_train}")
+        if type_kv not in ("f16", "f32"):
+            raise ModelError(f"KV cache type must be 'f16' or 'f32', got {type_kv!r}")
         self.model, self.config = model, c
         self.n_ctx = n_ctx
         self.n_batch = max(1, min(int(n_batch), n_ctx))
         self.n_past = 0                      # positions of the cache that hold valid keys/values
         self.collect: Callable[[str, np.ndarray], None] | None = None
+        self.type_kv = type_kv
         B, E, Q, KV, F = self.n_batch, c.n_embd, c.n_head * c.head_dim, c.n_embd_kv, c.n_ff
         f32 = np.float32
         self.x = np.zeros((B, E), f32)       # residual stream
@@ -178,11 +233,24 @@ class Runner:
         self.att = np.zeros((B, Q), f32)     # attention output, heads concatenated
         self.gate = np.zeros((B, F), f32)    # ffn_gate, then silu(gate) * up
         self.up = np.zeros((B, F), f32)
-        self.key_cache = np.zeros((c.n_layer, n_ctx, KV), f32)    # lazily mapped by the OS
-        self.value_cache = np.zeros((c.n_layer, n_ctx, KV), f32)
+        kv16 = type_kv == "f16"
+        kvt = np.float16 if kv16 else f32
+        self.key_cache = np.zeros((c.n_layer, n_ctx, KV), kvt)    # lazily mapped by the OS
+        self.value_cache = np.zeros((c.n_layer, n_ctx, KV), kvt)
+        # what the kernels see: fp16 as its bits (numba has no float16 arrays)
+        self._kc = self.key_cache.view(np.uint16) if kv16 else self.key_cache
+        self._vc = self.value_cache.view(np.uint16) if kv16 else self.value_cache
+        self._rope_store, self._attn_serial, self._attn_parallel = kv_kernels(kv16)
         self.rope_cos, self.rope_sin = rope_table(n_ctx, c.n_rot, c.rope_freq_base, c.rope_freq_scale,
                                                   model.rope_freqs)
         self.scale = np.float32(1.0 / math.sqrt(c.head_dim))
+        self.step: DecodeStep | None = None
+        if compiled_step and default_variant() != "plain":
+            try:
+                self.step = DecodeStep(model, kv16)
+            except ModelError:
+                self.step = None    # e.g. more distinct matrix types than the step's slots
+        self._scores = np.zeros((c.n_head, n_ctx), f32) if self.step is not None else None
 
     def reset(self) -> None:
         self.n_past = 0
@@ -217,13 +285,46 @@ class Runner:
             if rows.size and (rows.min() < 0 or rows.max() >= n):
                 raise ModelError(f"forward: logits rows must be in [0, {n})")
         out = np.empty((rows.size, c.n_vocab), np.float32)
+        if n == 1 and self.step is not None:
+            # one compiled call for the whole token (every requested row is row 0)
+            part = out[0] if rows.size == 1 else np.empty(c.n_vocab, np.float32)
+            self.step.run(int(tokens[0]), pos0, self._kc, self._vc, self.rope_cos, self.rope_sin,
+                          self._scores, part, rows.size > 0)
+            self.n_past = pos0 + 1
+            if rows.size > 1:
+                out[:] = part
+            return out
         for b0 in range(0, n, self.n_batch):
             b1 = min(n, b0 + self.n_batch)
             sel = (rows >= b0) & (rows < b1)
-            part = self._step(tokens[b0:b1], pos0 + b0, rows[sel] - b0)
+            if b1 - b0 >= BLAS_ATTENTION_MIN_TOKENS:
+                with blas_limit():
+                    part = self._step(tokens[b0:b1], pos0 + b0, rows[sel] - b0)
+            else:
+                part = self._step(tokens[b0:b1], pos0 + b0, rows[sel] - b0)
             if part is not None:
                 out[sel] = part
         return out
+
+    def _attend_blas(self, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, out: np.ndarray) -> None:
+        """Causal GQA attention as matrix products. Per KV head, the G query heads that share it are
+        stacked as rows (token, head) -- one GEMM of G * block rows against the keys the block's last
+        query sees, a masked softmax (numba), one GEMM with V -- over blocks of ATTN_BLOCK queries."""
+        c = self.config
+        n = q.shape[0]
+        HKV, hd = c.n_head_kv, c.head_dim
+        G = c.n_head // HKV
+        n_kv = pos0 + n
+        for h in range(HKV):
+            K = kc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32)                     # (n_kv, hd)
+            V = vc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32)
+            Qh = np.ascontiguousarray(q[:, h * G * hd:(h + 1) * G * hd]).reshape(n * G, hd)  # rows (t, g)
+            for t0 in range(0, n, ATTN_BLOCK):
+                t1 = min(n, t0 + ATTN_BLOCK)
+                nk = pos0 + t1
+                S = Qh[t0 * G:t1 * G] @ K[:nk].T                                          # (bt * G, nk)
+                causal_softmax(S, pos0 + t0, G, self.scale)
+                out[t0:t1, h * G * hd:(h + 1) * G * hd] = (S @ V[:nk]).reshape(t1 - t0, G * hd)
 
     def _step(self, tokens: np.ndarray, pos0: int, rows: np.ndarray) -> np.ndarray | None:
         """One pass of up to n_batch tokens; returns the logits of ``rows`` (None when there are none)."""
@@ -233,19 +334,23 @@ class Runner:
         q, k, v, att = self.q[:n], self.k[:n], self.v[:n], self.att[:n]
         gate, up = self.gate[:n], self.up[:n]
         eps = np.float32(c.rms_eps)
-        attend = attention_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else attention_serial
+        blas = n >= BLAS_ATTENTION_MIN_TOKENS
+        attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
 
         x[...] = get_rows(m.token_embd.data, m.token_embd.type, tokens)      # (n, n_embd)
         for i, b in enumerate(m.blk):
-            kc, vc = self.key_cache[i], self.value_cache[i]
+            kc, vc = self._kc[i], self._vc[i]
             # attention: norm, project, rotate, cache, attend, project back, add
             rmsnorm(x, b.attn_norm, eps, xb)
             self._mm(b.attn_q, xb, q)                                         # (n, n_head*head_dim)
             self._mm(b.attn_k, xb, k)                                         # (n, n_head_kv*head_dim)
             self._mm(b.attn_v, xb, v)
-            rope_store(q, k, v, kc, vc, pos0, self.rope_cos, self.rope_sin,
-                       c.n_head, c.n_head_kv, c.head_dim, c.n_rot)
-            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, att)
+            self._rope_store(q, k, v, kc, vc, pos0, self.rope_cos, self.rope_sin,
+                             c.n_head, c.n_head_kv, c.head_dim, c.n_rot)
+            if blas:
+                self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, att)
+            else:
+                attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, att)
             self._mm(b.attn_output, att, xb2)                                 # (n, n_embd)
             x += xb2
             # feed-forward: norm, SwiGLU, project back, add

@@ -178,6 +178,9 @@ class Llama:
             t = gg.tensor(name)
             if tuple(t.shape) != (n,):
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected [{n}]")
+            if t.type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):  # the usual case: a plain read
+                return np.array(t.data.view("<f4" if t.type == GGMLQuantizationType.F32 else "<f2").reshape(n),
+                                dtype=np.float32)
             return np.ascontiguousarray(Weight(name, t.type, tuple(t.shape), t.data).dequantize().reshape(n))
 
         self.token_embd = matrix("token_embd.weight", E, V)          # (n_vocab rows of n_embd)

@@ -1,0 +1,417 @@
+"""The decode step in compiled code: one numba call per generated token runs every layer.
+
+``DecodeStep(model, n_embd_max...)`` turns a ``Llama`` into flat tables once, and ``step(...)`` runs
+one token: embedding row, then per layer RMSNorm, activation quantization (once per distinct input
+and activation kind), Q/K/V products, RoPE, KV store, attention over the cache, output product,
+residual, RMSNorm, gate/up products with SiLU, down product, residual; then the final norm and the
+logits product. No Python runs between layers (``../shared/reference/numba-kernels.md``: per-layer
+Python work over 30 layers costs more than the products of a small model).
+
+How the weights get in, and the type dispatch:
+
+* Every matrix is a byte range of one flat ``uint8`` buffer -- the GGUF file's own memory map (no
+  copy). ``wt[layer, j] = (offset, row_bytes, n_rows, code)`` for the seven matrices of a layer in
+  ``MATS`` order; ``ot`` / ``et`` the same for ``output`` and ``token_embd``.
+* ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The row
+  dispatcher ``rows_body`` has one branch per slot, each bound to that slot's compiled row dot, and
+  is built (compiled, cached on disk) once per type set: a Q4_1 file gets a 2-type build, a Q4_K_M
+  file a 4-type one. The branch is taken once per chunk of rows, so its cost is nil; the if-chain
+  is ``SLOTS`` long whatever the number of call sites.
+* Each slot's row function has one uniform signature ``urow(wr, a, sc)``: ``a`` is the tuple of
+  every activation form of one input vector (float32, Q8_0 quants/scales/sums, Q8_1 float sums,
+  Q8_K quants/scales/bsums), and the wrapper picks the form its type's dot wants
+  (``KERNEL_TRAITS``'s activation kind). Before a product the step quantizes the input only to the
+  kinds its consumers need (``need`` bit masks, computed here from the types).
+
+Parallelism: ``prange`` over chunks of ``CHUNK`` output rows in each product (Q, K and V in one
+region; gate and up in one region that also applies SiLU to its own rows), and over heads in the
+attention. Each output element is computed by one thread with the same code, so the logits do not
+depend on the thread count. Everything else (norms, quantization, RoPE) runs on the calling thread.
+
+The KV cache is passed in as ``uint16`` (fp16 bits, as llama.cpp's default f16 cache) or float32;
+one body is built for each (``LD_KV`` / ``ST_KV``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from quantkit.errors import ModelError
+from quantkit.jit import bits_to_f32, njit_fast, prange
+from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_0_into, quantize_q8_k_into,
+                              rowdot_kernel)
+from quantkit.kernels.vecdot import build
+from quantkit.model.llama import Llama, Weight
+from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
+
+#: the seven matrices of a layer, in the order of ``wt[layer]``
+MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+#: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
+SLOTS = 8
+#: output rows per prange chunk
+CHUNK = 16
+#: activation kind -> bit in the ``need`` masks (F32 needs no conversion)
+KIND_BIT = {"Q8_0": 1, "Q8_1": 2, "Q8_K": 4, "F32": 0}
+
+
+# -- one row of a weight . one input vector, with a uniform signature per activation kind ------------
+# a = (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32),
+# each (1, n_in); the row dot (ROWDOT, bound per type) gets the form its type uses.
+
+def urow_q8_0(wr, a, sc):
+    return ROWDOT(wr, a[1][0], a[2][0], a[3][0], sc)  # noqa: F821
+
+
+def urow_q8_1(wr, a, sc):
+    return ROWDOT(wr, a[1][0], a[2][0], a[4][0], sc)  # noqa: F821
+
+
+def urow_q8_k(wr, a, sc):
+    return ROWDOT(wr, a[5][0], a[6][0], a[7][0], sc)  # noqa: F821
+
+
+def urow_f32(wr, a, sc):
+    return ROWDOT(wr, a[0][0], a[2][0], a[3][0], sc)  # noqa: F821
+
+
+URow = {"Q8_0": urow_q8_0, "Q8_1": urow_q8_1, "Q8_K": urow_q8_k, "F32": urow_f32}
+
+
+def rows_body(code, buf, off, rb, r0, r1, a, out, o0, sc):
+    """out[o0 + r] = (row r of the matrix at buf[off:], rb bytes a row) . a, for r in r0..r1-1.
+    One branch per type slot (ROW0..ROW7 bound per type set); unused slots repeat slot 0."""
+    if code == 0:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW0(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+    elif code == 1:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW1(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+    elif code == 2:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW2(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+    elif code == 3:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW3(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+    elif code == 4:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW4(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+    elif code == 5:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW5(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+    elif code == 6:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW6(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+    else:
+        for r in range(r0, r1):
+            out[o0 + r] = ROW7(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+
+
+def deq_body(code, buf, off, rb, r, out):
+    """out = dequantized row r of the matrix at buf[off:] (the embedding lookup)."""
+    src = buf[off + r * rb:off + (r + 1) * rb]
+    if code == 0:
+        DEQ0(src, out)  # noqa: F821
+    elif code == 1:
+        DEQ1(src, out)  # noqa: F821
+    elif code == 2:
+        DEQ2(src, out)  # noqa: F821
+    elif code == 3:
+        DEQ3(src, out)  # noqa: F821
+    elif code == 4:
+        DEQ4(src, out)  # noqa: F821
+    elif code == 5:
+        DEQ5(src, out)  # noqa: F821
+    elif code == 6:
+        DEQ6(src, out)  # noqa: F821
+    else:
+        DEQ7(src, out)  # noqa: F821
+
+
+# -- small ops ---------------------------------------------------------------------------------------
+
+_F = np.float32
+
+
+@njit_fast
+def expf(x):
+    """exp of a float32 (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial, relative
+    error ~1e-7), in plain float ops so loops over it vectorize (numba's np.exp is a scalar libm call
+    per element without SVML). Inputs are clamped to [-87.3, 88.3] (softmax and SiLU never need more)."""
+    x = min(max(x, _F(-87.3)), _F(88.3))
+    n = np.floor(x * _F(1.44269504) + _F(0.5))
+    r = x - n * _F(0.693359375)
+    r = r + n * _F(2.12194440e-4)
+    p = _F(1.9875691500e-4)
+    p = p * r + _F(1.3981999507e-3)
+    p = p * r + _F(8.3334519073e-3)
+    p = p * r + _F(4.1665795894e-2)
+    p = p * r + _F(1.6666665459e-1)
+    p = p * r + _F(5.0000001201e-1)
+    y = p * (r * r) + r + _F(1.0)
+    return y * bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit_fast
+def rmsnorm1(x, w, eps, out):
+    """out = x / sqrt(mean(x^2) + eps) * w, sum of squares in float64 (as ggml)."""
+    ss = 0.0
+    for i in range(x.shape[0]):
+        ss += np.float64(x[i]) * np.float64(x[i])
+    scale = np.float32(1.0 / math.sqrt(ss / x.shape[0] + eps))
+    for i in range(x.shape[0]):
+        out[i] = x[i] * scale * w[i]
+
+
+@njit_fast
+def quantize_needed(mask, a):
+    """Fill the activation forms of a[0] that ``mask`` asks for (KIND_BIT)."""
+    if mask & 3:
+        quantize_q8_0_into(a[0], a[1], a[2], a[3])
+        if mask & 2:  # Q8_1's s = d * sum, from the stored d (quantize_q8_1_into)
+            for b in range(a[2].shape[1]):
+                a[4][0, b] = a[2][0, b] * np.float32(a[3][0, b])
+    if mask & 4:
+        quantize_q8_k_into(a[0], a[5], a[6], a[7])
+
+
+@njit_fast
+def kv_f16_store(v):
+    return fp32_to_fp16(v)
+
+
+@njit_fast
+def kv_f16_load(h):
+    return fp16_to_fp32(h)
+
+
+@njit_fast
+def kv_f32_same(v):
+    return v
+
+
+# -- the step ---------------------------------------------------------------------------------------
+
+def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
+              aE, aF, x, xb2, qkv, hg, hu, scores, logits, sc, dims, eps, scale):
+    """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
+    ``want``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
+    dims = (n_head, n_head_kv, head_dim, n_rot); need[l] = activation kinds of the four inputs of
+    layer l (attn, attn_output, ffn, ffn_down), need[n_layer, 0] the output's."""
+    n_layer = wt.shape[0]
+    n_head, n_head_kv, hd, n_rot = dims[0], dims[1], dims[2], dims[3]
+    E = x.shape[0]
+    Q = n_head * hd
+    KV = n_head_kv * hd
+    group = n_head // n_head_kv
+    half = n_rot // 2
+    n_kv = pos + 1
+    xa = aE[0][0]           # the normed input of a block (and the attention output), float32 (E,)
+    ha = aF[0][0]           # silu(gate) * up, float32 (n_ff,)
+
+    DEQROW(et[3], buf, et[0], et[1], tok, x)  # noqa: F821
+    for l in range(n_layer):
+        w = wt[l]
+        # -- attention: norm, Q/K/V (one parallel region), RoPE + cache store, attend, project, add
+        rmsnorm1(x, attn_norm[l], eps, xa)
+        quantize_needed(need[l, 0], aE)
+        cq = (w[0, 2] + CHUNK - 1) // CHUNK
+        ck = (w[1, 2] + CHUNK - 1) // CHUNK
+        cv = (w[2, 2] + CHUNK - 1) // CHUNK
+        for c in prange(cq + ck + cv):
+            if c < cq:
+                j, c0, o0 = 0, c, 0
+            elif c < cq + ck:
+                j, c0, o0 = 1, c - cq, Q
+            else:
+                j, c0, o0 = 2, c - cq - ck, Q + KV
+            r0 = c0 * CHUNK
+            r1 = min(r0 + CHUNK, w[j, 2])
+            ROWS(w[j, 3], buf, w[j, 0], w[j, 1], r0, r1, aE, qkv, o0, sc)  # noqa: F821
+        c_, s_ = cos[pos], sin[pos]
+        for h in range(n_head):
+            o = h * hd
+            for i in range(half):
+                x0 = qkv[o + 2 * i]
+                x1 = qkv[o + 2 * i + 1]
+                qkv[o + 2 * i] = x0 * c_[i] - x1 * s_[i]
+                qkv[o + 2 * i + 1] = x0 * s_[i] + x1 * c_[i]
+        krow = kc[l, pos]
+        vrow = vc[l, pos]
+        for h in range(n_head_kv):
+            o = h * hd
+            for i in range(half):
+                x0 = qkv[Q + o + 2 * i]
+                x1 = qkv[Q + o + 2 * i + 1]
+                krow[o + 2 * i] = ST_KV(x0 * c_[i] - x1 * s_[i])  # noqa: F821
+                krow[o + 2 * i + 1] = ST_KV(x0 * s_[i] + x1 * c_[i])  # noqa: F821
+            for i in range(n_rot, hd):
+                krow[o + i] = ST_KV(qkv[Q + o + i])  # noqa: F821
+        for i in range(KV):
+            vrow[i] = ST_KV(qkv[Q + KV + i])  # noqa: F821
+        kl = kc[l]
+        vl = vc[l]
+        for h in prange(n_head):
+            qo = h * hd
+            ko = (h // group) * hd
+            s = scores[h]
+            mx = np.float32(-np.inf)
+            for t in range(n_kv):
+                kr = kl[t]
+                acc = np.float32(0.0)
+                for i in range(hd):
+                    acc += qkv[qo + i] * LD_KV(kr[ko + i])  # noqa: F821
+                acc *= scale
+                s[t] = acc
+                mx = max(mx, acc)
+            tot = np.float32(0.0)
+            for t in range(n_kv):
+                e = expf(s[t] - mx)
+                s[t] = e
+                tot += e
+            inv = np.float32(1.0) / tot
+            for i in range(hd):
+                xa[qo + i] = 0.0
+            for t in range(n_kv):
+                p = s[t] * inv
+                vr = vl[t]
+                for i in range(hd):
+                    xa[qo + i] += p * LD_KV(vr[ko + i])  # noqa: F821
+        quantize_needed(need[l, 1], aE)
+        co = (w[3, 2] + CHUNK - 1) // CHUNK
+        for c in prange(co):
+            r0 = c * CHUNK
+            ROWS(w[3, 3], buf, w[3, 0], w[3, 1], r0, min(r0 + CHUNK, w[3, 2]), aE, xb2, 0, sc)  # noqa: F821
+        for i in range(E):
+            x[i] += xb2[i]
+        # -- feed-forward: norm, gate and up with SiLU (one parallel region), down, add
+        rmsnorm1(x, ffn_norm[l], eps, xa)
+        quantize_needed(need[l, 2], aE)
+        cf = (w[4, 2] + CHUNK - 1) // CHUNK
+        for c in prange(cf):
+            r0 = c * CHUNK
+            r1 = min(r0 + CHUNK, w[4, 2])
+            ROWS(w[4, 3], buf, w[4, 0], w[4, 1], r0, r1, aE, hg, 0, sc)  # noqa: F821
+            ROWS(w[5, 3], buf, w[5, 0], w[5, 1], r0, r1, aE, hu, 0, sc)  # noqa: F821
+            for r in range(r0, r1):
+                g = hg[r]
+                ha[r] = g / (np.float32(1.0) + expf(-g)) * hu[r]
+        quantize_needed(need[l, 3], aF)
+        cd = (w[6, 2] + CHUNK - 1) // CHUNK
+        for c in prange(cd):
+            r0 = c * CHUNK
+            ROWS(w[6, 3], buf, w[6, 0], w[6, 1], r0, min(r0 + CHUNK, w[6, 2]), aF, xb2, 0, sc)  # noqa: F821
+        for i in range(E):
+            x[i] += xb2[i]
+    if want:
+        rmsnorm1(x, out_norm, eps, xa)
+        quantize_needed(need[n_layer, 0], aE)
+        cl = (ot[2] + CHUNK - 1) // CHUNK
+        for c in prange(cl):
+            r0 = c * CHUNK
+            ROWS(ot[3], buf, ot[0], ot[1], r0, min(r0 + CHUNK, ot[2]), aE, logits, 0, sc)  # noqa: F821
+
+
+# -- building it for a model ------------------------------------------------------------------------
+
+def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[int]]:
+    """One uint8 buffer holding every matrix and each matrix's byte offset in it: the file's memory
+    map when all of them lie inside it (always, for a GGUF opened from disk), else a copy."""
+    base = getattr(getattr(model.gguf, "reader", None), "data", None)
+    if isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 1:
+        flat = base.view(np.ndarray)
+        b0 = flat.__array_interface__["data"][0]
+        offs = [w.data.__array_interface__["data"][0] - b0 for w in weights]
+        if all(0 <= o and o + w.data.nbytes <= flat.size and w.data.flags.c_contiguous
+               for o, w in zip(offs, weights)):
+            return flat, offs
+    parts = [np.ascontiguousarray(w.data).reshape(-1) for w in weights]
+    offs = list(np.cumsum([0] + [p.size for p in parts[:-1]]))
+    return np.concatenate(parts), [int(o) for o in offs]
+
+
+def step_kernel(types: tuple, variant: str, kv_f16: bool):
+    """The compiled step for a type set (a tuple of GGML types, slot order) and KV cache kind."""
+    tag = "_".join(t.name for t in types) + f"_{variant}_{'kv16' if kv_f16 else 'kv32'}"
+    rows, deqs = {}, {}
+    for k in range(SLOTS):
+        t = types[k] if k < len(types) else types[0]
+        kind = activation_kind(t, variant)
+        rows[f"ROW{k}"] = build(URow[kind], f"{t.name}_{variant}", False, ROWDOT=rowdot_kernel(t, variant))
+        deqs[f"DEQ{k}"] = deq_kernel(t)
+    rows_fn = build(rows_body, tag, False, **rows)
+    deq_fn = build(deq_body, tag, False, **deqs)
+    ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
+    return build(step_body, tag, True, ROWS=rows_fn, DEQROW=deq_fn, LD_KV=ld, ST_KV=st)
+
+
+class DecodeStep:
+    """The flat tables and buffers of one model for ``step_body``; ``run(runner, tok, pos, logits)``."""
+
+    def __init__(self, model: Llama, kv_f16: bool, variant: str | None = None):
+        variant = variant or default_variant()
+        if variant == "plain":
+            raise ModelError("the compiled decode step needs the integer kernels (not QUANTKIT_KERNELS=plain)")
+        c = model.config
+        mats = [getattr(b, name) for b in model.blk for name in MATS]
+        weights = mats + [model.output, model.token_embd]
+        types = tuple(sorted({w.type for w in weights}, key=int))
+        if len(types) > SLOTS:
+            raise ModelError(f"{len(types)} distinct matrix types; the compiled step handles {SLOTS}")
+        if c.n_embd != c.n_head * c.head_dim:
+            raise ModelError("the compiled step needs n_head * head_dim == n_embd")
+        self.types = types
+        buf, offs = _flat_buffer(model, weights)
+        self.buf = buf
+        code = {t: i for i, t in enumerate(types)}
+
+        def row(w: Weight, off: int):
+            return [off, w.data.shape[1], w.data.shape[0], code[w.type]]
+
+        tab = np.array([row(w, o) for w, o in zip(weights, offs)], np.int64)
+        self.wt = np.ascontiguousarray(tab[:len(mats)].reshape(c.n_layer, len(MATS), 4))
+        self.ot = np.ascontiguousarray(tab[len(mats)])
+        self.et = np.ascontiguousarray(tab[len(mats) + 1])
+
+        def bits(*ws: Weight) -> int:
+            return int(np.bitwise_or.reduce([KIND_BIT[activation_kind(w.type, variant)] for w in ws]))
+
+        need = np.zeros((c.n_layer + 1, 4), np.int64)
+        for i, b in enumerate(model.blk):
+            need[i] = (bits(b.attn_q, b.attn_k, b.attn_v), bits(b.attn_output), bits(b.ffn_gate, b.ffn_up),
+                       bits(b.ffn_down))
+        need[c.n_layer, 0] = bits(model.output)
+        self.need = need
+        self.attn_norm = np.ascontiguousarray(np.stack([b.attn_norm for b in model.blk]), np.float32)
+        self.ffn_norm = np.ascontiguousarray(np.stack([b.ffn_norm for b in model.blk]), np.float32)
+        self.out_norm = np.ascontiguousarray(model.output_norm, np.float32)
+        self.aE = _activations(c.n_embd)
+        self.aF = _activations(c.n_ff)
+        self.x = np.zeros(c.n_embd, np.float32)
+        self.xb2 = np.zeros(c.n_embd, np.float32)
+        self.qkv = np.zeros(c.n_head * c.head_dim + 2 * c.n_embd_kv, np.float32)
+        self.hg = np.zeros(c.n_ff, np.float32)
+        self.hu = np.zeros(c.n_ff, np.float32)
+        self.sc = np.zeros(16, np.int32)
+        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot], np.int64)
+        self.eps = np.float32(c.rms_eps)
+        self.scale = np.float32(1.0 / math.sqrt(c.head_dim))
+        self.fn = step_kernel(types, variant, kv_f16)
+
+    def run(self, tok: int, pos: int, kc, vc, cos, sin, scores, logits, want: bool) -> None:
+        self.fn(tok, pos, want, self.buf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
+                self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aF, self.x, self.xb2, self.qkv,
+                self.hg, self.hu, scores, logits, self.sc, self.dims, self.eps, self.scale)
+
+
+def _activations(n: int) -> tuple:
+    """Every activation form of one input vector of n elements (see ``urow_q8_0``), each (1, ...)."""
+    nb32, nbk = n // 32, n // 256
+    return (np.zeros((1, n), np.float32), np.zeros((1, n), np.int8), np.zeros((1, nb32), np.float32),
+            np.zeros((1, nb32), np.int32), np.zeros((1, nb32), np.float32), np.zeros((1, n), np.int8),
+            np.zeros((1, nbk), np.float32), np.zeros((1, n // 16), np.int32))
+
+
+__all__ = ["CHUNK", "DecodeStep", "MATS", "SLOTS", "step_kernel"]

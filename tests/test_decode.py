@@ -1,0 +1,107 @@
+"""The compiled decode step (quantkit.model.decode): equal to the per-layer batch path at the same
+positions, independent of the thread count, fp16 and float32 KV caches, on tiny mixed-type models."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+
+from quantkit.jit import get_threads, set_threads
+from quantkit.model.decode import expf
+from quantkit.model.forward import Runner
+from quantkit.model.llama import Llama
+from quantkit.model.reference import reference_logits
+from test_model import TOKENS, write_tiny
+
+#: every kind of activation the step quantizes to (Q8_0, Q8_1, Q8_K, float) in one model, per layer
+MIXED = {"token_embd": T.Q4_1, "attn_q": T.Q4_K, "attn_k": T.Q8_0, "attn_v": T.Q5_1, "attn_output": T.F16,
+         "ffn_gate": T.Q6_K, "ffn_up": T.Q5_0, "ffn_down": T.Q4_1, "output": T.Q8_0}
+
+
+@pytest.fixture(scope="module", params=["mixed", "mixed+tied"])
+def tiny(request, tmp_path_factory):
+    path = write_tiny(tmp_path_factory.mktemp("dec") / f"{request.param}.gguf", tied="tied" in request.param,
+                      rope_freqs=True, types=MIXED)
+    with Llama(path) as m:
+        yield m
+
+
+def decode_all(m, tokens, **kw):
+    r = Runner(m, 64, **kw)
+    return r, np.concatenate([r.forward([t]) for t in tokens])
+
+
+@pytest.mark.parametrize("type_kv", ["f16", "f32"])
+def test_step_equals_batch_path(tiny, type_kv):
+    """Token by token through the compiled step == token by token through the per-layer path."""
+    r, a = decode_all(tiny, TOKENS, type_kv=type_kv)
+    assert r.step is not None and len(r.step.types) == len({w.type for w in tiny.matrices()})
+    r2, b = decode_all(tiny, TOKENS, type_kv=type_kv, compiled_step=False)
+    assert r2.step is None
+    np.testing.assert_allclose(a, b, rtol=0, atol=1e-5 * np.abs(b).max())
+    np.testing.assert_array_equal(r.key_cache[:, :len(TOKENS)], r2.key_cache[:, :len(TOKENS)])
+
+
+def test_step_after_batch_prefill(tiny):
+    """Prompt as a batch (BLAS attention path from 32 tokens on), then steps: the steps read the
+    batch's cache; close to the float64 reference and to the batch logits of the same positions."""
+    seq = (TOKENS * 3)[:40]
+    r = Runner(tiny, 64)
+    r.forward(seq[:36])
+    got = np.concatenate([r.forward([t]) for t in seq[36:]])
+    full = Runner(tiny, 64).forward(seq, logits="all")[36:]
+    ref = reference_logits(tiny, seq)[36:]
+    scale = np.abs(ref).max()
+    assert np.abs(got - ref).max() <= 0.05 * scale
+    assert np.abs(got - full).max() <= 0.05 * scale
+
+
+def test_step_threads_identical(tiny):
+    if get_threads() < 2 and set_threads(2) < 2:
+        pytest.skip("one core")
+    before = get_threads()
+    try:
+        set_threads(1)
+        _, a = decode_all(tiny, TOKENS)
+        set_threads(2)
+        _, b = decode_all(tiny, TOKENS)
+    finally:
+        set_threads(before)
+    np.testing.assert_array_equal(a, b)
+
+
+def test_step_logit_rows(tiny):
+    r = Runner(tiny, 64)
+    r.forward(TOKENS[:5])
+    assert r.forward([7], logits="none").shape == (0, tiny.config.n_vocab)
+    assert r.n_past == 6
+    one = r.forward([9], pos0=5)
+    two = r.forward([9], pos0=5, logits=[0, 0])
+    np.testing.assert_array_equal(two, np.concatenate([one, one]))
+
+
+def test_f16_cache_holds_rounded_f32(tiny):
+    a, _ = decode_all(tiny, TOKENS[:8], type_kv="f16")
+    b, _ = decode_all(tiny, TOKENS[:8], type_kv="f32")
+    assert a.key_cache.dtype == np.float16 and b.key_cache.dtype == np.float32
+    # layer 0's keys depend on the tokens only: the fp16 cache holds the float32 keys, rounded
+    k32 = b.key_cache[0, :8]
+    np.testing.assert_array_equal(a.key_cache[0, :8], k32.astype(np.float16))
+
+
+def test_expf():
+    from numba import njit
+
+    @njit
+    def run(x, y):
+        for i in range(x.size):
+            y[i] = expf(x[i])
+
+    x = np.concatenate([np.linspace(-80, 88, 100001), [0.0, -1e-8, 1e-8]]).astype(np.float32)
+    y = np.empty_like(x)
+    run(x, y)
+    ref = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(y - ref) / ref) < 5e-7
+    run(np.array([-200.0, -1e30], np.float32), y[:2])
+    assert 0 <= y[0] < 1.3e-38 and 0 <= y[1] < 1.3e-38     # clamped: tiny, never nan
