@@ -52,6 +52,11 @@ VARIANTS = ("vnni", "generic", "plain")
 #: AVX512-VNNI. Off by default: on the development Xeon it measured 15-25% slower per core than the
 #: 256-bit loop (zmm clock licence / extra shuffles); it may pay on CPUs without that penalty (Zen 4).
 PAIRS_512 = os.environ.get("QUANTKIT_512", "") not in ("", "0")
+#: software prefetch distance (bytes ahead of the block being read) in the row dots; 0 turns it off
+#: (``QUANTKIT_PREFETCH=n``). A decode step streams ~100 MB of weights from DRAM; the hardware
+#: prefetchers alone left the loads exposed (SmolLM2 Q4_1, 1 thread: 20.5 -> 14.5 CPU-ms per token
+#: with 2048; 1024 and 4096 were slower, and so were prefetcht1 and prefetchnta).
+PREFETCH = int(os.environ.get("QUANTKIT_PREFETCH", "2048") or 0)
 
 
 def _digest() -> str:
@@ -68,7 +73,7 @@ def _digest() -> str:
     return h.hexdigest()[:10]
 
 
-IR_DIGEST = _digest() + ("_512" if PAIRS_512 else "")
+IR_DIGEST = _digest() + ("_512" if PAIRS_512 else "") + (f"_pf{PREFETCH}" if PREFETCH != 2048 else "")
 
 
 def default_variant() -> str:
@@ -505,85 +510,107 @@ ROW_SPECS = {
 }
 
 
-def _row_dot(variant, name):
+def _row_dot(variant, name, nrows=1):
     ts, qk, ns, emit = ROW_SPECS[name]
     unroll = 4 if qk == 32 else 2
-    pair = getattr(emit, "pair", None) if (variant == "vnni" and HAS_VNNI512 and PAIRS_512) else None
+    pair = getattr(emit, "pair", None) if (variant == "vnni" and HAS_VNNI512 and PAIRS_512 and nrows == 1) else None
 
     def impl(typingctx, wr, xq, xd, xs):
-        sig = types.float32(wr, xq, xd, xs)
+        sig = (types.float32 if nrows == 1 else types.UniTuple(types.float32, nrows))(wr, xq, xd, xs)
 
         def codegen(context, builder, signature, args):
             ta = signature.args
             zero = context.get_constant(types.intp, 0)
-            wp = _byte_ptr(context, builder, ta[0], args[0], zero, types.intp)
+            wp0 = _byte_ptr(context, builder, ta[0], args[0], zero, types.intp)
             xp = _byte_ptr(context, builder, ta[1], args[1], zero, types.intp)
             dp = builder.bitcast(_byte_ptr(context, builder, ta[2], args[2], zero, types.intp), F32T.as_pointer())
             sp = _byte_ptr(context, builder, ta[3], args[3], zero, types.intp)  # i8*: int32 or float32 sums
             nb = cgutils.unpack_tuple(builder, context.make_array(ta[2])(context, builder, args[2]).shape)[0]
-            # U independent accumulators: one fma chain per block would be latency-bound
-            accps = [cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(unroll)]
-            extps = [cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in range(unroll)]
+            # rows r = 0..nrows-1 lie one after another, nb blocks each; they share the activation loads
+            rowbytes = builder.mul(nb, ir.Constant(nb.type, ts))
+            wps = [builder.gep(wp0, [builder.mul(rowbytes, ir.Constant(nb.type, r))]) if r else wp0
+                   for r in range(nrows)]
+            # U independent accumulators per row: one fma chain per block would be latency-bound
+            accps = [[cgutils.alloca_once_value(builder, ir.Constant(V8F32, None)) for _ in range(unroll)]
+                     for _ in range(nrows)]
+            extps = [[cgutils.alloca_once_value(builder, ir.Constant(F32T, 0.0)) for _ in range(unroll)]
+                     for _ in range(nrows)]
 
             v16f = ir.VectorType(F32T, 16)
             acc16ps = [cgutils.alloca_once_value(builder, ir.Constant(v16f, None)) for _ in range(2)]
 
-            def blk_at(i):
+            def blk_at(i, r=0):
                 return _Blk(builder, variant,
-                            builder.gep(wp, [builder.mul(i, ir.Constant(i.type, ts))]),
+                            builder.gep(wps[r], [builder.mul(i, ir.Constant(i.type, ts))]),
                             builder.gep(xp, [builder.mul(i, ir.Constant(i.type, qk))]),
                             builder.load(builder.gep(dp, [i])),
                             builder.gep(sp, [builder.mul(i, ir.Constant(i.type, 4 * ns))]))
 
-            def one(i, u):
-                acc, ext = emit(blk_at(i), builder.load(accps[u]), builder.load(extps[u]))
-                builder.store(acc, accps[u])
-                builder.store(ext, extps[u])
+            def one(i, u, r=0):
+                acc, ext = emit(blk_at(i, r), builder.load(accps[r][u]), builder.load(extps[r][u]))
+                builder.store(acc, accps[r][u])
+                builder.store(ext, extps[r][u])
 
             def two(i, u):  # blocks i, i+1 into the 512-bit accumulator u
                 j = builder.add(i, ir.Constant(i.type, 1))
-                acc, ext = pair(blk_at(i), blk_at(j), builder.load(acc16ps[u]), builder.load(extps[u]))
+                acc, ext = pair(blk_at(i), blk_at(j), builder.load(acc16ps[u]), builder.load(extps[0][u]))
                 builder.store(acc, acc16ps[u])
-                builder.store(ext, extps[u])
+                builder.store(ext, extps[0][u])
 
             cu = ir.Constant(nb.type, unroll)
             nmain = builder.mul(builder.sdiv(nb, cu), cu)
             with cgutils.for_range_slice(builder, ir.Constant(nb.type, 0), nmain, cu) as (i, _):
+                if PREFETCH:  # every 64-byte line of the blocks PREFETCH bytes ahead (prefetcht0)
+                    pf = _decl(builder.module, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+                    for r in range(nrows):
+                        base = builder.gep(wps[r], [builder.mul(i, ir.Constant(i.type, ts))])
+                        for j in range(0, unroll * ts, 64):
+                            builder.call(pf, [builder.gep(base, [ir.Constant(I64, PREFETCH + j)]),
+                                              ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
                 if pair is not None:
                     two(i, 0)
                     two(builder.add(i, ir.Constant(i.type, 2)), 1)
                 else:
                     for u in range(unroll):
-                        one(builder.add(i, ir.Constant(i.type, u)), u)
+                        for r in range(nrows):
+                            one(builder.add(i, ir.Constant(i.type, u)), u, r)
             with cgutils.for_range(builder, nb, start=nmain) as loop:
-                one(loop.index, 0)
-            acc = builder.load(accps[0])
-            ext = builder.load(extps[0])
-            for u in range(1, unroll):
-                acc = builder.fadd(acc, builder.load(accps[u]), flags=_FM)
-                ext = builder.fadd(ext, builder.load(extps[u]), flags=_FM)
-            if pair is not None:
-                a16 = builder.fadd(builder.load(acc16ps[0]), builder.load(acc16ps[1]), flags=_FM)
-                a8 = builder.fadd(_shuf(builder, a16, range(8)), _shuf(builder, a16, range(8, 16)), flags=_FM)
-                acc = builder.fadd(acc, a8, flags=_FM)
-            for n in (4, 2, 1):  # tree reduction of the 8 lanes
-                lo = builder.shuffle_vector(acc, acc, _vconst(range(n)))
-                hi = builder.shuffle_vector(acc, acc, _vconst(range(n, 2 * n)))
-                acc = builder.fadd(lo, hi, flags=_FM)
-            r = builder.extract_element(acc, ir.Constant(I32, 0))
-            return builder.fadd(r, ext, flags=_FM)
+                for r in range(nrows):
+                    one(loop.index, 0, r)
+            res = []
+            for r in range(nrows):
+                acc = builder.load(accps[r][0])
+                ext = builder.load(extps[r][0])
+                for u in range(1, unroll):
+                    acc = builder.fadd(acc, builder.load(accps[r][u]), flags=_FM)
+                    ext = builder.fadd(ext, builder.load(extps[r][u]), flags=_FM)
+                if pair is not None:
+                    a16 = builder.fadd(builder.load(acc16ps[0]), builder.load(acc16ps[1]), flags=_FM)
+                    a8 = builder.fadd(_shuf(builder, a16, range(8)), _shuf(builder, a16, range(8, 16)), flags=_FM)
+                    acc = builder.fadd(acc, a8, flags=_FM)
+                for n in (4, 2, 1):  # tree reduction of the 8 lanes
+                    lo = builder.shuffle_vector(acc, acc, _vconst(range(n)))
+                    hi = builder.shuffle_vector(acc, acc, _vconst(range(n, 2 * n)))
+                    acc = builder.fadd(lo, hi, flags=_FM)
+                r_ = builder.extract_element(acc, ir.Constant(I32, 0))
+                res.append(builder.fadd(r_, ext, flags=_FM))
+            if nrows == 1:
+                return res[0]
+            return context.make_tuple(builder, signature.return_type, res)
 
         return sig, codegen
 
-    impl.__name__ = f"row_{name.lower()}_{variant}"
+    impl.__name__ = f"row_{name.lower()}_{variant}" + (f"_x{nrows}" if nrows > 1 else "")
     return intrinsic(impl)
 
 
-def row_dots(variant: str) -> dict:
-    """``{type name: ROW intrinsic}`` for one IR variant ('vnni' or 'generic')."""
+def row_dots(variant: str, nrows: int = 1) -> dict:
+    """``{type name: ROW intrinsic}`` for one IR variant ('vnni' or 'generic'). With ``nrows`` > 1 the
+    intrinsic dots that many consecutive rows (``wr`` holds them one after another) with the same
+    activations and returns a tuple; each row's sum is computed exactly as the 1-row dot's."""
     if variant not in ("vnni", "generic"):
         raise ValueError(f"no IR dots for variant {variant!r}")
-    return {name: _row_dot(variant, name) for name in ROW_SPECS}
+    return {name: _row_dot(variant, name, nrows) for name in ROW_SPECS}
 
 
 # -- scalar loads at a byte offset (float32 results) -----------------------------------------------

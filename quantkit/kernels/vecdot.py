@@ -31,6 +31,18 @@ def rowdot_ir(wr, xq, xd, xs, sc):
     return ROW(wr, xq, xd, xs)  # noqa: F821
 
 
+def rowdot2_ir(wr, xq, xd, xs, sc):
+    """Two consecutive quantized rows (``wr`` holds both): one IR loop sharing the activation loads,
+    each row's sum bit-identical to ``rowdot_ir``'s. -> (float32, float32)"""
+    return ROW2(wr, xq, xd, xs)  # noqa: F821
+
+
+def rowdot2_split(wr, xq, xd, xs, sc):
+    """Two consecutive rows with the 1-row dot (unquantized weights)."""
+    n = wr.shape[0] // 2
+    return ROWDOT(wr[:n], xq, xd, xs, sc), ROWDOT(wr[n:], xq, xd, xs, sc)  # noqa: F821
+
+
 # -- unquantized weights: float32 activations (xq is the float32 row; xd, xs unused) ---------------
 
 def rowdot_f32(wr, xq, xd, xs, sc):
@@ -62,12 +74,22 @@ def matvec_body(w, xq, xd, xs, out, chunk):
     token loop is innermost so a weight row is read from memory once for all tokens."""
     n_out = w.shape[0]
     n_tok = xq.shape[0]
+    rb = w.shape[1]
+    wf = w.reshape(n_out * rb)
     n_chunks = (n_out + chunk - 1) // chunk
     for c in prange(n_chunks):
         sc = np.zeros(16, np.int32)
         r0 = c * chunk
         r1 = min(r0 + chunk, n_out)
-        for r in range(r0, r1):
+        r = r0
+        while r + 1 < r1:  # rows in pairs (ROWDOT2: shared activation loads, same sums as ROWDOT)
+            w2 = wf[r * rb:(r + 2) * rb]
+            for t in range(n_tok):
+                s0, s1 = ROWDOT2(w2, xq[t], xd[t], xs[t], sc)  # noqa: F821
+                out[t, r] = s0
+                out[t, r + 1] = s1
+            r += 2
+        if r < r1:
             wr = w[r]
             for t in range(n_tok):
                 out[t, r] = ROWDOT(wr, xq[t], xd[t], xs[t], sc)  # noqa: F821
@@ -143,14 +165,14 @@ KERNEL_TRAITS = {
     T.IQ4_XS: (rowdot_ir, dq.deq_iq4_xs, "Q8_K"),
 }
 
-_DOTS: dict[str, dict] = {}
+_DOTS: dict[tuple, dict] = {}
 _BUILT: dict[tuple, object] = {}
 
 
-def _rows(variant):
-    if variant not in _DOTS:
-        _DOTS[variant] = row_dots(variant)
-    return _DOTS[variant]
+def _rows(variant, nrows=1):
+    if (variant, nrows) not in _DOTS:
+        _DOTS[variant, nrows] = row_dots(variant, nrows)
+    return _DOTS[variant, nrows]
 
 
 def build(fn, tag: str, parallel: bool, **names):
@@ -187,6 +209,16 @@ def rowdot_kernel(wtype, variant: str | None = None):
     return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
 
 
+def rowdot2_kernel(wtype, variant: str | None = None):
+    """The compiled serial ``rowdot2(wr2, xq, xd, xs, sc) -> (float32, float32)`` of ``wtype``: the
+    dots of two consecutive rows (``wr2`` = their 2 * row_bytes bytes), each equal to ``rowdot``'s."""
+    variant = variant or default_variant()
+    t = T(wtype)
+    if t in (T.F32, T.F16, T.BF16):
+        return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant))
+    return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=_rows(variant, 2)[t.name])
+
+
 def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
     """The compiled ``matvec(w, xq, xd, xs, out, chunk)`` of ``wtype``: w uint8 (n_out, row_bytes),
     activations as ``activation_kind(wtype, variant)``, out float32 (n_tok, n_out)."""
@@ -194,7 +226,8 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
     t = T(wtype)
     if variant == "plain":
         return build(matvec_plain_body, f"{t.name}_plain", parallel, DEQ=deq_kernel(t))
-    return build(matvec_body, f"{t.name}_{variant}", parallel, ROWDOT=rowdot_kernel(t, variant))
+    return build(matvec_body, f"{t.name}_{variant}", parallel, ROWDOT=rowdot_kernel(t, variant),
+                 ROWDOT2=rowdot2_kernel(t, variant))
 
 
 def gemv_kernel(wtype, variant: str | None = None):
