@@ -99,7 +99,9 @@ def tiny(request, tmp_path_factory):
     path = write_tiny(tmp_path_factory.mktemp("tiny") / f"{kind}.gguf", tied="tied" in kind,
                       rope_freqs="rope_freqs" in kind, types=FLOAT_TYPES if "float" in kind else None)
     with Llama(path) as m:
-        m.tol = 1e-4 if "float" in kind else 0.05   # relative to max |logit|: Q8 activations vs float64
+        # relative to max |logit|: activations rounded to the vec_dot type (F16 for F16 weights, Q8_x
+        # for quantized ones, as ggml does) vs the float64 reference on unrounded activations
+        m.tol = 3e-3 if "float" in kind else 0.05
         yield m
 
 

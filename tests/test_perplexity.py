@@ -141,15 +141,16 @@ def test_kld_q4_0_matches_llama(models, base):
 
 
 def test_kld_q8_0(models, base):
-    """PPL agrees; the KLD is smaller than llama.cpp's because our prefill multiplies float32 activations
-    (llama.cpp quantizes them to Q8_0, which dominates the tiny Q8_0 divergence) -- see the docs."""
+    """PPL and KLD agree with llama.cpp's: our batches round activations to Q8_0 as ggml's do (that
+    rounding is most of Q8_0's tiny divergence from F16)."""
     p, _ = base
     r = cli(["perplexity", "-m", models["Q8_0"], "--kl-divergence-base", p, "--kl-divergence", "-t", 1])
     assert r.exit_code == 0, r.output
     ours, ref = kld_stats(r.output), GOLDEN["kld"]["Q8_0"]
     assert abs(ours["ppl"] / ref["ppl"] - 1) < 5e-3
-    assert 0 < ours["kld"] < ref["kld"]
-    assert ours["same_top"] > 97
+    assert abs(ours["kld"] / ref["kld"] - 1) < 0.15, (ours["kld"], ref["kld"])
+    # 252 scored tokens: +-1.1 % is one standard error of "same top p"; both sides sit near 97-99 %
+    assert ours["same_top"] > 95
 
 
 def test_kld_against_own_base_is_zero(models, base):

@@ -6,12 +6,14 @@ dot kernels read 32 contiguous int8 per block and the per-block integer sums are
 * ``qs`` int8  (n_tok, n_in)        the quants
 * ``d``  float32 (n_tok, n_in/QK)   the block scale (Q8_0/Q8_1: the fp16-rounded value ggml stores;
   Q8_K: the float32 ``d``)
-* ``s``  (n_tok, n_in/G)            per group of G: Q8_0: int32 sum of qs (G = 32); Q8_1: float32
-  ``d * sum(qs)`` (ggml's ``s``, in float32 instead of fp16); Q8_K: int32 ``bsums`` (G = 16)
+* ``s``  (n_tok, n_in/G)            per group of G: Q8_0: int32 sum of qs (G = 32); Q8_1: ggml's fp16
+  ``s = d * sum(qs)`` as float32; Q8_K: int32 ``bsums`` (G = 16)
 
-Rounding follows ggml's ``quantize_row_q8_0_ref`` / ``_q8_1_ref`` (``roundf``: half away from zero)
-and ``quantize_row_q8_K_ref`` (``nearest_int``: half to even, ``iscale = -127/max``).
-``pack_q8_0`` / ``pack_q8_k`` write ggml's block bytes, for tests and interchange.
+Rounding follows what llama.cpp's CPU backend runs on x86, which is what our logits are compared with:
+its SIMD ``quantize_row_q8_0`` / ``_q8_1`` (multiplier ``127/amax``, round half to even; Q8_1's ``s``
+from the unrounded scale) and ``quantize_row_q8_K_ref`` (``nearest_int``, ``iscale = -127/max``).
+tests/data/golden/activations.npz holds ggml's own bytes for all three (tools/make_activation_golden.py).
+``pack_q8_0`` / ``pack_q8_1`` / ``pack_q8_k`` write ggml's block bytes, for tests and interchange.
 """
 
 from __future__ import annotations
@@ -23,19 +25,11 @@ from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16, nearest_int
 
 
 @njit
-def _roundf(v):
-    """C roundf on float32: half away from zero, exact (no x + 0.5 double rounding)."""
-    a = np.abs(v)
-    r = np.floor(a)
-    if a - r >= np.float32(0.5):
-        r += np.float32(1.0)
-    return -r if v < 0 else r
-
-
-@njit
-def quantize_q8_0_into(x, qs, d, s):
-    """x float32 (n_tok, n_in) -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/32), s int32 (same).
-    Also Q8_1's quantizer: the two share ggml's reference rounding and differ only in what is stored."""
+def quantize_q8_01_into(x, qs, d, s, sf, want_sf):
+    """The Q8_0 / Q8_1 activation quantizer of ggml's x86 CPU backend (``quantize_row_q8_0`` /
+    ``_q8_1`` with AVX): per block of 32, ``d = amax/127`` stored as fp16, quants
+    ``rint(x * (127/amax))`` (round half to even), ``s`` = int32 sum of the quants and, with ``want_sf``,
+    Q8_1's ``sf = fp16(d * sum)`` from the unrounded d, as float32."""
     n_tok, n_in = x.shape
     for t in range(n_tok):
         xr = x[t]
@@ -46,26 +40,29 @@ def quantize_q8_0_into(x, qs, d, s):
             for j in range(32):
                 amax = max(amax, np.abs(xr[o + j]))
             dd = amax / np.float32(127.0)
-            idd = np.float32(1.0) / dd if dd != 0 else np.float32(0.0)
+            idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             tot = 0
             for j in range(32):
-                q = np.int32(_roundf(xr[o + j] * idd))
+                q = np.int32(np.rint(xr[o + j] * idd))
                 qr[o + j] = q
                 tot += q
             d[t, b] = fp16_to_fp32(fp32_to_fp16(dd))
             s[t, b] = tot
+            if want_sf:
+                sf[t, b] = fp16_to_fp32(fp32_to_fp16(dd * np.float32(tot)))
+
+
+@njit
+def quantize_q8_0_into(x, qs, d, s):
+    """x float32 (n_tok, n_in) -> qs int8 (n_tok, n_in), d float32 (n_tok, n_in/32), s int32 (same)."""
+    quantize_q8_01_into(x, qs, d, s, np.empty((0, 0), np.float32), False)
 
 
 @njit
 def quantize_q8_1_into(x, qs, d, s):
-    """Q8_1: the quants and scales of Q8_0, and s float32 (n_tok, n_in/32) = d * sum(qs) (ggml's
-    ``s``, kept in float32 from the stored d) -- the Q4_1/Q5_1 min term needs exactly that."""
-    n_tok, n_in = x.shape
-    tmp = np.empty((n_tok, n_in // 32), np.int32)
-    quantize_q8_0_into(x, qs, d, tmp)
-    for t in range(n_tok):
-        for b in range(n_in // 32):
-            s[t, b] = d[t, b] * np.float32(tmp[t, b])
+    """Q8_1: the quants and scales of Q8_0, and s float32 (n_tok, n_in/32) = ggml's fp16 ``s``."""
+    tmp = np.empty((x.shape[0], x.shape[1] // 32), np.int32)
+    quantize_q8_01_into(x, qs, d, tmp, s, True)
 
 
 @njit
@@ -106,6 +103,26 @@ def quantize_q8_k_into(x, qs, d, s):
 
 
 
+@njit
+def round_trip_q8_into(x, kind, out):
+    """out = the values ggml's integer dot sees for activations x: quantized to ``kind`` (1 = Q8_0 or
+    Q8_1, 2 = Q8_K) and decoded back (q * d). The BLAS prefill multiplies these, so a batch sees the
+    same activation rounding as llama.cpp's (whose batches also go through from_float)."""
+    n_tok, n_in = x.shape
+    qs = np.empty((n_tok, n_in), np.int8)
+    per = 32 if kind == 1 else 256
+    d = np.empty((n_tok, n_in // per), np.float32)
+    if kind == 1:
+        s = np.empty((n_tok, n_in // 32), np.int32)
+        quantize_q8_0_into(x, qs, d, s)
+    else:
+        s = np.empty((n_tok, n_in // 16), np.int32)
+        quantize_q8_k_into(x, qs, d, s)
+    for t in range(n_tok):
+        for j in range(n_in):
+            out[t, j] = np.float32(qs[t, j]) * d[t, j // per]
+
+
 #: activation kind -> (elements per d, elements per s)
 ACT_LAYOUT = {"Q8_0": (32, 32), "Q8_1": (32, 32), "Q8_K": (256, 16), "F32": (0, 0)}
 #: activation kind -> dtype of s (Q8_1 keeps d * sum as float32, the others the integer sums)
@@ -141,6 +158,17 @@ def pack_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
     out[:, :, :2] = d.astype(np.float16).view(np.uint8).reshape(n_tok, nb, 2)
     out[:, :, 2:] = qs.view(np.uint8).reshape(n_tok, nb, 32)
     return out.reshape(n_tok, nb * 34)
+
+
+def pack_q8_1(qs: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Planar Q8_1 -> ggml's block_q8_1 bytes (n_tok, n_in/32*36): fp16 d, fp16 s, int8 qs[32]."""
+    n_tok, n_in = qs.shape
+    nb = n_in // 32
+    out = np.empty((n_tok, nb, 36), np.uint8)
+    out[:, :, :2] = d.astype(np.float16).view(np.uint8).reshape(n_tok, nb, 2)
+    out[:, :, 2:4] = s.astype(np.float16).view(np.uint8).reshape(n_tok, nb, 2)
+    out[:, :, 4:] = qs.view(np.uint8).reshape(n_tok, nb, 32)
+    return out.reshape(n_tok, nb * 36)
 
 
 def pack_q8_k(qs: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:

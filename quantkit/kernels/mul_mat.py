@@ -10,7 +10,8 @@ from threadpoolctl import ThreadpoolController
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads
 from quantkit.kernels.ir import default_variant
-from quantkit.kernels.vecdot import KERNEL_TRAITS, deq_rows_kernel, gemv_kernel, get_rows_kernel
+from quantkit.kernels.activations import round_trip_q8_into
+from quantkit.kernels.vecdot import KERNEL_TRAITS, activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
 from quantkit.quants.base import resolve_type
 
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
@@ -61,8 +62,9 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -
     n_out rows of ne0 = n_in), x float32 (n_tok, n_in) -> float32 (n_tok, n_out), into ``out`` if given.
 
     Fewer than PREFILL_MIN_TOKENS tokens: x is quantized once to the type's vec_dot type and each
-    weight row is dotted with integer block products (GEMV). More: tiles of TILE_ROWS weight rows are
-    dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count."""
+    weight row is dotted with integer block products (GEMV). More: x is rounded the same way (quantized
+    and decoded back), tiles of TILE_ROWS weight rows are dequantized to float32 and multiplied with
+    BLAS. Results do not depend on the thread count."""
     t, n_in = _check(w, wtype, "matmul")
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != n_in:
@@ -87,8 +89,29 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -
     return out
 
 
+_ROUND_TRIP_KIND = {"Q8_0": 1, "Q8_1": 1, "Q8_K": 2}
+
+
+def _to_bf16(x):
+    """Round float32 to bfloat16 (nearest even) and back, as ggml's fp32 -> bf16 conversion."""
+    u = x.view(np.uint32)
+    r = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)).astype(np.uint32)
+    return r.view(np.float32)
+
+
+#: weight type -> rounding of the activations to its vec_dot type (ggml-cpu's type_traits_cpu)
+_HALF_ACTIVATIONS = {T.F16: lambda x: x.astype(np.float16).astype(np.float32), T.BF16: _to_bf16}
+
+
 def _prefill(w, t, x, out):
     n_out, n_in = out.shape[1], x.shape[1]
+    kind = _ROUND_TRIP_KIND.get(activation_kind(t, "vnni"))
+    if t in _HALF_ACTIVATIONS:  # F16 / BF16 weights: activations rounded to that type (the row dots do too)
+        x = _HALF_ACTIVATIONS[t](x)
+    elif kind is not None:  # the activation rounding ggml's batches get, then exact float products
+        xr = np.empty_like(x)
+        round_trip_q8_into(x, kind, xr)
+        x = xr
     with blas_limit():
         if t == T.F32:
             np.matmul(x, w.view(np.float32).T, out=out)

@@ -21,6 +21,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels import dequant as dq
+from quantkit.quants.common import bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16
 from quantkit.kernels.ir import IR_DIGEST, default_variant, ld_bf16, ld_f16, ld_f32, row_dots
 
 F = np.float32
@@ -53,16 +54,18 @@ def rowdot_f32(wr, xq, xd, xs, sc):
 
 
 def rowdot_f16(wr, xq, xd, xs, sc):
+    """F16 weights: ggml converts the activations to F16 first (vec_dot_type F16); so do we."""
     acc = F(0.0)
     for j in range(xq.shape[0]):
-        acc += ld_f16(wr, 2 * j) * xq[j]
+        acc += ld_f16(wr, 2 * j) * fp16_to_fp32(fp32_to_fp16(xq[j]))
     return acc
 
 
 def rowdot_bf16(wr, xq, xd, xs, sc):
+    """BF16 weights: activations rounded to BF16 first, as ggml's vec_dot_type BF16."""
     acc = F(0.0)
     for j in range(xq.shape[0]):
-        acc += ld_bf16(wr, 2 * j) * xq[j]
+        acc += ld_bf16(wr, 2 * j) * bf16_to_fp32(fp32_to_bf16(xq[j]))
     return acc
 
 

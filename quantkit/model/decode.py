@@ -49,7 +49,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.errors import ModelError
 from quantkit.jit import bits_to_f32, njit_fast, prange
-from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_0_into, quantize_q8_k_into,
+from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
                               rowdot_kernel)
 from quantkit.kernels.vecdot import build, rowdot2_kernel
 from quantkit.model.llama import Llama, Weight
@@ -203,11 +203,8 @@ def rmsnorm1(x, w, eps, out):
 @njit_fast
 def quantize_needed(mask, a):
     """Fill the activation forms of a[0] that ``mask`` asks for (KIND_BIT)."""
-    if mask & 3:
-        quantize_q8_0_into(a[0], a[1], a[2], a[3])
-        if mask & 2:  # Q8_1's s = d * sum, from the stored d (quantize_q8_1_into)
-            for b in range(a[2].shape[1]):
-                a[4][0, b] = a[2][0, b] * np.float32(a[3][0, b])
+    if mask & 3:  # Q8_0 quants, scales and int sums; with Q8_1 also ggml's fp16 s
+        quantize_q8_01_into(a[0], a[1], a[2], a[3], a[4], (mask & 2) != 0)
     if mask & 4:
         quantize_q8_k_into(a[0], a[5], a[6], a[7])
 
