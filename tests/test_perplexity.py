@@ -158,7 +158,9 @@ def test_kld_against_own_base_is_zero(models, base):
     r = cli(["perplexity", "-m", models["F16"], "--kl-divergence-base", p, "--kl-divergence", "-t", 1])
     assert r.exit_code == 0, r.output
     s = kld_stats(r.output)
-    assert abs(s["kld"]) < 1e-4 and s["same_top"] == 100.0
+    # the base file keeps log-probs in 16 bits: two near-equal top tokens can tie there, and then the
+    # first index wins (as in llama.cpp), which may not be the float argmax -- so allow one such tie
+    assert abs(s["kld"]) < 1e-4 and s["same_top"] >= 99.5
 
 
 def test_reads_llama_base_file(models, tmp_path):

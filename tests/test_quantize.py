@@ -286,8 +286,11 @@ def _wait_for(path_glob_dir: Path, pattern: str, timeout: float) -> bool:
 def test_interrupted_quantize_leaves_no_output(sig, f16_model, tmp_path):
     out = tmp_path / "o.gguf"
     env = dict(os.environ)
+    # a job started in the background by a shell inherits SIGINT ignored; give the child the default
+    # disposition so Python installs its Ctrl-C handler, as in a terminal
     proc = subprocess.Popen([sys.executable, "-m", "quantkit", "quantize", "-q", str(f16_model), str(out), "Q4_K_M"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     started = _wait_for(tmp_path, ".o.gguf.*.partial", 120)
     time.sleep(0.3)
     proc.send_signal(sig)
