@@ -385,12 +385,23 @@ def convert_tensor(job: TensorJob) -> np.ndarray:
     return out
 
 
+_EXP_MASK = {
+    GGMLQuantizationType.F32: (np.uint32, np.uint32(0x7F800000)),
+    GGMLQuantizationType.F16: (np.uint16, np.uint16(0x7C00)),
+    GGMLQuantizationType.BF16: (np.uint16, np.uint16(0x7F80)),
+}
+
+
 def count_nonfinite(t: Tensor) -> int:
     """NaN/Inf values in a tensor, decoded a few MiB at a time."""
     from quantkit.quants import TRAITS, dequantize
 
     if t.type not in TRAITS or t.data is None:
         return 0
+    if t.type in _EXP_MASK:  # float types: a NaN/Inf has every exponent bit set; no decoding needed
+        bits, mask = _EXP_MASK[t.type]
+        v = t.data.reshape(-1).view(bits)
+        return int(np.count_nonzero((v & mask) == mask))
     rows = t.data
     step = max(1, (1 << 22) // max(1, t.shape[0]))
     bad = 0
