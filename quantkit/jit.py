@@ -22,6 +22,15 @@ from numba.extending import intrinsic
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "omp"
 
+# After a parallel region libgomp's workers spin (GOMP_SPINCOUNT, 300k by default) before sleeping.
+# Between our regions OpenBLAS runs its own threads (the prefill's matrix products), and two spinning
+# numba workers on a 2-core machine starved them: pp512 at 2 threads was 2.4x slower than at 1.
+# A short spin keeps decode's back-to-back regions hot and frees the cores for BLAS (measured on
+# SmolLM2 Q4_K_M, 2 threads: pp512 147 -> ~400 t/s, tg128 113 -> ~115-120 t/s). libgomp reads this when
+# numba first loads its OpenMP pool, which happens after this module is imported; a user's own
+# setting wins.
+os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
 _BASE = dict(cache=True, nogil=True, error_model="numpy")
 
 
