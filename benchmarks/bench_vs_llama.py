@@ -24,6 +24,7 @@ some environments here set them and they slow current OpenBLAS.
 
 from __future__ import annotations
 
+import quantkit.jit  # noqa: F401  (first: it sets the OpenMP spin before numba loads its pool)
 import os
 
 for _k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
