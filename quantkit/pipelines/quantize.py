@@ -29,7 +29,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 from quantkit.errors import QuantkitError
 from quantkit.formats.gguf_io import KV, GGUFModel, GGUFOutput, Tensor, remove_kv, set_kv
 from quantkit.formats.imatrix import Imatrix, load_imatrix
-from quantkit.policy import FileType, TypePlan, ggml_type_name, parse_ftype, plan_types
+from quantkit.policy import FileType, PolicyError, TypePlan, ggml_type_name, parse_ftype, plan_types
 
 GGML_QNT_VERSION = 2
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
@@ -257,18 +257,28 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
         n_block = len(kept_layers)
     kept = [n for n in order if rename[n] is not None]
 
-    tp = plan_types(
-        model.metadata,
-        [(rename[n], by_name[n].shape, by_name[n].type) for n in kept],
-        ftype,
-        pure=opts.pure,
-        has_imatrix=imatrix is not None,
-        output_tensor_type=opts.output_tensor_type,
-        token_embedding_type=opts.token_embedding_type,
-        tensor_types=tuple(opts.tensor_types),
-        leave_output_tensor=opts.leave_output_tensor,
-    )
+    try:
+        tp = plan_types(
+            model.metadata,
+            [(rename[n], by_name[n].shape, by_name[n].type) for n in kept],
+            ftype,
+            pure=opts.pure,
+            has_imatrix=imatrix is not None,
+            output_tensor_type=opts.output_tensor_type,
+            token_embedding_type=opts.token_embedding_type,
+            tensor_types=tuple(opts.tensor_types),
+            leave_output_tensor=opts.leave_output_tensor,
+        )
+    except PolicyError as e:  # metadata the rules read is wrong: name the file
+        if str(model.path) in str(e):
+            raise
+        raise type(e)(f"{model.path}: {e}") from None
     back = {rename[n]: n for n in kept}
+    return _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict)
+
+
+def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict) -> QuantPlan:
+    """The per-tensor jobs of a type plan, and every reason the real run would be refused."""
     jobs: list[TensorJob] = []
     problems: list[str] = []
     requant: list[Tensor] = []
