@@ -21,7 +21,7 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.gguf_io import GGUFModel
 
 BAD = Path(__file__).parent / "data" / "bad"
-FILES = sorted(p.name for p in BAD.glob("*.gguf") if p.name != "good.gguf")
+FILES = sorted(p.name for p in BAD.glob("*.gguf") if p.name != "good.gguf" and not p.name.startswith("imatrix_"))
 # Broken as a model, not as a file: commands that only move tensors (quantize, verify) may accept them.
 MODEL_LEVEL = {"missing_embedding_length.gguf", "missing_tensor.gguf", "wrong_shape.gguf"}
 
@@ -106,3 +106,29 @@ def test_fuzz_mutated_gguf(blob, tmp_path_factory):
             plan_quantization(m, QuantizeOptions("Q8_0"), strict=False)
     except QuantkitError as e:
         assert "\n" not in str(e)
+
+
+IMATRIX_FILES = sorted(p.name for p in BAD.glob("imatrix_*"))
+IMATRIX_COMMANDS = {
+    "quantize --imatrix": lambda f, tmp: ["quantize", "--imatrix", f, str(BAD / "good.gguf"),
+                                          str(tmp / "out.gguf"), "Q4_0"],
+    "imatrix --show-statistics": lambda f, tmp: ["imatrix", "--in-file", f, "--show-statistics"],
+}
+
+
+def test_imatrix_corpus_is_complete():
+    manifest = (BAD / "IMATRIX_MANIFEST.txt").read_text().splitlines()[1:]
+    assert sorted(line.split("\t")[0] for line in manifest) == IMATRIX_FILES
+    assert len(IMATRIX_FILES) >= 9
+
+
+@pytest.mark.parametrize("command", sorted(IMATRIX_COMMANDS))
+@pytest.mark.parametrize("name", IMATRIX_FILES)
+def test_broken_imatrix_one_line_exit_1(name, command, tmp_path):
+    if name == "imatrix_wrong_width.gguf" and command.startswith("imatrix"):
+        pytest.skip("a well-formed file; only wrong for a given model")
+    res = CliRunner().invoke(main, IMATRIX_COMMANDS[command](str(BAD / name), tmp_path), catch_exceptions=False)
+    assert res.exit_code == 1, res.output
+    errors = [ln for ln in res.output.splitlines() if ln.startswith("Error:")]
+    assert len(errors) == 1 and "Traceback" not in res.output, res.output
+    assert not list(tmp_path.iterdir())

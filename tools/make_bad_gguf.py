@@ -180,6 +180,63 @@ def cases() -> dict[str, tuple[str, bytes]]:
     return out
 
 
+def imatrix_gguf(entries, *, meta=True, drop_counts=False, counts_len=None) -> bytes:
+    """An imatrix in llama-imatrix's GGUF layout, written with gguf-py to a temporary file."""
+    import tempfile
+
+    import gguf
+
+    with tempfile.TemporaryDirectory() as d:
+        path = Path(d) / "i.gguf"
+        w = gguf.GGUFWriter(str(path), arch="")
+        w.kv_data = [{}]
+        w.add_string("general.type", "imatrix")
+        if meta:
+            w.add_array("imatrix.datasets", ["bad"])
+            w.add_uint32("imatrix.chunk_count", 1)
+            w.add_uint32("imatrix.chunk_size", 16)
+        for name, sums in entries:
+            n = counts_len or 1
+            if not drop_counts:
+                w.add_tensor(f"{name}.counts", np.full((1, n), 16.0, np.float32))
+            w.add_tensor(f"{name}.in_sum2", sums.reshape(1, -1).astype(np.float32))
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_tensors_to_file()
+        w.close()
+        return path.read_bytes()
+
+
+def imatrix_dat(entries, n_entries=None, trailer=True) -> bytes:
+    out = struct.pack("<i", len(entries) if n_entries is None else n_entries)
+    for name, ncall, vals in entries:
+        b = name.encode()
+        out += struct.pack("<i", len(b)) + b + struct.pack("<ii", ncall, len(vals)) + np.asarray(vals, "<f4").tobytes()
+    if trailer:
+        out += struct.pack("<i", 1) + struct.pack("<i", 3) + b"bad"
+    return out
+
+
+def imatrix_cases() -> dict[str, tuple[str, bytes]]:
+    ok = np.ones(N_EMBD, np.float32)
+    nan = ok.copy()
+    nan[3] = np.nan
+    q = "blk.0.attn_q.weight"
+    good_dat = imatrix_dat([(q, 1, ok)])
+    return {
+        "imatrix_dat_truncated.dat": ("a .dat cut inside its first entry", good_dat[:30]),
+        "imatrix_dat_huge_count.dat": ("a .dat claiming 2^30 entries", imatrix_dat([(q, 1, ok)], n_entries=1 << 30)),
+        "imatrix_dat_nan.dat": ("a .dat with a NaN value", imatrix_dat([(q, 1, nan)])),
+        "imatrix_dat_huge_nval.dat": ("a .dat entry claiming 2^30 values", good_dat[:4 + 4 + len(q) + 4]
+                                      + struct.pack("<i", 1 << 30) + good_dat[4 + 4 + len(q) + 8:]),
+        "imatrix_gguf_nan.gguf": ("a GGUF imatrix with a NaN sum", imatrix_gguf([(q, nan)])),
+        "imatrix_gguf_no_counts.gguf": ("in_sum2 without its counts", imatrix_gguf([(q, ok)], drop_counts=True)),
+        "imatrix_gguf_wrong_counts.gguf": ("counts for 3 experts, sums for 1", imatrix_gguf([(q, ok)], counts_len=3)),
+        "imatrix_gguf_no_metadata.gguf": ("the imatrix.* keys missing", imatrix_gguf([(q, ok)], meta=False)),
+        "imatrix_wrong_width.gguf": ("an entry 7 columns wide for a 16-wide weight", imatrix_gguf([(q, np.ones(7))])),
+    }
+
+
 def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     for old in OUT.glob("*.gguf"):
@@ -188,7 +245,14 @@ def main() -> int:
     for name, (what, blob) in sorted(cases().items()):
         (OUT / f"{name}.gguf").write_bytes(blob)
         lines.append(f"{name}.gguf\t{len(blob)}\t{what}")
+    for old in list(OUT.glob("imatrix_*")):
+        old.unlink()
+    im_lines = []
+    for name, (what, blob) in sorted(imatrix_cases().items()):
+        (OUT / name).write_bytes(blob)
+        im_lines.append(f"{name}\t{len(blob)}\t{what}")
     (OUT / "MANIFEST.txt").write_text("file\tbytes\twhat is broken\n" + "\n".join(lines) + "\n")
+    (OUT / "IMATRIX_MANIFEST.txt").write_text("file\tbytes\twhat is broken\n" + "\n".join(im_lines) + "\n")
     (OUT / "good.gguf").write_bytes(build())
     print(f"wrote {len(lines)} broken files (+ good.gguf) to {OUT}")
     return 0
