@@ -14,7 +14,6 @@ import os
 
 import numba
 from numba import types
-from numba.core import cgutils  # noqa: F401  (kept for intrinsic authors)
 from numba.extending import intrinsic
 
 # Pin the threading layer: omp launches prange loops in 1-2 us, workqueue in 60-90 us

@@ -16,11 +16,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from quantkit.cli import main
+from conftest import run_cli
 from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
-from quantkit.formats.locate import bundled_model
 
 DATA = Path(__file__).parent / "data" / "imatrix"
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
@@ -32,22 +30,12 @@ def sha256(p) -> str:
     return hashlib.sha256(Path(p).read_bytes()).hexdigest()
 
 
-def cli(args, cwd=None):
-    old = os.getcwd()
-    try:
-        if cwd:
-            os.chdir(cwd)
-        return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    finally:
-        os.chdir(old)
+cli = run_cli
 
 
 @pytest.fixture(scope="session")
-def f16(tmp_path_factory) -> Path:
-    p = tmp_path_factory.mktemp("imatrix-model") / "smol-f16.gguf"
-    r = cli(["quantize", "-q", "--allow-requantize", bundled_model(), p, "F16", "1"])
-    assert r.exit_code == 0, r.output
-    return p
+def f16(smollm2_f16) -> Path:
+    return smollm2_f16
 
 
 @pytest.fixture(scope="session")

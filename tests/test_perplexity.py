@@ -17,9 +17,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from quantkit.cli import main
+from conftest import run_cli
 from quantkit.formats.locate import bundled_model
 from quantkit.pipelines import perplexity as pp
 
@@ -32,22 +31,13 @@ def sha256(p) -> str:
     return hashlib.sha256(Path(p).read_bytes()).hexdigest()
 
 
-def cli(args, cwd=None):
-    old = os.getcwd()
-    try:
-        if cwd:
-            os.chdir(cwd)
-        return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
-    finally:
-        os.chdir(old)
+cli = run_cli
 
 
 @pytest.fixture(scope="session")
-def models(tmp_path_factory) -> dict:
+def models(smollm2_f16, tmp_path_factory) -> dict:
     d = tmp_path_factory.mktemp("ppl-models")
-    out = {"F16": d / "smol-f16.gguf"}
-    r = cli(["quantize", "-q", "--allow-requantize", bundled_model(), out["F16"], "F16", "1"])
-    assert r.exit_code == 0, r.output
+    out = {"F16": smollm2_f16}
     for t in ("Q8_0", "Q4_0"):
         out[t] = d / f"smol-{t}.gguf"
         r = cli(["quantize", "-q", out["F16"], out[t], t, "1"])

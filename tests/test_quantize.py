@@ -21,9 +21,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 import pytest
-from click.testing import CliRunner
 
-from quantkit.cli import main
+from conftest import run_cli
 from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
 from quantkit.formats.locate import bundled_model
 
@@ -65,25 +64,11 @@ def explain_mismatch(path, case) -> str:
     return "\n".join(lines)
 
 
-def run_cli(args, cwd=None):
-    runner = CliRunner()
-    old = os.getcwd()
-    try:
-        if cwd:
-            os.chdir(cwd)
-        return runner.invoke(main, args, catch_exceptions=False)
-    finally:
-        os.chdir(old)
-
-
 @pytest.fixture(scope="session")
-def f16_model(tmp_path_factory) -> Path:
+def f16_model(smollm2_f16) -> Path:
     """SmolLM2 converted to F16 by our quantizer, checked against llama.cpp's F16 conversion."""
-    out = tmp_path_factory.mktemp("quantize") / "smollm2-f16.gguf"
-    res = run_cli(["quantize", "-q", "--allow-requantize", str(bundled_model()), str(out), "F16", "2"])
-    assert res.exit_code == 0, res.output
-    assert sha256(out) == CASES["f16"]["sha256"], explain_mismatch(out, CASES["f16"])
-    return out
+    assert sha256(smollm2_f16) == CASES["f16"]["sha256"], explain_mismatch(smollm2_f16, CASES["f16"])
+    return smollm2_f16
 
 
 def test_f16_matches_llama_cpp(f16_model):

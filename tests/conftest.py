@@ -1,0 +1,33 @@
+"""Shared test helpers: an in-process CLI runner and the bundled model converted to F16 once."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from quantkit.cli import main
+from quantkit.formats.locate import bundled_model
+
+
+def run_cli(args, cwd=None):
+    """Invoke ``quantkit`` in-process (exceptions propagate), optionally from another directory."""
+    old = os.getcwd()
+    try:
+        if cwd:
+            os.chdir(cwd)
+        return CliRunner().invoke(main, [str(a) for a in args], catch_exceptions=False)
+    finally:
+        os.chdir(old)
+
+
+@pytest.fixture(scope="session")
+def smollm2_f16(tmp_path_factory) -> Path:
+    """The bundled SmolLM2 (Q4_1) converted to F16 by `quantkit quantize`, once per test session.
+    tests/test_quantize.py checks it byte for byte against llama-quantize's conversion."""
+    out = tmp_path_factory.mktemp("smollm2") / "smollm2-f16.gguf"
+    res = run_cli(["quantize", "-q", "--allow-requantize", bundled_model(), out, "F16", "2"])
+    assert res.exit_code == 0, res.output
+    return out
