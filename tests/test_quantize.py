@@ -270,6 +270,7 @@ def _wait_for(path_glob_dir: Path, pattern: str, timeout: float) -> bool:
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_interrupted_quantize_leaves_no_output(sig, f16_model, tmp_path):
     out = tmp_path / "o.gguf"
+    before = os.stat(f16_model)
     env = dict(os.environ)
     # a job started in the background by a shell inherits SIGINT ignored; give the child the default
     # disposition so Python installs its Ctrl-C handler, as in a terminal
@@ -282,6 +283,8 @@ def test_interrupted_quantize_leaves_no_output(sig, f16_model, tmp_path):
     proc.communicate(timeout=60)
     assert started, "the temporary file never appeared"
     assert not out.exists()
+    after = os.stat(f16_model)  # the input is read through a read-only map: never modified
+    assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
     left = [p.name for p in tmp_path.iterdir()]
     if sig != signal.SIGKILL:  # a clean stop removes its temporary file
         assert left == [], left

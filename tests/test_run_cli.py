@@ -84,3 +84,11 @@ def test_not_a_gguf(tmp_path):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model")
     assert_one_line_error(run("-m", str(bad), "-p", "x"), 1, "not a GGUF file")
+
+
+def test_greedy_output_same_for_1_and_2_threads():
+    """`run --temp 0` prints the same text whatever the thread count (rows are split, never sums)."""
+    outs = [run("-p", "Once upon a time", "--temp", "0", "-n", "24", "-t", t) for t in ("1", "2")]
+    for r in outs:
+        assert r.exit_code == 0, r.output
+    assert outs[0].stdout == outs[1].stdout
