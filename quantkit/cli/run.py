@@ -89,6 +89,12 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
         ids = tok.encode(prompt, add_special=True, parse_special=False)
     check_prompt(len(ids), n_ctx)
     runner = Runner(model, n_ctx)
+    # warmup, as llama.cpp does: one decode step compiles (or loads from the cache) the per-token path,
+    # so that its cost shows in the load time and not in the tokens/s
+    import numpy as np
+
+    runner.forward(np.asarray(ids[:1], dtype=np.int64), 0, logits="none")
+    runner.reset()
     sampler = Sampler(params, n_ctx)
     load_s = time.perf_counter() - t_load
     if not sampler.greedy:
