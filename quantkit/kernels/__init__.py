@@ -25,7 +25,7 @@ from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_kernel,
                                      rowdot_kernel)
 
 #: ggml-cpu's type_traits_cpu[...].vec_dot_type: what the activations are converted to. quantkit
-#: follows it for the quantized types; for F16 and BF16 it keeps float32 activations (see docs).
+#: follows it: for F16 / BF16 weights the float32 activations are rounded to that type in the row dot.
 VEC_DOT_TYPE = {
     T.F32: T.F32,
     T.F16: T.F16,
