@@ -14,6 +14,7 @@ from gguf import quants as gq
 from quantkit import kernels as K
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads, set_threads
+from quantkit.kernels.activations import FLOAT_KINDS
 
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
 #: byte offsets of the fp16 scale fields, for building random but valid K / IQ blocks
@@ -101,12 +102,12 @@ def test_variants_agree(t, variant):
     kind = K.activation_kind(t, variant)
     out = np.empty((2, 21), np.float32)
     K.matvec_kernel(t, variant)(w, *K.quantize_activations(x, kind), out, 4)
-    tol = 0.02 if kind != "F32" else (2e-6 if variant == "plain" else tolerance(t, "decode"))
+    tol = 0.02 if kind not in FLOAT_KINDS else (2e-6 if variant == "plain" else tolerance(t, "decode"))
     assert rel_err(out, ref) < tol, (variant, rel_err(out, ref))
 
 
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
-@pytest.mark.parametrize("t", [t for t in ALL if K.activation_kind(t, "generic") != "F32"], ids=lambda t: t.name)
+@pytest.mark.parametrize("t", [t for t in ALL if K.activation_kind(t, "generic") not in FLOAT_KINDS], ids=lambda t: t.name)
 def test_integer_dot_exact(t, variant):
     """The integer path equals the exact sum of dequantized weight x dequantized activation, up to
     float32 accumulation (so any bit-unpacking slip shows)."""

@@ -14,6 +14,10 @@ its SIMD ``quantize_row_q8_0`` / ``_q8_1`` (multiplier ``127/amax``, round half 
 from the unrounded scale) and ``quantize_row_q8_K_ref`` (``nearest_int``, ``iscale = -127/max``).
 tests/data/golden/activations.npz holds ggml's own bytes for all three (tools/make_activation_golden.py).
 ``pack_q8_0`` / ``pack_q8_1`` / ``pack_q8_k`` write ggml's block bytes, for tests and interchange.
+
+F16 / BF16 weights take float activations rounded to that type (ggml's vec_dot_type F16 / BF16):
+kinds 'F16' / 'BF16' are the float32 rows rounded once (``round_f16_into`` / ``round_bf16_into``), so
+a GEMV rounds each activation once, not once per weight row.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from quantkit.jit import njit
-from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16, nearest_int
+from quantkit.quants.common import bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16, nearest_int
 
 
 @njit
@@ -123,8 +127,26 @@ def round_trip_q8_into(x, kind, out):
             out[t, j] = np.float32(qs[t, j]) * d[t, j // per]
 
 
+@njit
+def round_f16_into(x, out):
+    """out = x rounded to fp16 (nearest even), as float32; x and out (n_tok, n) or (n,)."""
+    xf, of = x.reshape(-1), out.reshape(-1)
+    for i in range(xf.shape[0]):
+        of[i] = fp16_to_fp32(fp32_to_fp16(xf[i]))
+
+
+@njit
+def round_bf16_into(x, out):
+    """out = x rounded to bf16 (nearest even, ggml's fp32 -> bf16), as float32."""
+    xf, of = x.reshape(-1), out.reshape(-1)
+    for i in range(xf.shape[0]):
+        of[i] = bf16_to_fp32(fp32_to_bf16(xf[i]))
+
+
+#: float activation kinds: 'F32' is x itself, 'F16' / 'BF16' x rounded to that type (as float32)
+FLOAT_KINDS = {"F32": None, "F16": round_f16_into, "BF16": round_bf16_into}
 #: activation kind -> (elements per d, elements per s)
-ACT_LAYOUT = {"Q8_0": (32, 32), "Q8_1": (32, 32), "Q8_K": (256, 16), "F32": (0, 0)}
+ACT_LAYOUT = {"Q8_0": (32, 32), "Q8_1": (32, 32), "Q8_K": (256, 16), "F32": (0, 0), "F16": (0, 0), "BF16": (0, 0)}
 #: activation kind -> dtype of s (Q8_1 keeps d * sum as float32, the others the integer sums)
 ACT_SUM_DTYPE = {"Q8_0": np.int32, "Q8_1": np.float32, "Q8_K": np.int32, "F32": np.int32}
 #: activation kind -> the njit quantizer (x, qs, d, s)
@@ -132,8 +154,8 @@ ACT_QUANTIZER = {"Q8_0": quantize_q8_0_into, "Q8_1": quantize_q8_1_into, "Q8_K":
 
 
 def empty_activations(kind: str, n_tok: int, n_in: int):
-    """Buffers (qs, d, s) for ``kind`` in ACT_LAYOUT ('F32': qs is float32, d and s are empty)."""
-    if kind == "F32":
+    """Buffers (qs, d, s) for ``kind`` in ACT_LAYOUT (float kinds: qs is float32, d and s are empty)."""
+    if kind in FLOAT_KINDS:
         return (np.empty((n_tok, n_in), np.float32), np.empty((n_tok, 0), np.float32),
                 np.empty((n_tok, 0), np.int32))
     qd, qsum = ACT_LAYOUT[kind]
@@ -142,9 +164,14 @@ def empty_activations(kind: str, n_tok: int, n_in: int):
 
 
 def quantize_activations(x: np.ndarray, kind: str, bufs=None):
-    """float32 (n_tok, n_in) -> (qs, d, s) of ``kind`` ('Q8_0', 'Q8_1', 'Q8_K' or 'F32' = x itself)."""
-    if kind == "F32":
-        return x, np.empty((x.shape[0], 0), np.float32), np.empty((x.shape[0], 0), np.int32)
+    """float32 (n_tok, n_in) -> (qs, d, s) of ``kind`` ('Q8_0', 'Q8_1', 'Q8_K'; 'F32' = x itself,
+    'F16' / 'BF16' = x rounded to that type)."""
+    if kind in FLOAT_KINDS:
+        xr = x
+        if FLOAT_KINDS[kind] is not None:
+            xr = np.empty_like(x) if bufs is None else bufs[0]
+            FLOAT_KINDS[kind](x, xr)
+        return xr, np.empty((x.shape[0], 0), np.float32), np.empty((x.shape[0], 0), np.int32)
     qs, d, s = bufs if bufs is not None else empty_activations(kind, x.shape[0], x.shape[1])
     ACT_QUANTIZER[kind](x, qs, d, s)
     return qs, d, s

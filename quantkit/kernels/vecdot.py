@@ -21,7 +21,6 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels import dequant as dq
-from quantkit.quants.common import bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16
 from quantkit.kernels.ir import IR_DIGEST, default_variant, ld_bf16, ld_f16, ld_f32, row_dots
 
 F = np.float32
@@ -39,7 +38,8 @@ def rowdot2_ir(wr, xq, xd, xs, sc):
 
 
 def rowdot2_split(wr, xq, xd, xs, sc):
-    """Two consecutive rows with the 1-row dot (unquantized weights)."""
+    """Two consecutive rows with the 1-row dot (unquantized weights; a shared-load two-row loop
+    measured slower here for SmolLM2's cache-resident 576-wide rows)."""
     n = wr.shape[0] // 2
     return ROWDOT(wr[:n], xq, xd, xs, sc), ROWDOT(wr[n:], xq, xd, xs, sc)  # noqa: F821
 
@@ -54,18 +54,18 @@ def rowdot_f32(wr, xq, xd, xs, sc):
 
 
 def rowdot_f16(wr, xq, xd, xs, sc):
-    """F16 weights: ggml converts the activations to F16 first (vec_dot_type F16); so do we."""
+    """F16 weights; ``xq`` is already rounded to fp16 (kind 'F16': ggml's vec_dot_type F16)."""
     acc = F(0.0)
     for j in range(xq.shape[0]):
-        acc += ld_f16(wr, 2 * j) * fp16_to_fp32(fp32_to_fp16(xq[j]))
+        acc += ld_f16(wr, 2 * j) * xq[j]
     return acc
 
 
 def rowdot_bf16(wr, xq, xd, xs, sc):
-    """BF16 weights: activations rounded to BF16 first, as ggml's vec_dot_type BF16."""
+    """BF16 weights; ``xq`` is already rounded to bf16 (kind 'BF16', ggml's vec_dot_type BF16)."""
     acc = F(0.0)
     for j in range(xq.shape[0]):
-        acc += ld_bf16(wr, 2 * j) * bf16_to_fp32(fp32_to_bf16(xq[j]))
+        acc += ld_bf16(wr, 2 * j) * xq[j]
     return acc
 
 
@@ -131,9 +131,17 @@ def gemv_q_body(w, x, out, chunk):
 
 
 def gemv_f_body(w, x, out, chunk):
-    """MATVEC with float32 activations (F32/F16/BF16 weights, and the plain variant)."""
+    """MATVEC with float32 activations (F32 weights, and the plain variant)."""
     n_tok = x.shape[0]
     MATVEC(w, x, np.empty((n_tok, 0), np.float32), np.empty((n_tok, 0), np.int32), out, chunk)  # noqa: F821
+
+
+def gemv_r_body(w, x, out, chunk):
+    """MATVEC with float activations rounded once by ROUND (F16 / BF16 weights)."""
+    n_tok = x.shape[0]
+    xr = np.empty_like(x)
+    ROUND(x, xr)  # noqa: F821
+    MATVEC(w, xr, np.empty((n_tok, 0), np.float32), np.empty((n_tok, 0), np.int32), out, chunk)  # noqa: F821
 
 
 def deq_rows_body(w, r0, tile):
@@ -152,8 +160,8 @@ def get_rows_body(w, ids, out):
 #: weight type -> (row dot body, row decoder, activation kind for the integer path)
 KERNEL_TRAITS = {
     T.F32: (rowdot_f32, dq.deq_f32, "F32"),
-    T.F16: (rowdot_f16, dq.deq_f16, "F32"),
-    T.BF16: (rowdot_bf16, dq.deq_bf16, "F32"),
+    T.F16: (rowdot_f16, dq.deq_f16, "F16"),
+    T.BF16: (rowdot_bf16, dq.deq_bf16, "BF16"),
     T.Q4_0: (rowdot_ir, dq.deq_q4_0, "Q8_0"),
     T.Q4_1: (rowdot_ir, dq.deq_q4_1, "Q8_1"),
     T.Q5_0: (rowdot_ir, dq.deq_q5_0, "Q8_0"),
@@ -197,7 +205,8 @@ def build(fn, tag: str, parallel: bool, **names):
 
 
 def activation_kind(wtype, variant: str | None = None) -> str:
-    """What ``matvec_kernel(wtype, variant)`` expects as activations: 'Q8_0', 'Q8_1', 'Q8_K' or 'F32'."""
+    """What ``matvec_kernel(wtype, variant)`` expects as activations: 'Q8_0', 'Q8_1', 'Q8_K', or the float
+    kinds 'F32', 'F16', 'BF16' (float32 rows, the last two rounded to that type; see activations.py)."""
     variant = variant or default_variant()
     return "F32" if variant == "plain" else KERNEL_TRAITS[T(wtype)][2]
 
@@ -235,7 +244,7 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
 
 def gemv_kernel(wtype, variant: str | None = None):
     """The compiled ``gemv(w, x, out, chunk)``: quantize float32 x (n_tok, n_in) and multiply."""
-    from quantkit.kernels.activations import ACT_LAYOUT, ACT_QUANTIZER, ACT_SUM_DTYPE
+    from quantkit.kernels.activations import ACT_LAYOUT, ACT_QUANTIZER, ACT_SUM_DTYPE, FLOAT_KINDS
 
     variant = variant or default_variant()
     t = T(wtype)
@@ -243,6 +252,8 @@ def gemv_kernel(wtype, variant: str | None = None):
     mv = matvec_kernel(t, variant)
     if kind == "F32":
         return build(gemv_f_body, f"{t.name}_{variant}", False, MATVEC=mv)
+    if kind in FLOAT_KINDS:
+        return build(gemv_r_body, f"{t.name}_{variant}", False, MATVEC=mv, ROUND=FLOAT_KINDS[kind])
     qd, qs = ACT_LAYOUT[kind]
     return build(gemv_q_body, f"{t.name}_{variant}", False, MATVEC=mv, QUANT=ACT_QUANTIZER[kind], QD=qd,
                  QS=qs, XS_DTYPE=ACT_SUM_DTYPE[kind])

@@ -51,6 +51,7 @@ from quantkit.errors import ModelError
 from quantkit.jit import bits_to_f32, njit_fast, prange
 from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
                               rowdot_kernel)
+from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.vecdot import build, rowdot2_kernel
 from quantkit.model.llama import Llama, Weight
 from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
@@ -64,12 +65,13 @@ CHUNK = 16
 #: the weights are copied to huge-page memory when their span is at most this fraction of MemAvailable
 RAM_COPY_FRACTION = 0.5
 #: activation kind -> bit in the ``need`` masks (F32 needs no conversion)
-KIND_BIT = {"Q8_0": 1, "Q8_1": 2, "Q8_K": 4, "F32": 0}
+KIND_BIT = {"Q8_0": 1, "Q8_1": 2, "Q8_K": 4, "F32": 0, "F16": 8, "BF16": 16}
 
 
 # -- one row of a weight . one input vector, with a uniform signature per activation kind ------------
-# a = (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32),
-# each (1, n_in); the row dot (ROWDOT, bound per type) gets the form its type uses.
+# a = (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32,
+# x rounded to fp16, x rounded to bf16), each (1, n_in); the row dot (ROWDOT, bound per type) gets the
+# form its type uses.
 
 def urow_q8_0(wr, a, sc):
     return ROWDOT(wr, a[1][0], a[2][0], a[3][0], sc)  # noqa: F821
@@ -87,7 +89,16 @@ def urow_f32(wr, a, sc):
     return ROWDOT(wr, a[0][0], a[2][0], a[3][0], sc)  # noqa: F821
 
 
-URow = {"Q8_0": urow_q8_0, "Q8_1": urow_q8_1, "Q8_K": urow_q8_k, "F32": urow_f32}
+def urow_f16(wr, a, sc):
+    return ROWDOT(wr, a[8][0], a[2][0], a[3][0], sc)  # noqa: F821
+
+
+def urow_bf16(wr, a, sc):
+    return ROWDOT(wr, a[9][0], a[2][0], a[3][0], sc)  # noqa: F821
+
+
+URow = {"Q8_0": urow_q8_0, "Q8_1": urow_q8_1, "Q8_K": urow_q8_k, "F32": urow_f32, "F16": urow_f16,
+        "BF16": urow_bf16}
 
 
 def urow2_q8_0(wr, a, sc):
@@ -106,8 +117,17 @@ def urow2_f32(wr, a, sc):
     return ROWDOT2(wr, a[0][0], a[2][0], a[3][0], sc)  # noqa: F821
 
 
+def urow2_f16(wr, a, sc):
+    return ROWDOT2(wr, a[8][0], a[2][0], a[3][0], sc)  # noqa: F821
+
+
+def urow2_bf16(wr, a, sc):
+    return ROWDOT2(wr, a[9][0], a[2][0], a[3][0], sc)  # noqa: F821
+
+
 #: the same for two consecutive rows (``wr`` holds both) -> (float32, float32)
-URow2 = {"Q8_0": urow2_q8_0, "Q8_1": urow2_q8_1, "Q8_K": urow2_q8_k, "F32": urow2_f32}
+URow2 = {"Q8_0": urow2_q8_0, "Q8_1": urow2_q8_1, "Q8_K": urow2_q8_k, "F32": urow2_f32, "F16": urow2_f16,
+         "BF16": urow2_bf16}
 
 
 def run_rows(buf, off, rb, r0, r1, a, out, o0, sc):
@@ -207,6 +227,10 @@ def quantize_needed(mask, a):
         quantize_q8_01_into(a[0], a[1], a[2], a[3], a[4], (mask & 2) != 0)
     if mask & 4:
         quantize_q8_k_into(a[0], a[5], a[6], a[7])
+    if mask & 8:
+        round_f16_into(a[0], a[8])
+    if mask & 16:
+        round_bf16_into(a[0], a[9])
 
 
 @njit_fast
@@ -481,7 +505,8 @@ def _activations(n: int) -> tuple:
     nb32, nbk = n // 32, n // 256
     return (np.zeros((1, n), np.float32), np.zeros((1, n), np.int8), np.zeros((1, nb32), np.float32),
             np.zeros((1, nb32), np.int32), np.zeros((1, nb32), np.float32), np.zeros((1, n), np.int8),
-            np.zeros((1, nbk), np.float32), np.zeros((1, n // 16), np.int32))
+            np.zeros((1, nbk), np.float32), np.zeros((1, n // 16), np.int32), np.zeros((1, n), np.float32),
+            np.zeros((1, n), np.float32))
 
 
 __all__ = ["CHUNK", "DecodeStep", "MATS", "SLOTS", "step_kernel"]
