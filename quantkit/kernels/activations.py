@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantkit.jit import njit
+from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.common import bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16, nearest_int
 
 
@@ -107,24 +107,25 @@ def quantize_q8_k_into(x, qs, d, s):
 
 
 
-@njit
+@njit_parallel
 def round_trip_q8_into(x, kind, out):
     """out = the values ggml's integer dot sees for activations x: quantized to ``kind`` (1 = Q8_0 or
     Q8_1, 2 = Q8_K) and decoded back (q * d). The BLAS prefill multiplies these, so a batch sees the
-    same activation rounding as llama.cpp's (whose batches also go through from_float)."""
+    same activation rounding as llama.cpp's (whose batches also go through from_float). prange over
+    tokens, each row by the serial quantizer: the same values for any thread count."""
     n_tok, n_in = x.shape
-    qs = np.empty((n_tok, n_in), np.int8)
     per = 32 if kind == 1 else 256
-    d = np.empty((n_tok, n_in // per), np.float32)
-    if kind == 1:
-        s = np.empty((n_tok, n_in // 32), np.int32)
-        quantize_q8_0_into(x, qs, d, s)
-    else:
-        s = np.empty((n_tok, n_in // 16), np.int32)
-        quantize_q8_k_into(x, qs, d, s)
-    for t in range(n_tok):
+    for t in prange(n_tok):
+        qs = np.empty((1, n_in), np.int8)
+        d = np.empty((1, n_in // per), np.float32)
+        if kind == 1:
+            s = np.empty((1, n_in // 32), np.int32)
+            quantize_q8_0_into(x[t:t + 1], qs, d, s)
+        else:
+            s = np.empty((1, n_in // 16), np.int32)
+            quantize_q8_k_into(x[t:t + 1], qs, d, s)
         for j in range(n_in):
-            out[t, j] = np.float32(qs[t, j]) * d[t, j // per]
+            out[t, j] = np.float32(qs[0, j]) * d[0, j // per]
 
 
 @njit

@@ -57,14 +57,18 @@ def _check(w, wtype, where):
     return t, w.shape[1] // ts * bs
 
 
-def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
+           rounded: dict | None = None) -> np.ndarray:
     """y = x @ dequantize(w).T : w uint8 (n_out, row_bytes) of ``wtype`` (a GGUF 2-D tensor, ne1 =
     n_out rows of ne0 = n_in), x float32 (n_tok, n_in) -> float32 (n_tok, n_out), into ``out`` if given.
 
     Fewer than PREFILL_MIN_TOKENS tokens: x is quantized once to the type's vec_dot type and each
     weight row is dotted with integer block products (GEMV). More: x is rounded the same way (quantized
     and decoded back), tiles of TILE_ROWS weight rows are dequantized to float32 and multiplied with
-    BLAS. Results do not depend on the thread count."""
+    BLAS. Results do not depend on the thread count.
+
+    ``rounded``: a dict shared by products of the same ``x`` (Q, K and V; gate and up): the prefill
+    keeps x's rounded forms there, so each is computed once. Pass a fresh dict for a new x."""
     t, n_in = _check(w, wtype, "matmul")
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != n_in:
@@ -79,7 +83,7 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None) -
     if n_tok == 0 or n_out == 0:
         return out
     if n_tok >= PREFILL_MIN_TOKENS:
-        return _prefill(w, t, x, out)
+        return _prefill(w, t, x, out, {} if rounded is None else rounded)
     variant = default_variant()
     key = (t, variant)
     gemv = _GEMV.get(key)
@@ -103,15 +107,18 @@ def _to_bf16(x):
 _HALF_ACTIVATIONS = {T.F16: lambda x: x.astype(np.float16).astype(np.float32), T.BF16: _to_bf16}
 
 
-def _prefill(w, t, x, out):
+def _prefill(w, t, x, out, rounded):
     n_out, n_in = out.shape[1], x.shape[1]
     kind = _ROUND_TRIP_KIND.get(activation_kind(t, "vnni"))
-    if t in _HALF_ACTIVATIONS:  # F16 / BF16 weights: activations rounded to that type (the row dots do too)
-        x = _HALF_ACTIVATIONS[t](x)
+    key = t if t in _HALF_ACTIVATIONS else kind
+    if key in rounded:
+        x = rounded[key]
+    elif t in _HALF_ACTIVATIONS:  # F16 / BF16 weights: activations rounded to that type (the row dots do too)
+        x = rounded[key] = _HALF_ACTIVATIONS[t](x)
     elif kind is not None:  # the activation rounding ggml's batches get, then exact float products
         xr = np.empty_like(x)
         round_trip_q8_into(x, kind, xr)
-        x = xr
+        x = rounded[key] = xr
     with blas_limit():
         if t == T.F32:
             np.matmul(x, w.view(np.float32).T, out=out)

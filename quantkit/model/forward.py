@@ -255,10 +255,11 @@ class Runner:
     def reset(self) -> None:
         self.n_past = 0
 
-    def _mm(self, w: Weight, x: np.ndarray, out: np.ndarray) -> np.ndarray:
+    def _mm(self, w: Weight, x: np.ndarray, out: np.ndarray, rounded: dict | None = None) -> np.ndarray:
+        """out = x @ w^T; products of one x share ``rounded`` (its activation forms, made once)."""
         if self.collect is not None and x.shape[0] >= COLLECT_MIN_ROWS:
             self.collect(w.name, x)
-        return matmul(w.data, w.type, x, out)
+        return matmul(w.data, w.type, x, out, rounded)
 
     def forward(self, tokens, pos0: int | None = None, logits: str | np.ndarray = "last") -> np.ndarray:
         """Logits float32 (n_rows, n_vocab) for ``tokens`` at positions pos0.. (default: after the
@@ -342,9 +343,10 @@ class Runner:
             kc, vc = self._kc[i], self._vc[i]
             # attention: norm, project, rotate, cache, attend, project back, add
             rmsnorm(x, b.attn_norm, eps, xb)
-            self._mm(b.attn_q, xb, q)                                         # (n, n_head*head_dim)
-            self._mm(b.attn_k, xb, k)                                         # (n, n_head_kv*head_dim)
-            self._mm(b.attn_v, xb, v)
+            shared: dict = {}
+            self._mm(b.attn_q, xb, q, shared)                                 # (n, n_head*head_dim)
+            self._mm(b.attn_k, xb, k, shared)                                 # (n, n_head_kv*head_dim)
+            self._mm(b.attn_v, xb, v, shared)
             self._rope_store(q, k, v, kc, vc, pos0, self.rope_cos, self.rope_sin,
                              c.n_head, c.n_head_kv, c.head_dim, c.n_rot)
             if blas:
@@ -355,8 +357,9 @@ class Runner:
             x += xb2
             # feed-forward: norm, SwiGLU, project back, add
             rmsnorm(x, b.ffn_norm, eps, xb)
-            self._mm(b.ffn_gate, xb, gate)                                    # (n, n_ff)
-            self._mm(b.ffn_up, xb, up)
+            shared = {}
+            self._mm(b.ffn_gate, xb, gate, shared)                            # (n, n_ff)
+            self._mm(b.ffn_up, xb, up, shared)
             swiglu(gate, up)
             self._mm(b.ffn_down, gate, xb2)                                   # (n, n_embd)
             x += xb2
