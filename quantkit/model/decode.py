@@ -459,6 +459,10 @@ class DecodeStep:
         self.types = types
         buf, offs = _flat_buffer(model, weights)
         self.buf = buf
+        #: whether ``buf`` is a copy (not the file's map); ``views`` maps each matrix's name to its bytes
+        #: in ``buf``, shaped as its ``data``, so the batch path can read the same copy
+        self.copied = not np.shares_memory(buf[:1], weights[0].data)
+        self.views = {w.name: buf[o:o + w.data.nbytes].reshape(w.data.shape) for w, o in zip(weights, offs)}
         code = {t: i for i, t in enumerate(types)}
 
         def row(w: Weight, off: int):

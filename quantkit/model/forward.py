@@ -27,6 +27,8 @@ Choices, and why:
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from typing import Callable
 
@@ -37,7 +39,7 @@ from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import build
-from quantkit.model.decode import DecodeStep, expf, kv_f16_load, kv_f16_store, kv_f32_same
+from quantkit.model.decode import MATS, DecodeStep, expf, kv_f16_load, kv_f16_store, kv_f32_same
 from quantkit.model.llama import Llama, Weight
 
 COLLECT_MIN_ROWS = 16
@@ -251,6 +253,28 @@ class Runner:
             except ModelError:
                 self.step = None    # e.g. more distinct matrix types than the step's slots
         self._scores = np.zeros((c.n_head, n_ctx), f32) if self.step is not None else None
+        # the matrices the batch path reads: the decode step's huge-page copy when it made one (then
+        # the file's pages are dropped from this process: one resident copy of the weights, not two)
+        self.token_embd, self.output, self.blk = model.token_embd, model.output, model.blk
+        if self.step is not None and self.step.copied:
+            self._use_copy(self.step.views)
+
+    def _use_copy(self, views: dict[str, np.ndarray]) -> None:
+        m = self.model
+
+        def moved(w: Weight) -> Weight:
+            return dataclasses.replace(w, data=views[w.name]) if w.name in views else w
+
+        self.token_embd, self.output = moved(m.token_embd), moved(m.output)
+        self.blk = []
+        for b in m.blk:
+            nb = copy.copy(b)
+            for name in MATS:
+                setattr(nb, name, moved(getattr(b, name)))
+            self.blk.append(nb)
+        for name in views:
+            if m.gguf.has_tensor(name):
+                m.gguf.release(m.gguf.tensor(name))
 
     def reset(self) -> None:
         self.n_past = 0
@@ -338,8 +362,8 @@ class Runner:
         blas = n >= BLAS_ATTENTION_MIN_TOKENS
         attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
 
-        x[...] = get_rows(m.token_embd.data, m.token_embd.type, tokens)      # (n, n_embd)
-        for i, b in enumerate(m.blk):
+        x[...] = get_rows(self.token_embd.data, self.token_embd.type, tokens)  # (n, n_embd)
+        for i, b in enumerate(self.blk):
             kc, vc = self._kc[i], self._vc[i]
             # attention: norm, project, rotate, cache, attend, project back, add
             rmsnorm(x, b.attn_norm, eps, xb)
@@ -368,4 +392,4 @@ class Runner:
             return None
         h = np.empty((rows.size, c.n_embd), np.float32)
         rmsnorm(np.ascontiguousarray(x[rows]), m.output_norm, eps, h)                # (rows, n_embd)
-        return self._mm(m.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)
+        return self._mm(self.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)
