@@ -33,6 +33,8 @@ from typing import Callable
 import numpy as np
 
 from quantkit.errors import FormatError, ModelError, QuantkitError
+from quantkit.jit import njit_fast_parallel, prange
+from quantkit.model.decode import expf
 
 LOGITS_MAGIC = b"_logits_"
 HEADER_BYTES = 8 + 3 * 4
@@ -115,20 +117,36 @@ def add_bos_id(tok) -> int | None:
 
 # -- per-token scoring (numpy over a chunk's scored rows) --------------------------------------
 
+@njit_fast_parallel
+def _softmax_rows(logits, mx, lse):
+    """Per row: mx = max, lse = log of the float64 sum of exp(logit - max) (float32 exps). One row per
+    iteration, so the values do not depend on the thread count."""
+    n, nv = logits.shape
+    for r in prange(n):
+        m = logits[r, 0]
+        for j in range(1, nv):
+            m = max(m, logits[r, j])
+        s = 0.0
+        for j in range(nv):
+            s += np.float64(expf(logits[r, j] - m))
+        mx[r] = m
+        lse[r] = np.float32(np.log(s))
+
+
 def _softmax_parts(logits: np.ndarray):
-    """max (float32), log_sum_exp (float32, from a float64 sum of float32 exps)."""
-    mx = logits.max(axis=1)
-    sum_exp = np.exp(logits - mx[:, None]).sum(axis=1, dtype=np.float64)
-    lse = np.log(sum_exp).astype(np.float32)
+    """max (float32), log_sum_exp (float32, from a float64 sum of float32 exps), per row."""
+    logits = np.ascontiguousarray(logits, dtype=np.float32)
+    mx = np.empty(logits.shape[0], np.float32)
+    lse = np.empty(logits.shape[0], np.float32)
+    _softmax_rows(logits, mx, lse)
     return mx, lse
 
 
 def nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     """float64 negative log-likelihood of ``targets`` under each row of ``logits`` (n, n_vocab)."""
-    mx = logits.max(axis=1)
-    sum_exp = np.exp(logits - mx[:, None]).sum(axis=1, dtype=np.float64)
+    mx, lse = _softmax_parts(logits)
     tl = logits[np.arange(logits.shape[0]), targets]
-    return -((tl - mx).astype(np.float64) - np.log(sum_exp))
+    return -((tl - mx).astype(np.float64) - lse.astype(np.float64))
 
 
 def n_vocab_padded(n_vocab: int) -> int:
@@ -181,6 +199,30 @@ class KLDSums:
     p_diff_values: list = field(default_factory=list)
 
 
+@njit_fast_parallel
+def _kld_scan(logits, q, scale, min_lp, mxl, kld, imax_base):
+    """Per row r, with the base log-probs lb = scale * q + min_lp (float32, as stored): kld[r] = the
+    float64 sum over lb > -16 of exp(lb) * (lb - logit + mxl), mxl = max + log_sum_exp of the row's
+    logits; imax_base[r] = the first index of the largest lb (llama.cpp's choice on 16-bit ties)."""
+    n, nv = logits.shape
+    for r in prange(n):
+        sc = scale[r]
+        mn = min_lp[r]
+        m = mxl[r]
+        best = np.float32(-np.inf)
+        bi = 0
+        s = 0.0
+        for j in range(nv):
+            lb = sc * np.float32(q[r, j]) + mn
+            if lb > best:
+                best = lb
+                bi = j
+            if lb > np.float32(-16.0):
+                s += np.float64(expf(lb) * ((lb - logits[r, j]) + m))
+        kld[r] = s
+        imax_base[r] = bi
+
+
 def kld_rows(logits: np.ndarray, base: np.ndarray, targets: np.ndarray, acc: KLDSums) -> None:
     """Compare rows of logits with the base file's quantized log-probs (n, nv); add into ``acc``."""
     n, nvocab = logits.shape
@@ -196,12 +238,8 @@ def kld_rows(logits: np.ndarray, base: np.ndarray, targets: np.ndarray, acc: KLD
     mxl = (mx + lse).astype(np.float32)
     kld = np.empty(n, np.float64)
     imax_base = np.empty(n, np.int64)
-    for r in range(n):
-        lp_base = scale[r] * q[r].astype(np.float32) + min_lp[r]            # float32 (n_vocab,)
-        imax_base[r] = int(lp_base.argmax())
-        keep = lp_base > np.float32(-16.0)
-        lb = lp_base[keep]
-        kld[r] = (np.exp(lb) * (lb - logits[r][keep] + mxl[r])).sum(dtype=np.float64)
+    _kld_scan(np.ascontiguousarray(logits, dtype=np.float32), np.ascontiguousarray(q), np.ascontiguousarray(scale),
+              np.ascontiguousarray(min_lp), mxl, kld, imax_base)
     p_base = np.exp(-nll_base)
     p = np.exp(-nll)
     p_diff = (p - p_base).astype(np.float32)
