@@ -144,6 +144,17 @@ def round_bf16_into(x, out):
         of[i] = bf16_to_fp32(fp32_to_bf16(xf[i]))
 
 
+@njit_parallel
+def round_half_rows(x, out, bf16):
+    """out = x (n_tok, n) rounded to fp16 (bf16 when ``bf16``), as float32; prange over tokens (the
+    prefill's F16/BF16 activations; numpy's astype(float16) is a software loop)."""
+    for t in prange(x.shape[0]):
+        if bf16:
+            round_bf16_into(x[t], out[t])
+        else:
+            round_f16_into(x[t], out[t])
+
+
 #: float activation kinds: 'F32' is x itself, 'F16' / 'BF16' x rounded to that type (as float32)
 FLOAT_KINDS = {"F32": None, "F16": round_f16_into, "BF16": round_bf16_into}
 #: activation kind -> (elements per d, elements per s)

@@ -10,7 +10,7 @@ from threadpoolctl import ThreadpoolController
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads
 from quantkit.kernels.ir import default_variant
-from quantkit.kernels.activations import round_trip_q8_into
+from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.vecdot import KERNEL_TRAITS, activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
 from quantkit.quants.base import resolve_type
 
@@ -96,15 +96,16 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
 _ROUND_TRIP_KIND = {"Q8_0": 1, "Q8_1": 1, "Q8_K": 2}
 
 
-def _to_bf16(x):
-    """Round float32 to bfloat16 (nearest even) and back, as ggml's fp32 -> bf16 conversion."""
-    u = x.view(np.uint32)
-    r = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)).astype(np.uint32)
-    return r.view(np.float32)
+def _rounded_half(bf16: bool):
+    def rnd(x):
+        out = np.empty_like(x)
+        round_half_rows(x, out, bf16)
+        return out
+    return rnd
 
 
 #: weight type -> rounding of the activations to its vec_dot type (ggml-cpu's type_traits_cpu)
-_HALF_ACTIVATIONS = {T.F16: lambda x: x.astype(np.float16).astype(np.float32), T.BF16: _to_bf16}
+_HALF_ACTIVATIONS = {T.F16: _rounded_half(False), T.BF16: _rounded_half(True)}
 
 
 def _prefill(w, t, x, out, rounded):
