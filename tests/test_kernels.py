@@ -275,3 +275,24 @@ def test_q8_1_activations():
     # ggml's s is fp16(d * sum) from the unrounded d: equal to d0 * sum within fp16 rounding
     np.testing.assert_allclose(s1, d0 * s0.astype(np.float32), rtol=2e-3, atol=1e-6)
     np.testing.assert_array_equal(s1, s1.astype(np.float16).astype(np.float32))
+
+
+def test_half_rounding_of_activations_is_ggmls():
+    """The F16/BF16 activation rounding (GEMV kinds and the prefill's parallel kernel) equals numpy's
+    fp16 cast and ggml's fp32 -> bf16 (nearest even), including overflow to inf and tiny values."""
+    from quantkit.kernels.activations import round_bf16_into, round_f16_into, round_half_rows
+
+    rng = np.random.default_rng(11)
+    x = (rng.standard_normal((37, 96)) * np.float32(300)).astype(np.float32)
+    x[0, :6] = [65519.0, 65520.0, 7e4, -7e4, 1e-8, 0.0]
+    with np.errstate(over="ignore"):
+        want16 = x.astype(np.float16).astype(np.float32)
+    u = x.view(np.uint32)
+    want_bf = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)).view(np.float32)
+    for bf16, want in ((False, want16), (True, want_bf)):
+        out = np.empty_like(x)
+        round_half_rows(x, out, bf16)
+        assert np.array_equal(out, want)
+        one = np.empty_like(x)
+        (round_bf16_into if bf16 else round_f16_into)(x, one)
+        assert np.array_equal(one, want)
