@@ -223,6 +223,26 @@ def use_more_bits(i: int, n: int) -> bool:
     return i < n // 8 or i >= 7 * n // 8 or (i - n // 8) % 3 == 2
 
 
+#: keys llama.cpp's ``load_hparams`` reads without a default, for every architecture (integers) and for
+#: some architectures; ``llama_model_quantize`` loads them before anything else
+REQUIRED_HPARAMS: tuple[str, ...] = ("context_length", "embedding_length", "block_count")
+REQUIRED_BY_ARCH: dict[str, tuple[str, ...]] = {"llama": ("attention.layer_norm_rms_epsilon",)}
+
+
+def check_loadable(metadata: Mapping[str, Any]) -> None:
+    """PolicyError if llama.cpp could not load the model's hyperparameters (so llama-quantize refuses
+    the file): a required key missing, or an integer one that is not an integer. The type rules
+    themselves read fewer keys (``ModelFacts``)."""
+    arch = metadata.get("general.architecture")
+    if not arch:
+        raise PolicyError("model metadata lacks general.architecture")
+    for name in REQUIRED_HPARAMS + REQUIRED_BY_ARCH.get(str(arch), ()):
+        if metadata.get(f"{arch}.{name}") is None:
+            raise PolicyError(f"model metadata lacks {arch}.{name} (llama.cpp cannot load the model without it)")
+    for name in REQUIRED_HPARAMS:
+        _as_int(f"{arch}.{name}", metadata[f"{arch}.{name}"])
+
+
 @dataclass(frozen=True)
 class ModelFacts:
     arch: str

@@ -544,3 +544,20 @@ def test_importable_without_numba():
             "bad = [m for m in sys.modules if m == 'numba' or m.startswith('quantkit.quants')]; "
             "assert not bad, bad")
     subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)
+
+
+def test_check_loadable_wants_llama_cpps_required_hparams():
+    """The keys llama.cpp's load_hparams needs (llama-quantize refuses a file without them)."""
+    from quantkit.policy import check_loadable
+
+    meta = {"general.architecture": "llama", "llama.context_length": 2048, "llama.embedding_length": 64,
+            "llama.block_count": 2, "llama.attention.layer_norm_rms_epsilon": 1e-5}
+    check_loadable(meta)
+    for key in ("llama.context_length", "llama.embedding_length", "llama.block_count",
+                "llama.attention.layer_norm_rms_epsilon"):
+        with pytest.raises(PolicyError, match=key.replace(".", r"\.")):
+            check_loadable({k: v for k, v in meta.items() if k != key})
+    with pytest.raises(PolicyError, match="must be an integer"):
+        check_loadable({**meta, "llama.embedding_length": "64"})
+    check_loadable({"general.architecture": "falcon", "falcon.context_length": 2048,
+                    "falcon.embedding_length": 64, "falcon.block_count": 2})   # no rms eps for falcon

@@ -246,7 +246,7 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
             imatrix = None
 
     by_name = {t.name: t for t in model.tensors}
-    from quantkit.policy import processing_order_key
+    from quantkit.policy import check_loadable, processing_order_key
 
     order = sorted(by_name, key=processing_order_key)
     n_block = None
@@ -258,6 +258,7 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
     kept = [n for n in order if rename[n] is not None]
 
     try:
+        check_loadable(model.metadata)
         tp = plan_types(
             model.metadata,
             [(rename[n], by_name[n].shape, by_name[n].type) for n in kept],
