@@ -341,6 +341,9 @@ def test_nonfinite_source_refused_before_writing(tmp_path):
     w[9, 1] = np.inf
     kv = [KV("general.architecture", "llama", GGUFValueType.STRING),
           KV("llama.block_count", 1, GGUFValueType.UINT32),
+          KV("llama.context_length", 64, GGUFValueType.UINT32),
+          KV("llama.embedding_length", 256, GGUFValueType.UINT32),
+          KV("llama.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32),
           KV("llama.attention.head_count", 4, GGUFValueType.UINT32)]
     src = tmp_path / "nan.gguf"
     with GGUFOutput(src, kv, [Tensor("blk.0.attn_q.weight", (256, 64), T.F32)]) as out:
