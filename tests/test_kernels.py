@@ -296,3 +296,29 @@ def test_half_rounding_of_activations_is_ggmls():
         one = np.empty_like(x)
         (round_bf16_into if bf16 else round_f16_into)(x, one)
         assert np.array_equal(one, want)
+
+
+@pytest.mark.parametrize("kind,name,per", [(1, "Q8_0", 32), (2, "Q8_K", 256)])
+def test_prefill_round_trip_is_quantize_then_decode(kind, name, per):
+    """The prefill's vectorized activation round trip gives exactly q * d of the activation quantizer
+    (itself checked against ggml's bytes), at 1 and 2 threads: all-zero blocks, +-ties for the
+    largest |x| (Q8_K keeps the first), values spanning many binades."""
+    from quantkit.kernels.activations import quantize_activations, round_trip_q8_into
+
+    rng = np.random.default_rng(5)
+    x = (rng.standard_normal((41, 512)) * np.exp(2 * rng.standard_normal((41, 512)))).astype(np.float32)
+    x[1, 32:64] = 0
+    x[2, 256:] = 0
+    x[3, 10], x[3, 20] = -1e3, 1e3
+    x[4, 300], x[4, 301] = 77.0, -77.0
+    qs, d, _ = quantize_activations(x, name)
+    want = qs.astype(np.float32) * np.repeat(d, per, axis=1)
+    before = get_threads()
+    try:
+        for n in (1, 2):
+            set_threads(n)
+            out = np.full_like(x, np.nan)
+            round_trip_q8_into(x, kind, out, 32)
+            np.testing.assert_array_equal(out, want)
+    finally:
+        set_threads(before)

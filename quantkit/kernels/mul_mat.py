@@ -118,7 +118,7 @@ def _prefill(w, t, x, out, rounded):
         x = rounded[key] = _HALF_ACTIVATIONS[t](x)
     elif kind is not None:  # the activation rounding ggml's batches get, then exact float products
         xr = np.empty_like(x)
-        round_trip_q8_into(x, kind, xr)
+        round_trip_q8_into(x, kind, xr, 32)
         x = rounded[key] = xr
     with blas_limit():
         if t == T.F32:
