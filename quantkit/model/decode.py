@@ -210,6 +210,22 @@ def expf(x):
 
 
 @njit_fast
+def max_f32(a, n):
+    """max of a[:n] (n >= 1) of a 1-D float32 array. Eight running maxima (SLP makes them one vector):
+    LLVM does not vectorize a single ``m = max(m, a[j])`` chain, a 4-cycle dependency per element
+    (5x slower). No array for them: an allocation per row costs more inside a prange."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = a[0]
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        m0, m1, m2, m3 = max(m0, a[j]), max(m1, a[j + 1]), max(m2, a[j + 2]), max(m3, a[j + 3])
+        m4, m5, m6, m7 = max(m4, a[j + 4]), max(m5, a[j + 5]), max(m6, a[j + 6]), max(m7, a[j + 7])
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    for j in range(n8, n):
+        m = max(m, a[j])
+    return m
+
+
+@njit_fast
 def rmsnorm1(x, w, eps, out):
     """out = x / sqrt(mean(x^2) + eps) * w, sum of squares in float64 (as ggml)."""
     ss = 0.0

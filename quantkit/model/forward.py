@@ -27,6 +27,7 @@ Choices, and why:
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import math
@@ -39,7 +40,7 @@ from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import build
-from quantkit.model.decode import MATS, DecodeStep, expf, kv_f16_load, kv_f16_store, kv_f32_same
+from quantkit.model.decode import MATS, DecodeStep, expf, max_f32, kv_f16_load, kv_f16_store, kv_f32_same
 from quantkit.model.llama import Llama, Weight
 
 COLLECT_MIN_ROWS = 16
@@ -147,28 +148,29 @@ BLAS_ATTENTION_MIN_TOKENS = 32
 ATTN_BLOCK = 256
 
 
-def _causal_softmax(S, first, group, scale):
+@njit_fast
+def _softmax_row_unnormalized(row, lim, scale):
+    """row[:lim] <- exp(scale * (row - max)), row[lim:] <- 0; returns 1 / the sum of the exps.
+    A 1-D contiguous row in its own function: inlined into the prange body below the loops stay
+    vectorized (there they were lowered with scattered stores)."""
+    mx = max_f32(row, lim)
+    tot = np.float32(0.0)
+    for j in range(lim):
+        e = expf((row[j] - mx) * scale)
+        row[j] = e
+        tot += e
+    row[lim:] = 0.0
+    return np.float32(1.0) / tot
+
+
+def _causal_softmax(S, first, group, scale, inv):
     """S (rows, nk): scores, row r belonging to query r // group, which sees keys 0..first + r // group.
-    In place: softmax of scale * S over the keys each row sees, zeros elsewhere. One row per iteration."""
+    In place: exp(scale * S - max) over the keys each row sees, zeros elsewhere; inv[r] = 1 / the row's
+    sum (the caller scales the rows of S @ V by it: 64 values a row instead of nk). ``scale`` > 0. One row
+    per iteration."""
     m, nk = S.shape
     for r in prange(m):
-        row = S[r]
-        lim = min(first + r // group + 1, nk)
-        mx = np.float32(-np.inf)
-        for j in range(lim):
-            v = row[j] * scale
-            row[j] = v
-            mx = max(mx, v)
-        tot = np.float32(0.0)
-        for j in range(lim):
-            e = expf(row[j] - mx)
-            row[j] = e
-            tot += e
-        inv = np.float32(1.0) / tot
-        for j in range(lim):
-            row[j] *= inv
-        for j in range(lim, nk):
-            row[j] = 0.0
+        inv[r] = _softmax_row_unnormalized(S[r], min(first + r // group + 1, nk), scale)
 
 
 causal_softmax = njit_fast_parallel(_causal_softmax)
@@ -309,6 +311,12 @@ class Runner:
             rows = np.asarray(logits, dtype=np.int64).reshape(-1)
             if rows.size and (rows.min() < 0 or rows.max() >= n):
                 raise ModelError(f"forward: logits rows must be in [0, {n})")
+        if n <= self.n_batch and not (n == 1 and self.step is not None):
+            # one pass: its logits are the result (no second (rows, n_vocab) array, no copy)
+            ctx = blas_limit() if n >= BLAS_ATTENTION_MIN_TOKENS else contextlib.nullcontext()
+            with ctx:
+                part = self._step(tokens, pos0, rows)
+            return part if part is not None else np.empty((0, c.n_vocab), np.float32)
         out = np.empty((rows.size, c.n_vocab), np.float32)
         if n == 1 and self.step is not None:
             # one compiled call for the whole token (every requested row is row 0)
@@ -334,7 +342,8 @@ class Runner:
     def _attend_blas(self, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, out: np.ndarray) -> None:
         """Causal GQA attention as matrix products. Per KV head, the G query heads that share it are
         stacked as rows (token, head) -- one GEMM of G * block rows against the keys the block's last
-        query sees, a masked softmax (numba), one GEMM with V -- over blocks of ATTN_BLOCK queries."""
+        query sees, the masked exps (numba), one GEMM with V whose rows are then divided by their sums --
+        over blocks of ATTN_BLOCK queries."""
         c = self.config
         n = q.shape[0]
         HKV, hd = c.n_head_kv, c.head_dim
@@ -348,8 +357,11 @@ class Runner:
                 t1 = min(n, t0 + ATTN_BLOCK)
                 nk = pos0 + t1
                 S = Qh[t0 * G:t1 * G] @ K[:nk].T                                          # (bt * G, nk)
-                causal_softmax(S, pos0 + t0, G, self.scale)
-                out[t0:t1, h * G * hd:(h + 1) * G * hd] = (S @ V[:nk]).reshape(t1 - t0, G * hd)
+                inv = np.empty(S.shape[0], np.float32)
+                causal_softmax(S, pos0 + t0, G, self.scale, inv)                          # exps, 1/sums
+                O = S @ V[:nk]
+                O *= inv[:, None]
+                out[t0:t1, h * G * hd:(h + 1) * G * hd] = O.reshape(t1 - t0, G * hd)
 
     def _step(self, tokens: np.ndarray, pos0: int, rows: np.ndarray) -> np.ndarray | None:
         """One pass of up to n_batch tokens; returns the logits of ``rows`` (None when there are none)."""

@@ -34,7 +34,7 @@ import numpy as np
 
 from quantkit.errors import FormatError, ModelError, QuantkitError
 from quantkit.jit import njit_fast_parallel, prange
-from quantkit.model.decode import expf
+from quantkit.model.decode import expf, max_f32
 
 LOGITS_MAGIC = b"_logits_"
 HEADER_BYTES = 8 + 3 * 4
@@ -123,9 +123,7 @@ def _softmax_rows(logits, mx, lse):
     iteration, so the values do not depend on the thread count."""
     n, nv = logits.shape
     for r in prange(n):
-        m = logits[r, 0]
-        for j in range(1, nv):
-            m = max(m, logits[r, j])
+        m = max_f32(logits[r], nv)
         s = 0.0
         for j in range(nv):
             s += np.float64(expf(logits[r, j] - m))
