@@ -18,6 +18,15 @@ F = np.float32
 
 
 @njit
+def _rt(k, y):
+    """``k`` as a run-time value: min(k, len(y)), which is k for every row decoded here (a row holds at
+    least one block). An inner loop over a literal 16 or 32 is unrolled by LLVM and left scalar (its
+    loads and stores may alias for all it knows); over a run-time count it is vectorized with a run-time
+    overlap check -- 1.5-2x faster decoders for the prefill's tiles."""
+    return min(k, y.shape[0])
+
+
+@njit
 def deq_f32(src, y):
     for j in range(y.shape[0]):
         y[j] = ld_f32(src, 4 * j)
@@ -37,40 +46,43 @@ def deq_bf16(src, y):
 
 @njit
 def deq_q8_0(src, y):
+    n32 = _rt(32, y)
     for b in range(y.shape[0] // 32):
         o = 34 * b
         d = ld_f16(src, o)
         q = src[o + 2:o + 34]
         yy = y[32 * b:32 * b + 32]
-        for j in range(32):
+        for j in range(n32):
             yy[j] = F(np.int8(q[j])) * d
 
 
 @njit
 def deq_q4_0(src, y):
+    n16 = _rt(16, y)
     for b in range(y.shape[0] // 32):
         o = 18 * b
         d = ld_f16(src, o)
         qs = src[o + 2:o + 18]
         yy = y[32 * b:32 * b + 32]
-        for j in range(16):
-            q = np.int32(qs[j])
-            yy[j] = F((q & 15) - 8) * d
-            yy[j + 16] = F((q >> 4) - 8) * d
+        for j in range(n16):
+            yy[j] = F((np.int32(qs[j]) & 15) - 8) * d
+        for j in range(n16):
+            yy[j + 16] = F((np.int32(qs[j]) >> 4) - 8) * d
 
 
 @njit
 def deq_q4_1(src, y):
+    n16 = _rt(16, y)
     for b in range(y.shape[0] // 32):
         o = 20 * b
         d = ld_f16(src, o)
         m = ld_f16(src, o + 2)
         qs = src[o + 4:o + 20]
         yy = y[32 * b:32 * b + 32]
-        for j in range(16):
-            q = np.int32(qs[j])
-            yy[j] = F(q & 15) * d + m
-            yy[j + 16] = F(q >> 4) * d + m
+        for j in range(n16):
+            yy[j] = F(np.int32(qs[j]) & 15) * d + m
+        for j in range(n16):
+            yy[j + 16] = F(np.int32(qs[j]) >> 4) * d + m
 
 
 @njit
@@ -104,19 +116,21 @@ def deq_q5_1(src, y):
 
 @njit
 def deq_iq4_nl(src, y):
+    n16 = _rt(16, y)
     for b in range(y.shape[0] // 32):
         o = 18 * b
         d = ld_f16(src, o)
         qs = src[o + 2:o + 18]
         yy = y[32 * b:32 * b + 32]
-        for j in range(16):
-            q = np.int32(qs[j])
-            yy[j] = d * _KV[q & 15]
-            yy[j + 16] = d * _KV[q >> 4]
+        for j in range(n16):
+            yy[j] = d * _KV[np.int32(qs[j]) & 15]
+        for j in range(n16):
+            yy[j + 16] = d * _KV[np.int32(qs[j]) >> 4]
 
 
 @njit
 def deq_q2_k(src, y):
+    n16 = _rt(16, y)
     for b in range(y.shape[0] // 256):
         o = 84 * b
         d = ld_f16(src, o + 80)
@@ -132,9 +146,10 @@ def deq_q2_k(src, y):
                     is_ += 1
                     dl = d * F(sc & 15)
                     ml = dmin * F(sc >> 4)
-                    for l in range(16):
-                        qq = (np.int32(src[q + 16 * half + l]) >> shift) & 3
-                        y[base + 16 * half + l] = dl * F(qq) - ml
+                    qs = src[q + 16 * half:q + 16 * half + 16]
+                    yy = y[base + 16 * half:base + 16 * half + 16]
+                    for l in range(n16):
+                        yy[l] = dl * F((np.int32(qs[l]) >> shift) & 3) - ml
 
 
 @njit
@@ -146,6 +161,7 @@ def _q3_scale(src, so, j):
 
 @njit
 def deq_q3_k(src, y):
+    n16 = _rt(16, y)
     for b in range(y.shape[0] // 256):
         o = 110 * b
         d_all = ld_f16(src, o + 108)
@@ -159,11 +175,12 @@ def deq_q3_k(src, y):
                 for half in range(2):
                     dl = d_all * F(_q3_scale(src, o + 96, is_))
                     is_ += 1
-                    for l in range(16):
-                        ll = 16 * half + l
-                        qq = (np.int32(src[q + ll]) >> shift) & 3
-                        hv = 0 if (np.int32(src[o + ll]) & m) else 4
-                        y[base + ll] = dl * F(qq - hv)
+                    qs = src[q + 16 * half:q + 16 * half + 16]
+                    hm = src[o + 16 * half:o + 16 * half + 16]
+                    yy = y[base + 16 * half:base + 16 * half + 16]
+                    for l in range(n16):
+                        hv = 0 if (np.int32(hm[l]) & m) else 4
+                        yy[l] = dl * F(((np.int32(qs[l]) >> shift) & 3) - hv)
                 m <<= 1
 
 
@@ -179,6 +196,7 @@ def _scale_min_k4(src, so, j):
 
 @njit
 def deq_q4_k(src, y):
+    n32 = _rt(32, y)
     for b in range(y.shape[0] // 256):
         o = 144 * b
         d = ld_f16(src, o)
@@ -192,9 +210,9 @@ def deq_q4_k(src, y):
             m2 = dmin * F(mn)
             q = src[o + 16 + 32 * j:o + 48 + 32 * j]
             yy = y[256 * b + 64 * j:256 * b + 64 * j + 64]
-            for l in range(32):
+            for l in range(n32):
                 yy[l] = d1 * F(np.int32(q[l]) & 15) - m1
-            for l in range(32):
+            for l in range(n32):
                 yy[32 + l] = d2 * F(np.int32(q[l]) >> 4) - m2
 
 
@@ -258,6 +276,7 @@ def _iq4_xs_scale(src, o, ib):
 
 @njit
 def deq_iq4_xs(src, y):
+    n16 = _rt(16, y)
     for b in range(y.shape[0] // 256):
         o = 136 * b
         d = ld_f16(src, o)
@@ -265,7 +284,7 @@ def deq_iq4_xs(src, y):
             dl = d * F(_iq4_xs_scale(src, o, ib))
             q = src[o + 8 + 16 * ib:o + 24 + 16 * ib]
             yy = y[256 * b + 32 * ib:256 * b + 32 * ib + 32]
-            for j in range(16):
-                v = np.int32(q[j])
-                yy[j] = dl * _KV[v & 15]
-                yy[j + 16] = dl * _KV[v >> 4]
+            for j in range(n16):
+                yy[j] = dl * _KV[np.int32(q[j]) & 15]
+            for j in range(n16):
+                yy[j + 16] = dl * _KV[np.int32(q[j]) >> 4]
