@@ -52,11 +52,12 @@ DEFAULT_TYPE_KV = "f32"
 
 # -- small ops: output arrays first in the docs, inputs never modified unless said -----------------
 
-@njit_fast
+@njit_fast_parallel
 def rmsnorm(x, w, eps, out):
-    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (sum of squares in float64, as ggml)."""
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (sum of squares in float64, as ggml). One row per
+    iteration (as in every small op here): the same values for any thread count."""
     n, d = x.shape
-    for r in range(n):
+    for r in prange(n):
         ss = 0.0
         for i in range(d):
             ss += np.float64(x[r, i]) * np.float64(x[r, i])
@@ -70,7 +71,7 @@ def _rope_store(q, k, v, kc, vc, pos0, cos, sin, n_head, n_head_kv, head_dim, n_
     float32 -> the cache's element, fp16 bits or float32)."""
     n = q.shape[0]
     half = n_rot // 2
-    for t in range(n):
+    for t in prange(n):
         p = pos0 + t
         for h in range(n_head):
             o = h * head_dim
@@ -138,7 +139,7 @@ def kv_kernels(kv_f16: bool):
     work) and parallel over (token, head) pairs for more."""
     tag = "kv16" if kv_f16 else "kv32"
     ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
-    return (build(_rope_store, tag, False, ST_KV=st), build(_attention, tag, False, LD_KV=ld),
+    return (build(_rope_store, tag, True, ST_KV=st), build(_attention, tag, False, LD_KV=ld),
             build(_attention, tag, True, LD_KV=ld))
 
 
@@ -176,11 +177,11 @@ def _causal_softmax(S, first, group, scale, inv):
 causal_softmax = njit_fast_parallel(_causal_softmax)
 
 
-@njit_fast
+@njit_fast_parallel
 def swiglu(gate, up):
     """gate <- silu(gate) * up."""
     n, d = gate.shape
-    for r in range(n):
+    for r in prange(n):
         for i in range(d):
             g = gate[r, i]
             gate[r, i] = g / (np.float32(1.0) + expf(-g)) * up[r, i]
@@ -350,8 +351,9 @@ class Runner:
         G = c.n_head // HKV
         n_kv = pos0 + n
         for h in range(HKV):
-            K = kc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32)                     # (n_kv, hd)
-            V = vc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32)
+            # (n_kv, hd) column slices: float32 ones go to BLAS as they are (leading dimension n_kv*...)
+            K = kc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32, copy=False)
+            V = vc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32, copy=False)
             Qh = np.ascontiguousarray(q[:, h * G * hd:(h + 1) * G * hd]).reshape(n * G, hd)  # rows (t, g)
             for t0 in range(0, n, ATTN_BLOCK):
                 t1 = min(n, t0 + ATTN_BLOCK)

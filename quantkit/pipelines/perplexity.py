@@ -621,7 +621,9 @@ def open_model(path, n_ctx: int, n_batch: int):
         if tok.n_vocab != model.config.n_vocab:
             raise FormatError(f"{model.path}: the tokenizer has {tok.n_vocab} tokens but the model "
                               f"{model.config.n_vocab}")
-        runner = Runner(model, n_ctx, ubatch(n_batch))
+        # passes of many rows never run the one-token decode step: skip building it (its compiled
+        # kernel and its huge-page copy of the weights cost ~1 s and the weights' size in memory)
+        runner = Runner(model, n_ctx, ubatch(n_batch), compiled_step=ubatch(n_batch) == 1)
     except BaseException:
         model.close()
         raise
