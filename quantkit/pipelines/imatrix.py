@@ -35,6 +35,7 @@ from typing import Callable
 import numpy as np
 
 from quantkit.errors import FormatError, QuantkitError
+from quantkit.jit import njit_parallel, prange
 from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
 
 Log = Callable[[str], None]
@@ -102,6 +103,23 @@ class Accumulator:
         return Imatrix(entries, list(datasets), self.last_chunk(), self.chunk_size)
 
 
+@njit_parallel
+def _add_col_sumsq(x, out):
+    """out[j] += sum over rows of x[r, j]^2 in float64, rows in order; prange over stripes of 64
+    columns, so every column is summed by one thread in the same order for any thread count."""
+    n, d = x.shape
+    for s in prange((d + 63) // 64):
+        c0 = s * 64
+        c1 = min(d, c0 + 64)
+        acc = np.zeros(c1 - c0, np.float64)
+        for r in range(n):
+            row = x[r, c0:c1]
+            for j in range(c1 - c0):
+                acc[j] += np.float64(row[j]) * np.float64(row[j])
+        for j in range(c1 - c0):
+            out[c0 + j] += acc[j]
+
+
 class Collector:
     """The ``runner.collect`` hook: add sums of squares per input column for the selected weights."""
 
@@ -117,8 +135,6 @@ class Collector:
         if not self.wanted(name):
             return
         acc = self.acc
-        x64 = x.astype(np.float64)
-        sq = np.einsum("ij,ij->j", x64, x64)
         s = acc.sums.get(name)
         if s is None:
             s = acc.sums[name] = np.zeros((1, x.shape[1]), np.float64)
@@ -126,7 +142,7 @@ class Collector:
             acc.sources[name] = "this run"
         elif s.size != x.shape[1]:
             raise ImatrixError(f"inconsistent size for {name} ({s.size} loaded vs {x.shape[1]} in the model)")
-        s[0] += sq
+        _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), s[0])
         if not np.isfinite(s).all():
             raise ImatrixError(f"non-finite values detected in {name}")
         c = acc.counts[name]
