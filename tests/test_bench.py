@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from gguf import GGMLQuantizationType as T
 
 from quantkit.cli import main
+from quantkit.jit import get_threads, set_threads
 from quantkit.pipelines import bench as B
 from quantkit.quants import quantize
 
@@ -324,6 +325,30 @@ def test_affinity_mask(tiny):
     assert os.sched_getaffinity(0) == a.initial
     with pytest.raises(B.BenchError, match="none of CPUs"):
         a.apply(hex(1 << 1000), False)
+
+
+def test_affinity_strict_pins_numba_workers_to_their_own_cpus():
+    """--cpu-strict: numba's worker k (found by thread id, the main thread is worker 0) on the k-th CPU
+    of the mask, each alone; threads that are not numba's (OpenBLAS's pool) keep the whole mask."""
+    if not hasattr(os, "sched_setaffinity"):
+        pytest.skip("no sched_setaffinity on this OS")
+    a = B.Affinity()
+    cpus = sorted(a.initial)[:2]
+    if len(cpus) < 2:
+        pytest.skip("needs two CPUs")
+    before = get_threads()
+    set_threads(2)
+    try:
+        a.apply(hex((1 << cpus[0]) | (1 << cpus[1])), True)
+        workers = B._numba_worker_tids()
+        assert len(workers) == 2 and workers[0] == os.getpid()
+        assert [os.sched_getaffinity(t) for t in workers] == [{cpus[0]}, {cpus[1]}]
+        others = [t for t in B.Affinity._tasks() if t not in workers]
+        assert all(os.sched_getaffinity(t) == set(cpus) for t in others)
+    finally:
+        a.restore()
+        set_threads(before)
+    assert os.sched_getaffinity(0) == a.initial
 
 
 # -- the command line --------------------------------------------------------------------------------

@@ -620,12 +620,41 @@ def make_printer(fmt: str, out: TextIO) -> Printer:
 # -- thread affinity ---------------------------------------------------------------------------------
 
 
+_WORKER_TIDS = None
+
+
+def _numba_worker_tids() -> list[int]:
+    """The Linux thread ids of numba's workers 0..get_num_threads()-1 (worker 0 is the calling thread):
+    a parallel loop in which every worker writes its ``gettid()`` at its ``numba.get_thread_id()``."""
+    global _WORKER_TIDS
+    import ctypes
+
+    import numba
+
+    from quantkit.jit import get_threads
+
+    if _WORKER_TIDS is None:
+        gettid = ctypes.CDLL(None).gettid
+        gettid.restype, gettid.argtypes = ctypes.c_int, []
+
+        @numba.njit(parallel=True, cache=False)     # a ctypes pointer cannot go into numba's cache
+        def tids(out):
+            for i in numba.prange(out.shape[0] * 256):
+                out[numba.get_thread_id()] = gettid()
+
+        _WORKER_TIDS = tids
+    out = np.zeros(get_threads(), np.int64)
+    _WORKER_TIDS(out)
+    return [int(t) for t in out if t > 0]
+
+
 class Affinity:
     """``-C/--cpu-mask`` and ``--cpu-strict`` for numba's OpenMP workers.
 
     Linux's ``sched_setaffinity`` acts on one thread, so every thread of the process (/proc/self/task) is
-    set: with a mask and no strict, all get the mask; strict pins thread k (main thread first, then by
-    thread id) to the k-th CPU of the mask, round-robin, like ggml's strict threadpool. Mask 0 restores the
+    set: with a mask and no strict, all get the mask; strict pins numba's worker k (the main thread is
+    worker 0; ids from ``_numba_worker_tids``) to the k-th CPU of the mask, round-robin, like ggml's
+    strict threadpool, and lets the other threads (OpenBLAS's) use the whole mask. Mask 0 restores the
     affinity the process started with. Applied before a test's priming pass and again before its warmup,
     so workers started by the first parallel call are covered too."""
 
@@ -653,16 +682,23 @@ class Affinity:
                                  f"(Python has no os.sched_setaffinity here)")
             return
         if not cpus:
-            plan = lambda k: self.initial  # noqa: E731
+            usable = sorted(self.initial)
         else:
             usable = sorted(cpus & self.initial)
             if not usable:
                 raise BenchError(f"--cpu-mask {mask}: none of CPUs {sorted(cpus)} is available to this process "
                                  f"(allowed: {sorted(self.initial)})")
-            plan = (lambda k: {usable[k % len(usable)]}) if strict else (lambda k: set(usable))  # noqa: E731
-        for k, tid in enumerate(self._tasks()):
+        target = {tid: set(usable) for tid in self._tasks()}
+        if cpus and strict:
+            # numba's workers, identified by their thread ids, each on its own CPU (the caller is worker
+            # 0); every other thread (OpenBLAS's pool, ...) may use the whole mask. Pinning by creation
+            # order instead put OpenBLAS's thread on the second CPU and numba's second worker beside the
+            # main thread: tg128 fell from ~175 to ~20 t/s on two cores.
+            for k, tid in enumerate(_numba_worker_tids()):
+                target[tid] = {usable[k % len(usable)]}
+        for tid, cpu_set in target.items():
             try:
-                os.sched_setaffinity(tid, plan(k))
+                os.sched_setaffinity(tid, cpu_set)
             except ProcessLookupError:  # the thread ended meanwhile
                 continue
             except OSError as e:
@@ -828,8 +864,6 @@ class BenchSession:
     def _prime(self, inst: Instance) -> None:
         """Compile (or load from numba's cache) every kernel path the test will take, untimed: one forward
         of each distinct sub-batch size the test's prompt runs produce, and one single-token step."""
-        from quantkit.model.forward import Runner
-
         sizes = set()
         for n in (inst.n_prompt, inst.n_depth):
             for c0 in range(0, n, inst.n_batch):
@@ -841,10 +875,13 @@ class BenchSession:
         todo = sorted(sizes - self.loaded.primed)
         if not todo:
             return
-        r = Runner(self.loaded.llama, max(todo), n_batch=max(todo))
+        # the test's own runner (its context and batch hold every size): a second Runner would make a
+        # second huge-page copy of the weights, and the timed one could then get fewer huge pages
+        r = self.runner
         for s in todo:
             r.reset()
             r.forward(np.zeros(s, np.int64), logits="last")
+        _kv_clear(r)
         self.loaded.primed.update(todo)
 
     def _depth(self, inst: Instance, rep: int) -> None:
