@@ -151,9 +151,9 @@ ATTN_BLOCK = 256
 
 @njit_fast
 def _softmax_row(row, lim, scale):
-    """row[:lim] <- softmax(scale * row[:lim]), row[lim:] <- 0, in the old op order (scale, max, exp,
-    float32 sum, multiply by 1 / sum) -- deferring the division to the rows of S @ V measured the same
-    speed and moved the quantized files' results away from llama.cpp's. A 1-D contiguous row in its own
+    """row[:lim] <- softmax(scale * row[:lim]), row[lim:] <- 0, in ggml's non-flash-attention op
+    order (scale, max, exp, float32 sum, multiply by 1 / sum) -- deferring the division to the rows of
+    S @ V measured the same speed and moved the quantized files' results away from llama.cpp's. A 1-D contiguous row in its own
     function: inlined into the prange body below, the loops stay vectorized (written there directly
     they were lowered with scattered stores)."""
     for j in range(lim):
