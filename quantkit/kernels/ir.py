@@ -640,6 +640,21 @@ def _ld_f16_hw(typingctx, a, off):
 
 
 @intrinsic
+def prefetch(typingctx, a, off):
+    """Prefetch (``prefetcht0``) the cache line holding byte ``off`` of array ``a``. No bounds check:
+    a prefetch never faults, so ``off`` may lie past the array's end (the next row of a matrix)."""
+    sig = types.void(a, off)
+
+    def codegen(context, builder, signature, args):
+        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+        pf = _decl(builder.module, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+        builder.call(pf, [p, ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
 def ld_u16(typingctx, a, off):
     """The little-endian uint16 at byte ``off`` of array ``a`` (as uint32)."""
     sig = types.uint32(a, off)

@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels import dequant as dq
-from quantkit.kernels.ir import IR_DIGEST, default_variant, ld_bf16, ld_f16, ld_f32, row_dots
+from quantkit.kernels.ir import IR_DIGEST, PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch, row_dots
 
 F = np.float32
 
@@ -45,8 +45,15 @@ def rowdot2_split(wr, xq, xd, xs, sc):
 
 
 # -- unquantized weights: float32 activations (xq is the float32 row; xd, xs unused) ---------------
+# Each first prefetches the next row's cache lines (rows lie one after another; past the matrix's end
+# the prefetch is harmless): streaming F16 rows from DRAM measured 10-25 % faster so (SmolLM2 shapes,
+# 1 and 2 threads; prefetching 2+ rows ahead was slower). ``PREFETCH`` = 0 turns it off as for the
+# quantized dots.
 
 def rowdot_f32(wr, xq, xd, xs, sc):
+    if PREFETCH:
+        for o in range(wr.shape[0], 2 * wr.shape[0], 64):
+            prefetch(wr, o)
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += ld_f32(wr, 4 * j) * xq[j]
@@ -55,6 +62,9 @@ def rowdot_f32(wr, xq, xd, xs, sc):
 
 def rowdot_f16(wr, xq, xd, xs, sc):
     """F16 weights; ``xq`` is already rounded to fp16 (kind 'F16': ggml's vec_dot_type F16)."""
+    if PREFETCH:
+        for o in range(wr.shape[0], 2 * wr.shape[0], 64):
+            prefetch(wr, o)
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += ld_f16(wr, 2 * j) * xq[j]
@@ -63,6 +73,9 @@ def rowdot_f16(wr, xq, xd, xs, sc):
 
 def rowdot_bf16(wr, xq, xd, xs, sc):
     """BF16 weights; ``xq`` is already rounded to bf16 (kind 'BF16', ggml's vec_dot_type BF16)."""
+    if PREFETCH:
+        for o in range(wr.shape[0], 2 * wr.shape[0], 64):
+            prefetch(wr, o)
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += ld_bf16(wr, 2 * j) * xq[j]
