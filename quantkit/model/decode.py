@@ -35,7 +35,7 @@ attention. Each output element is computed by one thread with the same code, so 
 depend on the thread count. Everything else (norms, quantization, RoPE) runs on the calling thread.
 
 The KV cache is passed in as ``uint16`` (fp16 bits, as llama.cpp's default f16 cache) or float32;
-one body is built for each (``LD_KV`` / ``ST_KV``).
+one body is built for each (``ST_KV``, and ``attend_kernel``'s ``LD_KV``).
 """
 
 from __future__ import annotations
@@ -45,7 +45,6 @@ import mmap
 import os
 
 import numpy as np
-from gguf import GGMLQuantizationType as T
 
 from quantkit.errors import ModelError
 from quantkit.jit import bits_to_f32, njit_fast, prange
@@ -264,6 +263,55 @@ def kv_f32_same(v):
     return v
 
 
+def kv_dot(q, k, n):
+    """q[:n] . k[:n], ``k`` a slice of a K cache row (``LD_KV`` loads it)."""
+    acc = np.float32(0.0)
+    for i in range(n):
+        acc += q[i] * LD_KV(k[i])  # noqa: F821
+    return acc
+
+
+def kv_axpy(p, v, y, n):
+    """y[:n] += p * v[:n], ``v`` a slice of a V cache row."""
+    for i in range(n):
+        y[i] += p * LD_KV(v[i])  # noqa: F821
+
+
+@njit_fast
+def exp_shift_sum(s, n, mx):
+    """s[:n] <- exp(s[:n] - mx); -> their float32 sum."""
+    tot = np.float32(0.0)
+    for t in range(n):
+        e = expf(s[t] - mx)
+        s[t] = e
+        tot += e
+    return tot
+
+
+def attend_head(q, kl, vl, ko, n_kv, scale, s, y):
+    """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows 0..n_kv-1 of
+    kl / vl (n_ctx, n_head_kv * head_dim) from column ko; s (>= n_kv) scratch for the scores. ggml's
+    op order (scale, max, exp, float32 sum, multiply by 1 / sum). Its loops are functions of their
+    own on 1-D slices: written inside a prange body they stayed scalar (10x slower; over 768 cached
+    positions attention was most of a decode step's time)."""
+    hd = q.shape[0]
+    for t in range(n_kv):
+        s[t] = KV_DOT(q, kl[t, ko:ko + hd], hd) * scale  # noqa: F821
+    mx = max_f32(s, n_kv)
+    inv = np.float32(1.0) / exp_shift_sum(s, n_kv, mx)
+    y[:] = 0.0
+    for t in range(n_kv):
+        KV_AXPY(s[t] * inv, vl[t, ko:ko + hd], y, hd)  # noqa: F821
+
+
+def attend_kernel(kv_f16: bool):
+    """The compiled ``attend_head`` for an fp16-bits (uint16) or float32 KV cache."""
+    tag = "kv16" if kv_f16 else "kv32"
+    ld = kv_f16_load if kv_f16 else kv_f32_same
+    return build(attend_head, tag, False, KV_DOT=build(kv_dot, tag, False, LD_KV=ld),
+                 KV_AXPY=build(kv_axpy, tag, False, LD_KV=ld))
+
+
 # -- the step ---------------------------------------------------------------------------------------
 
 def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
@@ -326,31 +374,8 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
         kl = kc[l]
         vl = vc[l]
         for h in prange(n_head):
-            qo = h * hd
-            ko = (h // group) * hd
-            s = scores[h]
-            mx = np.float32(-np.inf)
-            for t in range(n_kv):
-                kr = kl[t]
-                acc = np.float32(0.0)
-                for i in range(hd):
-                    acc += qkv[qo + i] * LD_KV(kr[ko + i])  # noqa: F821
-                acc *= scale
-                s[t] = acc
-                mx = max(mx, acc)
-            tot = np.float32(0.0)
-            for t in range(n_kv):
-                e = expf(s[t] - mx)
-                s[t] = e
-                tot += e
-            inv = np.float32(1.0) / tot
-            for i in range(hd):
-                xa[qo + i] = 0.0
-            for t in range(n_kv):
-                p = s[t] * inv
-                vr = vl[t]
-                for i in range(hd):
-                    xa[qo + i] += p * LD_KV(vr[ko + i])  # noqa: F821
+            ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, n_kv, scale, scores[h],  # noqa: F821
+                   xa[h * hd:(h + 1) * hd])
         quantize_needed(need[l, 1], aE)
         co = (w[3, 2] + CHUNK - 1) // CHUNK
         for c in prange(co):
@@ -454,7 +479,7 @@ def step_kernel(types: tuple, variant: str, kv_f16: bool):
     rows_fn = build(rows_body, tag, False, **rows)
     deq_fn = build(deq_body, tag, False, **deqs)
     ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
-    return build(step_body, tag, True, ROWS=rows_fn, DEQROW=deq_fn, LD_KV=ld, ST_KV=st)
+    return build(step_body, tag, True, ROWS=rows_fn, DEQROW=deq_fn, ST_KV=st, ATTEND=attend_kernel(kv_f16))
 
 
 class DecodeStep:

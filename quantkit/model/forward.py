@@ -40,7 +40,7 @@ from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import build
-from quantkit.model.decode import MATS, DecodeStep, expf, max_f32, kv_f16_load, kv_f16_store, kv_f32_same
+from quantkit.model.decode import MATS, DecodeStep, attend_kernel, expf, max_f32, kv_f16_store, kv_f32_same
 from quantkit.model.llama import Llama, Weight
 
 COLLECT_MIN_ROWS = 16
@@ -99,38 +99,16 @@ def _rope_store(q, k, v, kc, vc, pos0, cos, sin, n_head, n_head_kv, head_dim, n_
 
 def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, out):
     """Causal grouped-query attention: query t (at pos0+t), head h sees cache rows 0..pos0+t of
-    kv head h // (n_head / n_head_kv). out (n, n_head*head_dim). One (t, h) pair per iteration,
-    so the result does not depend on the thread count."""
+    kv head h // (n_head / n_head_kv). out (n, n_head*head_dim). One (t, h) pair per iteration (the
+    decode step's ``attend_head``), so the result does not depend on the thread count."""
     n = q.shape[0]
     group = n_head // n_head_kv
     for th in prange(n * n_head):
         t = th // n_head
         h = th - t * n_head
-        qo = h * head_dim
-        ko = (h // group) * head_dim
         n_kv = pos0 + t + 1
-        att = np.empty(n_kv, np.float32)
-        mx = np.float32(-np.inf)
-        for j in range(n_kv):
-            s = np.float32(0.0)
-            for i in range(head_dim):
-                s += q[t, qo + i] * LD_KV(kc[j, ko + i])  # noqa: F821
-            s *= scale
-            att[j] = s
-            if s > mx:
-                mx = s
-        tot = np.float32(0.0)
-        for j in range(n_kv):
-            e = expf(att[j] - mx)
-            att[j] = e
-            tot += e
-        inv = np.float32(1.0) / tot
-        for i in range(head_dim):
-            out[t, qo + i] = 0.0
-        for j in range(n_kv):
-            a = att[j] * inv
-            for i in range(head_dim):
-                out[t, qo + i] += a * LD_KV(vc[j, ko + i])  # noqa: F821
+        ATTEND(q[t, h * head_dim:(h + 1) * head_dim], kc, vc, (h // group) * head_dim, n_kv, scale,  # noqa: F821
+               np.empty(n_kv, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
 
 
 def kv_kernels(kv_f16: bool):
@@ -138,9 +116,10 @@ def kv_kernels(kv_f16: bool):
     The attention body is compiled serial for a few tokens (a parallel launch costs more than 9 heads of
     work) and parallel over (token, head) pairs for more."""
     tag = "kv16" if kv_f16 else "kv32"
-    ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
-    return (build(_rope_store, tag, True, ST_KV=st), build(_attention, tag, False, LD_KV=ld),
-            build(_attention, tag, True, LD_KV=ld))
+    st = kv_f16_store if kv_f16 else kv_f32_same
+    att = attend_kernel(kv_f16)
+    return (build(_rope_store, tag, True, ST_KV=st), build(_attention, tag, False, ATTEND=att),
+            build(_attention, tag, True, ATTEND=att))
 
 
 PARALLEL_ATTENTION_MIN_TOKENS = 4
