@@ -92,3 +92,25 @@ def test_greedy_output_same_for_1_and_2_threads():
     for r in outs:
         assert r.exit_code == 0, r.output
     assert outs[0].stdout == outs[1].stdout
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 40])
+def test_warm_up_leaves_a_clean_runner(tmp_path, n):
+    """run's warm-up (a batch of the prompt's path, one decode step) leaves the cache cleared: the
+    prompt's logits and the next steps after it equal a fresh Runner's, bit for bit."""
+    import numpy as np
+
+    from quantkit.model.forward import Runner
+    from quantkit.model.llama import Llama
+    from quantkit.pipelines.generate import warm_up
+    from test_model import TOKENS, write_tiny
+
+    ids = (TOKENS * 3)[:n]
+    with Llama(write_tiny(tmp_path / "tiny.gguf")) as m:
+        fresh, warmed = Runner(m, 64), Runner(m, 64)
+        warm_up(warmed, ids)
+        assert warmed.n_past == 0
+        got = [[r.forward(ids, 0, logits="last")] + [r.forward([t], n + i) for i, t in enumerate(TOKENS[:3])]
+               for r in (fresh, warmed)]
+        for a, b in zip(*got):
+            np.testing.assert_array_equal(a, b)

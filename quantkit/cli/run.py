@@ -62,7 +62,7 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
     from quantkit.model.llama import Llama
     from quantkit.model.sampling import Sampler, SamplerParams
     from quantkit.model.tokenizer import Tokenizer
-    from quantkit.pipelines.generate import check_prompt, generate, render_chat
+    from quantkit.pipelines.generate import check_prompt, generate, render_chat, warm_up
 
     set_threads(threads)
     params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -89,12 +89,7 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
         ids = tok.encode(prompt, add_special=True, parse_special=False)
     check_prompt(len(ids), n_ctx)
     runner = Runner(model, n_ctx)
-    # warmup, as llama.cpp does: one decode step compiles (or loads from the cache) the per-token path,
-    # so that its cost shows in the load time and not in the tokens/s
-    import numpy as np
-
-    runner.forward(np.asarray(ids[:1], dtype=np.int64), 0, logits="none")
-    runner.reset()
+    warm_up(runner, ids)
     sampler = Sampler(params, n_ctx)
     load_s = time.perf_counter() - t_load
     if not sampler.greedy:

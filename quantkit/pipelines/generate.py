@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from quantkit.errors import ModelError
-from quantkit.model.forward import Runner
+from quantkit.model.forward import BLAS_ATTENTION_MIN_TOKENS, Runner
 from quantkit.model.sampling import Sampler
 
 
@@ -62,6 +62,19 @@ def check_prompt(n_prompt: int, n_ctx: int) -> None:
     if n_prompt >= n_ctx:
         raise ModelError(f"the prompt is {n_prompt} tokens, too long for a context of {n_ctx} "
                          f"(raise -c, up to the model's trained length)")
+
+
+def warm_up(runner: Runner, prompt_ids: Sequence[int]) -> None:
+    """What llama.cpp's warmup run is for: a short batch of the prompt and one decode step compile (or
+    load from numba's cache) the kernels of the prompt's path and of the per-token path, so that their
+    cost counts as load time and not in the prompt's or the generation's tokens/s. The cache is cleared
+    after. From ``BLAS_ATTENTION_MIN_TOKENS`` tokens on a prompt takes the BLAS path whatever its length,
+    so that many tokens load it."""
+    warm = np.asarray(prompt_ids[:BLAS_ATTENTION_MIN_TOKENS], dtype=np.int64)
+    runner.forward(warm, 0, logits="last")
+    if warm.size > 1:
+        runner.forward(warm[:1], int(warm.size), logits="last")
+    runner.reset()
 
 
 def generate(runner: Runner, prompt_ids: Sequence[int], n_predict: int, sampler: Sampler,
