@@ -50,10 +50,16 @@ def rowdot2_split(wr, xq, xd, xs, sc):
 # 1 and 2 threads; prefetching 2+ rows ahead was slower). ``PREFETCH`` = 0 turns it off as for the
 # quantized dots.
 
-def rowdot_f32(wr, xq, xd, xs, sc):
+def prefetch_next_row(wr):
+    """Prefetch the cache lines of the row after ``wr`` (the next ``wr.shape[0]`` bytes). Bound into
+    the bodies below as ``NEXT_ROW`` by ``build``, whose cache tag carries ``PREFETCH``."""
     if PREFETCH:
         for o in range(wr.shape[0], 2 * wr.shape[0], 64):
             prefetch(wr, o)
+
+
+def rowdot_f32(wr, xq, xd, xs, sc):
+    NEXT_ROW(wr)  # noqa: F821
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += ld_f32(wr, 4 * j) * xq[j]
@@ -62,9 +68,7 @@ def rowdot_f32(wr, xq, xd, xs, sc):
 
 def rowdot_f16(wr, xq, xd, xs, sc):
     """F16 weights; ``xq`` is already rounded to fp16 (kind 'F16': ggml's vec_dot_type F16)."""
-    if PREFETCH:
-        for o in range(wr.shape[0], 2 * wr.shape[0], 64):
-            prefetch(wr, o)
+    NEXT_ROW(wr)  # noqa: F821
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += ld_f16(wr, 2 * j) * xq[j]
@@ -73,9 +77,7 @@ def rowdot_f16(wr, xq, xd, xs, sc):
 
 def rowdot_bf16(wr, xq, xd, xs, sc):
     """BF16 weights; ``xq`` is already rounded to bf16 (kind 'BF16', ggml's vec_dot_type BF16)."""
-    if PREFETCH:
-        for o in range(wr.shape[0], 2 * wr.shape[0], 64):
-            prefetch(wr, o)
+    NEXT_ROW(wr)  # noqa: F821
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += ld_bf16(wr, 2 * j) * xq[j]
@@ -230,7 +232,7 @@ def rowdot_kernel(wtype, variant: str | None = None):
     t = T(wtype)
     body = KERNEL_TRAITS[t][0]
     if t in (T.F32, T.F16, T.BF16):
-        return build(body, "f", False)
+        return build(body, "f", False, NEXT_ROW=build(prefetch_next_row, "f", False))
     return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
 
 

@@ -40,7 +40,8 @@ from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import build
-from quantkit.model.decode import MATS, DecodeStep, attend_kernel, expf, max_f32, kv_f16_store, kv_f32_same
+from quantkit.model.decode import (MATS, DecodeStep, attend_kernel, exp_shift_sum, expf, kv_f16_store, kv_f32_same,
+                                   max_f32)
 from quantkit.model.llama import Llama, Weight
 
 COLLECT_MIN_ROWS = 16
@@ -131,19 +132,13 @@ ATTN_BLOCK = 256
 @njit_fast
 def _softmax_row(row, lim, scale):
     """row[:lim] <- softmax(scale * row[:lim]), row[lim:] <- 0, in ggml's non-flash-attention op
-    order (scale, max, exp, float32 sum, multiply by 1 / sum) -- deferring the division to the rows of
-    S @ V measured the same speed and moved the quantized files' results away from llama.cpp's. A 1-D contiguous row in its own
-    function: inlined into the prange body below, the loops stay vectorized (written there directly
-    they were lowered with scattered stores)."""
+    order (scale, max, exp, float32 sum, multiply by 1 / sum) -- deferring the division to the rows
+    of S @ V measured the same speed and moved the quantized files' results away from llama.cpp's.
+    A 1-D contiguous row in its own function: inlined into the prange body below, the loops stay
+    vectorized (written there directly they were lowered with scattered stores)."""
     for j in range(lim):
         row[j] *= scale
-    mx = max_f32(row, lim)
-    tot = np.float32(0.0)
-    for j in range(lim):
-        e = expf(row[j] - mx)
-        row[j] = e
-        tot += e
-    inv = np.float32(1.0) / tot
+    inv = np.float32(1.0) / exp_shift_sum(row, lim, max_f32(row, lim))
     for j in range(lim):
         row[j] *= inv
     row[lim:] = 0.0

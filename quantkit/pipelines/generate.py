@@ -15,6 +15,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from quantkit.errors import ModelError
+from quantkit.kernels import PREFILL_MIN_TOKENS
 from quantkit.model.forward import BLAS_ATTENTION_MIN_TOKENS, Runner
 from quantkit.model.sampling import Sampler
 
@@ -68,9 +69,9 @@ def warm_up(runner: Runner, prompt_ids: Sequence[int]) -> None:
     """What llama.cpp's warmup run is for: a short batch of the prompt and one decode step compile (or
     load from numba's cache) the kernels of the prompt's path and of the per-token path, so that their
     cost counts as load time and not in the prompt's or the generation's tokens/s. The cache is cleared
-    after. From ``BLAS_ATTENTION_MIN_TOKENS`` tokens on a prompt takes the BLAS path whatever its length,
-    so that many tokens load it."""
-    warm = np.asarray(prompt_ids[:BLAS_ATTENTION_MIN_TOKENS], dtype=np.int64)
+    after. From ``PREFILL_MIN_TOKENS`` (products) and ``BLAS_ATTENTION_MIN_TOKENS`` (attention) tokens on
+    a prompt takes the BLAS path whatever its length, so that many tokens load it."""
+    warm = np.asarray(prompt_ids[:max(PREFILL_MIN_TOKENS, BLAS_ATTENTION_MIN_TOKENS)], dtype=np.int64)
     runner.forward(warm, 0, logits="last")
     if warm.size > 1:
         runner.forward(warm[:1], int(warm.size), logits="last")
