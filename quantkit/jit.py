@@ -6,11 +6,16 @@
 * ``njit_fast_parallel``
 
 Compiled code is cached in ``NUMBA_CACHE_DIR`` (the Makefile points it inside the checkout).
+``announce_compiles()`` makes a cold compile visible: numba raises its ``numba:compile`` event only
+when a kernel is really compiled, not when it is loaded from that cache.
 """
 
 from __future__ import annotations
 
 import os
+import re
+import sys
+import time
 
 import numba
 from numba import types
@@ -147,3 +152,91 @@ def f32_to_half_bits(typingctx, x):
         return builder.bitcast(h, ir.IntType(16))
 
     return sig, codegen
+
+
+# -- the first compile, made visible ----------------------------------------------------------------
+
+#: ggml type names inside a kernel's name (``rowdot_q__Q4_K_vnni_ser_...``, ``quantize_rows_q6_k``)
+_TYPE_IN_NAME = re.compile(r"(?<![a-z0-9])(i?q\d_(?:k|0|1|nl|xs)|bf16|f16)(?![a-z0-9])", re.IGNORECASE)
+
+
+class CompileNotice:
+    """Says on stderr that kernels are being compiled (first run only) and for which types.
+
+    On a terminal one status line is rewritten in place (kernels compiled so far, the types they are
+    for, seconds); elsewhere one line when the first compile starts and one summary at ``done()``.
+    ``QUANTKIT_COMPILE_NOTICE=0`` silences it (the test suite does, so command output stays exact)."""
+
+    def __init__(self, stream=None):
+        self.stream = stream or sys.stderr
+        self.tty = bool(getattr(self.stream, "isatty", lambda: False)())
+        self.depth = 0
+        self.count = 0
+        self.types: list[str] = []
+        self.t0 = 0.0
+        self.shown = 0.0
+
+    def _status(self) -> str:
+        kinds = f" for {', '.join(self.types)}" if self.types else ""
+        return (f"compiling kernels{kinds} (first run only, cached for later runs): "
+                f"{self.count} done, {time.perf_counter() - self.t0:.0f} s")
+
+    def on_start(self, name: str) -> None:
+        if self.depth == 0 and self.count == 0:
+            self.t0 = time.perf_counter()
+            if not self.tty:
+                print("compiling kernels (first run only, cached for later runs) ...", file=self.stream, flush=True)
+        self.depth += 1
+        for m in _TYPE_IN_NAME.findall(name):
+            t = m.upper()
+            if t not in self.types:
+                self.types.append(t)
+
+    def on_end(self) -> None:
+        self.depth -= 1
+        self.count += 1
+        now = time.perf_counter()
+        if self.tty and now - self.shown > 0.25:
+            self.shown = now
+            print("\r\033[K" + self._status(), end="", file=self.stream, flush=True)
+
+    def done(self) -> None:
+        """The summary line, once the command's compiles are over (nothing if nothing compiled)."""
+        if self.count:
+            print(("\r\033[K" if self.tty else "") + self._status().replace(": ", " -- ", 1),
+                  file=self.stream, flush=True)
+            self.count = 0
+            self.types = []
+
+
+_NOTICE: CompileNotice | None = None
+_LISTENER = None
+
+
+def announce_compiles(stream=None) -> CompileNotice | None:
+    """Install (once) the listener that reports cold compiles; returns it (None when silenced)."""
+    global _NOTICE, _LISTENER
+    if _NOTICE is not None or os.environ.get("QUANTKIT_COMPILE_NOTICE", "1") == "0":
+        return _NOTICE
+    from numba.core import event
+
+    notice = CompileNotice(stream)
+
+    class _Listener(event.Listener):
+        def on_start(self, ev):
+            d = ev.data.get("dispatcher") if isinstance(ev.data, dict) else None
+            notice.on_start(getattr(getattr(d, "py_func", None), "__name__", ""))
+
+        def on_end(self, ev):
+            notice.on_end()
+
+    _LISTENER = _Listener()
+    event.register("numba:compile", _LISTENER)
+    _NOTICE = notice
+    return notice
+
+
+def compiles_done() -> None:
+    """End of a command: print the compile summary if anything was compiled."""
+    if _NOTICE is not None:
+        _NOTICE.done()

@@ -8,6 +8,10 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+# Commands' output is compared exactly; the first-compile notice (quantkit.jit.announce_compiles)
+# has its own test.
+os.environ["QUANTKIT_COMPILE_NOTICE"] = "0"
+
 from quantkit.cli import main
 from quantkit.formats.locate import bundled_model
 

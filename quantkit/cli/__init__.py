@@ -37,6 +37,9 @@ class _Group(click.Group):
             sys.exit(1)
         except MemoryError:
             raise click.ClickException("out of memory") from None
+        finally:
+            if "quantkit.jit" in sys.modules:  # the compile summary, if the command compiled anything
+                sys.modules["quantkit.jit"].compiles_done()
 
 
 @click.group(cls=_Group, context_settings=CONTEXT_SETTINGS)
@@ -47,6 +50,9 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _sigterm)
     except ValueError:  # not the main thread (e.g. under a test runner's thread)
         pass
+    from quantkit.jit import announce_compiles
+
+    announce_compiles()  # a cold numba compile says so on stderr (first run only)
 
 
 def threads_option(fn):
@@ -64,7 +70,7 @@ def threads_option(fn):
 # Subcommands register themselves on import.
 from quantkit.cli import roundtrip  # noqa: E402,F401
 
-for _mod in ("quantize", "run", "bench", "imatrix", "perplexity", "verify"):
+for _mod in ("quantize", "run", "bench", "imatrix", "perplexity", "verify", "warmup"):
     try:
         __import__(f"quantkit.cli.{_mod}")
     except ModuleNotFoundError as _e:

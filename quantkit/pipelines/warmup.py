@@ -1,0 +1,51 @@
+"""Compile ahead of time what the commands compile on their first run (numba caches it on disk).
+
+``warm_codecs`` runs every registered type's quantizer (ggml's reference path and, where the type has
+one, the importance-weighted path) and dequantizer on a few blocks: what ``quantize`` and ``roundtrip``
+compile. ``warm_model`` opens a model and runs ``run``'s own warm-up (a short batch of the prompt and
+one decode step) plus a batch with every position's logits (``perplexity``'s path): what ``run``,
+``bench`` and ``perplexity`` compile for that model's set of weight types.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Iterable
+
+import numpy as np
+
+from quantkit.quants import TRAITS, dequantize, quantize, traits
+
+
+def warm_codecs(types: Iterable | None = None, on_type: Callable[[str], None] | None = None) -> list[str]:
+    """Quantize and dequantize two rows of 256 values with each type (every registered one by default)."""
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 256), dtype=np.float32)
+    w = rng.random(256, dtype=np.float32) + np.float32(0.5)
+    done = []
+    for t in (types if types is not None else TRAITS):
+        tr = traits(t)
+        if on_type:
+            on_type(tr.qtype.name)
+        dequantize(quantize(x, tr.qtype), tr.qtype)
+        if tr.uses_imatrix:
+            quantize(x, tr.qtype, imatrix=w)
+        done.append(tr.qtype.name)
+    return done
+
+
+def warm_model(path, n_ctx: int = 128) -> None:
+    """Load ``path`` and run the kernels ``run`` / ``bench`` / ``perplexity`` use on it, then close it."""
+    from quantkit.model.forward import Runner
+    from quantkit.model.llama import Llama
+    from quantkit.pipelines.generate import warm_up
+
+    model = Llama(path)
+    try:
+        n_ctx = min(n_ctx, model.config.n_ctx_train)
+        runner = Runner(model, n_ctx)
+        ids = np.arange(1, n_ctx // 2 + 1, dtype=np.int64) % model.config.n_vocab
+        warm_up(runner, ids)
+        runner.forward(ids, 0, logits="all")
+        runner.reset()
+    finally:
+        model.close()
