@@ -14,7 +14,7 @@ import argparse
 import os
 import time
 
-# OpenBLAS on this machine is slower with these set (../shared/reference/numba-kernels.md).
+# OpenBLAS on this machine is slower with these set (docs/performance.md).
 for _v in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
     os.environ.pop(_v, None)
 

@@ -22,7 +22,7 @@ from numba import types
 from numba.extending import intrinsic
 
 # Pin the threading layer: omp launches prange loops in 1-2 us, workqueue in 60-90 us
-# (../shared/reference/numba-kernels.md). Fall back silently where omp is missing.
+# (docs/kernels.md). Fall back silently where omp is missing.
 if "NUMBA_THREADING_LAYER" not in os.environ:
     numba.config.THREADING_LAYER = "omp"
 

@@ -1,15 +1,16 @@
 """Which ggml type each tensor gets: llama.cpp's ``llama_tensor_get_type`` as a pure function.
 
-The rules are restated in ``/work/shared/reference/type-rules.md`` (section numbers below refer to it);
-they follow ``src/llama-quant.cpp`` of upstream llama.cpp. Nothing here does I/O or imports numba:
+The rules follow ``src/llama-quant.cpp`` of llama.cpp (the function each part follows is named where it
+is implemented). Nothing here does I/O or imports numba:
 the inputs are the GGUF metadata (plain values), the tensor list ``(name, shape, type)`` with GGUF
 shapes (``ne0`` first) and the user's options; the output is one record per tensor.
 
 Entry points:
 
 * ``plan_types(...)``   -> ``TypePlan``: per tensor the source and target type, whether a
-  ``--tensor-type`` pattern decided it, whether the shape fallback (§2.7) fired and from which type,
-  whether the target needs an imatrix (§1.4), in llama.cpp's processing order (§2.4).
+  ``--tensor-type`` pattern decided it, whether the shape fallback (``tensor_type_fallback``) fired and from which type,
+  whether the target needs an imatrix (``llama_model_quantize_impl``'s check), in llama.cpp's
+  processing order (the model loader's tensor order).
 * ``choose_types(...)`` -> ``{name: GGMLQuantizationType}``, the same decision as a dict.
 * ``FILE_TYPES``, ``parse_ftype``, ``parse_ggml_type``, ``parse_tensor_type_arg``: the CLI vocabulary.
 * ``is_70b``, ``use_more_bits``: the two model-shape predicates the mixture rules use.
@@ -40,11 +41,11 @@ class PolicyError(QuantkitError, ValueError):
 
 
 class NoFallbackError(PolicyError):
-    """A tensor's row length does not fit its target type and no fallback type is defined (§2.7)."""
+    """A tensor's row length does not fit its target type and no fallback type is defined (``tensor_type_fallback``)."""
 
 
 # ---------------------------------------------------------------------------------------------
-# File types (quantize.md §1.2)
+# File types (``include/llama.h``'s ``llama_ftype``, names from tools/quantize/quantize.cpp)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -52,7 +53,7 @@ class NoFallbackError(PolicyError):
 class FileType:
     name: str  # as llama-quantize spells it, e.g. "Q4_K_M"
     ftype_id: int  # llama.cpp's llama_ftype id (general.file_type); COPY shares 0 with F32
-    default: GGMLQuantizationType | None  # D in §2.1; None for COPY (every tensor keeps its type)
+    default: GGMLQuantizationType | None  # the file type's default ggml type; None for COPY (every tensor keeps its type)
     description: str  # llama-quantize's own help string
 
     @property
@@ -187,7 +188,7 @@ def _compile_pattern(pattern: str) -> re.Pattern[str]:
 
 
 # ---------------------------------------------------------------------------------------------
-# Model facts (§2.1)
+# Model facts (what ``llama_model_quantize_impl`` counts before choosing)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -287,7 +288,7 @@ class ModelFacts:
 
 
 # ---------------------------------------------------------------------------------------------
-# Eligibility (§2.2) and categories (§2.3)
+# Eligibility (``tensor_allows_quantization``) and categories (by tensor name)
 # ---------------------------------------------------------------------------------------------
 
 _NEVER_QUANTIZED_SUBSTRINGS: tuple[str, ...] = (
@@ -324,7 +325,7 @@ def n_dims(shape: Sequence[int]) -> int:
 
 
 def tensor_allows_quantization(name: str, shape: Sequence[int], *, leave_output_tensor: bool = False) -> bool:
-    """§2.2 for a non-COPY file type."""
+    """``tensor_allows_quantization`` for a non-COPY file type."""
     if n_dims(shape) < 2 or not name.endswith("weight"):
         return False
     if leave_output_tensor and name == "output.weight":
@@ -374,17 +375,17 @@ def layer_of(name: str) -> int | None:
 
 
 def processing_order_key(name: str) -> tuple[int, bytes]:
-    """The model loader's map order (§2.4): layer number (−1 without one), then the name's bytes."""
+    """The model loader's map order: layer number (−1 without one), then the name's bytes."""
     layer = layer_of(name)
     return (-1 if layer is None else layer, name.encode())
 
 
 # ---------------------------------------------------------------------------------------------
-# Shape fallback (§2.7)
+# Shape fallback (``tensor_type_fallback``)
 # ---------------------------------------------------------------------------------------------
 
 # The 32-element block types fall back to f16 (their ncols cannot be a multiple of 32 here). This is
-# measured, not in type-rules.md §2.7, which says they have no fallback: llama.cpp as shipped in
+# measured, not what a first reading of ``tensor_type_fallback`` suggests (no fallback): llama.cpp as shipped in
 # llama-cpp-python 0.3.36 turns q8_0/q4_0/... on a 100-column tensor into f16 with the "must use F16
 # due to unusual shape" warning (tests/data/policy/odd100.json), while q1_0, nvfp4 and q8_K throw.
 _FALLBACK: dict[GGMLQuantizationType, GGMLQuantizationType] = {}
@@ -414,10 +415,10 @@ def fallback_type(qtype: GGMLQuantizationType, ncols: int, name: str) -> GGMLQua
 
 
 # ---------------------------------------------------------------------------------------------
-# The mixture rules (§2.6) and the outer procedure (§2.5)
+# The mixture rules (``llama_tensor_get_type``) and the outer procedure (``llama_model_quantize_impl``)
 # ---------------------------------------------------------------------------------------------
 
-# Targets that need an imatrix outside token_embd/output (quantize.md §1.4).
+# Targets that need an imatrix outside token_embd/output (``llama_model_quantize_impl``'s imatrix check).
 _IMATRIX_TYPES = frozenset(
     Q[n] for n in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
 )
@@ -430,9 +431,9 @@ class TensorPlan:
     source: GGMLQuantizationType
     target: GGMLQuantizationType
     category: str
-    quantizable: bool  # §2.2; False means copied unchanged
+    quantizable: bool  # tensor_allows_quantization; False means copied unchanged
     manual: bool  # decided by a --tensor-type pattern
-    fallback_from: GGMLQuantizationType | None  # the type §2.7 replaced, if it fired
+    fallback_from: GGMLQuantizationType | None  # the type tensor_type_fallback replaced, if it fired
     requires_imatrix: bool
 
     @property
@@ -447,7 +448,7 @@ class TensorPlan:
 @dataclass(frozen=True)
 class TypePlan:
     ftype: FileType
-    tensors: tuple[TensorPlan, ...]  # in llama.cpp's processing order (§2.4)
+    tensors: tuple[TensorPlan, ...]  # in llama.cpp's processing order
     n_fallback: int
     has_imatrix: bool
 
@@ -618,7 +619,7 @@ def plan_types(
     tensor_types: Sequence[tuple[str, str | GGMLQuantizationType]] = (),
     leave_output_tensor: bool = False,
 ) -> TypePlan:
-    """Decide every tensor's type as llama_model_quantize's preliminary pass does (§2.4–§2.7).
+    """Decide every tensor's type as llama_model_quantize's preliminary pass does (``llama_tensor_get_type`` per tensor, with the fallback).
 
     ``tensor_types`` are ``(regex, type)`` pairs in command-line order; the first pattern found
     anywhere in a tensor name wins. Patterns are used as given (``parse_tensor_type_arg`` lower-cases

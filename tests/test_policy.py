@@ -4,7 +4,7 @@ Two kinds of expectations:
 
 * golden tables measured from the real llama.cpp (tests/data/policy/*.json, made by
   tools/make_policy_golden.py; see tests/data/policy/README.md);
-* tables for real models' shapes written from the rules in type-rules.md §2 (restated here
+* tables for real models' shapes written from llama_tensor_get_type's rules (restated here
   independently of the implementation, as small per-category functions).
 """
 
@@ -94,7 +94,7 @@ def test_matches_llama_cpp(doc, case):
 
 
 # ---------------------------------------------------------------------------------------------
-# Real models' shapes, expectations from type-rules.md
+# Real models' shapes, expectations from llama_tensor_get_type's rules
 # ---------------------------------------------------------------------------------------------
 
 
@@ -158,7 +158,7 @@ def by(types, suffix):
     return [t for _, t in items]
 
 
-# type-rules.md §2.6, the "Result for a dense llama model" table, restated per column:
+# llama_tensor_get_type's result for a dense llama model, restated per column:
 # ftype -> (D, attn_v(i, n), attn_output, ffn_down(i, n))
 def _dense_rules(n_gqa):
     umb = use_more_bits

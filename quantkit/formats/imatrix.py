@@ -1,4 +1,5 @@
-"""Importance-matrix files in both formats llama.cpp writes (../shared/reference/imatrix.md §3.3-3.6).
+"""Importance-matrix files in both formats llama.cpp writes (tools/imatrix/imatrix.cpp's ``save_imatrix`` /
+``save_imatrix_legacy``, read back as common ``common_imatrix_load`` and tools/quantize/quantize.cpp's ``load_imatrix`` do).
 
 * GGUF (default since PR #9400): ``general.type = "imatrix"``, ``imatrix.datasets`` (str array),
   ``imatrix.chunk_count`` and ``imatrix.chunk_size`` (u32), and per weight (sorted by weight name)

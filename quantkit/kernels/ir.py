@@ -1,7 +1,7 @@
 """LLVM-IR building blocks for the integer dot products, emitted with ``numba.extending.intrinsic``.
 
 Plain numba types integer arithmetic as int64, so an int8 x int8 loop never becomes ``vpdpbusd``
-(../../../shared/reference/numba-kernels.md). Here the inner part of each block dot -- unpacking
+(docs/kernels.md). Here the inner part of each block dot -- unpacking
 the weight bits to 32 unsigned bytes per chunk and multiplying them with 32 int8 activations -- is
 written as LLVM IR. Everything else (fp16 scales, mins through the activation sums, the float
 accumulate) stays in ordinary numba code in ``vecdot.py``.

@@ -4,7 +4,7 @@
 one token: embedding row, then per layer RMSNorm, activation quantization (once per distinct input
 and activation kind), Q/K/V products, RoPE, KV store, attention over the cache, output product,
 residual, RMSNorm, gate/up products with SiLU, down product, residual; then the final norm and the
-logits product. No Python runs between layers (``../shared/reference/numba-kernels.md``: per-layer
+logits product. No Python runs between layers (docs/kernels.md: per-layer
 Python work over 30 layers costs more than the products of a small model).
 
 How the weights get in, and the type dispatch:

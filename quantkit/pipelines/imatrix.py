@@ -1,4 +1,4 @@
-"""Importance-matrix collection, combining and statistics, as llama-imatrix (../shared/reference/imatrix.md §3).
+"""Importance-matrix collection, combining and statistics, as llama-imatrix (tools/imatrix/imatrix.cpp).
 
 Collection: the forward pass calls ``Collector`` with the input ``x`` (rows, ne0) of every matrix
 product that has at least 16 rows (``quantkit.model.forward.COLLECT_MIN_ROWS``). Products over
@@ -395,7 +395,7 @@ def tensor_stats(name: str, sums: np.ndarray, counts: np.ndarray) -> TensorStats
 
 
 def statistics(im: Imatrix, chunk_size: int = 512) -> list[str]:
-    """``--show-statistics``: the per-tensor table and the per-layer weighted means (imatrix.md §3.7)."""
+    """``--show-statistics``: the per-tensor table and the per-layer weighted means (tools/imatrix/imatrix.cpp's ``show_statistics``)."""
     acc = Accumulator(chunk_size)
     acc.add_file(im)
     ts = [t for t in (tensor_stats(n, acc.sums[n], acc.counts[n]) for n in acc.sums) if t is not None]

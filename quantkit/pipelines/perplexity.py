@@ -1,4 +1,4 @@
-"""Perplexity and KL divergence, as llama-perplexity computes them (../shared/reference/bench-perplexity.md §5).
+"""Perplexity and KL divergence, as llama-perplexity computes them (tools/perplexity/perplexity.cpp).
 
 The procedure (tools/perplexity/perplexity.cpp, ``perplexity()`` and ``kl_divergence()``):
 
