@@ -165,7 +165,8 @@ class CompileNotice:
 
     On a terminal one status line is rewritten in place (kernels compiled so far, the types they are
     for, seconds); elsewhere one line when the first compile starts and one summary at ``done()``.
-    ``QUANTKIT_COMPILE_NOTICE=0`` silences it (the test suite does, so command output stays exact)."""
+    The command line turns it on (``QUANTKIT_COMPILE_NOTICE=1`` unless set); ``0`` silences it (the
+    test suite does, so command output stays exact); the library alone stays quiet."""
 
     def __init__(self, stream=None):
         self.stream = stream or sys.stderr
@@ -216,7 +217,7 @@ _LISTENER = None
 def announce_compiles(stream=None) -> CompileNotice | None:
     """Install (once) the listener that reports cold compiles; returns it (None when silenced)."""
     global _NOTICE, _LISTENER
-    if _NOTICE is not None or os.environ.get("QUANTKIT_COMPILE_NOTICE", "1") == "0":
+    if _NOTICE is not None or os.environ.get("QUANTKIT_COMPILE_NOTICE", "0") == "0":
         return _NOTICE
     from numba.core import event
 
@@ -240,3 +241,6 @@ def compiles_done() -> None:
     """End of a command: print the compile summary if anything was compiled."""
     if _NOTICE is not None:
         _NOTICE.done()
+
+
+announce_compiles()  # when the command line asked for it (QUANTKIT_COMPILE_NOTICE=1)

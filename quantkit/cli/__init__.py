@@ -9,6 +9,7 @@ errors never compile anything.
 from __future__ import annotations
 
 import functools
+import os
 import signal
 import sys
 
@@ -50,9 +51,11 @@ def main() -> None:
         signal.signal(signal.SIGTERM, _sigterm)
     except ValueError:  # not the main thread (e.g. under a test runner's thread)
         pass
-    from quantkit.jit import announce_compiles
-
-    announce_compiles()  # a cold numba compile says so on stderr (first run only)
+    # a cold numba compile says so on stderr (first run only): quantkit.jit installs the notice when it
+    # is imported, which a subcommand's --help never does
+    os.environ.setdefault("QUANTKIT_COMPILE_NOTICE", "1")
+    if "quantkit.jit" in sys.modules:
+        sys.modules["quantkit.jit"].announce_compiles()
 
 
 def threads_option(fn):
@@ -68,11 +71,4 @@ def threads_option(fn):
 
 
 # Subcommands register themselves on import.
-from quantkit.cli import roundtrip  # noqa: E402,F401
-
-for _mod in ("quantize", "run", "bench", "imatrix", "perplexity", "verify", "warmup"):
-    try:
-        __import__(f"quantkit.cli.{_mod}")
-    except ModuleNotFoundError as _e:
-        if _e.name != f"quantkit.cli.{_mod}":
-            raise
+from quantkit.cli import bench, imatrix, perplexity, quantize, roundtrip, run, verify, warmup  # noqa: E402,F401
