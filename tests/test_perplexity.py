@@ -20,6 +20,7 @@ import pytest
 
 from conftest import run_cli
 from quantkit.formats.locate import bundled_model
+from quantkit.formats.logits import open_logits
 from quantkit.pipelines import perplexity as pp
 
 DATA = Path(__file__).parent / "data" / "perplexity"
@@ -159,7 +160,7 @@ def test_reads_llama_base_file(models, tmp_path):
     assert hashlib.sha256(raw).hexdigest() == GOLDEN["tiny_base"]["sha256_uncompressed"]
     f = tmp_path / "llama.kld"
     f.write_bytes(raw)
-    base = pp.open_logits(f)
+    base = open_logits(f)
     assert (base.n_ctx, base.n_vocab, base.n_chunk, base.n_scored) == (4, 49152, 2, 1)
     model, tok, runner = pp.open_model(models["F16"], base.n_ctx, 4)
     with model:

@@ -60,7 +60,9 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, t
     if kl:
         if text_file:
             err(f"note: --kl-divergence reads the tokens from {base_file}; -f {text_file} is not used")
-        base = pp.open_logits(base_file)
+        from quantkit.formats.logits import open_logits
+
+        base = open_logits(base_file)
         model, tok, runner = pp.open_model(model_path, base.n_ctx, n_batch)
         with model:
             pp.check_base(base, model.config.n_vocab, model.config.n_ctx_train, n_ctx)

@@ -4,13 +4,15 @@
   typed key/value records needed to copy them exactly, ``tensors`` the tensors in file order, each with
   its GGUF shape (ne0 first), its ggml type and a zero-copy ``data`` view (uint8 bytes, one row of
   ``row_bytes`` per ne1*ne2*ne3 row).
-* ``GGUFOutput(path, kv, tensors)`` writes a new GGUF streaming one tensor at a time to a temporary
-  name beside ``path``; ``commit()`` renames it into place only when every byte is written. Used as a
-  context manager, an exception (or Ctrl-C) removes the temporary file and leaves ``path`` untouched.
+* ``GGUFOutput(path, kv, tensors)`` writes a new GGUF streaming one tensor at a time through
+  ``quantkit.formats.atomic.AtomicWriter``; ``commit()`` renames it into place only when every byte is
+  written. Used as a context manager, an exception (or Ctrl-C) removes the temporary file and leaves
+  ``path`` untouched. Its exact size is known before the first byte (``size``).
 """
 
 from __future__ import annotations
 
+import io
 import mmap
 import os
 import struct
@@ -21,8 +23,10 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGUF_DEFAULT_ALIGNMENT, GGMLQuantizationType, GGUFReader, GGUFValueType, GGUFWriter
+from gguf.gguf_writer import WriterState
 
 from quantkit.errors import FormatError
+from quantkit.formats.atomic import AtomicWriter
 
 GGUF_MAGIC = b"GGUF"
 
@@ -328,19 +332,16 @@ def remove_kv(kvs: list[KV], *keys: str) -> list[KV]:
 
 
 class GGUFOutput:
-    """Stream a GGUF to ``path`` via a temporary file; nothing appears at ``path`` until ``commit()``.
+    """Stream a GGUF to ``path`` through ``AtomicWriter``; nothing appears at ``path`` until ``commit()``.
 
     ``tensors`` lists (name, GGUF shape, type) in the order their data will be written with
-    ``write(name, data)``.
+    ``write(name, data)``. The header (gguf's own ``GGUFWriter`` serialization) is built in memory at
+    construction, so ``size`` is the exact file size before anything is opened.
     """
 
     def __init__(self, path: str | os.PathLike, kv: Iterable[KV], tensors: Iterable[Tensor],
-                 alignment: int | None = None):
+                 alignment: int | None = None, what: str = "the output"):
         self.path = Path(path)
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        if not parent.is_dir():
-            raise FormatError(f"{self.path}: output directory {parent} does not exist")
-        self.tmp = parent / f".{self.path.name}.{os.getpid()}.partial"
         self.kv = list(kv)
         self.plan = list(tensors)
         align = alignment
@@ -348,11 +349,13 @@ class GGUFOutput:
             if rec.key == "general.alignment":
                 align = int(rec.value)
         self.alignment = int(align or GGUF_DEFAULT_ALIGNMENT)
+        self.header = self._header()
+        self.size = _pad(len(self.header), self.alignment) + sum(_pad(t.nbytes, self.alignment) for t in self.plan)
         self._next = 0
-        self._writer: GGUFWriter | None = None
+        self._out = AtomicWriter(self.path, self.size, what)
         self.committed = False
 
-    def open(self) -> "GGUFOutput":
+    def _header(self) -> bytes:
         arch = next((str(r.value) for r in self.kv if r.key == "general.architecture"), "")
         w = GGUFWriter(None, arch)
         w.kv_data = [{}]  # drop the key GGUFWriter adds itself; we copy every key in its own order
@@ -360,21 +363,24 @@ class GGUFOutput:
         for rec in self.kv:
             w.add_key_value(rec.key, rec.value, rec.vtype, rec.sub_type)
         for t in self.plan:
-            nbytes = t.nbytes
             byte_shape = (*reversed([int(d) for d in t.shape[1:]]), t.row_bytes)
-            w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), nbytes, raw_dtype=t.type)
-        try:
-            w.write_header_to_file(self.tmp)
-            w.write_kv_data_to_file()
-            w.write_ti_data_to_file()
-        except OSError as e:
-            self.abort()
-            raise FormatError(f"{self.path}: cannot write ({e.strerror or e})") from None
-        self._writer = w
+            w.add_tensor_info(t.name, byte_shape, np.dtype(np.uint8), t.nbytes, raw_dtype=t.type)
+        buf = io.BytesIO()
+        w.fout, w.state = [buf], WriterState.EMPTY     # gguf then serializes into memory
+        w.write_header_to_file()
+        w.write_kv_data_to_file()
+        w.write_ti_data_to_file()
+        w.fout = None
+        return buf.getvalue()
+
+    def open(self) -> "GGUFOutput":
+        self._out.open()
+        self._out.write(self.header)
+        self._out.write(bytes(_pad(len(self.header), self.alignment) - len(self.header)))
         return self
 
     def write(self, name: str, data: np.ndarray) -> None:
-        if self._writer is None:
+        if self._out.tmp is None:
             raise FormatError(f"{self.path}: write() before open()")
         if self._next >= len(self.plan) or self.plan[self._next].name != name:
             want = self.plan[self._next].name if self._next < len(self.plan) else "nothing"
@@ -383,45 +389,35 @@ class GGUFOutput:
         buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
         if buf.nbytes != t.nbytes:
             raise FormatError(f"{self.path}: tensor {name!r} has {buf.nbytes} bytes, planned {t.nbytes}")
-        try:
-            self._writer.write_tensor_data(buf)
-        except OSError as e:
-            raise FormatError(f"{self.path}: cannot write tensor {name!r} ({e.strerror or e})") from None
+        self._out.write(buf)
+        self._out.write(bytes(_pad(t.nbytes, self.alignment) - t.nbytes))
         self._next += 1
 
     def commit(self) -> Path:
         if self._next != len(self.plan):
-            raise FormatError(f"{self.path}: only {self._next} of {len(self.plan)} tensors were written")
-        w = self._writer
-        try:
-            for f in w.fout or []:
-                f.flush()
-                os.fsync(f.fileno())
-            w.close()
-            os.replace(self.tmp, self.path)
-        except OSError as e:
             self.abort()
-            raise FormatError(f"{self.path}: cannot finish writing ({e.strerror or e})") from None
+            raise FormatError(f"{self.path}: only {self._next} of {len(self.plan)} tensors were written")
+        self._out.commit()
         self.committed = True
         return self.path
 
     def abort(self) -> None:
-        if self._writer is not None:
-            try:
-                self._writer.close()
-            except OSError:
-                pass
-        try:
-            self.tmp.unlink()
-        except FileNotFoundError:
-            pass
+        self._out.abort()
+
+    @property
+    def tmp(self) -> Path | None:
+        return self._out.tmp
 
     def __enter__(self) -> "GGUFOutput":
         return self.open()
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is not None or not self.committed:
+        if not self.committed:
             self.abort()
+
+
+def _pad(n: int, align: int) -> int:
+    return (n + align - 1) // align * align
 
 
 def copy_gguf(src: str | os.PathLike, dst: str | os.PathLike) -> Path:

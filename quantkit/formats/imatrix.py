@@ -25,6 +25,7 @@ import numpy as np
 from gguf import GGMLQuantizationType, GGUFValueType
 
 from quantkit.errors import FormatError
+from quantkit.formats.atomic import write_bytes
 from quantkit.formats.gguf_io import KV, GGUFModel, GGUFOutput, Tensor
 
 
@@ -212,8 +213,8 @@ def _load_legacy(p: Path) -> Imatrix:
 
 # -- writing -------------------------------------------------------------------------------------
 
-def save_imatrix_gguf(im: Imatrix, path: str | os.PathLike) -> Path:
-    """Write the GGUF form atomically (temporary file, then rename)."""
+def imatrix_gguf_output(im: Imatrix, path: str | os.PathLike) -> GGUFOutput:
+    """The GGUF writer for ``im`` (not opened yet: its ``size`` is the file's exact size)."""
     names = sorted(im.entries)
     kv = [
         KV("general.type", "imatrix", GGUFValueType.STRING),
@@ -230,8 +231,13 @@ def save_imatrix_gguf(im: Imatrix, path: str | os.PathLike) -> Path:
         dense = e.n_mat == 1
         tensors.append(Tensor(f"{n}.in_sum2", (e.ne0,) if dense else (e.ne0, e.n_mat), GGMLQuantizationType.F32))
         tensors.append(Tensor(f"{n}.counts", (1,) if dense else (1, e.n_mat), GGMLQuantizationType.F32))
-    with GGUFOutput(path, kv, tensors) as out:
-        for t in tensors:
+    return GGUFOutput(path, kv, tensors, what="the imatrix")
+
+
+def save_imatrix_gguf(im: Imatrix, path: str | os.PathLike) -> Path:
+    """Write the GGUF form atomically (temporary file, then rename)."""
+    with imatrix_gguf_output(im, path) as out:
+        for t in out.plan:
             base, _, kind = t.name.rpartition(".")
             e = im.entries[base]
             arr = e.counts if kind == "counts" else e.sums
@@ -242,9 +248,6 @@ def save_imatrix_gguf(im: Imatrix, path: str | os.PathLike) -> Path:
 def save_imatrix_dat(im: Imatrix, path: str | os.PathLike) -> tuple[Path, int]:
     """Write the legacy form atomically; returns (path, entries stored). Empty entries are skipped."""
     p = Path(path)
-    parent = p.parent if str(p.parent) else Path(".")
-    if not parent.is_dir():
-        raise FormatError(f"{p}: output directory {parent} does not exist")
     chunk = max(1, int(im.chunk_size))
     parts = []
     stored = 0
@@ -264,14 +267,5 @@ def save_imatrix_dat(im: Imatrix, path: str | os.PathLike) -> tuple[Path, int]:
     dataset = (im.datasets[-1] if im.datasets else "").encode()
     blob = struct.pack("<i", stored) + b"".join(parts) + struct.pack("<i", int(im.chunk_count)) \
         + struct.pack("<i", len(dataset)) + dataset
-    tmp = parent / f".{p.name}.{os.getpid()}.partial"
-    try:
-        with open(tmp, "wb") as f:
-            f.write(blob)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+    write_bytes(p, blob, "the imatrix")
     return p, stored

@@ -11,11 +11,8 @@ The procedure (tools/perplexity/perplexity.cpp, ``perplexity()`` and ``kl_diverg
   is ``PPL * sqrt(var(nll) / (count - 1))``.
 
 The KL-divergence base file (``--kl-divergence-base``) is llama.cpp's byte layout, so files move
-between the two tools: ``"_logits_"``, int32 ``n_ctx``, int32 ``n_vocab``, int32 ``n_chunk``, int32
-``tokens[n_ctx * n_chunk]`` (the text's tokens, without the BOS substitution), then for every scored
-token ``nv = 2*((n_vocab+1)/2) + 4`` uint16: the first four hold float32 ``scale`` and
-``min_log_prob``, the rest the log-probabilities quantized to 16 bits over [max-16, max] of the logits.
-Writing goes to a temporary name that is renamed at the end (an interrupted run leaves no file).
+between the two tools (``quantkit.formats.logits``); it is written atomically (an interrupted run
+leaves no file).
 
 Scoring is vectorized numpy over a chunk's scored rows with llama.cpp's float32/float64 mix: exp in
 float32, the sum of exponentials in float64, ``log_sum_exp`` rounded to float32.
@@ -33,11 +30,9 @@ from typing import Callable
 import numpy as np
 
 from quantkit.errors import FormatError, ModelError, QuantkitError
+from quantkit.formats.logits import LogitsFile, LogitsWriter, n_vocab_padded
 from quantkit.jit import njit_fast_parallel, prange
 from quantkit.model.decode import expf, max_f32
-
-LOGITS_MAGIC = b"_logits_"
-HEADER_BYTES = 8 + 3 * 4
 
 
 class PerplexityError(QuantkitError):
@@ -147,11 +142,6 @@ def nll_rows(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return -((tl - mx).astype(np.float64) - lse.astype(np.float64))
 
 
-def n_vocab_padded(n_vocab: int) -> int:
-    """uint16 per scored token in a base file: the quantized vocab padded to even, plus 2 floats."""
-    return 2 * ((n_vocab + 1) // 2) + 4
-
-
 def quantize_log_probs(logits: np.ndarray, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """llama.cpp's ``log_softmax(n_vocab, logits, log_prob, tok)`` over rows: (uint16 (n, nv), nll float64)."""
     n, nvocab = logits.shape
@@ -259,82 +249,6 @@ def kld_rows(logits: np.ndarray, base: np.ndarray, targets: np.ndarray, acc: KLD
     acc.p_diff_values.append(p_diff)
 
 
-# -- the base logits file ----------------------------------------------------------------------
-
-class LogitsWriter:
-    """Stream a base logits file to a temporary name; ``commit()`` renames it into place."""
-
-    def __init__(self, path: str | os.PathLike, n_ctx: int, n_vocab: int, n_chunk: int, tokens: np.ndarray):
-        self.path = Path(path)
-        parent = self.path.parent if str(self.path.parent) else Path(".")
-        if not parent.is_dir():
-            raise PerplexityError(f"{self.path}: output directory {parent} does not exist")
-        self.tmp = parent / f".{self.path.name}.{os.getpid()}.partial"
-        self.f = open(self.tmp, "wb")
-        hdr = LOGITS_MAGIC + np.array([n_ctx, n_vocab, n_chunk], "<i4").tobytes()
-        self.f.write(hdr)
-        self.f.write(np.ascontiguousarray(tokens[:n_ctx * n_chunk], dtype="<i4").tobytes())
-
-    def write(self, log_probs: np.ndarray) -> None:
-        self.f.write(np.ascontiguousarray(log_probs, dtype="<u2").tobytes())
-
-    def commit(self) -> Path:
-        self.f.flush()
-        os.fsync(self.f.fileno())
-        self.f.close()
-        os.replace(self.tmp, self.path)
-        return self.path
-
-    def abort(self) -> None:
-        if not self.f.closed:
-            self.f.close()
-        self.tmp.unlink(missing_ok=True)
-
-
-@dataclass
-class LogitsFile:
-    """A base logits file opened for reading (memory-mapped)."""
-
-    path: Path
-    n_ctx: int
-    n_vocab: int
-    n_chunk: int
-    tokens: np.ndarray          # int32 (n_chunk * n_ctx,)
-    log_probs: np.ndarray       # uint16 (n_chunk, n_scored, nv)
-
-    @property
-    def n_scored(self) -> int:
-        return self.n_ctx - 1 - self.n_ctx // 2
-
-
-def open_logits(path: str | os.PathLike) -> LogitsFile:
-    """Read and check a base logits file's header against its size before mapping anything."""
-    p = Path(path)
-    if not p.is_file():
-        raise PerplexityError(f"{p}: no such base logits file")
-    size = p.stat().st_size
-    with open(p, "rb") as f:
-        head = f.read(HEADER_BYTES)
-    if len(head) < 8 or head[:8] != LOGITS_MAGIC:
-        raise PerplexityError(f"{p}: does not look like a file of log-probabilities (no '_logits_' magic)")
-    if len(head) < HEADER_BYTES:
-        raise PerplexityError(f"{p}: truncated header ({size} bytes)")
-    n_ctx, n_vocab, n_chunk = (int(v) for v in np.frombuffer(head, "<i4", 3, 8))
-    if n_ctx < 4 or n_vocab <= 0 or n_chunk <= 0:
-        raise PerplexityError(f"{p}: bad header (n_ctx {n_ctx}, n_vocab {n_vocab}, n_chunk {n_chunk})")
-    nv = n_vocab_padded(n_vocab)
-    n_scored = n_ctx - 1 - n_ctx // 2
-    tok_bytes = 4 * n_ctx * n_chunk
-    need = HEADER_BYTES + tok_bytes + 2 * n_chunk * n_scored * nv
-    if size != need:
-        raise PerplexityError(f"{p}: {size} bytes, but a base file of {n_chunk} chunks of {n_ctx} tokens over "
-                              f"{n_vocab} vocab entries has {need}" + (" (truncated?)" if size < need else ""))
-    mm = np.memmap(p, dtype=np.uint8, mode="r")
-    tokens = mm[HEADER_BYTES:HEADER_BYTES + tok_bytes].view("<i4")
-    lp = mm[HEADER_BYTES + tok_bytes:].view("<u2").reshape(n_chunk, n_scored, nv)
-    return LogitsFile(p, n_ctx, n_vocab, n_chunk, tokens, lp)
-
-
 # -- the runs ----------------------------------------------------------------------------------
 
 @dataclass
@@ -399,7 +313,7 @@ def perplexity(runner, tokens: np.ndarray, n_ctx: int, n_chunks: int, bos: int |
         raise PerplexityError("no chunk to evaluate (--chunks 0)")
     first = n_ctx // 2
     res = PerplexityResult(n_ctx, n_chunk)
-    writer = LogitsWriter(base_out, n_ctx, n_vocab, n_chunk, tokens) if base_out else None
+    writer = LogitsWriter(base_out, n_ctx, n_vocab, n_chunk, tokens).open() if base_out else None
     t0 = time.perf_counter()
     try:
         for i in range(n_chunk):
@@ -410,7 +324,7 @@ def perplexity(runner, tokens: np.ndarray, n_ctx: int, n_chunks: int, bos: int |
             targets = tokens[i * n_ctx + first + 1:(i + 1) * n_ctx].astype(np.int64)
             if writer is not None:
                 q, nll = quantize_log_probs(logits, targets)
-                writer.write(q)
+                writer.write_chunk(q)
             else:
                 nll = nll_rows(logits, targets)
             ppl = res.add(nll)

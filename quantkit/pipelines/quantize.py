@@ -27,6 +27,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from quantkit.errors import QuantkitError
+from quantkit.formats.atomic import write_bytes
 from quantkit.formats.gguf_io import KV, GGUFModel, GGUFOutput, Tensor, remove_kv, set_kv
 from quantkit.formats.imatrix import Imatrix, load_imatrix
 from quantkit.policy import FileType, PolicyError, TypePlan, ggml_type_name, parse_ftype, plan_types
@@ -478,14 +479,7 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
 
 
 def save_plan_json(plan: QuantPlan, path: str | os.PathLike) -> None:
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.{os.getpid()}.partial")
-    try:
-        tmp.write_text(json.dumps(plan.to_json(), indent=1) + "\n")
-        os.replace(tmp, p)
-    except OSError as e:
-        tmp.unlink(missing_ok=True)
-        raise QuantizeError(f"{p}: cannot write the plan ({e.strerror or e})") from None
+    write_bytes(path, (json.dumps(plan.to_json(), indent=1) + "\n").encode(), "the plan")
 
 
 def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, plan_out=None,
