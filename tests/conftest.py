@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from pathlib import Path
 
@@ -14,6 +15,14 @@ os.environ["QUANTKIT_COMPILE_NOTICE"] = "0"
 
 from quantkit.cli import main
 from quantkit.formats.locate import bundled_model
+
+
+def sha256(path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def run_cli(args, cwd=None):

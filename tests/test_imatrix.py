@@ -19,6 +19,7 @@ import pytest
 
 from conftest import run_cli
 from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
+from quantkit.pipelines.chunks import tokenize
 
 DATA = Path(__file__).parent / "data" / "imatrix"
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
@@ -154,7 +155,7 @@ def test_interrupted_run_keeps_last_complete_save(f16, tmp_path):
 
     model, tok, runner = pp.open_model(f16, 64, 64)
     with model:
-        tokens = pp.tokenize(tok, SAMPLE.read_text(), 64, "sample")
+        tokens = tokenize(tok, SAMPLE.read_text(), 64, "sample")
         acc = im.Accumulator(64)
         out = tmp_path / "i.gguf"
 

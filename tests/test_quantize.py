@@ -15,14 +15,13 @@ import signal
 import struct
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import gguf
 import numpy as np
 import pytest
 
-from conftest import run_cli
+from conftest import run_cli, sha256
 from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
 from quantkit.formats.locate import bundled_model
 
@@ -30,14 +29,6 @@ DATA = Path(__file__).parent / "data" / "quantize"
 GOLDEN = json.loads((DATA / "golden.json").read_text())
 CASES = GOLDEN["cases"]
 IMATRIX = "synthetic.imatrix.gguf"
-
-
-def sha256(path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def describe(path) -> dict:
@@ -258,39 +249,30 @@ def test_legacy_dat_weight_rules(tmp_path):
     assert "truncated" in str(e.value) or "beyond" in str(e.value)
 
 
-def _wait_for(path_glob_dir: Path, pattern: str, timeout: float) -> bool:
-    end = time.time() + timeout
-    while time.time() < end:
-        if list(path_glob_dir.glob(pattern)):
-            return True
-        time.sleep(0.05)
-    return False
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_interrupted_quantize_leaves_no_output(sig, f16_model, tmp_path):
-    out = tmp_path / "o.gguf"
+    """Signalled while provably mid-write (paused after its third tensor, tests/faults.py): nothing at
+    the output, the input untouched, a clean stop leaves no temporary file and exits at once."""
+    from faults import Job
+
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "o.gguf"
     before = os.stat(f16_model)
-    env = dict(os.environ)
-    # a job started in the background by a shell inherits SIGINT ignored; give the child the default
-    # disposition so Python installs its Ctrl-C handler, as in a terminal
-    proc = subprocess.Popen([sys.executable, "-m", "quantkit", "quantize", "-q", str(f16_model), str(out), "Q4_K_M"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    started = _wait_for(tmp_path, ".o.gguf.*.partial", 120)
-    time.sleep(0.3)
-    proc.send_signal(sig)
-    proc.communicate(timeout=60)
-    assert started, "the temporary file never appeared"
+    job = Job(["quantize", "-q", f16_model, out, "Q4_K_M"], tmp_path / "ctl", pause=("quantize.tensor", 3))
+    job.wait_paused()
+    assert list(out_dir.glob(".o.gguf.*.partial")), "no temporary file while paused mid-write"
+    seconds = job.signal(sig)
     assert not out.exists()
     after = os.stat(f16_model)  # the input is read through a read-only map: never modified
     assert (after.st_size, after.st_mtime_ns) == (before.st_size, before.st_mtime_ns)
-    left = [p.name for p in tmp_path.iterdir()]
+    left = [p.name for p in out_dir.iterdir()]
     if sig != signal.SIGKILL:  # a clean stop removes its temporary file
         assert left == [], left
-        assert proc.returncode != 0
+        assert job.proc.returncode == 128 + sig and seconds < 1.0, (job.proc.returncode, seconds)
+        assert job.err.strip().splitlines()[-1].startswith("interrupted") and "Traceback" not in job.err
     else:  # nothing can run on SIGKILL; the temporary file is hidden and never at the output path
-        assert all(n.startswith(".o.gguf.") and n.endswith(".partial") for n in left)
+        assert len(left) == 1 and left[0].startswith(".o.gguf.") and left[0].endswith(".partial"), left
 
 
 _RSS_SCRIPT = r"""

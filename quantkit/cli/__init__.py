@@ -21,8 +21,41 @@ from quantkit.errors import QuantkitError
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-def _sigterm(signum, frame):  # make SIGTERM unwind like Ctrl-C, so temporary files are removed
-    raise KeyboardInterrupt
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM, unwinding the stack like Ctrl-C so every temporary file is removed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+_received: list[int] = []
+
+
+def _on_signal(signum, frame):
+    # Later signals are ignored from here on, so the cleanup that the unwinding runs (removing
+    # temporary files) is not itself interrupted halfway; SIGKILL still stops a stuck process.
+    for s in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(s, signal.SIG_IGN)
+    _received.append(signum)
+    raise Interrupted(signum)
+
+
+def interrupted_exit(signum: int | None = None) -> None:
+    """The one-line note and the shell's exit code for a run stopped by a signal (130 for Ctrl-C)."""
+    signum = signum or (_received[0] if _received else int(signal.SIGINT))
+    name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
+    click.echo(f"interrupted ({name})", err=True)
+    if _received:
+        # The unwinding has closed and removed every temporary file. Skip the interpreter's teardown:
+        # with numba's compiled modules loaded it takes ~0.9 s, and a stopped job should stop now.
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except (OSError, ValueError):
+                pass
+        os._exit(128 + signum)
+    sys.exit(128 + signum)
 
 
 class _Group(click.Group):
@@ -31,9 +64,8 @@ class _Group(click.Group):
             return super().invoke(ctx)
         except QuantkitError as e:
             raise click.ClickException(str(e)) from None
-        except KeyboardInterrupt:
-            click.echo("interrupted", err=True)
-            sys.exit(130)
+        except KeyboardInterrupt as e:
+            interrupted_exit(getattr(e, "signum", None))
         except BrokenPipeError:
             sys.exit(1)
         except MemoryError:
@@ -48,7 +80,9 @@ class _Group(click.Group):
 def main() -> None:
     """quantkit: llama.cpp's quantize, imatrix, run, bench and perplexity tools in Python."""
     try:  # runs only when a subcommand runs (not for --help)
-        signal.signal(signal.SIGTERM, _sigterm)
+        signal.signal(signal.SIGTERM, _on_signal)
+        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # not when started ignoring it
+            signal.signal(signal.SIGINT, _on_signal)
     except ValueError:  # not the main thread (e.g. under a test runner's thread)
         pass
     # a cold numba compile says so on stderr (first run only): quantkit.jit installs the notice when it

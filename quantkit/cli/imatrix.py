@@ -63,22 +63,27 @@ def _in_files(values) -> list[str]:
                    "combine, convert, or continue collecting on top.")
 @click.option("--show-statistics", is_flag=True,
               help="Print per-tensor and per-layer statistics of exactly one --in-file and exit.")
+@click.option("--resume", is_flag=True,
+              help="Continue an interrupted run from its last save in -o (saved every -ofreq chunks, with "
+                   "imatrix.chunk_count): run the same command again with --resume. The result is the "
+                   "uninterrupted run's, byte for byte (the PPL printed covers the new chunks only).")
 @click.option("--parse-special", is_flag=True, help="Tokenize special tokens written in the text.")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @threads_option
 def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chunks, from_chunk, out_freq,
-            save_freq, process_output, compute_ppl, in_files, show_statistics, parse_special, quiet, threads):
+            save_freq, process_output, compute_ppl, in_files, show_statistics, resume, parse_special, quiet, threads):
     """Collect an importance matrix (llama-imatrix): per weight, the sum over tokens of each input
     column's squared activation, and the token count. quantkit quantize --imatrix reads the result.
     """
+    from quantkit.pipelines import chunks as ch
     from quantkit.pipelines import imatrix as im
-    from quantkit.pipelines import perplexity as pp
+    from quantkit.pipelines.perplexity import open_model
 
     files = _in_files(in_files)
     err = lambda s: click.echo(s, err=True)  # noqa: E731
     try:
-        pp.check_batch(n_ctx, n_batch)
-    except pp.PerplexityError as e:
+        ch.check_batch(n_ctx, n_batch)
+    except ch.ChunkError as e:
         raise click.UsageError(str(e)) from None
 
     if show_statistics:
@@ -91,6 +96,8 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         return
 
     save_opts = im.SaveOptions(out=out, fmt=fmt)
+    if resume and files and text_file is None and not builtin_text:
+        raise click.UsageError("--resume continues a collection; combining files has nothing to resume")
     if files and text_file is None and not builtin_text:
         # combine / convert: no model, no text
         for f in files:
@@ -103,17 +110,25 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         err(f"wrote {p} ({len(acc.sums)} entries, {acc.last_chunk()} chunks of {n_ctx})")
         return
 
+    from quantkit.formats.atomic import preflight
+    from quantkit.formats.sigbus import install
     from quantkit.jit import set_threads
 
     set_threads(threads)
-    text, dataset = pp.read_text(text_file, "calibration")
+    preflight(out, None, "the imatrix")         # another run writing it, a missing folder: refuse now
+    install()
+    text, dataset = ch.read_text(text_file, "calibration")
     acc = im.load_inputs([im.file_or_error(f) for f in files], n_ctx, log=err)
     datasets = list(acc.datasets) + [dataset]
-    model, tok, runner = pp.open_model(model_path, n_ctx, n_batch)
+    done = 0
+    if resume:
+        acc, done = im.resume(save_opts, acc, datasets, err)
+    model, tok, runner = open_model(model_path, n_ctx, n_batch)
     with model:
-        if files:
+        if files or done:
             im.check_model_entries(acc, model, process_output)
-        tokens = pp.tokenize(tok, text, n_ctx, text_file or "the built-in calibration text", parse_special)
+        preflight(out, im.planned_size(acc, model, process_output, datasets, save_opts), "the imatrix")
+        tokens = ch.tokenize(tok, text, n_ctx, text_file or "the built-in calibration text", parse_special)
         err(f"compute_imatrix: tokenized {dataset}: {tokens.size} tokens")
         avail = (tokens.size - from_chunk * n_ctx) // n_ctx
         n = avail if n_chunks < 0 else min(n_chunks, avail)
@@ -147,13 +162,15 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         opts = im.CollectOptions(n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks, from_chunk=from_chunk,
                                  out_freq=out_freq, save_freq=save_freq, process_output=process_output,
                                  compute_ppl=compute_ppl, parse_special=parse_special)
-        res = im.collect(runner, tokens, pp.add_bos_id(tok), acc, datasets, opts, save_opts, log=log,
-                         on_chunk=on_chunk)
+        if bar is not None and done:
+            bar.update(min(done, bar.total))
+        res = im.collect(runner, tokens, ch.add_bos_id(tok), acc, datasets, opts, save_opts, log=log,
+                         on_chunk=on_chunk, start=done, check=model.gguf.check_unchanged)
         if bar is not None:
             bar.close()
             sys.stdout.write("".join(parts))
         sys.stdout.write("\n")
-        if res.ppl is not None:
+        if res.ppl is not None and res.ppl.count:
             click.echo(res.ppl.final_line())
         p = im.save(acc, datasets, save_opts, log=err)
         err(f"\ncompute_imatrix: {res.n_chunk} chunks ({res.n_tokens} tokens) in {res.seconds:.2f} s "

@@ -39,22 +39,33 @@ The base file has llama-perplexity's layout, so either tool can write it and eit
 @click.option("--kl-divergence", "kl", is_flag=True,
               help="Compare with --kl-divergence-base FILE: KL divergence, Δp and same-top-p statistics. "
                    "The tokens come from FILE; -f is not needed.")
+@click.option("--state", "state_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="Keep every chunk's result in FILE (written atomically after each chunk). If the run is "
+                   "interrupted, the same command continues after the last chunk in FILE and prints the "
+                   "uninterrupted run's numbers; FILE is removed when the run completes. Not with "
+                   "--kl-divergence-base when writing a base file.")
 @threads_option
-def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, threads):
+def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, state_file, threads):
     """Perplexity of a model over a text, scored like llama-perplexity (second half of each chunk).
 
     Progress ([i]ppl, ...) and the results go to stdout; timings and the progress bar to stderr.
     """
+    from quantkit.formats.sigbus import install
     from quantkit.jit import set_threads
+    from quantkit.pipelines import chunks as ch
     from quantkit.pipelines import perplexity as pp
 
     if kl and not base_file:
         raise click.UsageError("--kl-divergence needs --kl-divergence-base FILE (the base model's log-probs)")
+    if state_file and base_file and not kl:
+        raise click.UsageError("--state cannot resume writing a base logits file (--kl-divergence-base without "
+                               "--kl-divergence)")
     try:
-        pp.check_batch(n_ctx or 512, n_batch)
-    except pp.PerplexityError as e:
+        ch.check_batch(n_ctx or 512, n_batch)
+    except ch.ChunkError as e:
         raise click.UsageError(str(e)) from None
     set_threads(threads)
+    install()
     err = lambda s: click.echo(s, err=True)  # noqa: E731
 
     if kl:
@@ -80,7 +91,12 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, t
                 if bar is not None:
                     bar.update(1)
 
-            res = pp.kl_divergence(runner, base, n_chunks, pp.add_bos_id(tok), log=_logger(bar), on_chunk=on_chunk)
+            state = _state(state_file, model, base.tokens, mode="kl-divergence", n_ctx=base.n_ctx, n_chunk=n,
+                           base=str(base.path.resolve()), base_size=base.path.stat().st_size)
+            res = pp.kl_divergence(runner, base, n_chunks, ch.add_bos_id(tok), log=_logger(bar), on_chunk=on_chunk,
+                                   state=state, check=model.gguf.check_unchanged)
+            if state is not None:
+                state.remove()
             _close(bar, lines)
             click.echo("")
             for line in res.report():
@@ -91,10 +107,14 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, t
         return
 
     n_ctx = n_ctx or 512
-    text, where = pp.read_text(text_file, "evaluation")
+    text, where = ch.read_text(text_file, "evaluation")
+    if base_file:
+        from quantkit.formats.atomic import preflight
+
+        preflight(base_file, None, "the base logits file")
     model, tok, runner = pp.open_model(model_path, n_ctx, n_batch)
     with model:
-        tokens = pp.tokenize(tok, text, n_ctx, text_file or "the built-in evaluation text")
+        tokens = ch.tokenize(tok, text, n_ctx, text_file or "the built-in evaluation text")
         n = tokens.size // n_ctx if n_chunks < 0 else min(n_chunks, tokens.size // n_ctx)
         err(f"perplexity: tokenized {where}: {tokens.size} tokens")
         if base_file:
@@ -113,8 +133,11 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, t
                 bar.set_postfix_str(f"ppl {ppl:.4f}")
                 bar.update(1)
 
-        res = pp.perplexity(runner, tokens, n_ctx, n_chunks, pp.add_bos_id(tok), base_out=base_file,
-                            log=_logger(bar), on_chunk=on_chunk)
+        state = _state(state_file, model, tokens, mode="perplexity", n_ctx=n_ctx, n_chunk=n)
+        res = pp.perplexity(runner, tokens, n_ctx, n_chunks, ch.add_bos_id(tok), base_out=base_file,
+                            log=_logger(bar), on_chunk=on_chunk, state=state, check=model.gguf.check_unchanged)
+        if state is not None:
+            state.remove()
         if bar is not None:
             bar.close()
             sys.stdout.write("".join(parts))
@@ -124,6 +147,19 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, t
             f"({res.n_chunk * n_ctx / max(res.seconds, 1e-9):.1f} evaluated tokens/s)")
         if base_file:
             err(f"wrote {base_file}")
+
+
+def _state(path, model, tokens, **settings):
+    """The resume state of this run (loaded when FILE holds one), or None without --state."""
+    if not path:
+        return None
+    from quantkit.pipelines.chunks import ChunkState, run_identity
+
+    state = ChunkState(path, run_identity(model.path, tokens, **settings)).load()
+    if state.records:
+        click.echo(f"resume: {path} holds {len(state.records)} chunk(s); continuing from chunk "
+                   f"{len(state.records) + 1}", err=True)
+    return state
 
 
 def _bar(n: int):

@@ -7,7 +7,7 @@ import time
 
 import click
 
-from quantkit.cli import main, threads_option
+from quantkit.cli import interrupted_exit, main, threads_option
 
 DEFAULT_N_PREDICT = 128
 DEFAULT_N_CTX = 4096
@@ -113,8 +113,6 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
     out.flush()
     if result.stop == "context":
         click.echo(f"stopped: the context of {n_ctx} tokens is full", err=True)
-    elif result.stop == "interrupted":
-        click.echo("interrupted", err=True)
     tm = result.timings
     speed = tm.n_eval / tm.eval_s if tm.eval_s > 0 else 0.0
     click.echo(f"\nmain: decoded {len(result.tokens)} tokens in {tm.prompt_s + tm.eval_s:.2f} s, "
@@ -122,4 +120,4 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
     click.echo(tm.report(), err=True)
     model.close()
     if result.stop == "interrupted":
-        sys.exit(130)
+        interrupted_exit()

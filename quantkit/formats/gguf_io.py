@@ -218,7 +218,9 @@ class GGUFModel:
             raise FormatError(f"{self.path}: no such file")
         if self.path.is_dir():
             raise FormatError(f"{self.path}: is a directory, not a GGUF file")
-        size = self.path.stat().st_size
+        st = self.path.stat()
+        size = st.st_size
+        self._identity = _identity(st)
         with open(self.path, "rb") as f:
             magic = f.read(4)
         if magic != GGUF_MAGIC:
@@ -260,6 +262,25 @@ class GGUFModel:
         self._by_name = {t.name: t for t in self.tensors}
 
     # -- access -------------------------------------------------------------------------------
+    def check_unchanged(self) -> None:
+        """Raise if the file is no longer the one opened: truncated, rewritten or replaced.
+
+        A file truncated under the memory map makes a read past its new end fault (SIGBUS, caught by
+        ``quantkit.formats.sigbus``, which maps zeros there); whatever was read since is unreliable.
+        Callers check before they commit anything made from the data, and at the end of a run.
+        """
+        try:
+            now = _identity(os.stat(self.path))
+        except OSError as e:
+            raise FormatError(f"{self.path}: the input disappeared while it was being read ({e.strerror}); "
+                              f"the run stopped and kept nothing made from it") from None
+        if now != self._identity:
+            size0, size1 = self._identity[2], now[2]
+            how = (f"its size went from {size0} to {size1} bytes" if size1 != size0 else
+                   "it was replaced by another file" if now[:2] != self._identity[:2] else "it was rewritten")
+            raise FormatError(f"{self.path}: the input changed while it was being read ({how}); "
+                              f"the run stopped and kept nothing made from it")
+
     @property
     def arch(self) -> str:
         return str(self.metadata.get("general.architecture", ""))
@@ -316,6 +337,10 @@ class GGUFModel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def set_kv(kvs: list[KV], key: str, value: Any, vtype: GGUFValueType, sub_type: GGUFValueType | None = None) -> list[KV]:

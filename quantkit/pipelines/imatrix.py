@@ -16,7 +16,8 @@ Saving: the chunk number is ``max(counts) // chunk_size`` (``chunk_size`` = the 
 i.e. ``-c``); when it crosses a multiple of ``out_freq`` the output is saved, and a multiple of
 ``save_freq`` writes a snapshot ``<out>.at_<chunk>``. llama.cpp checks this inside the callback, so its
 periodic files can hold a chunk for some tensors only; here it is checked after each whole chunk.
-Every save is atomic (temporary file, then rename).
+Every save is atomic (temporary file, then rename) and rounds the in-memory sums to the float32 the
+file holds, so ``--resume`` continues a killed run from its last save to the uninterrupted run's bytes.
 
 ``--in-file`` loading reconstructs llama.cpp's raw form: GGUF sums and counts are added as they are;
 a legacy ``.dat`` contributes ``value * chunk_size`` and ``ncall * chunk_size``.
@@ -27,7 +28,6 @@ from __future__ import annotations
 import math
 import os
 import re
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -35,11 +35,11 @@ from typing import Callable
 import numpy as np
 
 from quantkit.errors import FormatError, QuantkitError
+from quantkit.formats.imatrix import (Entry, Imatrix, imatrix_gguf_output, load_imatrix, save_imatrix_dat,
+                                     save_imatrix_gguf)
 from quantkit.jit import njit_parallel, prange
-from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
-
-Log = Callable[[str], None]
-
+from quantkit.pipelines.chunks import ChunkError, Log, chunk_targets, count_chunks, need_tokens, run_chunks
+from quantkit.pipelines.perplexity import PerplexityResult, nll_rows
 
 class ImatrixError(QuantkitError):
     """A request llama-imatrix would refuse (mismatched files, weights missing from the model, ...)."""
@@ -95,6 +95,13 @@ class Accumulator:
             if c.size:
                 mx = max(mx, float(c.max()))
         return int(mx) // self.chunk_size
+
+    def fold(self) -> None:
+        """Round the sums and counts to the float32 a saved file holds, so that the state after a save
+        is the saved file (a run resumed from it continues bit for bit)."""
+        for name in self.sums:
+            self.sums[name] = self.sums[name].astype(np.float32).astype(np.float64)
+            self.counts[name] = self.counts[name].astype(np.float32).astype(np.float64)
 
     def to_imatrix(self, datasets: list[str]) -> Imatrix:
         entries = {}
@@ -163,6 +170,7 @@ class SaveOptions:
 def save(acc: Accumulator, datasets: list[str], opts: SaveOptions, snapshot: int = 0,
          log: Log | None = None) -> Path:
     """Write the accumulated data (atomically); ``snapshot`` > 0 writes ``<out>.at_<snapshot>``."""
+    acc.fold()
     im = acc.to_imatrix(datasets)
     path = opts.out + (f".at_{snapshot}" if snapshot > 0 else "")
     if opts.fmt == "dat":
@@ -181,6 +189,17 @@ def save(acc: Accumulator, datasets: list[str], opts: SaveOptions, snapshot: int
             if zeros:
                 log(f"save_imatrix: entry '{n:>40}' has partial data ({100.0 * (c.size - zeros) / c.size:.2f}%)")
     return save_imatrix_gguf(im, path)
+
+
+def planned_size(acc: Accumulator, model, process_output: bool, datasets: list[str], opts: SaveOptions) -> int | None:
+    """The GGUF output's size once every collectable weight has data (None for the legacy format)."""
+    if opts.fmt == "dat":
+        return None
+    entries = {n: Entry(np.zeros((1, s.shape[-1]), np.float32), np.zeros(1, np.float32)) for n, s in acc.sums.items()}
+    for w in model.matrices():
+        if w.name.startswith("blk.") or (process_output and w.name == "output.weight"):
+            entries.setdefault(w.name, Entry(np.zeros((1, w.n_in), np.float32), np.zeros(1, np.float32)))
+    return imatrix_gguf_output(Imatrix(entries, list(datasets), 0, acc.chunk_size), opts.out).size
 
 
 def check_output_name(opts: SaveOptions, log: Log) -> None:
@@ -238,23 +257,18 @@ def check_model_entries(acc: Accumulator, model, process_output: bool) -> None:
 
 def collect(runner, tokens: np.ndarray, bos: int | None, acc: Accumulator, datasets: list[str],
             opts: CollectOptions, save_opts: SaveOptions, log: Log | None = None,
-            on_chunk: Callable[[int, float | None], None] | None = None) -> CollectResult:
-    """Evaluate the chunks with the collector hooked in; saves periodically as llama-imatrix."""
-    from quantkit.pipelines.perplexity import PerplexityError, PerplexityResult, _eta_line, chunk_input, nll_rows
-
+            on_chunk: Callable[[int, float | None], None] | None = None, start: int = 0,
+            check: Callable[[], None] = lambda: None) -> CollectResult:
+    """Evaluate the chunks with the collector hooked in; saves periodically as llama-imatrix.
+    ``start``: chunks already in ``acc`` (a resumed run, see ``resume``)."""
     n_ctx = opts.n_ctx
     if opts.from_chunk > 0:
         if (opts.from_chunk + 2) * n_ctx >= tokens.size:
-            raise PerplexityError(f"there will be not enough tokens left after removing {opts.from_chunk} "
-                                  f"chunks ({tokens.size} tokens, context {n_ctx})")
+            raise ChunkError(f"there will be not enough tokens left after removing {opts.from_chunk} "
+                             f"chunks ({tokens.size} tokens, context {n_ctx})")
         tokens = tokens[opts.from_chunk * n_ctx:]
-    if tokens.size < 2 * n_ctx:
-        raise PerplexityError(f"you need at least {2 * n_ctx} tokens for a context of {n_ctx} tokens; "
-                              f"the text tokenizes to only {tokens.size} tokens")
-    n_chunk_max = tokens.size // n_ctx
-    n_chunk = n_chunk_max if opts.n_chunks < 0 else min(opts.n_chunks, n_chunk_max)
-    if n_chunk <= 0:
-        raise PerplexityError("no chunk to process (--chunks 0)")
+    need_tokens(tokens, n_ctx, "the text")
+    n_chunk = count_chunks(tokens.size, n_ctx, opts.n_chunks)
     first = n_ctx // 2
     collector = Collector(acc, opts.process_output)
     ppl = PerplexityResult(n_ctx, n_chunk) if opts.compute_ppl else None
@@ -266,38 +280,64 @@ def collect(runner, tokens: np.ndarray, bos: int | None, acc: Accumulator, datas
         want = np.arange(first, n_ctx - 1)
     else:
         want = "none"
+
+    def chunk(i: int, logits: np.ndarray) -> None:
+        nonlocal last
+        res.n_tokens += n_ctx
+        now = acc.last_chunk()
+        if now > last:
+            step = now - last
+            last = now
+            check()              # nothing is saved from a model file that changed under the run
+            if (last % opts.out_freq) // step == 0:
+                res.saves.append(save(acc, datasets, save_opts))
+            if opts.save_freq > 0 and (last % opts.save_freq) // step == 0:
+                res.saves.append(save(acc, datasets, save_opts, snapshot=last))
+        value = None
+        if ppl is not None:
+            rows = logits[first:n_ctx - 1] if opts.process_output else logits
+            value = ppl.add(nll_rows(rows, chunk_targets(tokens, i, n_ctx)))
+        if on_chunk:
+            on_chunk(i, value)
+
     runner.collect = collector
-    t0 = time.perf_counter()
     try:
-        for i in range(n_chunk):
-            tc = time.perf_counter()
-            x = chunk_input(tokens, i, n_ctx, bos)
-            runner.reset()
-            logits = runner.forward(x, 0, logits=want)
-            res.n_tokens += n_ctx
-            if i == 0:
-                res.first_pass_s = time.perf_counter() - tc
-                if log:
-                    log(_eta_line(res.first_pass_s, n_chunk))
-            now = acc.last_chunk()
-            if now > last:
-                step = now - last
-                last = now
-                if (last % opts.out_freq) // step == 0:
-                    res.saves.append(save(acc, datasets, save_opts))
-                if opts.save_freq > 0 and (last % opts.save_freq) // step == 0:
-                    res.saves.append(save(acc, datasets, save_opts, snapshot=last))
-            value = None
-            if ppl is not None:
-                rows = logits[first:n_ctx - 1] if opts.process_output else logits
-                targets = tokens[i * n_ctx + first + 1:(i + 1) * n_ctx].astype(np.int64)
-                value = ppl.add(nll_rows(rows, targets))
-            if on_chunk:
-                on_chunk(i, value)
+        times = run_chunks(runner, tokens, n_ctx, n_chunk, bos, want, chunk, start=start, log=log, check=check,
+                           name="imatrix")
     finally:
         runner.collect = None
-    res.seconds = time.perf_counter() - t0
+    res.seconds, res.first_pass_s = times.seconds, times.first_pass_s
     return res
+
+
+def resume(save_opts: SaveOptions, base: Accumulator, datasets: list[str], log: Log) -> tuple[Accumulator, int]:
+    """``--resume``: the accumulator saved in ``-o`` and how many chunks of this run it holds.
+
+    The saved file is the whole state: every save rounds the in-memory sums to the float32 the file
+    holds (``Accumulator.fold``), so a run resumed from it ends with the uninterrupted run's bytes.
+    ``base`` is what the ``--in-file``s gave; the saved file already contains it.
+    """
+    p = Path(save_opts.out)
+    if not p.exists():
+        log(f"resume: {p} does not exist yet; starting from the first chunk")
+        return base, 0
+    if save_opts.fmt == "dat":
+        raise ImatrixError(f"{p}: --resume needs the GGUF format (a legacy .dat holds means, not the sums)")
+    im = load_imatrix(p)
+    if im.legacy:
+        raise ImatrixError(f"{p}: --resume needs the GGUF format (a legacy .dat holds means, not the sums)")
+    if im.chunk_size != base.chunk_size:
+        raise ImatrixError(f"{p}: saved with chunks of {im.chunk_size} tokens, but -c is {base.chunk_size}")
+    if im.datasets != datasets:
+        raise ImatrixError(f"{p}: saved from datasets {im.datasets}, but this run has {datasets}; "
+                           f"resume with the same text and --in-file options")
+    done = im.chunk_count - base.last_chunk()
+    if done < 0:
+        raise ImatrixError(f"{p}: holds {im.chunk_count} chunks, fewer than the --in-file data alone")
+    acc = Accumulator(base.chunk_size)
+    acc.add_file(im)
+    log(f"resume: {p} holds {done} chunk(s) of this run; continuing from chunk {done + 1}")
+    return acc, done
 
 
 # -- reports -----------------------------------------------------------------------------------

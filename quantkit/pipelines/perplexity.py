@@ -22,9 +22,7 @@ from __future__ import annotations
 
 import math
 import os
-import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
@@ -32,82 +30,12 @@ import numpy as np
 from quantkit.errors import FormatError, ModelError, QuantkitError
 from quantkit.formats.logits import LogitsFile, LogitsWriter, n_vocab_padded
 from quantkit.jit import njit_fast_parallel, prange
+from quantkit.pipelines.chunks import ChunkState, Log, chunk_targets, count_chunks, run_chunks, ubatch
 from quantkit.model.decode import expf, max_f32
 
 
 class PerplexityError(QuantkitError):
-    """A request the perplexity or imatrix tools cannot serve (too little text, mismatched base file)."""
-
-
-# -- input text --------------------------------------------------------------------------------
-
-def read_text(path: str | os.PathLike | None, builtin: str) -> tuple[str, str]:
-    """``(text, dataset name)``. ``path`` None: the built-in ``builtin`` half ("calibration" or
-    "evaluation") of quantkit.formats.texts. A file must be UTF-8; as llama.cpp's ``-f``, one trailing
-    newline is dropped."""
-    if path is None:
-        from quantkit.formats.texts import calibration_texts, text_sha256
-
-        cal, ev = calibration_texts()
-        text = cal if builtin == "calibration" else ev
-        return text, f"pydoc_data.topics:{builtin}:sha256={text_sha256(text)[:16]}"
-    p = Path(path)
-    try:
-        data = p.read_bytes()
-    except FileNotFoundError:
-        raise PerplexityError(f"{p}: no such file") from None
-    except IsADirectoryError:
-        raise PerplexityError(f"{p}: is a directory, not a text file") from None
-    except OSError as e:
-        raise PerplexityError(f"{p}: cannot read ({e.strerror})") from None
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as e:
-        raise PerplexityError(f"{p}: not UTF-8 text (invalid byte at offset {e.start})") from None
-    if text.endswith("\n"):
-        text = text[:-1]
-    if not text:
-        raise PerplexityError(f"{p}: the file is empty")
-    return text, str(path)
-
-
-def tokenize(tok, text: str, n_ctx: int, where: str, parse_special: bool = False) -> np.ndarray:
-    """The text's token ids (BOS first when the vocab adds it); at least ``2*n_ctx`` of them."""
-    ids = np.asarray(tok.encode(text, add_special=True, parse_special=parse_special), dtype=np.int32)
-    if ids.size < 2 * n_ctx:
-        raise PerplexityError(f"you need at least {2 * n_ctx} tokens for a context of {n_ctx} tokens; "
-                              f"{where} tokenizes to only {ids.size} tokens")
-    return ids
-
-
-def check_batch(n_ctx: int, n_batch: int) -> int:
-    """llama.cpp's chunks-per-batch ``n_seq = max(1, n_batch / n_ctx)``; the batch must be below the
-    context or a multiple of it (the reference asserts this)."""
-    if n_ctx <= 0:
-        raise PerplexityError(f"the context size must be positive, got {n_ctx}")
-    if n_batch <= 0:
-        raise PerplexityError(f"the batch size must be positive, got {n_batch}")
-    if not (n_batch < n_ctx or n_batch % n_ctx == 0):
-        raise PerplexityError(f"batch size {n_batch} must be smaller than the context ({n_ctx}) or a multiple of it")
-    return max(1, n_batch // n_ctx)
-
-
-def ubatch(n_batch: int) -> int:
-    """Rows per forward pass: llama.cpp's micro-batch, ``min(n_ubatch = 512, n_batch)``."""
-    return min(512, n_batch)
-
-
-def chunk_input(tokens: np.ndarray, i: int, n_ctx: int, bos: int | None) -> np.ndarray:
-    """Tokens of chunk i with the first one replaced by BOS when the vocab adds BOS."""
-    x = np.array(tokens[i * n_ctx:(i + 1) * n_ctx], dtype=np.int64)
-    if bos is not None:
-        x[0] = bos
-    return x
-
-
-def add_bos_id(tok) -> int | None:
-    """``llama_vocab_get_add_bos`` ? BOS : None."""
-    return tok.bos_id if tok.add_bos else None
+    """A request llama-perplexity would refuse (a base logits file from another model or context)."""
 
 
 # -- per-token scoring (numpy over a chunk's scored rows) --------------------------------------
@@ -186,6 +114,32 @@ class KLDSums:
     kld_values: list = field(default_factory=list)
     p_diff_values: list = field(default_factory=list)
 
+    _SUMS = ("sum_nll", "sum_nll2", "sum_nll_base", "sum_nll_base2", "sum_nll_nll_base", "sum_kld", "sum_kld2",
+             "sum_p_diff", "sum_p_diff2", "sum_p_diff4")
+
+    def merge(self, c: "KLDSums") -> None:
+        """Add one chunk's sums (in llama.cpp's order of fields; each a single float64 addition)."""
+        for k in self._SUMS:
+            setattr(self, k, getattr(self, k) + getattr(c, k))
+        self.max_p_diff = max(self.max_p_diff, c.max_p_diff)
+        self.n_same_top += c.n_same_top
+        self.count += c.count
+        self.kld_values += c.kld_values
+        self.p_diff_values += c.p_diff_values
+
+    def to_record(self) -> dict:
+        rec = {k: getattr(self, k) for k in (*self._SUMS, "max_p_diff", "n_same_top", "count")}
+        rec["kld_values"] = [v.tolist() for v in self.kld_values]
+        rec["p_diff_values"] = [v.tolist() for v in self.p_diff_values]
+        return rec
+
+    @classmethod
+    def from_record(cls, rec: dict) -> "KLDSums":
+        c = cls(**{k: rec[k] for k in (*cls._SUMS, "max_p_diff", "n_same_top", "count")})
+        c.kld_values = [np.asarray(v, np.float32) for v in rec["kld_values"]]
+        c.p_diff_values = [np.asarray(v, np.float32) for v in rec["p_diff_values"]]
+        return c
+
 
 @njit_fast_parallel
 def _kld_scan(logits, q, scale, min_lp, mxl, kld, imax_base):
@@ -213,6 +167,12 @@ def _kld_scan(logits, q, scale, min_lp, mxl, kld, imax_base):
 
 def kld_rows(logits: np.ndarray, base: np.ndarray, targets: np.ndarray, acc: KLDSums) -> None:
     """Compare rows of logits with the base file's quantized log-probs (n, nv); add into ``acc``."""
+    acc.merge(kld_chunk(logits, base, targets))
+
+
+def kld_chunk(logits: np.ndarray, base: np.ndarray, targets: np.ndarray) -> KLDSums:
+    """One chunk's KLDSums: rows of logits against the base file's quantized log-probs (n, nv)."""
+    acc = KLDSums()
     n, nvocab = logits.shape
     mx, lse = _softmax_parts(logits)
     imax = logits.argmax(axis=1)
@@ -247,6 +207,7 @@ def kld_rows(logits: np.ndarray, base: np.ndarray, targets: np.ndarray, acc: KLD
     acc.count += n
     acc.kld_values.append(kld.astype(np.float32))
     acc.p_diff_values.append(p_diff)
+    return acc
 
 
 # -- the runs ----------------------------------------------------------------------------------
@@ -277,9 +238,13 @@ class PerplexityResult:
         return math.sqrt(var / (self.count - 1)) * self.ppl
 
     def add(self, nll: np.ndarray) -> float:
-        self.nll += float(nll.sum())
-        self.nll2 += float((nll * nll).sum())
-        self.count += int(nll.size)
+        return self.add_sums(chunk_sums(nll))
+
+    def add_sums(self, sums: list) -> float:
+        """Add one chunk's ``[sum nll, sum nll^2, count]``; the running PPL."""
+        self.nll += sums[0]
+        self.nll2 += sums[1]
+        self.count += int(sums[2])
         self.running.append(self.ppl)
         return self.ppl
 
@@ -290,58 +255,60 @@ class PerplexityResult:
         return f"Final estimate: PPL = {self.ppl:.4f} +/- {err:.5f}"
 
 
-Log = Callable[[str], None]
-
-
-def _eta_line(t_pass: float, n_chunk: int) -> str:
-    total = int(t_pass * n_chunk)
-    s = f"{t_pass:.2f} seconds per pass - ETA "
-    if total >= 3600:
-        s += f"{total // 3600} hours "
-        total %= 3600
-    return s + f"{total / 60.0:.2f} minutes"
+def chunk_sums(nll: np.ndarray) -> list:
+    return [float(nll.sum()), float((nll * nll).sum()), int(nll.size)]
 
 
 def perplexity(runner, tokens: np.ndarray, n_ctx: int, n_chunks: int, bos: int | None,
                base_out: str | os.PathLike | None = None, log: Log | None = None,
-               on_chunk: Callable[[int, float], None] | None = None) -> PerplexityResult:
-    """Run the chunks and score their second halves. ``base_out``: also write the KL base file."""
-    n_vocab = runner.config.n_vocab
-    n_chunk_max = tokens.size // n_ctx
-    n_chunk = n_chunk_max if n_chunks < 0 else min(n_chunks, n_chunk_max)
-    if n_chunk <= 0:
-        raise PerplexityError("no chunk to evaluate (--chunks 0)")
+               on_chunk: Callable[[int, float], None] | None = None, state: ChunkState | None = None,
+               check: Callable[[], None] = lambda: None) -> PerplexityResult:
+    """Run the chunks and score their second halves. ``base_out``: also write the KL base file.
+    ``state``: continue after the chunks it holds and save each new chunk's sums into it."""
+    n_chunk = count_chunks(tokens.size, n_ctx, n_chunks)
     first = n_ctx // 2
     res = PerplexityResult(n_ctx, n_chunk)
-    writer = LogitsWriter(base_out, n_ctx, n_vocab, n_chunk, tokens).open() if base_out else None
-    t0 = time.perf_counter()
+    done = _replay(state, lambda i, rec: res.add_sums(rec), on_chunk)
+    writer = None
+    if base_out:
+        writer = LogitsWriter(base_out, n_ctx, runner.config.n_vocab, n_chunk, tokens).open()
+
+    def chunk(i: int, logits: np.ndarray) -> None:
+        targets = chunk_targets(tokens, i, n_ctx)
+        if writer is not None:
+            q, nll = quantize_log_probs(logits, targets)
+            writer.write_chunk(q)
+        else:
+            nll = nll_rows(logits, targets)
+        sums = chunk_sums(nll)
+        if state is not None:
+            state.append(sums)
+        ppl = res.add_sums(sums)
+        if on_chunk:
+            on_chunk(i, ppl)
+
     try:
-        for i in range(n_chunk):
-            tc = time.perf_counter()
-            x = chunk_input(tokens, i, n_ctx, bos)
-            runner.reset()
-            logits = runner.forward(x, 0, logits=np.arange(first, n_ctx - 1))     # (n_scored, n_vocab)
-            targets = tokens[i * n_ctx + first + 1:(i + 1) * n_ctx].astype(np.int64)
-            if writer is not None:
-                q, nll = quantize_log_probs(logits, targets)
-                writer.write_chunk(q)
-            else:
-                nll = nll_rows(logits, targets)
-            ppl = res.add(nll)
-            if i == 0:
-                res.first_pass_s = time.perf_counter() - tc
-                if log:
-                    log(_eta_line(res.first_pass_s, n_chunk))
-            if on_chunk:
-                on_chunk(i, ppl)
+        times = run_chunks(runner, tokens, n_ctx, n_chunk, bos, np.arange(first, n_ctx - 1), chunk, start=done,
+                           log=log, check=check, name="perplexity")
         if writer is not None:
             writer.commit()
     except BaseException:
         if writer is not None:
             writer.abort()
         raise
-    res.seconds = time.perf_counter() - t0
+    res.seconds, res.first_pass_s = times.seconds, times.first_pass_s
     return res
+
+
+def _replay(state: ChunkState | None, apply: Callable, on_chunk: Callable | None) -> int:
+    """Apply a resumed run's saved chunks in order (as they were applied when computed); how many."""
+    if state is None:
+        return 0
+    for i, rec in enumerate(state.records):
+        value = apply(i, rec)
+        if on_chunk:
+            on_chunk(i, value)
+    return len(state.records)
 
 
 def _mean_unc(s: float, s2: float, n: int) -> tuple[float, float]:
@@ -490,30 +457,33 @@ def check_base(base: LogitsFile, n_vocab: int, n_ctx_train: int, n_ctx: int | No
 
 
 def kl_divergence(runner, base: LogitsFile, n_chunks: int, bos: int | None, log: Log | None = None,
-                  on_chunk: Callable[[int, str], None] | None = None) -> KLDResult:
-    """Evaluate the base file's chunks and compare with its log-probs, chunk by chunk."""
+                  on_chunk: Callable[[int, str], None] | None = None, state: ChunkState | None = None,
+                  check: Callable[[], None] = lambda: None) -> KLDResult:
+    """Evaluate the base file's chunks and compare with its log-probs, chunk by chunk. ``state``: as
+    for ``perplexity``."""
     n_ctx = base.n_ctx
-    n_chunk = base.n_chunk if n_chunks < 0 else min(n_chunks, base.n_chunk)
-    if n_chunk <= 0:
-        raise PerplexityError("no chunk to evaluate (--chunks 0)")
+    n_chunk = count_chunks(base.n_chunk * n_ctx, n_ctx, n_chunks)
     first = n_ctx // 2
     tokens = np.asarray(base.tokens)
     res = KLDResult(KLDSums(), n_ctx, n_chunk)
-    t0 = time.perf_counter()
-    for i in range(n_chunk):
-        tc = time.perf_counter()
-        x = chunk_input(tokens, i, n_ctx, bos)
-        runner.reset()
-        logits = runner.forward(x, 0, logits=np.arange(first, n_ctx - 1))
-        targets = tokens[i * n_ctx + first + 1:(i + 1) * n_ctx].astype(np.int64)
-        kld_rows(logits, np.asarray(base.log_probs[i]), targets, res.sums)
-        if i == 0:
-            res.first_pass_s = time.perf_counter() - tc
-            if log:
-                log(_eta_line(res.first_pass_s, n_chunk))
+
+    def apply(i: int, rec: dict) -> str:
+        res.sums.merge(KLDSums.from_record(rec))
+        return res.chunk_line(i + 1)
+
+    done = _replay(state, apply, on_chunk)
+
+    def chunk(i: int, logits: np.ndarray) -> None:
+        c = kld_chunk(logits, np.asarray(base.log_probs[i]), chunk_targets(tokens, i, n_ctx))
+        if state is not None:
+            state.append(c.to_record())
+        res.sums.merge(c)
         if on_chunk:
             on_chunk(i, res.chunk_line(i + 1))
-    res.seconds = time.perf_counter() - t0
+
+    times = run_chunks(runner, tokens, n_ctx, n_chunk, bos, np.arange(first, n_ctx - 1), chunk, start=done,
+                       log=log, check=check, name="perplexity")
+    res.seconds, res.first_pass_s = times.seconds, times.first_pass_s
     return res
 
 

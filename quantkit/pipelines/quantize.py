@@ -27,9 +27,10 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from quantkit.errors import QuantkitError
-from quantkit.formats.atomic import write_bytes
+from quantkit.formats.atomic import preflight, write_bytes
 from quantkit.formats.gguf_io import KV, GGUFModel, GGUFOutput, Tensor, remove_kv, set_kv
 from quantkit.formats.imatrix import Imatrix, load_imatrix
+from quantkit.pause import pause_point
 from quantkit.policy import FileType, PolicyError, TypePlan, ggml_type_name, parse_ftype, plan_types
 
 GGML_QNT_VERSION = 2
@@ -437,16 +438,22 @@ def scan_source(plan: QuantPlan, release: Callable[[Tensor], None] = lambda t: N
                             f"refusing to quantize")
 
 
+def plan_output(plan: QuantPlan, out_path: str | os.PathLike) -> GGUFOutput:
+    """The output file of a plan, not opened yet (its ``size`` is exact)."""
+    return GGUFOutput(out_path, plan.kv, [j.out_tensor for j in plan.jobs], what="the quantized model")
+
+
 def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                     log: Callable[[str], None] = lambda s: None,
                     progress: Callable[..., Any] | None = None,
-                    release: Callable[[Tensor], None] = lambda t: None) -> Path:
-    """Stream every tensor to ``out_path`` (via a temporary file renamed at the end)."""
-    out_tensors = [j.out_tensor for j in plan.jobs]
+                    release: Callable[[Tensor], None] = lambda t: None,
+                    check: Callable[[], None] = lambda: None) -> Path:
+    """Stream every tensor to ``out_path`` (via a temporary file renamed at the end). ``check`` runs
+    after each tensor and before the commit: it raises when the input changed under the run."""
     bar = progress(total=plan.size_in, unit="B", unit_scale=True, unit_divisor=1024, desc="quantize") \
         if progress else None
     try:
-        with GGUFOutput(out_path, plan.kv, out_tensors) as out:
+        with plan_output(plan, out_path) as out:
             n = len(plan.jobs)
             for i, job in enumerate(plan.jobs, 1):
                 if job.imatrix_note:
@@ -455,12 +462,15 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                     data = convert_tensor(job)
                 else:
                     data = job.src.data
+                check()
                 out.write(job.name, data)
                 del data
                 release(job.src)  # its pages leave memory: peak RSS stays near one tensor
                 log(tensor_line(i, n, job, dry_run=False))
                 if bar is not None:
                     bar.update(job.src_bytes)
+                pause_point("quantize.tensor")
+            check()
             return out.commit()
     finally:
         if bar is not None:
@@ -510,8 +520,13 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
             for problem in plan.problems:
                 log(f"WARNING: the real run would fail: {problem}")
         else:
+            from quantkit.formats.sigbus import install
+
+            install()       # a truncated input: one line, not a silent SIGBUS death
+            preflight(out, plan_output(plan, out).size, "the quantized model")    # before the long part
             scan_source(plan, release=model.release)
-            write_quantized(plan, out, log=log, progress=progress, release=model.release)
+            write_quantized(plan, out, log=log, progress=progress, release=model.release,
+                            check=model.check_unchanged)
         for line in summary_lines(plan, dry_run):
             log(f"llama_model_quantize_impl: {line}" if "size" in line else line)
     return plan, time.perf_counter() - t0

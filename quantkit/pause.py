@@ -1,0 +1,32 @@
+"""Test-only pause points, so tests can act on a process provably in the middle of its work.
+
+With ``QUANTKIT_PAUSE_AT=<point>:<n>`` and ``QUANTKIT_PAUSE_FILE=<path>`` in its environment, a
+process that passes ``pause_point(<point>)`` for the n-th time creates ``<path>`` (holding its pid)
+and waits until the file is removed (at most two minutes). A test then sends a signal (the sleep is
+interrupted like any other work), or changes the world (fills the disk, truncates the input) and
+removes the file to let the job go on. Nothing reads these variables but this module; without them
+a pause point costs one comparison.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+_AT = os.environ.get("QUANTKIT_PAUSE_AT", "")
+_POINT, _, _N = _AT.partition(":")
+_FILE = os.environ.get("QUANTKIT_PAUSE_FILE", "")
+_seen: dict[str, int] = {}
+
+
+def pause_point(name: str) -> None:
+    if not _FILE or name != _POINT:
+        return
+    n = _seen[name] = _seen.get(name, 0) + 1
+    if n != int(_N or 1):
+        return
+    with open(_FILE, "w") as f:
+        f.write(str(os.getpid()))
+    end = time.monotonic() + 120
+    while os.path.exists(_FILE) and time.monotonic() < end:
+        time.sleep(0.01)
