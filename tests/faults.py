@@ -35,9 +35,25 @@ class Job:
                 signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
                 resource.setrlimit(resource.RLIMIT_FSIZE, (rlimit_fsize, rlimit_fsize))
 
-        self.proc = subprocess.Popen([sys.executable, "-m", "quantkit", *[str(a) for a in args]], cwd=cwd,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, preexec_fn=preexec)
+        # output goes to files, so a test can watch it while the job runs
+        self.stdout_path, self.stderr_path = self.marker.with_suffix(".out"), self.marker.with_suffix(".err")
+        with open(self.stdout_path, "wb") as o, open(self.stderr_path, "wb") as e:
+            self.proc = subprocess.Popen([sys.executable, "-m", "quantkit", *[str(a) for a in args]], cwd=cwd,
+                                         stdout=o, stderr=e, env=env, preexec_fn=preexec)
         self.out = self.err = ""
+
+    def wait_output(self, text: str, stream: str = "stderr", timeout: float = 180) -> None:
+        """Wait until the job has written ``text`` (it is then provably past its start-up)."""
+        path = self.stderr_path if stream == "stderr" else self.stdout_path
+        end = time.monotonic() + timeout
+        while time.monotonic() < end:
+            if text in path.read_text(errors="replace"):
+                return
+            if self.proc.poll() is not None:
+                self.finish()
+                raise AssertionError(f"the job ended (exit {self.proc.returncode}) before writing {text!r}:\n{self.err}")
+            time.sleep(0.01)
+        raise AssertionError(f"the job never wrote {text!r}")
 
     def wait_paused(self, timeout: float = 180) -> None:
         end = time.monotonic() + timeout
@@ -54,16 +70,33 @@ class Job:
         self.marker.unlink()
 
     def signal(self, sig) -> float:
-        """Send ``sig``; return the seconds until the process ended."""
+        """Send ``sig``; return the seconds until the process ended (``self.cpu_after``: the CPU
+        seconds it used after the signal, a measure the other jobs on a busy machine do not inflate)."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        cpu_before = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
         t0 = time.monotonic()
         self.proc.send_signal(sig)
+        _, status, usage = os.wait4(self.proc.pid, 0)
+        seconds = time.monotonic() - t0
+        self.proc.returncode = os.waitstatus_to_exitcode(status)
+        self.cpu_after = usage.ru_utime + usage.ru_stime - cpu_before
         self.finish()
-        return time.monotonic() - t0
+        return seconds
 
     def finish(self, timeout: float = 300) -> int:
-        out, err = self.proc.communicate(timeout=timeout)
-        self.out, self.err = out.decode(errors="replace"), err.decode(errors="replace")
+        self.proc.wait(timeout=timeout)
+        self.out = self.stdout_path.read_text(errors="replace")
+        self.err = self.stderr_path.read_text(errors="replace")
         return self.proc.returncode
+
+
+def prompt(job: Job, seconds: float) -> bool:
+    """Stopped 'at once': under a second of wall time, or (on a machine so loaded that wall time
+    says little) under half a second of the job's own CPU time after the signal."""
+    if seconds < 1.0:
+        return True
+    return os.getloadavg()[0] > 2 * (os.cpu_count() or 1) and job.cpu_after < 0.5
 
 
 def one_line_error(job: Job, *needles: str) -> str:

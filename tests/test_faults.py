@@ -19,10 +19,11 @@ from pathlib import Path
 import pytest
 
 from conftest import sha256
-from faults import Job, listing, one_line_error
+from faults import Job, listing, one_line_error, prompt
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "quantize" / "golden.json").read_text())["cases"]
 Q4_0 = GOLDEN["q4_0"]
+SAMPLE = Path(__file__).parent / "data" / "perplexity" / "evaluation-sample.txt"
 
 
 @pytest.fixture
@@ -177,3 +178,165 @@ def test_input_changed_mid_run(smollm2_f16, dirs, tmp_path, change):
     how = "its size went from" if change == "truncate" else "it was replaced by another file"
     one_line_error(job, "src.gguf: the input changed while it was being read", how)
     assert listing(out) == []
+
+
+# -- every command, every signal ---------------------------------------------------------------
+
+# (arguments, how to see the job is at work: ("pause", point) -- resumed just before the signal --
+# or ("stderr"/"stdout", text)); every job has far more work left than the signal takes to arrive.
+COMMANDS = {
+    "run": (["run", "-p", "1, 2, 3, 4, 5, 6, 7,", "-n", "2000", "-c", "2048", "--temp", "0"], ("stdout", "8, 9,")),
+    "bench": (["bench", "-p", "512", "-n", "0", "-r", "50", "--progress"], ("stderr", "benchmark 1/1")),
+    "perplexity": (["perplexity", "-f", "TEXT", "-c", "256"], ("pause", "perplexity.chunk")),
+    "imatrix": (["imatrix", "-f", "TEXT", "-c", "256", "--no-ppl", "-o", "OUT/i.gguf"], ("pause", "imatrix.chunk")),
+    "verify": (["verify", "MODEL"], ("pause", "verify.tensor")),
+    "roundtrip": (["roundtrip", "-m", "MODEL", "--tensors", "."], ("stderr", "round-trip of")),
+}
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("command", list(COMMANDS))
+def test_signal_stops_every_command_at_once(command, sig, smollm2_f16, dirs):
+    """Ctrl-C or SIGTERM while the command works: it exits within a second with the shell's code
+    (128 + signal), one 'interrupted' line, no traceback, and no temporary file left."""
+    out, ctl = dirs
+    args, (kind, what) = COMMANDS[command]
+    text = ctl / "long.txt"          # ~8k tokens: 32 chunks of 256
+    text.write_text("\n".join([SAMPLE.read_text(encoding="utf-8")] * 12), encoding="utf-8")
+    subst = {"MODEL": smollm2_f16, "TEXT": text}
+    args = [str(out / a[4:]) if a.startswith("OUT/") else subst.get(a, a) for a in args]
+    if command in ("run", "bench", "perplexity", "imatrix"):
+        args += ["-m", smollm2_f16]
+    job = Job(args, ctl, pause=(what, 1) if kind == "pause" else None, cwd=out)
+    if kind == "pause":
+        job.wait_paused()
+        job.resume()
+    else:
+        job.wait_output(what, kind)
+    seconds = job.signal(sig)
+    assert job.proc.returncode == 128 + sig, (job.proc.returncode, job.err[-2000:])
+    assert prompt(job, seconds), (seconds, job.cpu_after, os.getloadavg())
+    assert "Traceback" not in job.err
+    name = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
+    assert job.err.strip().splitlines()[-1] == f"interrupted ({name})", job.err[-500:]
+    assert not [n for n in listing(out) if n.endswith(".partial")]
+
+
+# -- long jobs resumable -----------------------------------------------------------------------
+
+IM_SAMPLE = Path(__file__).parent / "data" / "imatrix" / "calibration-sample.txt"
+
+
+def test_imatrix_resumed_after_kill_is_the_uninterrupted_file(smollm2_f16, dirs):
+    """Killed (SIGKILL) after chunk 5 of 7 with a save every 2 chunks: the output holds the save of
+    chunk 4; the same command with --resume continues from chunk 5 and writes the uninterrupted run's
+    bytes (identical sums, counts, chunk count and datasets)."""
+    out, ctl = dirs
+    args = ["imatrix", "-m", smollm2_f16, "-f", IM_SAMPLE, "-c", 64, "--chunks", 7, "-ofreq", 2, "--no-ppl", "-t", 1]
+    whole = Job(args + ["-o", out / "whole.gguf"], ctl)
+    assert whole.finish() == 0, whole.err
+    killed = Job(args + ["-o", out / "r.gguf"], ctl, pause=("imatrix.chunk", 5))
+    killed.wait_paused()
+    killed.signal(signal.SIGKILL)
+    from quantkit.formats.imatrix import load_imatrix
+
+    assert load_imatrix(out / "r.gguf").chunk_count == 4
+    again = Job(args + ["-o", out / "r.gguf", "--resume"], ctl)
+    assert again.finish() == 0, again.err
+    assert "continuing from chunk 5" in again.err
+    assert (out / "r.gguf").read_bytes() == (out / "whole.gguf").read_bytes()
+    assert listing(out) == ["r.gguf", "whole.gguf"]
+
+
+def test_imatrix_resume_refuses_another_run(smollm2_f16, dirs):
+    """--resume on a file saved with another chunk size: one line, before any work."""
+    out, ctl = dirs
+    from quantkit.formats.imatrix import Entry, Imatrix, save_imatrix_gguf
+    import numpy as np
+
+    save_imatrix_gguf(Imatrix({"blk.0.ffn_up.weight": Entry(np.ones((1, 576), np.float32), np.full(1, 128, np.float32))},
+                              [str(IM_SAMPLE)], 1, 128), out / "r.gguf")
+    job = Job(["imatrix", "-m", smollm2_f16, "-f", IM_SAMPLE, "-c", 64, "-o", out / "r.gguf", "--resume"], ctl)
+    job.finish()
+    one_line_error(job, "r.gguf: saved with chunks of 128 tokens, but -c is 64")
+
+
+@pytest.mark.parametrize("mode", ["perplexity", "kl-divergence"])
+def test_perplexity_resumed_after_kill_prints_the_uninterrupted_numbers(smollm2_f16, dirs, mode):
+    """Killed after chunk 4 of 6 with --state: the same command continues from chunk 5 and prints
+    exactly the uninterrupted run's results (every running PPL, the final estimate, or every KLD
+    line and statistic); the state file is removed at the end."""
+    out, ctl = dirs
+    args = ["perplexity", "-m", smollm2_f16, "-c", 64, "--chunks", 6, "-t", 1]
+    if mode == "perplexity":
+        args += ["-f", SAMPLE]
+    else:
+        base = ctl / "base.kld"
+        made = Job(args + ["-f", SAMPLE, "--kl-divergence-base", base], ctl)
+        assert made.finish() == 0, made.err
+        args += ["--kl-divergence-base", base, "--kl-divergence"]
+    whole = Job(args, ctl)
+    assert whole.finish() == 0, whole.err
+    state = out / "ppl.state"
+    killed = Job(args + ["--state", state], ctl, pause=("perplexity.chunk", 4))
+    killed.wait_paused()
+    killed.signal(signal.SIGKILL)
+    assert len(json.loads(state.read_text())["records"]) == 4
+    again = Job(args + ["--state", state], ctl)
+    assert again.finish() == 0, again.err
+    assert "continuing from chunk 5" in again.err
+    assert again.out == whole.out
+    assert ("[6]" in whole.out and "Final estimate" in whole.out) if mode == "perplexity" else "Mean    KLD" in whole.out
+    assert listing(out) == []
+
+
+def test_state_of_another_run_refused(smollm2_f16, dirs):
+    out, ctl = dirs
+    args = ["perplexity", "-m", smollm2_f16, "-f", SAMPLE, "-c", 64, "--chunks", 3, "-t", 1, "--state", out / "s"]
+    killed = Job(args, ctl, pause=("perplexity.chunk", 1))
+    killed.wait_paused()
+    killed.signal(signal.SIGKILL)
+    other = Job(args[:7] + ["--chunks", 2] + args[9:], ctl)
+    other.finish()
+    one_line_error(other, "s: saved by another run (its n_chunk differ); remove it to start over")
+
+
+# -- the other writers: imatrix saves, the base logits file -------------------------------------
+
+@pytest.mark.parametrize("command", ["imatrix", "perplexity"])
+def test_other_writers_refuse_before_the_first_chunk(smollm2_f16, dirs, command):
+    """imatrix's periodic saves and perplexity's base logits file check the planned size against the
+    file-size limit before the first chunk: one line, nothing written."""
+    out, ctl = dirs
+    if command == "imatrix":
+        args, limit, what = ["imatrix", "-f", IM_SAMPLE, "-c", 64, "-ofreq", 1, "-o", out / "i.gguf"], 100 << 10, \
+            "the imatrix needs"
+    else:
+        args, limit, what = ["perplexity", "-f", SAMPLE, "-c", 64, "--kl-divergence-base", out / "b.kld"], 1 << 20, \
+            "the base logits file needs"
+    job = Job(args + ["-m", smollm2_f16], ctl, rlimit_fsize=limit)
+    job.finish()
+    one_line_error(job, what, "file size limit")
+    assert "[1]" not in job.out
+    assert listing(out) == []
+
+
+@pytest.mark.parametrize("command", ["imatrix", "perplexity"])
+def test_model_changed_under_a_chunk_loop(smollm2_f16, dirs, tmp_path, command):
+    """The model file truncated while imatrix or perplexity runs: one line at the next chunk, nothing
+    saved from it."""
+    out, ctl = dirs
+    src = tmp_path / "m.gguf"
+    shutil.copy(smollm2_f16, src)
+    if command == "imatrix":
+        args = ["imatrix", "-f", IM_SAMPLE, "-c", 64, "-ofreq", 1, "--no-ppl", "-o", out / "i.gguf"]
+    else:
+        args = ["perplexity", "-f", SAMPLE, "-c", 64, "--kl-divergence-base", out / "b.kld"]
+    job = Job(args + ["-m", src], ctl, pause=(f"{command}.chunk", 1))
+    job.wait_paused()
+    saved = listing(out)
+    os.truncate(src, 1 << 20)
+    job.resume()
+    job.finish()
+    one_line_error(job, "m.gguf: the input changed while it was being read (its size went from")
+    assert listing(out) == [n for n in saved if not n.endswith(".partial")]     # the saves before, if any

@@ -275,35 +275,28 @@ def test_imatrix_same_for_1_and_2_threads(f16, tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGKILL])
 def test_killed_imatrix_leaves_nothing_or_a_complete_file(sig, f16, tmp_path):
-    """A real `quantkit imatrix` process saving after every chunk, signalled at a random moment after
-    its first save: the output is absent or a complete, loadable file; SIGINT/SIGTERM leave no
-    temporary files (SIGKILL may leave a hidden .partial one, never a damaged output)."""
-    import random
-    import subprocess
-    import sys
-    import time
+    """A real `quantkit imatrix` process saving after every chunk, signalled in the middle of its second
+    save (paused after 10 of that save's tensors, tests/faults.py): the output is the complete first
+    save; SIGINT/SIGTERM leave no temporary file (SIGKILL leaves the hidden one, never a damaged output)."""
+    from faults import Job
 
-    out = tmp_path / "k.gguf"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "quantkit", "imatrix", "-m", str(f16), "-f", str(SAMPLE), "-c", "64",
-         "-ofreq", "1", "--no-ppl", "-q", "-t", "1", "-o", str(out)],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
-    end = time.time() + 120
-    while time.time() < end and not out.exists() and proc.poll() is None:
-        time.sleep(0.02)
-    time.sleep(random.Random(int(sig)).uniform(0.0, 0.4))
-    if proc.poll() is None:
-        proc.send_signal(sig)
-    proc.communicate(timeout=60)
-    if out.exists():
-        im = load_imatrix(out)
-        assert im.chunk_count >= 1 and im.entries
-    left = [p.name for p in tmp_path.iterdir() if p.name != "k.gguf"]
+    out_dir = tmp_path / "out"
+    out_dir.mkdir()
+    out = out_dir / "k.gguf"
+    n_tensors = 2 * 7 * 30          # in_sum2 and counts for the 7 matrices of SmolLM2's 30 layers
+    job = Job(["imatrix", "-m", f16, "-f", SAMPLE, "-c", 64, "-ofreq", 1, "--no-ppl", "-q", "-t", 1, "-o", out],
+              tmp_path / "ctl", pause=("gguf.tensor", n_tensors + 10))
+    job.wait_paused()
+    assert list(out_dir.glob(".k.gguf.*.partial")), "not paused inside the second save"
+    job.signal(sig)
+    im = load_imatrix(out)
+    assert im.chunk_count == 1 and len(im.entries) == 7 * 30
+    left = [p.name for p in out_dir.iterdir() if p.name != "k.gguf"]
     if sig != signal.SIGKILL:
         assert left == [], left
+        assert job.proc.returncode == 128 + sig
     else:
-        assert all(n.endswith(".partial") for n in left), left
+        assert len(left) == 1 and left[0].endswith(".partial"), left
 
 
 def test_column_sums_of_squares_are_float64_and_thread_independent():

@@ -30,7 +30,10 @@ def verify(path, verbose):
     """
     from tqdm import tqdm
 
+    from quantkit.formats.sigbus import install
     from quantkit.pipelines.verify import verify_file
+
+    install()
 
     report = verify_file(path, progress=lambda **kw: tqdm(file=sys.stderr, disable=not sys.stderr.isatty(), **kw))
     report_verify(report, lambda s: click.echo(s), verbose)

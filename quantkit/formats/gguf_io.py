@@ -27,6 +27,7 @@ from gguf.gguf_writer import WriterState
 
 from quantkit.errors import FormatError
 from quantkit.formats.atomic import AtomicWriter
+from quantkit.pause import pause_point
 
 GGUF_MAGIC = b"GGUF"
 
@@ -417,6 +418,7 @@ class GGUFOutput:
         self._out.write(buf)
         self._out.write(bytes(_pad(t.nbytes, self.alignment) - t.nbytes))
         self._next += 1
+        pause_point("gguf.tensor")
 
     def commit(self) -> Path:
         if self._next != len(self.plan):

@@ -15,6 +15,7 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES
 
 from quantkit.formats.gguf_io import GGUFModel
+from quantkit.pause import pause_point
 
 _LAYER_RX = re.compile(r"^blk\.(\d+)\.")
 
@@ -74,8 +75,10 @@ def verify_file(path, progress: Callable | None = None) -> VerifyReport:
             checks.append(c)
             if bar:
                 bar.update(1)
+            pause_point("verify.tensor")
         if bar:
             bar.close()
+        m.check_unchanged()     # a file changed under the map: the report would describe neither version
         spans.sort()
         for (a0, a1, an), (b0, b1, bn) in zip(spans, spans[1:]):
             if b0 < a1 and a1 > a0 and b1 > b0:
