@@ -104,5 +104,26 @@ def threads_option(fn):
     return wrapper
 
 
+def chunk_bar(n: int):
+    """A progress bar over ``n`` chunks on stderr (imatrix, perplexity), or None when stderr is not a
+    terminal."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    return tqdm(total=n, unit="chunk", file=sys.stderr, dynamic_ncols=True)
+
+
+def bar_logger(bar):
+    """A log function for stderr that writes above ``bar`` when there is one."""
+    def log(line: str) -> None:
+        if bar is not None:
+            bar.write(line, file=sys.stderr)
+        else:
+            click.echo(line, err=True)
+
+    return log
+
+
 # Subcommands register themselves on import.
 from quantkit.cli import bench, imatrix, perplexity, quantize, roundtrip, run, verify, warmup  # noqa: E402,F401

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from quantkit.cli import main, threads_option
+from quantkit.cli import bar_logger, chunk_bar, main, threads_option
 
 EPILOG = """\b
 Modes, as llama-imatrix:
@@ -135,18 +135,9 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         err(f"compute_imatrix: computing over {max(n, 0)} chunks, n_ctx={n_ctx}, batch_size={n_batch}, "
             f"n_seq={max(1, n_batch // n_ctx)}")
         im.check_output_name(save_opts, err)
-        bar = None
-        if not quiet and sys.stderr.isatty():
-            from tqdm import tqdm
-
-            bar = tqdm(total=max(n, 0), unit="chunk", file=sys.stderr, dynamic_ncols=True)
+        bar = None if quiet else chunk_bar(max(n, 0))
+        log = bar_logger(bar)
         parts: list[str] = []
-
-        def log(line: str) -> None:
-            if bar is not None:
-                bar.write(line, file=sys.stderr)
-            else:
-                err(line)
 
         def on_chunk(i, ppl):
             if ppl is not None:

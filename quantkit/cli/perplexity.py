@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from quantkit.cli import main, threads_option
+from quantkit.cli import bar_logger, chunk_bar, main, threads_option
 
 EPILOG = """\b
 Without -f the built-in evaluation text is used: the second half of the standard library's
@@ -80,7 +80,7 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
             n = base.n_chunk if n_chunks < 0 else min(n_chunks, base.n_chunk)
             err(f"kl_divergence: computing over {n} chunks, n_ctx={base.n_ctx}, batch_size={n_batch}, "
                 f"n_seq={max(1, n_batch // base.n_ctx)}")
-            bar = _bar(n)
+            bar = chunk_bar(n)
             lines = []
 
             def on_chunk(i, line):
@@ -93,7 +93,7 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
 
             state = _state(state_file, model, base.tokens, mode="kl-divergence", n_ctx=base.n_ctx, n_chunk=n,
                            base=str(base.path.resolve()), base_size=base.path.stat().st_size)
-            res = pp.kl_divergence(runner, base, n_chunks, ch.add_bos_id(tok), log=_logger(bar), on_chunk=on_chunk,
+            res = pp.kl_divergence(runner, base, n_chunks, ch.add_bos_id(tok), log=bar_logger(bar), on_chunk=on_chunk,
                                    state=state, check=model.gguf.check_unchanged)
             if state is not None:
                 state.remove()
@@ -121,7 +121,7 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
             err(f"perplexity: saving all logits to {base_file}")
         err(f"perplexity: calculating perplexity over {n} chunks, n_ctx={n_ctx}, batch_size={n_batch}, "
             f"n_seq={max(1, n_batch // n_ctx)}")
-        bar = _bar(n)
+        bar = chunk_bar(n)
         parts: list[str] = []
 
         def on_chunk(i, ppl):
@@ -135,7 +135,7 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
 
         state = _state(state_file, model, tokens, mode="perplexity", n_ctx=n_ctx, n_chunk=n)
         res = pp.perplexity(runner, tokens, n_ctx, n_chunks, ch.add_bos_id(tok), base_out=base_file,
-                            log=_logger(bar), on_chunk=on_chunk, state=state, check=model.gguf.check_unchanged)
+                            log=bar_logger(bar), on_chunk=on_chunk, state=state, check=model.gguf.check_unchanged)
         if state is not None:
             state.remove()
         if bar is not None:
@@ -160,24 +160,6 @@ def _state(path, model, tokens, **settings):
         click.echo(f"resume: {path} holds {len(state.records)} chunk(s); continuing from chunk "
                    f"{len(state.records) + 1}", err=True)
     return state
-
-
-def _bar(n: int):
-    if not sys.stderr.isatty():
-        return None
-    from tqdm import tqdm
-
-    return tqdm(total=n, unit="chunk", file=sys.stderr, dynamic_ncols=True)
-
-
-def _logger(bar):
-    def log(line: str) -> None:
-        if bar is not None:
-            bar.write(line, file=sys.stderr)
-        else:
-            click.echo(line, err=True)
-
-    return log
 
 
 def _out(bar, held: list, line: str) -> None:

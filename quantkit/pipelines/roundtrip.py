@@ -41,6 +41,11 @@ DEFAULT_TYPES = ("F16", "BF16", "Q8_0", "Q6_K", "Q5_1", "Q5_K", "Q5_0", "Q4_K", 
                  "IQ4_NL", "IQ4_XS", "Q3_K", "Q2_K")
 
 
+def _row_slices(rows: np.ndarray, values: int = 1 << 20):
+    step = max(1, values // max(1, rows.shape[1]))
+    return (rows[i:i + step] for i in range(0, rows.shape[0], step))
+
+
 def roundtrip(path, types=DEFAULT_TYPES, pattern: str = r"^blk\.0\.", progress=None) -> list[TypeReport]:
     rx = re.compile(pattern)
     qtypes = [traits(t).qtype for t in types if t in {q.name for q in TRAITS} or isinstance(t, GGMLQuantizationType)]
@@ -58,15 +63,17 @@ def roundtrip(path, types=DEFAULT_TYPES, pattern: str = r"^blk\.0\.", progress=N
                     r.skipped += 1
                     r.names_skipped.append(t.name)
                 else:
-                    b = quantize(src, q)
-                    back = dequantize(b, q)
-                    d = (back.astype(np.float64) - src)
                     r.tensors += 1
-                    r.elements += src.size
-                    r.nbytes += b.nbytes
-                    r.sq_err += float(np.dot(d.ravel(), d.ravel()))
-                    r.sq_ref += float(np.dot(src.ravel().astype(np.float64), src.ravel()))
-                    r.max_err = max(r.max_err, float(np.abs(d).max()))
+                    # ~1M values per call: Ctrl-C is handled between calls (a whole big tensor is
+                    # seconds of compiled code the signal would wait for)
+                    for s in _row_slices(src):
+                        b = quantize(s, q)
+                        d = (dequantize(b, q).astype(np.float64) - s)
+                        r.elements += s.size
+                        r.nbytes += b.nbytes
+                        r.sq_err += float(np.dot(d.ravel(), d.ravel()))
+                        r.sq_ref += float(np.dot(s.ravel().astype(np.float64), s.ravel()))
+                        r.max_err = max(r.max_err, float(np.abs(d).max()))
                 if bar:
                     bar.update(1)
         if bar:
