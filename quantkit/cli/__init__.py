@@ -41,6 +41,22 @@ def _on_signal(signum, frame):
     raise Interrupted(signum)
 
 
+def _catch_signals() -> dict:
+    """SIGTERM, and Ctrl-C unless the process started with it ignored (a background job), raise
+    ``Interrupted``; returns the handlers replaced."""
+    previous = {}
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            old = signal.getsignal(signum)
+            if signum == signal.SIGINT and old is signal.SIG_IGN:
+                continue
+            signal.signal(signum, _on_signal)
+            previous[signum] = old
+    except ValueError:  # not the main thread (e.g. under a test runner's thread)
+        pass
+    return previous
+
+
 def interrupted_exit(signum: int | None = None) -> None:
     """The one-line note and the shell's exit code for a run stopped by a signal (130 for Ctrl-C)."""
     signum = signum or (_received[0] if _received else int(signal.SIGINT))
@@ -60,6 +76,7 @@ def interrupted_exit(signum: int | None = None) -> None:
 
 class _Group(click.Group):
     def invoke(self, ctx):
+        previous = _catch_signals()
         try:
             return super().invoke(ctx)
         except QuantkitError as e:
@@ -71,6 +88,8 @@ class _Group(click.Group):
         except MemoryError:
             raise click.ClickException("out of memory") from None
         finally:
+            for signum, handler in previous.items():     # in-process callers (tests) get theirs back
+                signal.signal(signum, handler)
             if "quantkit.jit" in sys.modules:  # the compile summary, if the command compiled anything
                 sys.modules["quantkit.jit"].compiles_done()
 
@@ -79,12 +98,6 @@ class _Group(click.Group):
 @click.version_option(__version__, "--version", prog_name="quantkit")
 def main() -> None:
     """quantkit: llama.cpp's quantize, imatrix, run, bench and perplexity tools in Python."""
-    try:  # runs only when a subcommand runs (not for --help)
-        signal.signal(signal.SIGTERM, _on_signal)
-        if signal.getsignal(signal.SIGINT) is signal.default_int_handler:   # not when started ignoring it
-            signal.signal(signal.SIGINT, _on_signal)
-    except ValueError:  # not the main thread (e.g. under a test runner's thread)
-        pass
     # a cold numba compile says so on stderr (first run only): quantkit.jit installs the notice when it
     # is imported, which a subcommand's --help never does
     os.environ.setdefault("QUANTKIT_COMPILE_NOTICE", "1")

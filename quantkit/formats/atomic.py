@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import glob
 import os
 import resource
 import time
@@ -54,7 +55,7 @@ def free_bytes(folder: Path) -> int:
 
 
 def _temp_pattern(path: Path) -> str:
-    return f".{path.name}.*.partial"
+    return f".{glob.escape(path.name)}.*.partial"
 
 
 def _writers(path: Path, mine: Path | None = None) -> list[tuple[str, Path]]:
@@ -73,6 +74,8 @@ def _writers(path: Path, mine: Path | None = None) -> list[tuple[str, Path]]:
                 fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 live.append((tmp.name.split(".")[-2], tmp))
+                continue
+            except OSError:      # a filesystem without locks: nobody can tell live from stale
                 continue
             if time.time() - os.fstat(fd).st_mtime > STALE_AFTER_S:
                 tmp.unlink(missing_ok=True)
@@ -134,7 +137,10 @@ class AtomicWriter:
         except OSError as e:
             raise self._error(e, "cannot create a temporary file") from None
         self.tmp = tmp
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:          # a filesystem without locks: the unique name still keeps writers apart
+            pass
         self._f = os.fdopen(fd, "wb", buffering=1 << 20)
         try:
             older = [t for k, t in _writers(self.path, tmp) if k < key]

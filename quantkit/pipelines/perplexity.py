@@ -268,6 +268,8 @@ def perplexity(runner, tokens: np.ndarray, n_ctx: int, n_chunks: int, bos: int |
     n_chunk = count_chunks(tokens.size, n_ctx, n_chunks)
     first = n_ctx // 2
     res = PerplexityResult(n_ctx, n_chunk)
+    if base_out and state is not None and state.records:
+        raise PerplexityError("writing a base logits file cannot be resumed (its first chunks are gone)")
     done = _replay(state, lambda i, rec: res.add_sums(rec), on_chunk)
     writer = None
     if base_out:
