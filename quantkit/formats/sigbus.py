@@ -8,9 +8,11 @@ runs on to its next ``GGUFModel.check_unchanged()``, which sees the new size and
 one line before anything made from that data is committed. Any other SIGBUS is left fatal: the
 handler restores the default action and the fault repeats.
 
-The handler is a numba ``cfunc`` (cached) calling libc's ``mmap`` and ``signal``; installing it costs
-~0.3 s of loading (import this module only to install it), so only the long jobs over big inputs (quantize, imatrix, perplexity, verify)
-install it. 64-bit little-endian Linux with glibc (the ``siginfo_t`` and ``struct sigaction`` layouts below).
+The handler is a numba ``cfunc`` (cached) calling libc's ``mmap`` and ``signal``. Loading it costs
+~4 ms of CPU once numba has loaded any compiled kernel (the first cached load in a process pays
+numba's one-time ~0.3 s set-up, whichever function it is); the long jobs over big inputs (quantize,
+imatrix, perplexity, verify) install it. 64-bit little-endian Linux with glibc (the ``siginfo_t`` and
+``struct sigaction`` layouts below).
 """
 
 from __future__ import annotations
