@@ -19,7 +19,8 @@ from pathlib import Path
 class Job:
     def __init__(self, args, ctl: Path, pause: tuple[str, int] | None = None, cwd=None, rlimit_fsize=None):
         ctl.mkdir(parents=True, exist_ok=True)
-        self.marker = ctl / f"paused.{time.monotonic_ns()}"
+        key = f"{os.getpid()}-{time.monotonic_ns()}"
+        self.marker = ctl / f"paused-{key}"
         env = dict(os.environ)
         if pause:
             env["QUANTKIT_PAUSE_AT"] = f"{pause[0]}:{pause[1]}"
@@ -36,7 +37,7 @@ class Job:
                 resource.setrlimit(resource.RLIMIT_FSIZE, (rlimit_fsize, rlimit_fsize))
 
         # output goes to files, so a test can watch it while the job runs
-        self.stdout_path, self.stderr_path = self.marker.with_suffix(".out"), self.marker.with_suffix(".err")
+        self.stdout_path, self.stderr_path = ctl / f"job-{key}.out", ctl / f"job-{key}.err"
         with open(self.stdout_path, "wb") as o, open(self.stderr_path, "wb") as e:
             self.proc = subprocess.Popen([sys.executable, "-m", "quantkit", *[str(a) for a in args]], cwd=cwd,
                                          stdout=o, stderr=e, env=env, preexec_fn=preexec)
