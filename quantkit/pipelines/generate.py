@@ -127,28 +127,3 @@ def generate(runner: Runner, prompt_ids: Sequence[int], n_predict: int, sampler:
     tm.total_s = time.perf_counter() - t_start + load_s
     return out
 
-
-def render_chat(template: str, prompt: str, bos_token: str = "", eos_token: str = "") -> str:
-    """Render a model's ``tokenizer.chat_template`` for one user message, with the generation prompt.
-
-    A sandboxed jinja2 environment (templates come from model files) with what Hugging Face templates
-    expect: ``trim_blocks``/``lstrip_blocks``, ``raise_exception``, ``strftime_now`` and ``tojson``."""
-    import datetime
-    import json
-
-    import jinja2
-    from jinja2.sandbox import ImmutableSandboxedEnvironment
-
-    def raise_exception(message):
-        raise ModelError(f"chat template: {message}")
-
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    env.globals["raise_exception"] = raise_exception
-    env.globals["strftime_now"] = lambda fmt: datetime.datetime.now().strftime(fmt)
-    env.filters["tojson"] = lambda v, indent=None, **_: json.dumps(v, ensure_ascii=False, indent=indent)
-    try:
-        tpl = env.from_string(template)
-        return tpl.render(messages=[{"role": "user", "content": prompt}], add_generation_prompt=True,
-                          bos_token=bos_token, eos_token=eos_token)
-    except jinja2.TemplateError as e:
-        raise ModelError(f"chat template: {type(e).__name__}: {e}") from None
