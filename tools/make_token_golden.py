@@ -459,6 +459,15 @@ def vocab_digest(path: Path) -> str:
 # ----------------------------------------------------------------------------------------------- big vocabularies
 
 
+def pieces_digest(v: Vocab, n_vocab: int, special: bool) -> str:
+    """SHA-256 over every token's piece, each as a 4-byte little-endian length and its bytes."""
+    h = hashlib.sha256()
+    for i in range(n_vocab):
+        p = v.piece(i, special)
+        h.update(len(p).to_bytes(4, "little") + p)
+    return h.hexdigest()
+
+
 def big_vocab_golden(v: Vocab, model: str, texts: list[str], extra_ids: list[int]) -> tuple[dict, dict]:
     """Facts, cases, sample pieces and both pydoc_data halves for one real vocabulary."""
     facts = v.facts()
@@ -477,6 +486,8 @@ def big_vocab_golden(v: Vocab, model: str, texts: list[str], extra_ids: list[int
         "pieces": {str(i): v.piece(i, True).hex() for i in sample},
         "pieces_nospecial": {str(i): v.piece(i, False).hex() for i in edge},
         "pieces_lstrip": {str(i): v.piece(i, True, 1).hex() for i in edge},
+        "all_pieces_sha256": {kind: pieces_digest(v, facts["n_vocab"], special)
+                              for kind, special in (("special", True), ("nospecial", False))},
     }
     arrays = {k: np.asarray(ids, dtype=np.uint32) for k, ids in halves.items()}
     return golden, arrays
