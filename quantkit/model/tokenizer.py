@@ -1,7 +1,8 @@
 """llama.cpp's tokenizers, read from GGUF metadata: GPT-2 byte-level BPE and SentencePiece (SPM).
 
 Bit-exact with llama.cpp's ``src/llama-vocab.cpp`` and ``src/unicode.cpp`` (checked against
-llama-cpp-python 0.3.36; see ``tests/data/tokenizer/README.md``):
+llama-cpp-python 0.3.36 on SmolLM2's, Gemma 3's and Qwen3's vocabularies; see
+``tests/data/tokenizer/README.md``):
 
 * vocabulary loading (``llama_vocab::impl::load``): token attributes from ``tokenizer.ggml.token_type``,
   special ids with their per-model defaults, ``add_bos`` / ``add_eos`` rules, text-based detection of
@@ -599,7 +600,8 @@ class Tokenizer:
             return cls(cls.metadata_from_reader(source))
         from quantkit.formats.gguf_io import GGUFModel
 
-        return cls(GGUFModel(source).metadata)
+        with GGUFModel(source) as g:
+            return cls(g.metadata)
 
     def _detect_special(self, ids: dict[str, int | None]) -> None:
         """EOT / EOM / FIM / EOG detection by token text, as llama_vocab::impl::load does it.
