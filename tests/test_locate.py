@@ -100,3 +100,12 @@ def test_gemma3_real_packages() -> None:
             digest.update(block)
     sums = locate._package_dir(locate.GEMMA3_PACKAGE) / "data" / "SHA256SUMS"
     assert digest.hexdigest() == locate._sha256_entry(sums, locate.GEMMA3_FILE)
+
+
+def test_bundled_model_command(fake_site: Path, tmp_path: Path) -> None:
+    from conftest import run_cli
+
+    _fake_packages(fake_site, CHUNKS)
+    importlib.invalidate_caches()
+    res = run_cli(["bundled-model", "--gemma3"])
+    assert res.exit_code == 0 and res.output.strip() == str(tmp_path / "models" / locate.GEMMA3_FILE)

