@@ -34,10 +34,40 @@ def _blas():
     return _BLAS
 
 
+_BLAS_DETERMINISTIC: bool | None = None
+
+
+def blas_threads_deterministic() -> bool:
+    """Whether this process's BLAS gives the same float32 products on 1 thread as on several.
+
+    OpenBLAS normally does (its threads split the output, not the sums), but not always: forced to a
+    foreign kernel (``OPENBLAS_CORETYPE=Haswell`` on a Zen 5 CPU, as some environments set it) its
+    results changed with the thread count (measured on SmolLM2's product shapes). Probed once, on
+    such shapes, with threadpoolctl."""
+    global _BLAS_DETERMINISTIC
+    if _BLAS_DETERMINISTIC is None:
+        n = max(2, get_threads())
+        rng = np.random.default_rng(0)
+        same = True
+        for m, k, o in ((64, 576, 1536), (48, 1536, 576)):
+            a = rng.standard_normal((m, k), dtype=np.float32)
+            b = rng.standard_normal((o, k), dtype=np.float32)
+            with _blas().limit(limits=1, user_api="blas"):
+                one = a @ b.T
+            with _blas().limit(limits=n, user_api="blas"):
+                same = same and np.array_equal(one, a @ b.T)
+        _BLAS_DETERMINISTIC = same
+    return _BLAS_DETERMINISTIC
+
+
 def blas_limit():
     """Context manager: BLAS limited to numba's thread count (threadpoolctl), for a caller's own
-    numpy matrix products around or between ``matmul`` calls."""
-    return _blas().limit(limits=get_threads(), user_api="blas")
+    numpy matrix products around or between ``matmul`` calls; to one thread where the BLAS's results
+    would depend on its thread count (``blas_threads_deterministic``), so that ours never do."""
+    n = get_threads()
+    if n > 1 and not blas_threads_deterministic():
+        n = 1
+    return _blas().limit(limits=n, user_api="blas")
 
 
 def _check(w, wtype, where):
