@@ -9,7 +9,8 @@ from threadpoolctl import ThreadpoolController
 
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads
-from quantkit.kernels.ir import default_variant
+from quantkit.kernels import gemm as _gemm
+from quantkit.kernels.ir import HAS_VNNI512, default_variant
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.vecdot import KERNEL_TRAITS, activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
 from quantkit.quants.base import resolve_type
@@ -109,6 +110,8 @@ _HALF_ACTIVATIONS = {T.F16: _rounded_half(False), T.BF16: _rounded_half(True)}
 
 
 def _prefill(w, t, x, out, rounded):
+    if t in _gemm.SPECS and HAS_VNNI512 and default_variant() == "vnni":
+        return _gemm.gemm(w, t, x, out, rounded, get_threads())
     n_out, n_in = out.shape[1], x.shape[1]
     kind = _ROUND_TRIP_KIND.get(activation_kind(t, "vnni"))
     key = t if t in _HALF_ACTIVATIONS else kind
