@@ -93,12 +93,15 @@ def test_activations_are_the_gemvs(kind):
 
 
 def test_matmul_routes_batches_to_gemm(monkeypatch):
+    """From GEMM_MIN_TOKENS tokens on (and only then) matmul runs the GEMM; its result is matmul's."""
     t = T.Q6_K
     w = make_weights(t, 32, 512, seed=2)
-    x = np.random.default_rng(8).standard_normal((K.PREFILL_MIN_TOKENS, 512)).astype(np.float32)
+    x = np.random.default_rng(8).standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)
     calls = []
     real = G.gemm
     monkeypatch.setattr(G, "gemm", lambda *a: calls.append(a[1]) or real(*a))
     y = K.matmul(w, t, x)
     assert calls == [t]
     np.testing.assert_allclose(y, exact_reference(w, t, x), rtol=2e-6, atol=2e-6 * np.abs(y).max())
+    K.matmul(w, t, x[1:])
+    assert calls == [t]

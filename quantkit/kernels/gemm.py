@@ -17,7 +17,10 @@ Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mu
   made once per product). Per 32-element block: ``d_w * d_x * int``. Per 256 super-block: groups of
   32 (Q4_K, Q5_K, IQ4_XS) or 16 (Q6_K, Q3_K, Q2_K) weighted by their integer scale (``vpmulld``), the
   mins as ``vpdpwssd`` of int16 (min, min) pairs with the activation group sums, one float multiply-add
-  per super-block; Q4_1/Q5_1's ``m * s`` (Q8_1's float s) in float.
+  per super-block; Q4_1/Q5_1's ``m * s`` (Q8_1's float s) in float. Groups of 16 (twice as many scale
+  products per element) are weighted in float instead: ``float(int) * float(scale)``, summed in
+  float32 -- Q6_K 1.2-1.3x faster than with ``vpmulld``; for groups of 32 the integer form is faster
+  (Q4_K 1.1-1.5x), measured in CPU time at 1 thread, 512 tokens x 2048/8192 x 2048.
 
 The sum over a row's blocks is in float32 in a fixed order (blocks in order, one accumulator per
 output), so results do not depend on the thread count or on how tokens are grouped. Needs AVX512-VNNI
@@ -242,13 +245,19 @@ def _micro(name: str, spec: Spec, cols: int):
                         sacc = iacc
                     else:
                         s = _at(b, sp, b.add(_mul(b, i, 4 * ng * LANES), ir.Constant(I64, 4 * LANES * gi)), V16I32)
-                        prod = [b.mul(a, s) for a in iacc]
-                        sacc = prod if sacc is None else [b.add(x, y) for x, y in zip(sacc, prod)]
+                        if g == 16:  # per-16 scales: float products (vpmulld here measured 20 % slower)
+                            sf = b.sitofp(s, V16F32)
+                            prod = [b.fmul(b.sitofp(a, V16F32), sf, flags=_FM) for a in iacc]
+                            sacc = prod if sacc is None else [b.fadd(x, y, flags=_FM) for x, y in zip(sacc, prod)]
+                        else:
+                            prod = [b.mul(a, s) for a in iacc]
+                            sacc = prod if sacc is None else [b.add(x, y) for x, y in zip(sacc, prod)]
                 dv = _at(b, dp, _mul(b, i, 4 * LANES), V16F32)
                 acc = [b.load(f) for f in facc]
                 for c in range(cols):
                     sv = b.fmul(dv, _splat16(b, dxs[c]), flags=_FM)
-                    acc[c] = b.fadd(acc[c], b.fmul(b.sitofp(sacc[c], V16F32), sv, flags=_FM), flags=_FM)
+                    sa = sacc[c] if sacc[c].type == V16F32 else b.sitofp(sacc[c], V16F32)
+                    acc[c] = b.fadd(acc[c], b.fmul(sa, sv, flags=_FM), flags=_FM)
                 if spec.mins == "int":
                     macc = [zero] * cols
                     for p in range(ng // 2):

@@ -17,6 +17,10 @@ from quantkit.quants.base import resolve_type
 
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
 PREFILL_MIN_TOKENS = 32
+#: from this many tokens on, a quantized weight goes to the integer GEMM (kernels/gemm.py) where the CPU
+#: has it: at 16 tokens it took 0.5-0.8x the GEMV's CPU time for 2048-wide Q4_0 / Q4_K / Q6_K matrices
+#: (1 thread), at 8 about the same (its weight tiles are unpacked once per call)
+GEMM_MIN_TOKENS = 16
 #: weight rows per prange chunk in the GEMV
 CHUNK_ROWS = 16
 #: weight rows dequantized per BLAS call in the prefill path
@@ -63,10 +67,11 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     """y = x @ dequantize(w).T : w uint8 (n_out, row_bytes) of ``wtype`` (a GGUF 2-D tensor, ne1 =
     n_out rows of ne0 = n_in), x float32 (n_tok, n_in) -> float32 (n_tok, n_out), into ``out`` if given.
 
-    Fewer than PREFILL_MIN_TOKENS tokens: x is quantized once to the type's vec_dot type and each
-    weight row is dotted with integer block products (GEMV). More: x is rounded the same way (quantized
-    and decoded back), tiles of TILE_ROWS weight rows are dequantized to float32 and multiplied with
-    BLAS. Results do not depend on the thread count.
+    Few tokens: x is quantized once to the type's vec_dot type and each weight row is dotted with
+    integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX512-VNNI CPU: the
+    same activations and integer math as a register-blocked GEMM (kernels/gemm.py). Otherwise from
+    PREFILL_MIN_TOKENS: x is rounded the same way (quantized and decoded back), tiles of TILE_ROWS weight
+    rows are dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count.
 
     ``rounded``: a dict shared by products of the same ``x`` (Q, K and V; gate and up): the prefill
     keeps x's rounded forms there, so each is computed once. Pass a fresh dict for a new x."""
@@ -83,6 +88,8 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
         raise QuantError(f"matmul: out must be C-contiguous float32 of shape {(n_tok, n_out)}")
     if n_tok == 0 or n_out == 0:
         return out
+    if n_tok >= GEMM_MIN_TOKENS and _integer_gemm(t):
+        return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads())
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out, {} if rounded is None else rounded)
     variant = default_variant()
@@ -109,9 +116,12 @@ def _rounded_half(bf16: bool):
 _HALF_ACTIVATIONS = {T.F16: _rounded_half(False), T.BF16: _rounded_half(True)}
 
 
+def _integer_gemm(t) -> bool:
+    """Batches of quantized weights run on integer dots (kernels/gemm.py): AVX512-VNNI, vnni variant."""
+    return t in _gemm.SPECS and HAS_VNNI512 and default_variant() == "vnni"
+
+
 def _prefill(w, t, x, out, rounded):
-    if t in _gemm.SPECS and HAS_VNNI512 and default_variant() == "vnni":
-        return _gemm.gemm(w, t, x, out, rounded, get_threads())
     n_out, n_in = out.shape[1], x.shape[1]
     kind = _ROUND_TRIP_KIND.get(activation_kind(t, "vnni"))
     key = t if t in _HALF_ACTIVATIONS else kind
