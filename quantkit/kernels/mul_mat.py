@@ -18,9 +18,10 @@ from quantkit.quants.base import resolve_type
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
 PREFILL_MIN_TOKENS = 32
 #: from this many tokens on, a quantized weight goes to the integer GEMM (kernels/gemm.py) where the CPU
-#: has it: at 16 tokens it took 0.5-0.8x the GEMV's CPU time for 2048-wide Q4_0 / Q4_K / Q6_K matrices
-#: (1 thread), at 8 about the same (its weight tiles are unpacked once per call)
-GEMM_MIN_TOKENS = 16
+#: has it. At 16 tokens it already took 0.5-0.8x the GEMV's CPU time (2048-wide Q4_0 / Q4_K / Q6_K, 1
+#: thread), but the threshold stays where the batch path always began: below it a token's logits do not
+#: depend on the tokens beside it (the GEMV is per token, bit for bit), which the model tests rely on.
+GEMM_MIN_TOKENS = PREFILL_MIN_TOKENS
 #: weight rows per prange chunk in the GEMV
 CHUNK_ROWS = 16
 #: weight rows dequantized per BLAS call in the prefill path
@@ -69,7 +70,7 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
 
     Few tokens: x is quantized once to the type's vec_dot type and each weight row is dotted with
     integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX512-VNNI CPU: the
-    same activations and integer math as a register-blocked GEMM (kernels/gemm.py). Otherwise from
+    same activations and integer math in a register-blocked GEMM (kernels/gemm.py). Otherwise from
     PREFILL_MIN_TOKENS: x is rounded the same way (quantized and decoded back), tiles of TILE_ROWS weight
     rows are dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count.
 
