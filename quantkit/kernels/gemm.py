@@ -41,7 +41,7 @@ from quantkit.jit import njit_parallel, prange
 from quantkit.kernels import ir as kir
 from quantkit.kernels.activations import (empty_activations, quantize_q8_0_into, quantize_q8_1_into,
                                           quantize_q8_k_into)
-from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld, _vconst
+from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld
 
 #: tokens per micro-kernel call (activation columns held in registers)
 COLS = 8
@@ -50,7 +50,6 @@ LANES = 16
 
 V16I32 = ir.VectorType(I32, 16)
 V16F32 = ir.VectorType(F32T, 16)
-V32I8_ = ir.VectorType(I8, 32)
 
 
 class Spec:
