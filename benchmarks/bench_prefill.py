@@ -14,7 +14,8 @@ time of one pp repetition without start-up, loading and warmup -- the figure tha
 machine disturb least (at ``-t 1`` it is the work one pass takes).
 llama-bench is found as in bench_vs_llama.py (--llama-bench, $LLAMA_BENCH, PATH).
 
-With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
+quantkit runs with ``QUANTKIT_GEMM=1`` (the integer GEMM; ``--ab-blas`` adds its default dequantize
++ BLAS prefill). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
 ``llama-perplexity`` (next to llama-bench; defaults, then ``-nr``): wall seconds of the whole process
 (start-up and load included for both), CPU seconds, and the final PPL each printed.
 """
@@ -36,13 +37,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_vs_llama import find_llama_bench  # noqa: E402
 
 
-def run(cmd: list[str]) -> tuple[float | None, float]:
-    """(t/s of the pp test or None on failure, CPU seconds of the child). A leading ``VAR=value``
-    item is set in the child's environment."""
+def _env_cmd(cmd: list[str]) -> tuple[dict, list[str]]:
+    """Leading ``VAR=value`` items of ``cmd`` -> (the child's environment, the command)."""
     env = os.environ.copy()
     while cmd and "=" in cmd[0] and not cmd[0].startswith("-"):
         k, v = cmd[0].split("=", 1)
         env[k], cmd = v, cmd[1:]
+    return env, cmd
+
+
+def run(cmd: list[str]) -> tuple[float | None, float]:
+    """(t/s of the pp test or None on failure, CPU seconds of the child). A leading ``VAR=value``
+    item is set in the child's environment."""
+    env, cmd = _env_cmd(cmd)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -56,9 +63,10 @@ def run(cmd: list[str]) -> tuple[float | None, float]:
 
 def run_ppl(cmd: list[str]) -> tuple[float | None, float, float]:
     """(final PPL or None on failure, wall seconds, CPU seconds) of one perplexity process."""
+    env, cmd = _env_cmd(cmd)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, capture_output=True, text=True)
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     wall = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
@@ -71,7 +79,7 @@ def run_ppl(cmd: list[str]) -> tuple[float | None, float, float]:
 
 def ppl_table(a, exe) -> None:
     common = ["-f", a.ppl_text, "-c", "512", "--chunks", str(a.ppl_chunks), "-t", str(a.threads)]
-    tools = {"quantkit": [sys.executable, "-m", "quantkit", "perplexity"]}
+    tools = {"quantkit": ["QUANTKIT_GEMM=1", sys.executable, "-m", "quantkit", "perplexity"]}
     lp = Path(exe).with_name("llama-perplexity") if exe else None
     if lp and lp.is_file():
         tools["llama.cpp"] = [str(lp)]
@@ -118,15 +126,16 @@ def main(argv=None) -> int:
     ap.add_argument("--ppl-chunks", type=int, default=4, help="perplexity chunks (default 4)")
     ap.add_argument("--no-pp", action="store_true", help="skip the pp runs (perplexity only)")
     ap.add_argument("--ab-blas", action="store_true",
-                    help="also run quantkit with its dequantize + BLAS prefill (QUANTKIT_KERNELS=generic)")
+                    help="also run quantkit with its dequantize + BLAS prefill (QUANTKIT_GEMM=0)")
     ap.add_argument("--cpu-diff", type=int, default=0, metavar="R2",
                     help="also run with -r R2 and report CPU seconds per repetition")
     a = ap.parse_args(argv)
     exe = find_llama_bench(a.llama_bench)
     common = ["-p", str(a.n_prompt), "-n", "0", "-t", str(a.threads), "-r", str(a.reps), "-o", "json"]
-    tools = {"quantkit": [sys.executable, "-m", "quantkit", "bench"]}
+    qk = [sys.executable, "-m", "quantkit", "bench"]
+    tools = {"quantkit": ["QUANTKIT_GEMM=1"] + qk}
     if a.ab_blas:
-        tools["quantkit BLAS"] = ["QUANTKIT_KERNELS=generic"] + tools["quantkit"]
+        tools["quantkit BLAS"] = ["QUANTKIT_GEMM=0"] + qk
     if exe:
         tools["llama.cpp"] = [exe]
         tools["llama.cpp -nr"] = [exe, "--repack", "0"]

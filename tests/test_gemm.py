@@ -93,7 +93,9 @@ def test_activations_are_the_gemvs(kind):
 
 
 def test_matmul_routes_batches_to_gemm(monkeypatch):
-    """From GEMM_MIN_TOKENS tokens on (and only then) matmul runs the GEMM; its result is matmul's."""
+    """With QUANTKIT_GEMM=1, from GEMM_MIN_TOKENS tokens on (and only then) matmul runs the GEMM; its
+    result is matmul's. Without it, matmul does not."""
+    monkeypatch.setenv("QUANTKIT_GEMM", "1")
     t = T.Q6_K
     w = make_weights(t, 32, 512, seed=2)
     x = np.random.default_rng(8).standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)
@@ -104,4 +106,7 @@ def test_matmul_routes_batches_to_gemm(monkeypatch):
     assert calls == [t]
     np.testing.assert_allclose(y, exact_reference(w, t, x), rtol=2e-6, atol=2e-6 * np.abs(y).max())
     K.matmul(w, t, x[1:])
+    assert calls == [t]
+    monkeypatch.setenv("QUANTKIT_GEMM", "0")
+    K.matmul(w, t, x)
     assert calls == [t]
