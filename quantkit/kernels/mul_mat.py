@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
@@ -9,13 +11,19 @@ from threadpoolctl import ThreadpoolController
 
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads
-from quantkit.kernels.ir import default_variant
+from quantkit.kernels import gemm as _gemm
+from quantkit.kernels.ir import HAS_VNNI512, default_variant
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.vecdot import KERNEL_TRAITS, activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
 from quantkit.quants.base import resolve_type
 
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
 PREFILL_MIN_TOKENS = 32
+#: from this many tokens on, a quantized weight goes to the integer GEMM (kernels/gemm.py) where the CPU
+#: has it. At 16 tokens it already took 0.5-0.8x the GEMV's CPU time (2048-wide Q4_0 / Q4_K / Q6_K, 1
+#: thread), but the threshold stays where the batch path always began: below it a token's logits do not
+#: depend on the tokens beside it (the GEMV is per token, bit for bit), which the model tests rely on.
+GEMM_MIN_TOKENS = PREFILL_MIN_TOKENS
 #: weight rows per prange chunk in the GEMV
 CHUNK_ROWS = 16
 #: weight rows dequantized per BLAS call in the prefill path
@@ -92,10 +100,11 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     """y = x @ dequantize(w).T : w uint8 (n_out, row_bytes) of ``wtype`` (a GGUF 2-D tensor, ne1 =
     n_out rows of ne0 = n_in), x float32 (n_tok, n_in) -> float32 (n_tok, n_out), into ``out`` if given.
 
-    Fewer than PREFILL_MIN_TOKENS tokens: x is quantized once to the type's vec_dot type and each
-    weight row is dotted with integer block products (GEMV). More: x is rounded the same way (quantized
-    and decoded back), tiles of TILE_ROWS weight rows are dequantized to float32 and multiplied with
-    BLAS. Results do not depend on the thread count.
+    Few tokens: x is quantized once to the type's vec_dot type and each weight row is dotted with
+    integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX512-VNNI CPU: the
+    same activations and integer math in a register-blocked GEMM (kernels/gemm.py). Otherwise from
+    PREFILL_MIN_TOKENS: x is rounded the same way (quantized and decoded back), tiles of TILE_ROWS weight
+    rows are dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count.
 
     ``rounded``: a dict shared by products of the same ``x`` (Q, K and V; gate and up): the prefill
     keeps x's rounded forms there, so each is computed once. Pass a fresh dict for a new x."""
@@ -112,6 +121,8 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
         raise QuantError(f"matmul: out must be C-contiguous float32 of shape {(n_tok, n_out)}")
     if n_tok == 0 or n_out == 0:
         return out
+    if n_tok >= GEMM_MIN_TOKENS and _integer_gemm(t):
+        return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads())
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out, {} if rounded is None else rounded)
     variant = default_variant()
@@ -136,6 +147,15 @@ def _rounded_half(bf16: bool):
 
 #: weight type -> rounding of the activations to its vec_dot type (ggml-cpu's type_traits_cpu)
 _HALF_ACTIVATIONS = {T.F16: _rounded_half(False), T.BF16: _rounded_half(True)}
+
+
+def _integer_gemm(t) -> bool:
+    """Batches of quantized weights run on integer dots (kernels/gemm.py): AVX512-VNNI, vnni variant,
+    and ``QUANTKIT_GEMM=1`` for now. Off by default: with it, tests/test_perplexity.py's 4-chunk Q4_0
+    PPL (256 scored tokens of SmolLM2) lands 0.58-0.68 % from llama.cpp's against its 0.5 % bound,
+    while over 40 chunks it is within 0.05 % (docs/kernels.md); the bound is the maintainers' call."""
+    return (t in _gemm.SPECS and HAS_VNNI512 and default_variant() == "vnni"
+            and os.environ.get("QUANTKIT_GEMM", "0") not in ("", "0"))
 
 
 def _prefill(w, t, x, out, rounded):

@@ -18,7 +18,8 @@ Choices, and why:
   ``rope_freqs`` divides theta when the model has it.
 * One token (decoding) runs ``quantkit.model.decode``'s compiled step: every layer in one numba call.
   A batch runs the per-layer loop below: the matrix products are ``quantkit.kernels.matmul`` on the
-  memory-mapped quantized weights (GEMV under 32 rows, dequantized weights + BLAS from 32), attention
+  memory-mapped quantized weights (GEMV under 32 rows, an integer GEMM or dequantized weights + BLAS
+  from 32; see docs/kernels.md), attention
   is BLAS products per KV head from 32 rows (a numba kernel below), and the small ops (RMSNorm, RoPE +
   cache store, softmax, SwiGLU) are numba kernels; BLAS is limited to numba's thread count.
 * ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at

@@ -1,0 +1,430 @@
+"""Prefill GEMM on integer dot products: quantized weights x Q8 activations with 512-bit ``vpdpbusd``.
+
+ggml multiplies a batch by converting the activations once to the weight type's vec_dot type (Q8_0,
+Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mul_mat``; repack.cpp's
+``gemm_*`` kernels on interleaved weights). This module does the same with its own layout:
+
+* **Unpack once per tile.** Each thread takes a tile of weight rows and unpacks it, with the chunk
+  loaders of ``ir.py``, into unsigned bytes ``u`` interleaved 16 rows at a time: for every group of 4
+  consecutive elements, 16 rows x 4 bytes = one 64-byte ``zmm``. Beside them, per row: the block's float
+  scale ``d`` (and ``-dmin`` / ``m``), the K types' integer sub-block scales and mins.
+* **Register-blocked micro-kernel** (16 rows x ``COLS`` tokens). One ``vpdpbusd zmm`` multiplies the
+  4-element group of all 16 rows (unsigned, from the tile) with the same 4 activation bytes of one
+  token (signed, broadcast): lane r accumulates row r, so no horizontal sums. Each 64-byte weight load
+  serves ``COLS`` tokens; each broadcast serves 16 rows.
+* **The integer math of ggml's vec_dots.** Signed formats are ``u - offset`` (as in ir.py): the
+  accumulator of a group starts at ``-offset * sum(x_q)`` (the activation group sums times the offset,
+  made once per product). Per 32-element block: ``d_w * d_x * int``. Per 256 super-block: groups of
+  32 (Q4_K, Q5_K, IQ4_XS) or 16 (Q6_K, Q3_K, Q2_K) weighted by their integer scale (``vpmulld``), the
+  mins as ``vpdpwssd`` of int16 (min, min) pairs with the activation group sums, one float multiply-add
+  per super-block; Q4_1/Q5_1's ``m * s`` (Q8_1's float s) in float. Groups of 16 (twice as many scale
+  products per element) are weighted in float instead: ``float(int) * float(scale)``, summed in
+  float32 -- Q6_K 1.2-1.3x faster than with ``vpmulld``; for groups of 32 the integer form is faster
+  (Q4_K 1.1-1.5x), measured in CPU time at 1 thread, 512 tokens x 2048/8192 x 2048.
+
+The sum over a row's blocks is in float32 in a fixed order (blocks in order, one accumulator per
+output), so results do not depend on the thread count or on how tokens are grouped. Needs AVX512-VNNI
+(``ir.HAS_VNNI512``); elsewhere ``mul_mat`` keeps its dequantize + BLAS prefill.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from quantkit.jit import njit_parallel, prange
+from quantkit.kernels import ir as kir
+from quantkit.kernels.activations import (empty_activations, quantize_q8_0_into, quantize_q8_1_into,
+                                          quantize_q8_k_into)
+from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld
+
+#: tokens per micro-kernel call (activation columns held in registers)
+COLS = 8
+#: rows per micro-kernel (one zmm of int32 / float32 lanes)
+LANES = 16
+
+V16I32 = ir.VectorType(I32, 16)
+V16F32 = ir.VectorType(F32T, 16)
+
+
+class Spec:
+    """How one weight type enters the GEMM.
+
+    ``qk`` elements per (super-)block; ``g`` elements per scaled group (``qk`` for 32-blocks);
+    ``offset``: u - offset is the signed value (0: none); ``mins``: 'int' (K-quant mins, via the group
+    sums), 'float' (Q8_1's ``m * s``) or None; ``act``: activation kind; ``chunk(b, p, k)`` -> <32 x i8>
+    unsigned values of the block's chunk k (ir.py's loaders), ``q_off`` the quants' byte offset;
+    ``scales(b, wb)`` -> (<n x i32> sub-block scales or None, <n x i32> mins or None, d, dmin-or-m)."""
+
+    def __init__(self, qk, g, offset, mins, act, chunk, q_off, scales):
+        self.qk, self.g, self.offset, self.mins, self.act = qk, g, offset, mins, act
+        self.chunk, self.q_off, self.scales = chunk, q_off, scales
+        self.ng = qk // g  # groups per block
+
+
+def _legacy_scales(has_min):
+    def sc(b, wb):
+        return None, None, _f16(b, wb, 0), (_f16(b, wb, 2) if has_min else None)
+    return sc
+
+
+def _q4k_scales(b, wb):
+    sc, mn = kir._kmask_q4k(b, wb)
+    return sc, mn, _f16(b, wb, 0), b.fneg(_f16(b, wb, 2))
+
+
+def _q6k_scales(b, wb):
+    return b.sext(_ld(b, wb, 192, ir.VectorType(I8, 16)), V16I32), None, _f16(b, wb, 208), None
+
+
+def _q3k_scales(b, wb):
+    return kir._q3k_scales(b, wb), None, _f16(b, wb, 108), None
+
+
+def _q2k_scales(b, wb):
+    v = _ld(b, wb, 0, ir.VectorType(I8, 16))
+    sc = b.zext(b.and_(v, kir._splat(I8, 16, 15)), V16I32)
+    mn = b.zext(b.lshr(v, kir._splat(I8, 16, 4)), V16I32)
+    return sc, mn, _f16(b, wb, 80), b.fneg(_f16(b, wb, 82))
+
+
+def _iq4xs_scales(b, wb):
+    return kir._iq4xs_scales(b, wb), None, _f16(b, wb, 0), None
+
+
+SPECS = {
+    T.Q8_0: Spec(32, 32, 128, None, "Q8_0", kir._chunk_q8_0, 2, _legacy_scales(False)),
+    T.Q4_0: Spec(32, 32, 8, None, "Q8_0", kir._chunk_q4_0, 2, _legacy_scales(False)),
+    T.Q5_0: Spec(32, 32, 16, None, "Q8_0", kir._chunk_q5_0, 2, _legacy_scales(False)),
+    T.IQ4_NL: Spec(32, 32, 128, None, "Q8_0", kir._chunk_iq4_nl, 2, _legacy_scales(False)),
+    T.Q4_1: Spec(32, 32, 0, "float", "Q8_1", kir._chunk_q4_0, 4, _legacy_scales(True)),
+    T.Q5_1: Spec(32, 32, 0, "float", "Q8_1", kir._chunk_q5_0, 4, _legacy_scales(True)),
+    T.Q4_K: Spec(256, 32, 0, "int", "Q8_K", kir._chunk_q4_k, 16, _q4k_scales),
+    T.Q5_K: Spec(256, 32, 0, "int", "Q8_K", kir._chunk_q5_k, 16, _q4k_scales),
+    T.Q6_K: Spec(256, 16, 32, None, "Q8_K", kir._chunk_q6_k, 0, _q6k_scales),
+    T.Q3_K: Spec(256, 16, 4, None, "Q8_K", kir._chunk_q3_k, 0, _q3k_scales),
+    T.Q2_K: Spec(256, 16, 0, "int", "Q8_K", kir._chunk_q2_k, 16, _q2k_scales),
+    T.IQ4_XS: Spec(256, 32, 128, None, "Q8_K", kir._chunk_iq4_xs, 8, _iq4xs_scales),
+}
+
+# -- tile layout (per 16-row sub-tile, nsb blocks per row) ------------------------------------------
+#   wu  uint8   [nsb][qk/4][16][4]      unsigned values, 4-element groups of 16 rows
+#   sc  int32   [nsb][ng][16]           sub-block scales (K types)
+#   mn  int16   [nsb][ng/2][16][2]      (min, min) pairs of consecutive groups (int mins)
+#   dd  float32 [nsb][16]               d
+#   dm  float32 [nsb][16]               -dmin (int mins) or m (float mins)
+
+
+def _ptr(context, builder, aty, aval):
+    return _byte_ptr(context, builder, aty, aval, context.get_constant(types.intp, 0), types.intp)
+
+
+def _at(builder, p, off, ty):
+    """Load ``ty`` at byte offset ``off`` (an i64 value or int) of i8* ``p``."""
+    q = builder.gep(p, [off if isinstance(off, ir.Value) else ir.Constant(I64, off)])
+    return builder.load(builder.bitcast(q, ty.as_pointer()), align=1)
+
+
+def _put(builder, p, off, val):
+    q = builder.gep(p, [off if isinstance(off, ir.Value) else ir.Constant(I64, off)])
+    builder.store(val, builder.bitcast(q, val.type.as_pointer()), align=1)
+
+
+def _i64(builder, v):
+    return v if v.type == I64 else builder.sext(v, I64)
+
+
+def _mul(builder, a, c):
+    return builder.mul(a, ir.Constant(I64, c))
+
+
+def _unpack_row(name: str, spec: Spec, ts: int):
+    """``unpack(wrow, lane, wu, sc, mn, dd, dm)``: one weight row (uint8 bytes) into lane ``lane`` of a
+    16-row sub-tile (layout above)."""
+    qk, ng = spec.qk, spec.ng
+
+    def impl(typingctx, wrow, lane, wu, sc, mn, dd, dm):
+        sig = types.void(wrow, lane, wu, sc, mn, dd, dm)
+
+        def codegen(context, builder, signature, args):
+            ta = signature.args
+            wp, up, sp, mp, dp, ep = (_ptr(context, builder, ta[i], args[i]) for i in (0, 2, 3, 4, 5, 6))
+            r = _i64(builder, context.cast(builder, args[1], ta[1], types.intp))
+            nbytes = cgutils.unpack_tuple(builder, context.make_array(ta[0])(context, builder, args[0]).shape)[0]
+            nsb = builder.sdiv(_i64(builder, nbytes), ir.Constant(I64, ts))
+            with cgutils.for_range(builder, nsb) as loop:
+                i = loop.index
+                wb = builder.gep(wp, [_mul(builder, i, ts)])
+                ub = builder.gep(up, [builder.add(_mul(builder, i, qk * LANES), _mul(builder, r, 4))])
+                for k in range(qk // 32):
+                    u = builder.bitcast(spec.chunk(builder, "vnni", _gep(builder, wb, spec.q_off), k), V8I32)
+                    for j in range(8):
+                        _put(builder, ub, (8 * k + j) * 64, builder.extract_element(u, ir.Constant(I32, j)))
+                scv, mnv, d, m = spec.scales(builder, wb)
+                row_off = builder.add(_mul(builder, i, 4 * LANES), _mul(builder, r, 4))  # [sb][16] float
+                _put(builder, dp, row_off, d)
+                if m is not None:
+                    _put(builder, ep, row_off, m)
+                if scv is not None:  # [sb][g][16] int32
+                    base = builder.add(_mul(builder, i, 4 * ng * LANES), _mul(builder, r, 4))
+                    for g in range(ng):
+                        _put(builder, sp, builder.add(base, ir.Constant(I64, 4 * LANES * g)),
+                             builder.extract_element(scv, ir.Constant(I32, g)))
+                if mnv is not None:  # [sb][g/2][16][2] int16
+                    base = builder.add(_mul(builder, i, 2 * ng * LANES), _mul(builder, r, 4))
+                    for g in range(ng):
+                        off = builder.add(base, ir.Constant(I64, 4 * LANES * (g // 2) + 2 * (g % 2)))
+                        _put(builder, mp, off, builder.trunc(builder.extract_element(mnv, ir.Constant(I32, g)), I16))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = f"gemm_unpack_{name}"
+    return intrinsic(impl)
+
+
+def _splat16(builder, scalar):
+    ty = ir.VectorType(scalar.type, 16)
+    v = builder.insert_element(ir.Constant(ty, None), scalar, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(V16I32, [0] * 16))
+
+
+_FM = ("contract",)
+
+
+def _micro(name: str, spec: Spec, cols: int):
+    """``mk(wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr)``: out[t0 + c, r0 + l] for c < ct,
+    l < nr = the 16-row sub-tile (wu...) times the activations of tokens t0 .. t0 + cols - 1 (planar:
+    xq int8 (n, K), dx float32 (n, K/qk), xc int32 (n, K/g) = -offset * group sums, xm the mins'
+    operand: int16 (n, K/g) group sums or float32 (n, K/32) Q8_1 s)."""
+    qk, g, ng = spec.qk, spec.g, spec.ng
+
+    def impl(typingctx, wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr):
+        sig = types.void(wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr)
+
+        def codegen(context, builder, signature, args):
+            ta = signature.args
+            b = builder
+            up, sp, mp, dp, ep, xp, xdp, xcp, xmp, op = (_ptr(context, b, ta[i], args[i]) for i in range(10))
+            t0_, ct_, r0_, nr_ = (_i64(b, context.cast(b, args[i], ta[i], types.intp)) for i in range(10, 14))
+            kdim = _i64(b, cgutils.unpack_tuple(b, context.make_array(ta[5])(context, b, args[5]).shape)[1])
+            n_out = _i64(b, cgutils.unpack_tuple(b, context.make_array(ta[9])(context, b, args[9]).shape)[1])
+            nsb = b.sdiv(kdim, ir.Constant(I64, qk))
+            ngr = b.sdiv(kdim, ir.Constant(I64, g))  # groups per token row
+            vpdpbusd = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
+            vpdpwssd = _decl(b.module, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
+            toks = [b.add(t0_, ir.Constant(I64, c)) for c in range(cols)]
+            xrow = [b.gep(xp, [b.mul(t, kdim)]) for t in toks]
+            facc = [cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(cols)]
+            zero = ir.Constant(V16I32, None)
+            with cgutils.for_range(b, nsb) as loop:
+                i = loop.index
+                wsb = b.gep(up, [_mul(b, i, qk * LANES)])
+                xsb = [b.gep(xr, [_mul(b, i, qk)]) for xr in xrow]
+                dxs = [_at(b, xdp, b.mul(b.add(b.mul(t, nsb), i), ir.Constant(I64, 4)), F32T) for t in toks]
+                sacc = None
+                for gi in range(ng):
+                    if spec.offset:
+                        gidx = [b.add(b.mul(t, ngr), b.add(_mul(b, i, ng), ir.Constant(I64, gi))) for t in toks]
+                        iacc = [_splat16(b, _at(b, xcp, _mul(b, gx, 4), I32)) for gx in gidx]
+                    else:
+                        iacc = [zero] * cols
+                    for q in range(g // 4):
+                        e = gi * g + 4 * q  # element within the block
+                        wv = _at(b, wsb, (e // 4) * 64, V16I32)
+                        for c in range(cols):
+                            xv = _splat16(b, _at(b, xsb[c], e, I32))
+                            iacc[c] = b.call(vpdpbusd, [iacc[c], wv, xv])
+                    if ng == 1:
+                        sacc = iacc
+                    else:
+                        s = _at(b, sp, b.add(_mul(b, i, 4 * ng * LANES), ir.Constant(I64, 4 * LANES * gi)), V16I32)
+                        if g == 16:  # per-16 scales: float products (vpmulld here measured 20 % slower)
+                            sf = b.sitofp(s, V16F32)
+                            prod = [b.fmul(b.sitofp(a, V16F32), sf, flags=_FM) for a in iacc]
+                            sacc = prod if sacc is None else [b.fadd(x, y, flags=_FM) for x, y in zip(sacc, prod)]
+                        else:
+                            prod = [b.mul(a, s) for a in iacc]
+                            sacc = prod if sacc is None else [b.add(x, y) for x, y in zip(sacc, prod)]
+                dv = _at(b, dp, _mul(b, i, 4 * LANES), V16F32)
+                acc = [b.load(f) for f in facc]
+                for c in range(cols):
+                    sv = b.fmul(dv, _splat16(b, dxs[c]), flags=_FM)
+                    sa = sacc[c] if sacc[c].type == V16F32 else b.sitofp(sacc[c], V16F32)
+                    acc[c] = b.fadd(acc[c], b.fmul(sa, sv, flags=_FM), flags=_FM)
+                if spec.mins == "int":
+                    macc = [zero] * cols
+                    for p in range(ng // 2):
+                        mv = _at(b, mp, b.add(_mul(b, i, 2 * ng * LANES), ir.Constant(I64, 4 * LANES * p)), V16I32)
+                        for c in range(cols):
+                            gx = b.add(b.mul(toks[c], ngr), b.add(_mul(b, i, ng), ir.Constant(I64, 2 * p)))
+                            xv = _splat16(b, _at(b, xmp, _mul(b, gx, 2), I32))
+                            macc[c] = b.call(vpdpwssd, [macc[c], mv, xv])
+                    mdv = _at(b, ep, _mul(b, i, 4 * LANES), V16F32)
+                    for c in range(cols):
+                        sv = b.fmul(mdv, _splat16(b, dxs[c]), flags=_FM)
+                        acc[c] = b.fadd(acc[c], b.fmul(b.sitofp(macc[c], V16F32), sv, flags=_FM), flags=_FM)
+                elif spec.mins == "float":
+                    mv = _at(b, ep, _mul(b, i, 4 * LANES), V16F32)
+                    for c in range(cols):
+                        s = _at(b, xmp, b.mul(b.add(b.mul(toks[c], nsb), i), ir.Constant(I64, 4)), F32T)
+                        acc[c] = b.fadd(acc[c], b.fmul(mv, _splat16(b, s), flags=_FM), flags=_FM)
+                for c in range(cols):
+                    b.store(acc[c], facc[c])
+            full = b.icmp_signed("==", nr_, ir.Constant(I64, LANES))
+            for c in range(cols):
+                with b.if_then(b.icmp_signed("<", ir.Constant(I64, c), ct_)):
+                    dst = b.gep(op, [b.mul(b.add(b.mul(toks[c], n_out), r0_), ir.Constant(I64, 4))])
+                    v = b.load(facc[c])
+                    with b.if_else(full) as (then, other):
+                        with then:
+                            b.store(v, b.bitcast(dst, V16F32.as_pointer()), align=4)
+                        with other:
+                            with cgutils.for_range(b, nr_) as lp:
+                                el = b.extract_element(v, b.trunc(lp.index, I32))
+                                _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = f"gemm_micro_{name}_{cols}"
+    return intrinsic(impl)
+
+
+def gemm_body(w, xq, dx, xc, xm, out, mr):
+    """out (n_tok, n_out) = w . x for quantized activations (xq padded to a multiple of COLS rows);
+    prange over tiles of ``mr`` weight rows (a multiple of 16): each tile is unpacked once and then
+    multiplied with every group of COLS tokens."""
+    n_out = w.shape[0]
+    n_tok = out.shape[0]
+    kdim = xq.shape[1]
+    nsb = kdim // QK  # noqa: F821
+    n_tiles = (n_out + mr - 1) // mr
+    sub_u = LANES * kdim  # noqa: F821
+    sub_s = nsb * NG * LANES  # noqa: F821
+    sub_d = nsb * LANES  # noqa: F821
+    for tile in prange(n_tiles):
+        r0 = tile * mr
+        r1 = min(r0 + mr, n_out)
+        nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
+        wu = np.zeros(nsub * sub_u, np.uint8)
+        sc = np.zeros(nsub * sub_s, np.int32)
+        mn = np.zeros(nsub * sub_s, np.int16)
+        dd = np.zeros(nsub * sub_d, np.float32)
+        dm = np.zeros(nsub * sub_d, np.float32)
+        for r in range(r0, r1):
+            s = (r - r0) // LANES  # noqa: F821
+            UNPACK(w[r], (r - r0) % LANES, wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s],  # noqa: F821
+                   mn[s * sub_s:(s + 1) * sub_s], dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d])
+        for t0 in range(0, n_tok, COLS):  # noqa: F821
+            ct = min(COLS, n_tok - t0)  # noqa: F821
+            for s in range(nsub):
+                MK(wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s],  # noqa: F821
+                   dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d], xq, dx, xc, xm, out,
+                   t0, ct, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES))  # noqa: F821
+
+
+_KERNELS: dict = {}
+
+
+def gemm_kernel(wtype, cols: int = COLS):
+    """The compiled ``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` (a type in SPECS)."""
+    from quantkit.kernels.vecdot import build
+
+    t = T(wtype)
+    key = (t, cols)
+    if key not in _KERNELS:
+        spec = SPECS[t]
+        ts = GGML_QUANT_SIZES[t][1]
+        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}", True, UNPACK=_unpack_row(t.name, spec, ts),
+                              MK=_micro(t.name, spec, cols), QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
+    return _KERNELS[key]
+
+
+# -- activations -----------------------------------------------------------------------------------
+
+@njit_parallel
+def _quantize_q8_0_rows(x, qs, d, s):
+    for t in prange(x.shape[0]):
+        quantize_q8_0_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
+
+
+@njit_parallel
+def _quantize_q8_1_rows(x, qs, d, s):
+    for t in prange(x.shape[0]):
+        quantize_q8_1_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
+
+
+@njit_parallel
+def _quantize_q8_k_rows(x, qs, d, s):
+    for t in prange(x.shape[0]):
+        quantize_q8_k_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
+
+
+_QUANTIZE_ROWS = {"Q8_0": _quantize_q8_0_rows, "Q8_1": _quantize_q8_1_rows, "Q8_K": _quantize_q8_k_rows}
+
+
+def quantized_activations(x: np.ndarray, kind: str):
+    """x float32 (n, K) -> planar (xq, xd, xs) of ``kind``, the same bytes as ``quantize_activations``,
+    with rows padded with zeros to a multiple of COLS; prange over tokens."""
+    n, kdim = x.shape
+    n_pad = -(-n // COLS) * COLS
+    qs, d, s = empty_activations(kind, n_pad, kdim)
+    _QUANTIZE_ROWS[kind](x, qs[:n], d[:n], s[:n])
+    if n_pad > n:
+        qs[n:], d[n:], s[n:] = 0, 0, 0
+    return qs, d, s
+
+
+def gemm_operands(t, x: np.ndarray, cache: dict):
+    """The activation operands of ``gemm_kernel(t)``: (xq, dx, xc, xm) for x (n, K); ``cache`` (a dict
+    shared by the products of one x) keeps the quantized forms, so Q/K/V or gate/up quantize once."""
+    spec = SPECS[t]
+    key = ("gemm", spec.act)
+    if key not in cache:
+        cache[key] = quantized_activations(x, spec.act)
+    qs, d, s = cache[key]
+    okey = ("gemm", spec.act, spec.g, spec.offset, spec.mins)
+    if okey not in cache:
+        if spec.act == "Q8_1":
+            gs = None
+        elif spec.act == "Q8_0" or spec.g == 16:  # Q8_0's per-32 sums, Q8_K's bsums
+            gs = s
+        else:  # Q8_K bsums -> per-32 sums
+            gs = s[:, 0::2] + s[:, 1::2]
+        xc = (gs * np.int32(-spec.offset)) if spec.offset else _DUMMY_I32
+        if spec.mins == "int":
+            xm = np.ascontiguousarray(gs, dtype=np.int16)
+        elif spec.mins == "float":
+            xm = s
+        else:
+            xm = _DUMMY_I16
+        cache[okey] = (np.ascontiguousarray(xc), xm)
+    xc, xm = cache[okey]
+    return qs, d, xc, xm
+
+
+_DUMMY_I32 = np.zeros((1, 1), np.int32)
+_DUMMY_I16 = np.zeros((1, 1), np.int16)
+#: bytes of unpacked weights per tile (one thread's working set beside COLS activation rows)
+TILE_BYTES = 256 << 10
+
+
+def tile_rows(n_out: int, kdim: int, threads: int) -> int:
+    """Rows per prange tile: a multiple of 16 whose unpacked bytes are about TILE_BYTES, and at least
+    two tiles per thread when the matrix allows."""
+    mr = LANES * max(1, TILE_BYTES // (LANES * kdim))
+    per = -(-n_out // (2 * threads))
+    return max(LANES, min(mr, -(-per // LANES) * LANES))
+
+
+def gemm(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, cache: dict, threads: int) -> np.ndarray:
+    """out = x @ dequantize(w).T on integer dots (w uint8 (n_out, row_bytes) of type t in SPECS)."""
+    xq, dx, xc, xm = gemm_operands(t, x, cache)
+    gemm_kernel(t)(w, xq, dx, xc, xm, out, tile_rows(w.shape[0], x.shape[1], threads))
+    return out

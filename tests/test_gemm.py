@@ -1,0 +1,112 @@
+"""The prefill's integer GEMM (kernels/gemm.py) against a float64 product of the same integer math --
+gguf's dequantized weights times the dequantized Q8 activations -- for every type it covers, on shapes
+with partial row tiles and token groups; 1 thread == 2 threads byte for byte; its activations equal
+the GEMV's quantizer's bytes; matmul routes batches to it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from gguf import GGMLQuantizationType as T
+from gguf import quants as gq
+
+from quantkit import kernels as K
+from quantkit.jit import get_threads, set_threads
+from quantkit.kernels import gemm as G
+from quantkit.kernels.ir import HAS_VNNI512
+
+from test_kernels import _restore_threads, make_weights  # noqa: F401 (autouse fixture)
+
+pytestmark = pytest.mark.skipif(not HAS_VNNI512, reason="the integer GEMM needs AVX512-VNNI")
+TYPES = list(G.SPECS)
+
+
+def exact_reference(w, t, x):
+    """float64 x_deq @ w_deq.T with x rounded to the type's activation kind (ggml's from_float); for
+    Q8_1 the min term uses the stored fp16 ``s`` in place of d * sum(q), as ggml's vec_dot does."""
+    kind = G.SPECS[t].act
+    qs, d, s = K.quantize_activations(x, kind)
+    per = 256 if kind == "Q8_K" else 32
+    n = x.shape[0]
+    xdeq = (qs.astype(np.float64).reshape(n, -1, per) * d.astype(np.float64)[:, :, None]).reshape(n, -1)
+    ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T
+    if kind == "Q8_1":
+        bs = 20 if t == T.Q4_1 else 24
+        m = w.reshape(w.shape[0], -1, bs)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)
+        exact = d.astype(np.float64) * qs.reshape(n, -1, 32).astype(np.float64).sum(-1)
+        ref = ref + (s.astype(np.float64) - exact) @ m.T
+    return ref
+
+
+def n_in(t, wide=False):
+    return (1024 if wide else 512) if G.SPECS[t].qk == 256 else (1088 if wide else 576)
+
+
+@pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
+@pytest.mark.parametrize("n_tok,n_out", [(19, 37), (40, 64), (1, 16)])
+def test_gemm_exact(t, n_tok, n_out):
+    """Within float32 accumulation of the exact integer math: any unpacking, scale or offset slip shows."""
+    k = n_in(t, wide=n_tok == 40)
+    w = make_weights(t, n_out, k, seed=n_tok + n_out)
+    x = (np.random.default_rng(n_tok).standard_normal((n_tok, k)) * 3).astype(np.float32)
+    x[0, :40] = 0  # a zero block (zero activation scale)
+    out = np.full((n_tok, n_out), np.nan, np.float32)
+    G.gemm(w, t, x, out, {}, get_threads())
+    ref = exact_reference(w, t, x)
+    np.testing.assert_allclose(out, ref, rtol=2e-6, atol=2e-6 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q2_K, T.IQ4_XS], ids=lambda t: t.name)
+def test_gemm_threads_identical(t):
+    k = n_in(t)
+    w = make_weights(t, 200, k, seed=4)
+    x = np.random.default_rng(5).standard_normal((45, k)).astype(np.float32)
+    outs = []
+    for n in (1, 2):
+        set_threads(n)
+        out = np.empty((45, 200), np.float32)
+        G.gemm(w, t, x, out, {}, n)
+        outs.append(out)
+    assert outs[0].tobytes() == outs[1].tobytes()
+
+
+def test_tokens_do_not_interact():
+    """A token's outputs do not depend on which other tokens share its micro-kernel group."""
+    t = T.Q4_K
+    w = make_weights(t, 48, 512, seed=1)
+    x = np.random.default_rng(6).standard_normal((21, 512)).astype(np.float32)
+    full = np.empty((21, 48), np.float32)
+    G.gemm(w, t, x, full, {}, get_threads())
+    part = np.empty((5, 48), np.float32)
+    G.gemm(w, t, x[13:18], part, {}, get_threads())
+    assert part.tobytes() == full[13:18].tobytes()
+
+
+@pytest.mark.parametrize("kind", ["Q8_0", "Q8_1", "Q8_K"])
+def test_activations_are_the_gemvs(kind):
+    x = np.random.default_rng(7).standard_normal((11, 512)).astype(np.float32)
+    want = K.quantize_activations(x, kind)
+    got = G.quantized_activations(x, kind)
+    for a, b in zip(got, want):
+        assert a.shape[0] % G.COLS == 0 and not a[11:].any()  # zero padding rows
+        assert a[:11].tobytes() == b.tobytes()
+
+
+def test_matmul_routes_batches_to_gemm(monkeypatch):
+    """With QUANTKIT_GEMM=1, from GEMM_MIN_TOKENS tokens on (and only then) matmul runs the GEMM; its
+    result is matmul's. Without it, matmul does not."""
+    monkeypatch.setenv("QUANTKIT_GEMM", "1")
+    t = T.Q6_K
+    w = make_weights(t, 32, 512, seed=2)
+    x = np.random.default_rng(8).standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)
+    calls = []
+    real = G.gemm
+    monkeypatch.setattr(G, "gemm", lambda *a: calls.append(a[1]) or real(*a))
+    y = K.matmul(w, t, x)
+    assert calls == [t]
+    np.testing.assert_allclose(y, exact_reference(w, t, x), rtol=2e-6, atol=2e-6 * np.abs(y).max())
+    K.matmul(w, t, x[1:])
+    assert calls == [t]
+    monkeypatch.setenv("QUANTKIT_GEMM", "0")
+    K.matmul(w, t, x)
+    assert calls == [t]
