@@ -155,3 +155,16 @@ def test_config_refusals():
 def test_missing_tensor(tmp_path, arch, tensor):
     with pytest.raises(ModelError, match=f"tensor {tensor!r} is missing"):
         Llama(write_model(tmp_path / "bad.gguf", arch, drop=tensor))
+
+
+@pytest.mark.parametrize("cmd", [["run", "-p", "hi"], ["perplexity"], ["imatrix", "-o", "out.gguf"], ["bench"]])
+def test_cli_refuses_before_compute(tmp_path, cmd):
+    """Every command that runs a model names the missing tensor on one line and exits 1."""
+    from conftest import run_cli
+
+    bad = write_model(tmp_path / "bad.gguf", "qwen3", drop="blk.1.attn_k_norm.weight")
+    r = run_cli(cmd + ["-m", bad], cwd=tmp_path)
+    assert r.exit_code == 1
+    errors = [ln for ln in r.output.splitlines() if ln.startswith("Error:") or "Traceback" in ln]
+    assert errors == [f"Error: {bad}: tensor 'blk.1.attn_k_norm.weight' is missing"]
+    assert not (tmp_path / "out.gguf").exists()
