@@ -2,9 +2,10 @@
 
 ``DecodeStep(model, n_embd_max...)`` turns a ``Llama`` into flat tables once, and ``step(...)`` runs
 one token: embedding row, then per layer RMSNorm, activation quantization (once per distinct input
-and activation kind), Q/K/V products, RoPE, KV store, attention over the cache, output product,
-residual, RMSNorm, gate/up products with SiLU, down product, residual; then the final norm and the
-logits product. No Python runs between layers (docs/kernels.md: per-layer
+and activation kind), Q/K/V products, ``qk_prepare`` (biases, Q/K norms, RoPE), KV store, attention
+over the cache (or its sliding window), output product, (post-norm,) residual, RMSNorm, gate/up
+products with the GLU (SiLU or GELU), down product, (post-norm,) residual; then the final norm and the
+logits product (quantkit.model.arch's layer). No Python runs between layers (docs/kernels.md: per-layer
 Python work over 30 layers costs more than the products of a small model).
 
 How the weights get in, and the type dispatch:
@@ -30,7 +31,7 @@ How the weights get in, and the type dispatch:
   kinds its consumers need (``need`` bit masks, computed here from the types).
 
 Parallelism: ``prange`` over chunks of ``CHUNK`` output rows in each product (Q, K and V in one
-region; gate and up in one region that also applies SiLU to its own rows), and over heads in the
+region; gate and up in one region that also applies the GLU to its own rows), and over heads in the
 attention. Each output element is computed by one thread with the same code, so the logits do not
 depend on the thread count. Everything else (norms, quantization, RoPE) runs on the calling thread.
 

@@ -24,7 +24,7 @@ Choices, and why:
   A batch runs the per-layer loop below: the matrix products are ``quantkit.kernels.matmul`` on the
   memory-mapped quantized weights (GEMV under 32 rows, dequantized weights + BLAS from 32), attention
   is BLAS products per KV head from 32 rows (a numba kernel below), and the small ops (RMSNorm, RoPE +
-  cache store, softmax, SwiGLU) are numba kernels; BLAS is limited to numba's thread count.
+  cache store, softmax, the GLU) are numba kernels; BLAS is limited to numba's thread count.
 * ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at
   least ``COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
 """
