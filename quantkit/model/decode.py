@@ -2,9 +2,10 @@
 
 ``DecodeStep(model, n_embd_max...)`` turns a ``Llama`` into flat tables once, and ``step(...)`` runs
 one token: embedding row, then per layer RMSNorm, activation quantization (once per distinct input
-and activation kind), Q/K/V products, RoPE, KV store, attention over the cache, output product,
-residual, RMSNorm, gate/up products with SiLU, down product, residual; then the final norm and the
-logits product. No Python runs between layers (docs/kernels.md: per-layer
+and activation kind), Q/K/V products, ``qk_prepare`` (biases, Q/K norms, RoPE), KV store, attention
+over the cache (or its sliding window), output product, (post-norm,) residual, RMSNorm, gate/up
+products with the GLU (SiLU or GELU), down product, (post-norm,) residual; then the final norm and the
+logits product (quantkit.model.arch's layer). No Python runs between layers (docs/kernels.md: per-layer
 Python work over 30 layers costs more than the products of a small model).
 
 How the weights get in, and the type dispatch:
@@ -30,7 +31,7 @@ How the weights get in, and the type dispatch:
   kinds its consumers need (``need`` bit masks, computed here from the types).
 
 Parallelism: ``prange`` over chunks of ``CHUNK`` output rows in each product (Q, K and V in one
-region; gate and up in one region that also applies SiLU to its own rows), and over heads in the
+region; gate and up in one region that also applies the GLU to its own rows), and over heads in the
 attention. Each output element is computed by one thread with the same code, so the logits do not
 depend on the thread count. Everything else (norms, quantization, RoPE) runs on the calling thread.
 
@@ -52,6 +53,7 @@ from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quan
                               rowdot_kernel)
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.vecdot import build, rowdot2_kernel
+from quantkit.model.arch import GLU_KINDS
 from quantkit.model.llama import Llama, Weight
 from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
 
@@ -236,6 +238,89 @@ def rmsnorm1(x, w, eps, out):
 
 
 @njit_fast
+def add_bias(v, b):
+    """v += b when the layer has a bias (b of v's size), else nothing (b empty)."""
+    if b.shape[0]:
+        for i in range(v.shape[0]):
+            v[i] += b[i]
+
+
+@njit_fast
+def rope_heads(v, n_heads, hd, n_rot, c, s, neox):
+    """Rotate the first n_rot dims of each of the n_heads heads of v in place (ggml's rotate_pairs):
+    NORM pairs (x[2i], x[2i+1]), NEOX pairs (x[i], x[i + n_rot/2]), pair i by the angle whose cos / sin
+    are c[i] / s[i]."""
+    half = n_rot // 2
+    step = 1 if neox else 2
+    off = half if neox else 1
+    for h in range(n_heads):
+        o = h * hd
+        for i in range(half):
+            j = o + i * step
+            x0 = v[j]
+            x1 = v[j + off]
+            v[j] = x0 * c[i] - x1 * s[i]
+            v[j + off] = x0 * s[i] + x1 * c[i]
+
+
+@njit_fast
+def qk_prepare(q, k, v, qb, kb, vb, qn, kn, eps, n_head, n_head_kv, hd, n_rot, c, s, neox):
+    """One token's q (n_head*hd), k and v (n_head_kv*hd) straight out of their products, in place:
+    + biases (empty arrays: none), per-head RMSNorm of q and k times qn / kn (empty: none; Qwen3,
+    Gemma 3), then RoPE of q and k. The batch path and the decode step both run this."""
+    add_bias(q, qb)
+    add_bias(k, kb)
+    add_bias(v, vb)
+    if qn.shape[0]:
+        for h in range(n_head):
+            rmsnorm1(q[h * hd:(h + 1) * hd], qn, eps, q[h * hd:(h + 1) * hd])
+        for h in range(n_head_kv):
+            rmsnorm1(k[h * hd:(h + 1) * hd], kn, eps, k[h * hd:(h + 1) * hd])
+    rope_heads(q, n_head, hd, n_rot, c, s, neox)
+    rope_heads(k, n_head_kv, hd, n_rot, c, s, neox)
+
+
+#: ``GLU_KINDS`` index of each activation
+GLU_SILU, GLU_GELU = 0, 1
+
+
+def gelu_table() -> np.ndarray:
+    """ggml's ``ggml_table_gelu_f16`` as float32 (65536,): the tanh GELU of every fp16 value, rounded
+    to fp16 (ggml_cpu_init). ggml's GELU of a float32 x (GGML_GELU_FP16): 0 for x <= -10, x for
+    x >= 10, else this table at fp16(x)."""
+    f = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        g = _F(0.5) * f * (_F(1.0) + np.tanh(_F(0.79788456080286535587989211986876) * f
+                                            * (_F(1.0) + _F(0.044715) * f * f)))
+    return g.astype(np.float16).astype(np.float32)
+
+
+@njit_fast
+def glu(g, u, out, kind, table):
+    """out = act(g) * u: SiLU (ggml_vec_swiglu_f32) or ggml's table GELU (ggml_vec_geglu_f32)."""
+    if kind == GLU_SILU:
+        for r in range(g.shape[0]):
+            x = g[r]
+            out[r] = x / (np.float32(1.0) + expf(-x)) * u[r]
+    else:
+        for r in range(g.shape[0]):
+            x = g[r]
+            if x <= np.float32(-10.0):
+                out[r] = 0.0
+            elif x >= np.float32(10.0):
+                out[r] = x * u[r]
+            else:
+                out[r] = table[fp32_to_fp16(x)] * u[r]
+
+
+@njit_fast
+def window_start(n_kv, n_swa):
+    """First cache position a query at position n_kv - 1 sees: 0, or with a sliding window of n_swa
+    the keys p with (n_kv - 1) - p < n_swa (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD)."""
+    return max(0, n_kv - n_swa) if n_swa > 0 else 0
+
+
+@njit_fast
 def quantize_needed(mask, a):
     """Fill the activation forms of a[0] that ``mask`` asks for (KIND_BIT)."""
     if mask & 3:  # Q8_0 quants, scales and int sums; with Q8_1 also ggml's fp16 s
@@ -288,20 +373,22 @@ def exp_shift_sum(s, n, mx):
     return tot
 
 
-def attend_head(q, kl, vl, ko, n_kv, scale, s, y):
-    """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows 0..n_kv-1 of
-    kl / vl (n_ctx, n_head_kv * head_dim) from column ko; s (>= n_kv) scratch for the scores. ggml's
+def attend_head(q, kl, vl, ko, k0, n_kv, scale, s, y):
+    """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows k0..n_kv-1 of
+    kl / vl (n_ctx, n_head_kv * head_dim) from column ko (k0 > 0: a sliding window; the rows before it
+    are masked); s (>= n_kv - k0) scratch for the scores. ggml's
     op order (scale, max, exp, float32 sum, multiply by 1 / sum). Its loops are functions of their
     own on 1-D slices: written inside a prange body they stayed scalar (10x slower; over 768 cached
     positions attention was most of a decode step's time)."""
     hd = q.shape[0]
-    for t in range(n_kv):
-        s[t] = KV_DOT(q, kl[t, ko:ko + hd], hd) * scale  # noqa: F821
-    mx = max_f32(s, n_kv)
-    inv = np.float32(1.0) / exp_shift_sum(s, n_kv, mx)
+    m = n_kv - k0
+    for t in range(m):
+        s[t] = KV_DOT(q, kl[k0 + t, ko:ko + hd], hd) * scale  # noqa: F821
+    mx = max_f32(s, m)
+    inv = np.float32(1.0) / exp_shift_sum(s, m, mx)
     y[:] = 0.0
-    for t in range(n_kv):
-        KV_AXPY(s[t] * inv, vl[t, ko:ko + hd], y, hd)  # noqa: F821
+    for t in range(m):
+        KV_AXPY(s[t] * inv, vl[k0 + t, ko:ko + hd], y, hd)  # noqa: F821
 
 
 def attend_kernel(kv_f16: bool):
@@ -315,26 +402,36 @@ def attend_kernel(kv_f16: bool):
 # -- the step ---------------------------------------------------------------------------------------
 
 def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
-              aE, aF, x, xb2, qkv, hg, hu, scores, logits, sc, dims, eps, scale):
+              aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, dims, eps, scale, lay, bias, qk_norm, post_norm,
+              gelu_tab, embd_scale):
     """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
     ``want``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
-    dims = (n_head, n_head_kv, head_dim, n_rot); need[l] = activation kinds of the four inputs of
-    layer l (attn, attn_output, ffn, ffn_down), need[n_layer, 0] the output's."""
+    dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms);
+    need[l] = activation kinds of the four inputs of layer l (attn, attn_output, ffn, ffn_down),
+    need[n_layer, 0] the output's; lay[l] = (RoPE table of cos / sin, sliding window or 0);
+    bias[l] = the Q, K, V biases (n_layer, 0) when there are none; qk_norm[l] = (q, k) head norms,
+    post_norm[l] = (attention, FFN) output norms (each (n_layer, 0, ...) when the arch has none)."""
     n_layer = wt.shape[0]
-    n_head, n_head_kv, hd, n_rot = dims[0], dims[1], dims[2], dims[3]
+    n_head, n_head_kv, hd, n_rot, neox, glu_kind = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
+    has_qkn, has_post = dims[6] != 0, dims[7] != 0
     E = x.shape[0]
     Q = n_head * hd
     KV = n_head_kv * hd
     group = n_head // n_head_kv
-    half = n_rot // 2
     n_kv = pos + 1
-    xa = aE[0][0]           # the normed input of a block (and the attention output), float32 (E,)
-    ha = aF[0][0]           # silu(gate) * up, float32 (n_ff,)
+    nob = bias[0, :0]       # an empty bias / norm: "none"
+    xa = aE[0][0]           # the normed input of a block, float32 (E,)
+    xo = aQ[0][0]           # the attention output, float32 (Q,)
+    ha = aF[0][0]           # act(gate) * up, float32 (n_ff,)
 
     DEQROW(et[3], buf, et[0], et[1], tok, x)  # noqa: F821
+    if embd_scale != np.float32(1.0):
+        for i in range(E):
+            x[i] *= embd_scale
     for l in range(n_layer):
         w = wt[l]
-        # -- attention: norm, Q/K/V (one parallel region), RoPE + cache store, attend, project, add
+        # -- attention: norm, Q/K/V (one parallel region), biases + q/k norms + RoPE, cache store, attend,
+        # project, (post-norm), add
         rmsnorm1(x, attn_norm[l], eps, xa)
         quantize_needed(need[l, 0], aE)
         cq = (w[0, 2] + CHUNK - 1) // CHUNK
@@ -350,40 +447,36 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
             r0 = c0 * CHUNK
             r1 = min(r0 + CHUNK, w[j, 2])
             ROWS(w[j, 3], buf, w[j, 0], w[j, 1], r0, r1, aE, qkv, o0, sc)  # noqa: F821
-        c_, s_ = cos[pos], sin[pos]
-        for h in range(n_head):
-            o = h * hd
-            for i in range(half):
-                x0 = qkv[o + 2 * i]
-                x1 = qkv[o + 2 * i + 1]
-                qkv[o + 2 * i] = x0 * c_[i] - x1 * s_[i]
-                qkv[o + 2 * i + 1] = x0 * s_[i] + x1 * c_[i]
+        bl = bias[l]
+        has_b = bl.shape[0] != 0
+        qkv_q = qkv[:Q]
+        qkv_k = qkv[Q:Q + KV]
+        qkv_v = qkv[Q + KV:]
+        qk_prepare(qkv_q, qkv_k, qkv_v, bl[:Q] if has_b else nob, bl[Q:Q + KV] if has_b else nob,
+                   bl[Q + KV:] if has_b else nob, qk_norm[l, 0] if has_qkn else nob,
+                   qk_norm[l, 1] if has_qkn else nob, eps, n_head, n_head_kv, hd, n_rot,
+                   cos[lay[l, 0], pos], sin[lay[l, 0], pos], neox != 0)
         krow = kc[l, pos]
         vrow = vc[l, pos]
-        for h in range(n_head_kv):
-            o = h * hd
-            for i in range(half):
-                x0 = qkv[Q + o + 2 * i]
-                x1 = qkv[Q + o + 2 * i + 1]
-                krow[o + 2 * i] = ST_KV(x0 * c_[i] - x1 * s_[i])  # noqa: F821
-                krow[o + 2 * i + 1] = ST_KV(x0 * s_[i] + x1 * c_[i])  # noqa: F821
-            for i in range(n_rot, hd):
-                krow[o + i] = ST_KV(qkv[Q + o + i])  # noqa: F821
         for i in range(KV):
-            vrow[i] = ST_KV(qkv[Q + KV + i])  # noqa: F821
+            krow[i] = ST_KV(qkv_k[i])  # noqa: F821
+            vrow[i] = ST_KV(qkv_v[i])  # noqa: F821
         kl = kc[l]
         vl = vc[l]
+        k0 = window_start(n_kv, lay[l, 1])
         for h in prange(n_head):
-            ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, n_kv, scale, scores[h],  # noqa: F821
-                   xa[h * hd:(h + 1) * hd])
-        quantize_needed(need[l, 1], aE)
+            ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, scores[h],  # noqa: F821
+                   xo[h * hd:(h + 1) * hd])
+        quantize_needed(need[l, 1], aQ)
         co = (w[3, 2] + CHUNK - 1) // CHUNK
         for c in prange(co):
             r0 = c * CHUNK
-            ROWS(w[3, 3], buf, w[3, 0], w[3, 1], r0, min(r0 + CHUNK, w[3, 2]), aE, xb2, 0, sc)  # noqa: F821
+            ROWS(w[3, 3], buf, w[3, 0], w[3, 1], r0, min(r0 + CHUNK, w[3, 2]), aQ, xb2, 0, sc)  # noqa: F821
+        if has_post:
+            rmsnorm1(xb2, post_norm[l, 0], eps, xb2)
         for i in range(E):
             x[i] += xb2[i]
-        # -- feed-forward: norm, gate and up with SiLU (one parallel region), down, add
+        # -- feed-forward: norm, gate and up with the GLU (one parallel region), down, (post-norm), add
         rmsnorm1(x, ffn_norm[l], eps, xa)
         quantize_needed(need[l, 2], aE)
         cf = (w[4, 2] + CHUNK - 1) // CHUNK
@@ -392,14 +485,14 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
             r1 = min(r0 + CHUNK, w[4, 2])
             ROWS(w[4, 3], buf, w[4, 0], w[4, 1], r0, r1, aE, hg, 0, sc)  # noqa: F821
             ROWS(w[5, 3], buf, w[5, 0], w[5, 1], r0, r1, aE, hu, 0, sc)  # noqa: F821
-            for r in range(r0, r1):
-                g = hg[r]
-                ha[r] = g / (np.float32(1.0) + expf(-g)) * hu[r]
+            glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
         quantize_needed(need[l, 3], aF)
         cd = (w[6, 2] + CHUNK - 1) // CHUNK
         for c in prange(cd):
             r0 = c * CHUNK
             ROWS(w[6, 3], buf, w[6, 0], w[6, 1], r0, min(r0 + CHUNK, w[6, 2]), aF, xb2, 0, sc)  # noqa: F821
+        if has_post:
+            rmsnorm1(xb2, post_norm[l, 1], eps, xb2)
         for i in range(E):
             x[i] += xb2[i]
     if want:
@@ -495,8 +588,6 @@ class DecodeStep:
         types = tuple(sorted({w.type for w in weights}, key=int))
         if len(types) > SLOTS:
             raise ModelError(f"{len(types)} distinct matrix types; the compiled step handles {SLOTS}")
-        if c.n_embd != c.n_head * c.head_dim:
-            raise ModelError("the compiled step needs n_head * head_dim == n_embd")
         self.types = types
         buf, offs = _flat_buffer(model, weights)
         self.buf = buf
@@ -527,22 +618,52 @@ class DecodeStep:
         self.ffn_norm = np.ascontiguousarray(np.stack([b.ffn_norm for b in model.blk]), np.float32)
         self.out_norm = np.ascontiguousarray(model.output_norm, np.float32)
         self.aE = _activations(c.n_embd)
+        self.aQ = _activations(c.n_embd_q)
         self.aF = _activations(c.n_ff)
         self.x = np.zeros(c.n_embd, np.float32)
         self.xb2 = np.zeros(c.n_embd, np.float32)
-        self.qkv = np.zeros(c.n_head * c.head_dim + 2 * c.n_embd_kv, np.float32)
+        self.qkv = np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32)
         self.hg = np.zeros(c.n_ff, np.float32)
         self.hu = np.zeros(c.n_ff, np.float32)
         self.sc = np.zeros(16, np.int32)
-        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot], np.int64)
+        a = c.arch
+        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, a.rope_neox, GLU_KINDS.index(a.glu),
+                              a.qk_norm, a.post_norms], np.int64)
         self.eps = np.float32(c.rms_eps)
-        self.scale = np.float32(1.0 / math.sqrt(c.head_dim))
+        self.scale = np.float32(c.kq_scale)
+        self.bias = layer_biases(model)
+        self.qk_norm = _stack(model, ("attn_q_norm", "attn_k_norm"), c.head_dim)
+        self.post_norm = _stack(model, ("post_attention_norm", "post_ffw_norm"), c.n_embd)
+        self.gelu_tab = gelu_table() if a.glu == "gelu" else np.zeros(1, np.float32)
+        self.embd_scale = np.float32(c.embd_scale)
         self.fn = step_kernel(types, variant, kv_f16)
 
-    def run(self, tok: int, pos: int, kc, vc, cos, sin, scores, logits, want: bool) -> None:
+    def run(self, tok: int, pos: int, kc, vc, cos, sin, lay, scores, logits, want: bool) -> None:
+        """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``lay`` (n_layer, 2): as ``step_body``'s."""
         self.fn(tok, pos, want, self.buf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
-                self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aF, self.x, self.xb2, self.qkv,
-                self.hg, self.hu, scores, logits, self.sc, self.dims, self.eps, self.scale)
+                self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
+                self.hg, self.hu, scores, logits, self.sc, self.dims, self.eps, self.scale, lay, self.bias,
+                self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale)
+
+
+def layer_biases(model: Llama) -> np.ndarray:
+    """float32 (n_layer, Q + 2 KV): each layer's Q, K, V biases (zeros for one the layer lacks), or
+    (n_layer, 0) when no layer has any."""
+    c = model.config
+    parts = ((c.n_embd_q, "attn_q_bias"), (c.n_embd_kv, "attn_k_bias"), (c.n_embd_kv, "attn_v_bias"))
+    if not any(getattr(b, name) is not None for b in model.blk for _, name in parts):
+        return np.zeros((c.n_layer, 0), np.float32)
+    return np.ascontiguousarray(np.stack([np.concatenate(
+        [np.zeros(n, np.float32) if getattr(b, name) is None else getattr(b, name) for n, name in parts])
+        for b in model.blk]), np.float32)
+
+
+def _stack(model: Llama, names: tuple[str, str], n: int) -> np.ndarray:
+    """float32 (n_layer, 2, n) of two per-layer norm weights, or (n_layer, 2, 0) when the arch has none."""
+    blk = model.blk
+    if getattr(blk[0], names[0]) is None:
+        return np.zeros((len(blk), 2, 0), np.float32)
+    return np.ascontiguousarray(np.stack([[getattr(b, names[0]), getattr(b, names[1])] for b in blk]), np.float32)
 
 
 def _activations(n: int) -> tuple:

@@ -13,15 +13,19 @@ Choices, and why:
   Against llama.cpp's golden ids fp16 measured no better (equal top-1 agreement over 400 positions)
   and flipped one greedy step where llama.cpp's top-2 gap is 0.26, so float32 stays the default
   (docs/run.md). ``np.zeros`` maps the cache lazily, so only the positions used take memory.
-* RoPE is the NORM style (adjacent pairs), the llama convention in GGUF files; the cos/sin table is
-  built like ggml's rope cache (theta multiplied by theta_scale step by step in float32), and
-  ``rope_freqs`` divides theta when the model has it.
+* What differs between architectures is data (``quantkit.model.arch``): RoPE style (NORM pairs for
+  llama, NEOX for qwen2 / qwen3 / gemma3), Q/K/V biases, per-head Q/K norms, post-attention / post-FFN
+  norms, the GLU activation, the embedding scale, sliding-window layers with their own RoPE base, the
+  attention scale, the output bias and soft-cap. The per-token ops (``qk_prepare``, ``glu``,
+  ``rmsnorm1``, ``attend_head``) are the decode step's, run here per row. The cos/sin tables are built
+  like ggml's rope cache (theta multiplied by theta_scale step by step in float32), and ``rope_freqs``
+  divides theta when the model has it.
 * One token (decoding) runs ``quantkit.model.decode``'s compiled step: every layer in one numba call.
   A batch runs the per-layer loop below: the matrix products are ``quantkit.kernels.matmul`` on the
   memory-mapped quantized weights (GEMV under 32 rows, an integer GEMM or dequantized weights + BLAS
   from 32; see docs/kernels.md), attention
   is BLAS products per KV head from 32 rows (a numba kernel below), and the small ops (RMSNorm, RoPE +
-  cache store, softmax, SwiGLU) are numba kernels; BLAS is limited to numba's thread count.
+  cache store, softmax, the GLU) are numba kernels; BLAS is limited to numba's thread count.
 * ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at
   least ``COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
 """
@@ -31,7 +35,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-import math
 from typing import Callable
 
 import numpy as np
@@ -41,8 +44,9 @@ from quantkit.jit import njit_fast, njit_fast_parallel, prange
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import build
-from quantkit.model.decode import (MATS, DecodeStep, attend_kernel, exp_shift_sum, expf, kv_f16_store, kv_f32_same,
-                                   max_f32)
+from quantkit.model.arch import GLU_KINDS
+from quantkit.model.decode import (MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu, kv_f16_store,
+                                   kv_f32_same, layer_biases, max_f32, qk_prepare, rmsnorm1, window_start)
 from quantkit.model.llama import Llama, Weight
 
 COLLECT_MIN_ROWS = 16
@@ -56,71 +60,50 @@ DEFAULT_TYPE_KV = "f32"
 
 @njit_fast_parallel
 def rmsnorm(x, w, eps, out):
-    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w  (sum of squares in float64, as ggml). One row per
-    iteration (as in every small op here): the same values for any thread count."""
-    n, d = x.shape
-    for r in prange(n):
-        ss = 0.0
-        for i in range(d):
-            ss += np.float64(x[r, i]) * np.float64(x[r, i])
-        scale = np.float32(1.0 / math.sqrt(ss / d + eps))
-        for i in range(d):
-            out[r, i] = x[r, i] * scale * w[i]
+    """out[r] = x[r] / sqrt(mean(x[r]^2) + eps) * w (the decode step's ``rmsnorm1`` per row; out may be
+    x). One row per iteration (as in every small op here): the same values for any thread count."""
+    for r in prange(x.shape[0]):
+        rmsnorm1(x[r], w, eps, out[r])
 
 
-def _rope_store(q, k, v, kc, vc, pos0, cos, sin, n_head, n_head_kv, head_dim, n_rot):
-    """Rotate q (n, n_head*head_dim) in place and k, then write k and v into cache rows pos0.. (ST_KV:
-    float32 -> the cache's element, fp16 bits or float32)."""
+def _prepare_store(q, k, v, kc, vc, pos0, cos, sin, qb, kb, vb, qn, kn, eps, n_head, n_head_kv, head_dim, n_rot,
+                   neox):
+    """Per token: the decode step's ``qk_prepare`` on q, k, v in place (biases, q/k norms, RoPE), then
+    k and v into cache rows pos0.. (ST_KV: float32 -> the cache's element, fp16 bits or float32)."""
     n = q.shape[0]
-    half = n_rot // 2
     for t in prange(n):
         p = pos0 + t
-        for h in range(n_head):
-            o = h * head_dim
-            for i in range(half):
-                c = cos[p, i]
-                s = sin[p, i]
-                x0 = q[t, o + 2 * i]
-                x1 = q[t, o + 2 * i + 1]
-                q[t, o + 2 * i] = x0 * c - x1 * s
-                q[t, o + 2 * i + 1] = x0 * s + x1 * c
-        for h in range(n_head_kv):
-            o = h * head_dim
-            for i in range(half):
-                c = cos[p, i]
-                s = sin[p, i]
-                x0 = k[t, o + 2 * i]
-                x1 = k[t, o + 2 * i + 1]
-                kc[p, o + 2 * i] = ST_KV(x0 * c - x1 * s)  # noqa: F821
-                kc[p, o + 2 * i + 1] = ST_KV(x0 * s + x1 * c)  # noqa: F821
-            for i in range(n_rot, head_dim):
-                kc[p, o + i] = ST_KV(k[t, o + i])  # noqa: F821
-        for j in range(v.shape[1]):
+        qk_prepare(q[t], k[t], v[t], qb, kb, vb, qn, kn, eps, n_head, n_head_kv, head_dim, n_rot, cos[p], sin[p],
+                   neox)
+        for j in range(k.shape[1]):
+            kc[p, j] = ST_KV(k[t, j])  # noqa: F821
             vc[p, j] = ST_KV(v[t, j])  # noqa: F821
 
 
-def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, out):
-    """Causal grouped-query attention: query t (at pos0+t), head h sees cache rows 0..pos0+t of
-    kv head h // (n_head / n_head_kv). out (n, n_head*head_dim). One (t, h) pair per iteration (the
-    decode step's ``attend_head``), so the result does not depend on the thread count."""
+def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, n_swa, out):
+    """Causal grouped-query attention: query t (at pos0+t), head h sees cache rows 0..pos0+t (the last
+    n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv). out (n, n_head*head_dim).
+    One (t, h) pair per iteration (the decode step's ``attend_head``), so the result does not depend on
+    the thread count."""
     n = q.shape[0]
     group = n_head // n_head_kv
     for th in prange(n * n_head):
         t = th // n_head
         h = th - t * n_head
         n_kv = pos0 + t + 1
-        ATTEND(q[t, h * head_dim:(h + 1) * head_dim], kc, vc, (h // group) * head_dim, n_kv, scale,  # noqa: F821
-               np.empty(n_kv, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
+        k0 = window_start(n_kv, n_swa)
+        ATTEND(q[t, h * head_dim:(h + 1) * head_dim], kc, vc, (h // group) * head_dim, k0, n_kv,  # noqa: F821
+               scale, np.empty(n_kv - k0, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
 
 
 def kv_kernels(kv_f16: bool):
-    """(rope_store, attention_serial, attention_parallel) for an fp16-bits (uint16) or float32 cache.
+    """(prepare_store, attention_serial, attention_parallel) for an fp16-bits (uint16) or float32 cache.
     The attention body is compiled serial for a few tokens (a parallel launch costs more than 9 heads of
     work) and parallel over (token, head) pairs for more."""
     tag = "kv16" if kv_f16 else "kv32"
     st = kv_f16_store if kv_f16 else kv_f32_same
     att = attend_kernel(kv_f16)
-    return (build(_rope_store, tag, True, ST_KV=st), build(_attention, tag, False, ATTEND=att),
+    return (build(_prepare_store, tag, True, ST_KV=st), build(_attention, tag, False, ATTEND=att),
             build(_attention, tag, True, ATTEND=att))
 
 
@@ -131,39 +114,41 @@ ATTN_BLOCK = 256
 
 
 @njit_fast
-def _softmax_row(row, lim, scale):
-    """row[:lim] <- softmax(scale * row[:lim]), row[lim:] <- 0, in ggml's non-flash-attention op
+def _softmax_row(row, lo, lim, scale):
+    """row[lo:lim] <- softmax(scale * row[lo:lim]), the rest <- 0, in ggml's non-flash-attention op
     order (scale, max, exp, float32 sum, multiply by 1 / sum) -- deferring the division to the rows
     of S @ V measured the same speed and moved the quantized files' results away from llama.cpp's.
     A 1-D contiguous row in its own function: inlined into the prange body below, the loops stay
     vectorized (written there directly they were lowered with scattered stores)."""
-    for j in range(lim):
-        row[j] *= scale
-    inv = np.float32(1.0) / exp_shift_sum(row, lim, max_f32(row, lim))
-    for j in range(lim):
-        row[j] *= inv
+    w = row[lo:]
+    m = lim - lo
+    for j in range(m):
+        w[j] *= scale
+    inv = np.float32(1.0) / exp_shift_sum(w, m, max_f32(w, m))
+    for j in range(m):
+        w[j] *= inv
+    row[:lo] = 0.0
     row[lim:] = 0.0
 
 
-def _causal_softmax(S, first, group, scale):
-    """S (rows, nk): scores, row r belonging to query r // group, which sees keys 0..first + r // group.
-    In place: softmax of scale * S over the keys each row sees, zeros elsewhere. One row per iteration."""
+def _causal_softmax(S, first, group, scale, n_swa):
+    """S (rows, nk): scores, row r belonging to query r // group, which sees keys 0..first + r // group
+    (the last n_swa of them with a sliding window). In place: softmax of scale * S over the keys each
+    row sees, zeros elsewhere. One row per iteration."""
     m, nk = S.shape
     for r in prange(m):
-        _softmax_row(S[r], min(first + r // group + 1, nk), scale)
+        lim = min(first + r // group + 1, nk)
+        _softmax_row(S[r], window_start(lim, n_swa), lim, scale)
 
 
 causal_softmax = njit_fast_parallel(_causal_softmax)
 
 
 @njit_fast_parallel
-def swiglu(gate, up):
-    """gate <- silu(gate) * up."""
-    n, d = gate.shape
-    for r in prange(n):
-        for i in range(d):
-            g = gate[r, i]
-            gate[r, i] = g / (np.float32(1.0) + expf(-g)) * up[r, i]
+def glu_rows(gate, up, kind, table):
+    """gate <- act(gate) * up per row (the decode step's ``glu``: SiLU or ggml's table GELU)."""
+    for r in prange(gate.shape[0]):
+        glu(gate[r], up[r], gate[r], kind, table)
 
 
 def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
@@ -231,7 +216,7 @@ class Runner:
         self.n_past = 0                      # positions of the cache that hold valid keys/values
         self.collect: Callable[[str, np.ndarray], None] | None = None
         self.type_kv = type_kv
-        B, E, Q, KV, F = self.n_batch, c.n_embd, c.n_head * c.head_dim, c.n_embd_kv, c.n_ff
+        B, E, Q, KV, F = self.n_batch, c.n_embd, c.n_embd_q, c.n_embd_kv, c.n_ff
         f32 = np.float32
         self.x = np.zeros((B, E), f32)       # residual stream
         self.xb = np.zeros((B, E), f32)      # normed input of a block
@@ -240,7 +225,7 @@ class Runner:
         self.k = np.zeros((B, KV), f32)
         self.v = np.zeros((B, KV), f32)
         self.att = np.zeros((B, Q), f32)     # attention output, heads concatenated
-        self.gate = np.zeros((B, F), f32)    # ffn_gate, then silu(gate) * up
+        self.gate = np.zeros((B, F), f32)    # ffn_gate, then act(gate) * up
         self.up = np.zeros((B, F), f32)
         kv16 = type_kv == "f16"
         kvt = np.float16 if kv16 else f32
@@ -249,10 +234,22 @@ class Runner:
         # what the kernels see: fp16 as its bits (numba has no float16 arrays)
         self._kc = self.key_cache.view(np.uint16) if kv16 else self.key_cache
         self._vc = self.value_cache.view(np.uint16) if kv16 else self.value_cache
-        self._rope_store, self._attn_serial, self._attn_parallel = kv_kernels(kv16)
-        self.rope_cos, self.rope_sin = rope_table(n_ctx, c.n_rot, c.rope_freq_base, c.rope_freq_scale,
-                                                  model.rope_freqs)
-        self.scale = np.float32(1.0 / math.sqrt(c.head_dim))
+        self._prepare_store, self._attn_serial, self._attn_parallel = kv_kernels(kv16)
+        # RoPE tables (n_tables, n_ctx, n_rot/2): [0] the full-attention layers', [1] the sliding ones'
+        # (their own base, no scaling or factors: llama_model::get_rope_freq_base / _scale)
+        tabs = [rope_table(n_ctx, c.n_rot, c.rope_freq_base, c.rope_freq_scale, model.rope_freqs)]
+        if any(c.swa_layers):
+            tabs.append(rope_table(n_ctx, c.n_rot, c.rope_freq_base_swa))
+        self.rope_cos = np.ascontiguousarray(np.stack([t[0] for t in tabs]))
+        self.rope_sin = np.ascontiguousarray(np.stack([t[1] for t in tabs]))
+        #: per layer: (its RoPE table, its sliding window or 0)
+        self.lay = np.array([(1, c.n_swa) if c.is_swa(i) else (0, 0) for i in range(c.n_layer)], np.int64)
+        self.scale = np.float32(c.kq_scale)
+        a = c.arch
+        self.neox, self.glu_kind = a.rope_neox, GLU_KINDS.index(a.glu)
+        self.gelu_tab = gelu_table() if a.glu == "gelu" else np.zeros(1, f32)
+        self.bias = layer_biases(model)
+        self._none = np.zeros(0, f32)
         self.step: DecodeStep | None = None
         if compiled_step and default_variant() != "plain":
             try:
@@ -326,9 +323,11 @@ class Runner:
         if n == 1 and self.step is not None:
             # one compiled call for the whole token (every requested row is row 0)
             part = out[0] if rows.size == 1 else np.empty(c.n_vocab, np.float32)
-            self.step.run(int(tokens[0]), pos0, self._kc, self._vc, self.rope_cos, self.rope_sin,
+            self.step.run(int(tokens[0]), pos0, self._kc, self._vc, self.rope_cos, self.rope_sin, self.lay,
                           self._scores, part, rows.size > 0)
             self.n_past = pos0 + 1
+            if rows.size:
+                self._finish_logits(part)
             if rows.size > 1:
                 out[:] = part
             return out
@@ -344,7 +343,18 @@ class Runner:
                 out[sel] = part
         return out
 
-    def _attend_blas(self, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, out: np.ndarray) -> None:
+    def _finish_logits(self, logits: np.ndarray) -> np.ndarray:
+        """After the output product, in place: + output.bias (qwen2), final logit soft-capping (gemma3)."""
+        m, c = self.model, self.config
+        if m.output_bias is not None:
+            logits += m.output_bias
+        if c.softcap:
+            cap = np.float32(c.softcap)
+            np.multiply(np.tanh(logits * (np.float32(1.0) / cap)), cap, out=logits)
+        return logits
+
+    def _attend_blas(self, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, n_swa: int,
+                     out: np.ndarray) -> None:
         """Causal GQA attention as matrix products. Per KV head, the G query heads that share it are
         stacked as rows (token, head) -- one GEMM of G * block rows against the keys the block's last
         query sees, a masked softmax (numba), one GEMM with V -- over blocks of ATTN_BLOCK queries."""
@@ -362,7 +372,7 @@ class Runner:
                 t1 = min(n, t0 + ATTN_BLOCK)
                 nk = pos0 + t1
                 S = Qh[t0 * G:t1 * G] @ K[:nk].T                                          # (bt * G, nk)
-                causal_softmax(S, pos0 + t0, G, self.scale)
+                causal_softmax(S, pos0 + t0, G, self.scale, n_swa)
                 out[t0:t1, h * G * hd:(h + 1) * G * hd] = (S @ V[:nk]).reshape(t1 - t0, G * hd)
 
     def _step(self, tokens: np.ndarray, pos0: int, rows: np.ndarray) -> np.ndarray | None:
@@ -377,33 +387,49 @@ class Runner:
         attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
 
         x[...] = get_rows(self.token_embd.data, self.token_embd.type, tokens)  # (n, n_embd)
+        if c.embd_scale != 1.0:
+            x *= np.float32(c.embd_scale)
+        none = self._none
         for i, b in enumerate(self.blk):
             kc, vc = self._kc[i], self._vc[i]
-            # attention: norm, project, rotate, cache, attend, project back, add
+            tab, n_swa = self.lay[i]
+            bias = self.bias[i]
+            # attention: norm, project, (bias, q/k norm,) rotate, cache, attend, project back, (norm,) add
             rmsnorm(x, b.attn_norm, eps, xb)
             shared: dict = {}
             self._mm(b.attn_q, xb, q, shared)                                 # (n, n_head*head_dim)
             self._mm(b.attn_k, xb, k, shared)                                 # (n, n_head_kv*head_dim)
             self._mm(b.attn_v, xb, v, shared)
-            self._rope_store(q, k, v, kc, vc, pos0, self.rope_cos, self.rope_sin,
-                             c.n_head, c.n_head_kv, c.head_dim, c.n_rot)
+            Q, KV = q.shape[1], k.shape[1]
+            has_b = bias.size > 0
+            self._prepare_store(q, k, v, kc, vc, pos0, self.rope_cos[tab], self.rope_sin[tab],
+                                bias[:Q] if has_b else none, bias[Q:Q + KV] if has_b else none,
+                                bias[Q + KV:] if has_b else none,
+                                none if b.attn_q_norm is None else b.attn_q_norm,
+                                none if b.attn_k_norm is None else b.attn_k_norm,
+                                eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, self.neox)
             if blas:
-                self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, att)
+                self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, n_swa, att)
             else:
-                attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, att)
+                attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, n_swa, att)
             self._mm(b.attn_output, att, xb2)                                 # (n, n_embd)
+            if b.post_attention_norm is not None:
+                rmsnorm(xb2, b.post_attention_norm, eps, xb2)
             x += xb2
-            # feed-forward: norm, SwiGLU, project back, add
+            # feed-forward: norm, gate/up with the GLU, project back, (norm,) add
             rmsnorm(x, b.ffn_norm, eps, xb)
             shared = {}
             self._mm(b.ffn_gate, xb, gate, shared)                            # (n, n_ff)
             self._mm(b.ffn_up, xb, up, shared)
-            swiglu(gate, up)
+            glu_rows(gate, up, self.glu_kind, self.gelu_tab)
             self._mm(b.ffn_down, gate, xb2)                                   # (n, n_embd)
+            if b.post_ffw_norm is not None:
+                rmsnorm(xb2, b.post_ffw_norm, eps, xb2)
             x += xb2
         self.n_past = pos0 + n
         if not rows.size:
             return None
         h = np.empty((rows.size, c.n_embd), np.float32)
         rmsnorm(np.ascontiguousarray(x[rows]), m.output_norm, eps, h)                # (rows, n_embd)
-        return self._mm(self.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)
+        out = self._mm(self.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)
+        return self._finish_logits(out)

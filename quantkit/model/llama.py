@@ -12,6 +12,7 @@ GGUF file rotates *adjacent* pairs (x[2i], x[2i+1]) -- llama.cpp's rope type NOR
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 from typing import Any
@@ -21,36 +22,56 @@ from gguf import GGMLQuantizationType
 
 from quantkit.errors import ModelError
 from quantkit.formats.gguf_io import GGUFModel
+from quantkit.model.arch import ARCHS, SUPPORTED_ARCHS, UNSUPPORTED_LAYER_TENSORS, Arch
 
-SUPPORTED_ARCHS = ("llama",)
 
 
 @dataclass(frozen=True)
 class LlamaConfig:
-    n_layer: int            # llama.block_count
-    n_embd: int             # llama.embedding_length
-    n_ff: int               # llama.feed_forward_length
-    n_head: int             # llama.attention.head_count
-    n_head_kv: int          # llama.attention.head_count_kv (default: n_head, i.e. no GQA)
-    head_dim: int           # n_embd / n_head (llama.attention.key_length if present)
-    n_rot: int              # llama.rope.dimension_count (default: head_dim)
-    rms_eps: float          # llama.attention.layer_norm_rms_epsilon (default 1e-5)
-    rope_freq_base: float   # llama.rope.freq_base (default 10000)
-    rope_freq_scale: float  # 1 / llama.rope.scaling.factor for linear scaling (default 1)
-    n_ctx_train: int        # llama.context_length (default 2048)
-    n_vocab: int            # llama.vocab_size or len(tokenizer.ggml.tokens) or token_embd rows
+    arch: Arch              # general.architecture's row of quantkit.model.arch.ARCHS
+    n_layer: int            # {arch}.block_count
+    n_embd: int             # {arch}.embedding_length
+    n_ff: int               # {arch}.feed_forward_length
+    n_head: int             # {arch}.attention.head_count
+    n_head_kv: int          # {arch}.attention.head_count_kv (default: n_head, i.e. no GQA)
+    head_dim: int           # {arch}.attention.key_length (default n_embd / n_head; = value_length)
+    n_rot: int              # {arch}.rope.dimension_count (default: head_dim)
+    rms_eps: float          # {arch}.attention.layer_norm_rms_epsilon (default 1e-5)
+    rope_freq_base: float   # {arch}.rope.freq_base (default 10000)
+    rope_freq_scale: float  # 1 / {arch}.rope.scaling.factor for linear scaling (default 1)
+    n_ctx_train: int        # {arch}.context_length (default 2048)
+    n_vocab: int            # {arch}.vocab_size or len(tokenizer.ggml.tokens) or token_embd rows
+    n_swa: int = 0          # {arch}.attention.sliding_window (0: every layer attends to the whole context)
+    swa_layers: tuple = ()  # per layer: True where it slides (empty: none)
+    rope_freq_base_swa: float = 10000.0   # {arch}.rope.freq_base_swa (llama_hparams' default 10000)
+    attn_scale: float = 0.0               # softmax scale of q.k (0: 1 / sqrt(head_dim))
+    embd_scale: float = 1.0               # sqrtf(n_embd) when the arch scales its embeddings
+    softcap: float = 0.0                  # {arch}.final_logit_softcapping (0: none)
 
     @property
     def n_embd_kv(self) -> int:
         return self.n_head_kv * self.head_dim
 
+    @property
+    def n_embd_q(self) -> int:
+        return self.n_head * self.head_dim
+
+    @property
+    def kq_scale(self) -> float:
+        return self.attn_scale or 1.0 / math.sqrt(self.head_dim)
+
+    def is_swa(self, layer: int) -> bool:
+        return bool(self.swa_layers) and bool(self.swa_layers[layer])
+
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab_tensor: int | None = None, where: str = "") -> "LlamaConfig":
         at = f"{where}: " if where else ""
-        arch = str(meta.get("general.architecture", ""))
-        if arch not in SUPPORTED_ARCHS:
-            raise ModelError(f"{at}architecture {arch or '(none)'!r} is not supported "
+        name = str(meta.get("general.architecture", ""))
+        if name not in ARCHS:
+            raise ModelError(f"{at}architecture {name or '(none)'!r} is not supported "
                              f"(supported: {', '.join(SUPPORTED_ARCHS)})")
+        spec = ARCHS[name]
+        arch = name
 
         def need(key: str) -> int:
             full = f"{arch}.{key}"
@@ -70,12 +91,13 @@ class LlamaConfig:
                        ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv)):
             if v <= 0:
                 raise ModelError(f"{at}metadata key {arch}.{key} = {v} must be positive")
-        if n_embd % n_head:
+        if f"{arch}.attention.key_length" not in meta and n_embd % n_head:
             raise ModelError(f"{at}{arch}.embedding_length {n_embd} is not a multiple of head_count {n_head}")
         head_dim = _int(opt("attention.key_length", n_embd // n_head), f"{arch}.attention.key_length", at)
-        if head_dim * n_head != n_embd or _int(opt("attention.value_length", head_dim), "", at) != head_dim:
-            raise ModelError(f"{at}attention key/value length {head_dim} x {n_head} heads != embedding_length "
-                             f"{n_embd}: not supported")
+        head_dim_v = _int(opt("attention.value_length", head_dim), f"{arch}.attention.value_length", at)
+        if head_dim <= 0 or head_dim_v != head_dim:
+            raise ModelError(f"{at}attention key length {head_dim} and value length {head_dim_v} differ: "
+                             f"not supported")
         if n_head % n_head_kv:
             raise ModelError(f"{at}head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         n_rot = _int(opt("rope.dimension_count", head_dim), f"{arch}.rope.dimension_count", at)
@@ -87,6 +109,25 @@ class LlamaConfig:
             raise ModelError(f"{at}rope scaling {scaling!r} is not supported (only linear)")
         freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
 
+        # sliding-window attention (llama_model_gemma3::load_arch_hparams, load_swa_pattern)
+        n_swa = _int(opt("attention.sliding_window", 0), f"{arch}.attention.sliding_window", at) \
+            if spec.swa_pattern else 0
+        swa_layers: tuple = ()
+        if n_swa > 0:
+            pattern = opt("attention.sliding_window_pattern", spec.swa_pattern)
+            if isinstance(pattern, (list, tuple)):
+                if len(pattern) < n_layer:
+                    raise ModelError(f"{at}{arch}.attention.sliding_window_pattern has {len(pattern)} entries "
+                                     f"for {n_layer} layers")
+                swa_layers = tuple(bool(p) for p in pattern[:n_layer])
+            else:
+                n_pat = _int(pattern, f"{arch}.attention.sliding_window_pattern", at)
+                swa_layers = tuple(n_pat == 0 or il % n_pat < n_pat - 1 for il in range(n_layer))
+        else:
+            n_swa = 0
+        # Gemma 3 27B scales q by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if arch == "gemma3" and n_layer == 62 else 0.0
+
         n_vocab = meta.get(f"{arch}.vocab_size")
         if n_vocab is None and "tokenizer.ggml.tokens" in meta:
             n_vocab = len(meta["tokenizer.ggml.tokens"])
@@ -96,13 +137,18 @@ class LlamaConfig:
             raise ModelError(f"{at}cannot tell the vocabulary size ({arch}.vocab_size, tokenizer.ggml.tokens "
                              f"and token_embd.weight are all missing)")
         return cls(
-            n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv, head_dim=head_dim,
-            n_rot=n_rot,
+            arch=spec, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
+            head_dim=head_dim, n_rot=n_rot,
             rms_eps=float(opt("attention.layer_norm_rms_epsilon", 1e-5)),
             rope_freq_base=float(opt("rope.freq_base", 10000.0)),
             rope_freq_scale=freq_scale,
             n_ctx_train=_int(opt("context_length", 2048), f"{arch}.context_length", at),
             n_vocab=_int(n_vocab, "vocab size", at),
+            n_swa=n_swa, swa_layers=swa_layers,
+            rope_freq_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
+            attn_scale=attn_scale,
+            embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale else 1.0,
+            softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
         )
 
 
@@ -138,21 +184,31 @@ class Weight:
 
 
 class Block:
-    """One transformer layer; attribute names are the GGUF names after ``blk.N.``."""
+    """One transformer layer; attribute names are the GGUF names after ``blk.N.`` (``.bias`` -> ``_bias``).
+    The optional ones are None when the architecture or the file has none."""
 
     attn_norm: np.ndarray   # float32 (n_embd,)
     attn_q: Weight          # (n_embd -> n_head * head_dim)
     attn_k: Weight          # (n_embd -> n_head_kv * head_dim)
     attn_v: Weight          # (n_embd -> n_head_kv * head_dim)
+    attn_q_bias: np.ndarray | None = None   # float32 (n_head * head_dim,)
+    attn_k_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
+    attn_v_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
+    attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm
+    attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm
     attn_output: Weight     # (n_head * head_dim -> n_embd)
+    post_attention_norm: np.ndarray | None = None  # float32 (n_embd,)   post_norms
     ffn_norm: np.ndarray    # float32 (n_embd,)
     ffn_gate: Weight        # (n_embd -> n_ff)
     ffn_up: Weight          # (n_embd -> n_ff)
     ffn_down: Weight        # (n_ff -> n_embd)
+    post_ffw_norm: np.ndarray | None = None        # float32 (n_embd,)   post_norms
 
 
 class Llama:
-    """A llama-architecture GGUF, opened memory-mapped: ``config``, ``token_embd``, ``blk``, ``output``."""
+    """A GGUF of one of ``SUPPORTED_ARCHS`` (llama.cpp's ``llama_model``: one class for every
+    architecture), opened memory-mapped: ``config``, ``token_embd``, ``blk``, ``output``. Every
+    tensor the architecture needs is checked (name and shape) here, before any compute."""
 
     def __init__(self, path: str | os.PathLike | GGUFModel):
         gg = path if isinstance(path, GGUFModel) else GGUFModel(path)
@@ -183,23 +239,42 @@ class Llama:
                                 dtype=np.float32)
             return np.ascontiguousarray(Weight(name, t.type, tuple(t.shape), t.data).dequantize().reshape(n))
 
+        def optional(name: str, n: int) -> np.ndarray | None:
+            return vector(name, n) if gg.has_tensor(name) else None
+
+        a = c.arch
+        Q, hd = c.n_embd_q, c.head_dim
         self.token_embd = matrix("token_embd.weight", E, V)          # (n_vocab rows of n_embd)
         self.blk: list[Block] = []
         for i in range(c.n_layer):
             b = Block()
             p = f"blk.{i}."
+            for extra in UNSUPPORTED_LAYER_TENSORS:
+                if gg.has_tensor(p + extra):
+                    raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
             b.attn_norm = vector(p + "attn_norm.weight", E)
-            b.attn_q = matrix(p + "attn_q.weight", E, c.n_head * c.head_dim)
+            b.attn_q = matrix(p + "attn_q.weight", E, Q)
             b.attn_k = matrix(p + "attn_k.weight", E, KV)
             b.attn_v = matrix(p + "attn_v.weight", E, KV)
-            b.attn_output = matrix(p + "attn_output.weight", c.n_head * c.head_dim, E)
+            b.attn_q_bias = optional(p + "attn_q.bias", Q)            # create_tensor_qkv: optional
+            b.attn_k_bias = optional(p + "attn_k.bias", KV)
+            b.attn_v_bias = optional(p + "attn_v.bias", KV)
+            if a.qk_norm:
+                b.attn_q_norm = vector(p + "attn_q_norm.weight", hd)
+                b.attn_k_norm = vector(p + "attn_k_norm.weight", hd)
+            b.attn_output = matrix(p + "attn_output.weight", Q, E)
+            if a.post_norms:
+                b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
             b.ffn_norm = vector(p + "ffn_norm.weight", E)
             b.ffn_gate = matrix(p + "ffn_gate.weight", E, F)
             b.ffn_up = matrix(p + "ffn_up.weight", E, F)
             b.ffn_down = matrix(p + "ffn_down.weight", F, E)
+            if a.post_norms:
+                b.post_ffw_norm = vector(p + "post_ffw_norm.weight", E)
             self.blk.append(b)
         self.output_norm = vector("output_norm.weight", E)                # (n_embd,)
         self.output = matrix("output.weight", E, V) if gg.has_tensor("output.weight") else self.token_embd
+        self.output_bias = optional("output.bias", V) if a.output_bias else None
         # rope_freqs: per-pair frequency divisors (llama 3.x long-context); ones when absent
         self.rope_freqs = vector("rope_freqs.weight", c.n_rot // 2) if gg.has_tensor("rope_freqs.weight") else None
 

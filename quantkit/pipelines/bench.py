@@ -300,16 +300,26 @@ def ftype_name(meta: dict[str, Any], tensor_types: list[tuple[str, str]]) -> str
 
 
 def size_label(meta: dict[str, Any]) -> str:
-    """llama.cpp's ``llm_type_name`` for the llama architecture (models/llama.cpp), "?B" when unknown."""
+    """llama.cpp's ``llm_type_name`` as each architecture's ``load_arch_hparams`` sets it (src/models/
+    llama.cpp, qwen2.cpp, qwen3.cpp, gemma3.cpp), "?B" when unknown."""
     arch = str(meta.get("general.architecture", ""))
     n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
+    n_embd = int(meta.get(f"{arch}.embedding_length", 0) or 0)
+    n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 0)
+    if arch == "qwen2":
+        return {24: "0.5B" if n_embd == 1024 else "1B", 28: "1.5B" if n_embd == 1536 else "7B", 32: "7B",
+                36: "3B", 40: "4B" if n_head == 20 else "13B", 48: "14B", 64: "32B", 80: "70B"}.get(n_layer, "?B")
+    if arch == "qwen3":
+        return {28: "0.6B" if n_embd == 1024 else "1.7B", 36: "4B" if n_embd == 2560 else "8B", 40: "14B",
+                64: "32B"}.get(n_layer, "?B")
+    if arch == "gemma3":
+        return {18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(n_layer, "?B")
     if arch != "llama":
         return "?B"
     n_expert = int(meta.get(f"{arch}.expert_count", 0) or 0)
     n_vocab = meta.get(f"{arch}.vocab_size")
     if n_vocab is None:
         n_vocab = len(meta.get("tokenizer.ggml.tokens", []) or [])
-    n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 0)
     n_head_kv = int(meta.get(f"{arch}.attention.head_count_kv", n_head) or 0)
     if n_expert == 8:
         return {32: "8x7B", 56: "8x22B"}.get(n_layer, "?B")

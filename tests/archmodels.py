@@ -1,0 +1,156 @@
+"""Tiny random-weight GGUFs of the qwen2, qwen3 and gemma3 architectures, written with gguf.GGUFWriter.
+
+Needs only numpy and gguf (no quantkit): tools/make_arch_golden.py imports it in llama.cpp's reference
+venv to write the very files llama.cpp ran for tests/data/arch/, and the tests write them again here
+(the golden files store each file's sha256, checked before comparing).
+
+Each model exercises what its architecture adds: qwen2 Q/K/V biases and a tied output; qwen3 per-head
+Q/K norms with head_dim * n_head != n_embd; gemma3 Q/K norms plus post-norms, GELU, the embedding
+scale, sliding-window layers (window 8, so the 48-token golden sequences slide) with their own RoPE base
+and a final-logit soft-cap. The output matrix is wide (logits of std 4 to 8) so the next-token
+distribution is peaked: a wrong op shows up as a different top token, not as noise in a flat one.
+
+Variants: "F16" (matrices F16, the rest F32) and "Q" (matrices Q8_0 / Q4_0 / Q5_0 / Q4_1 made by
+gguf.quants, byte-identical to ggml's reference quantizers).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+#: per architecture: the hyperparameters (and which optional parts the file has)
+SPECS = {
+    "qwen2": dict(n_layer=2, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=None, n_vocab=512,
+                  rope_base=1000000.0, eps=1e-6, bias=True, qk_norm=False, post_norms=False, tied=True),
+    "qwen3": dict(n_layer=2, n_embd=256, n_ff=512, n_head=8, n_head_kv=2, head_dim=64, n_vocab=512,
+                  rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=False, tied=False),
+    "gemma3": dict(n_layer=6, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, head_dim=128, n_vocab=512,
+                   rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=True, tied=False,
+                   sliding_window=8, softcap=30.0),
+}
+N_CTX = 128
+#: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
+#: dominated by the input token's own embedding (it would be every position's top token)
+RESID = 3.0
+VARIANTS = {
+    "F16": {},
+    "Q": {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q8_0, "attn_v": T.Q5_0, "attn_output": T.Q4_1,
+          "ffn_gate": T.Q4_0, "ffn_up": T.Q5_0, "ffn_down": T.Q8_0, "output": T.Q8_0},
+}
+
+
+def _bytes_to_unicode() -> list[str]:
+    """GPT-2's printable stand-in for each byte (the byte-level BPE vocabulary's first 256 tokens)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    table = dict(zip(bs, cs))
+    return [chr(table[b]) for b in range(256)]
+
+
+def _vocab(n_vocab: int) -> tuple[list[str], list[str], list[int]]:
+    """A byte-level BPE vocabulary: 256 bytes, merges of letter pairs, 3 special tokens at the end."""
+    specials = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
+    tokens = _bytes_to_unicode()
+    merges = []
+    letters = "etaoinshrdlucmfw"
+    for a in letters:
+        for b in letters:
+            if len(tokens) + len(specials) >= n_vocab:
+                break
+            tokens.append(a + b)
+            merges.append(f"{a} {b}")
+    types = [1] * len(tokens) + [3] * len(specials)
+    return tokens + specials, merges, types
+
+
+def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop: str | None = None) -> Path:
+    """Write the tiny ``arch`` model; ``drop``: leave that tensor out (a broken file for the refusals)."""
+    s = SPECS[arch]
+    rng = np.random.default_rng(seed)
+    E, F, V, H, HKV = s["n_embd"], s["n_ff"], s["n_vocab"], s["n_head"], s["n_head_kv"]
+    hd = s["head_dim"] or E // H
+    types = VARIANTS[variant]
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_uint32(f"{arch}.block_count", s["n_layer"])
+    w.add_uint32(f"{arch}.context_length", N_CTX)
+    w.add_uint32(f"{arch}.embedding_length", E)
+    w.add_uint32(f"{arch}.feed_forward_length", F)
+    w.add_uint32(f"{arch}.attention.head_count", H)
+    w.add_uint32(f"{arch}.attention.head_count_kv", HKV)
+    if s["head_dim"]:
+        w.add_uint32(f"{arch}.attention.key_length", hd)
+        w.add_uint32(f"{arch}.attention.value_length", hd)
+    w.add_float32(f"{arch}.rope.freq_base", s["rope_base"])
+    w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", s["eps"])
+    if "sliding_window" in s:
+        w.add_uint32(f"{arch}.attention.sliding_window", s["sliding_window"])
+    if "softcap" in s:
+        w.add_float32(f"{arch}.final_logit_softcapping", s["softcap"])
+    tokens, merges, ttypes = _vocab(V)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types(ttypes)
+    w.add_token_merges(merges)
+    w.add_bos_token_id(V - 3)
+    w.add_eos_token_id(V - 1)
+    w.add_add_bos_token(False)
+
+    def mat(name: str, kind: str, n_in: int, n_out: int, scale: float):
+        x = (rng.standard_normal((n_out, n_in)) * scale).astype(np.float32)
+        if name == drop:
+            return
+        t = types.get(kind, T.F16)
+        if t == T.F16:
+            w.add_tensor(name, x.astype(np.float16))
+        else:
+            w.add_tensor(name, gguf.quants.quantize(x, t), raw_dtype=t)
+
+    def vec(name: str, n: int, lo: float, hi: float):
+        x = rng.uniform(lo, hi, n).astype(np.float32)
+        if name != drop:
+            w.add_tensor(name, x)
+
+    # embeddings (the output too when tied: logits of std ~ scale * sqrt(n_embd)); gemma3 multiplies
+    # them by sqrt(n_embd) on the way in
+    mat("token_embd.weight", "token_embd", E, V, 0.25 if arch == "gemma3" else 0.5)
+    for i in range(s["n_layer"]):
+        p = f"blk.{i}."
+        vec(p + "attn_norm.weight", E, 0.8, 1.2)
+        mat(p + "attn_q.weight", "attn_q", E, H * hd, 2.0 / np.sqrt(E))
+        mat(p + "attn_k.weight", "attn_k", E, HKV * hd, 2.0 / np.sqrt(E))
+        mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
+        if s["bias"]:
+            vec(p + "attn_q.bias", H * hd, -0.5, 0.5)
+            vec(p + "attn_k.bias", HKV * hd, -0.5, 0.5)
+            vec(p + "attn_v.bias", HKV * hd, -0.2, 0.2)
+        if s["qk_norm"]:
+            vec(p + "attn_q_norm.weight", hd, 0.5, 1.5)
+            vec(p + "attn_k_norm.weight", hd, 0.5, 1.5)
+        mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
+        if s["post_norms"]:
+            vec(p + "post_attention_norm.weight", E, 1.5, 2.5)
+        vec(p + "ffn_norm.weight", E, 0.8, 1.2)
+        mat(p + "ffn_gate.weight", "ffn_gate", E, F, 2.0 / np.sqrt(E))
+        mat(p + "ffn_up.weight", "ffn_up", E, F, 1.0 / np.sqrt(E))
+        mat(p + "ffn_down.weight", "ffn_down", F, E, RESID / np.sqrt(F))
+        if s["post_norms"]:
+            vec(p + "post_ffw_norm.weight", E, 1.5, 2.5)
+    vec("output_norm.weight", E, 0.8, 1.2)
+    if not s["tied"]:
+        mat("output.weight", "output", E, V, 6.0 / np.sqrt(E))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
