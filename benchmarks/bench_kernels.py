@@ -133,6 +133,33 @@ def bandwidth(mib, threads):
     return a.nbytes / best_of(lambda: _psum(a), 5) / 1e9
 
 
+def wall_and_cpu(fn, reps):
+    """[(wall s, CPU s of the process)] of ``reps`` calls of fn."""
+    out = []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        out.append((time.perf_counter() - t0, time.process_time() - c0))
+    return out
+
+
+def rates(nbytes, samples, threads):
+    """(best wall GB/s, median wall GB/s, best CPU-time GB/s): the last is bytes per CPU-second times
+    the thread count -- the rate if the threads had their cores to themselves, which a shared machine's
+    wall clock does not show (time slices lost to other processes are not CPU time of this one)."""
+    walls = sorted(w for w, _ in samples)
+    cpu = min(c for _, c in samples) / threads
+    return nbytes / walls[0] / 1e9, nbytes / walls[len(walls) // 2] / 1e9, nbytes / cpu / 1e9
+
+
+def bandwidth_both(mib, threads, reps=5):
+    """``bandwidth`` as ``rates``."""
+    set_threads(threads)
+    a = np.ones(mib * 2**20 // 4, np.float32)
+    _psum(a)
+    return rates(a.nbytes, wall_and_cpu(lambda: _psum(a), reps), threads)
+
+
 def layer_matrices(shape_name):
     """(n_out, n_in) of one layer's seven matrices of a make_model.py shape, in decode order."""
     import sys
@@ -149,14 +176,17 @@ def layer_matrices(shape_name):
 def gemv_shape(args, types, rng):
     """The --shape table (module docstring)."""
     mats = layer_matrices(args.shape)
-    bw = {n: bandwidth(args.bw_mib, n) for n in (1, 2)}
+    bw = {n: bandwidth_both(args.bw_mib, n) for n in (1, 2)}
     print(f"{args.shape}: one layer's matrices {', '.join(f'{o}x{i}' for o, i in mats)}; variant "
           f"{K.default_variant()}; load average {os.getloadavg()[0]:.2f}")
-    print(f"memory bandwidth (prange sum over {args.bw_mib} MiB, best of 5): 1 thread {bw[1]:.1f} GB/s, "
-          f"2 threads {bw[2]:.1f} GB/s")
+    print(f"memory bandwidth (prange sum over {args.bw_mib} MiB, best of 5), wall / CPU-time: 1 thread "
+          f"{bw[1][0]:.1f} / {bw[1][2]:.1f} GB/s, 2 threads {bw[2][0]:.1f} / {bw[2][2]:.1f} GB/s")
+    print("GB/s of weights: wall best / median, then per CPU-second x threads; 'of bw' = CPU-time GEMV rate /")
+    print("CPU-time bandwidth (robust to other processes taking time slices), then the same of the wall rates")
     print()
-    print("| type | layer MiB | ring copies | 1 thr GB/s best / median | of bw | 2 thr GB/s best / median | of bw |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| type | layer MiB | ring copies | 1 thr wall | 1 thr CPU | of bw (CPU / wall) "
+          "| 2 thr wall | 2 thr CPU | of bw (CPU / wall) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for t in types:
         bs, ts = GGML_QUANT_SIZES[t]
         layer = [random_weights(t, o, i, rng) for o, i in mats]
@@ -189,14 +219,8 @@ def gemv_shape(args, types, rng):
         for n in (1, 2):
             set_threads(n)
             one_pass()
-            ts_ = []
-            for _ in range(args.reps):
-                t0 = time.perf_counter()
-                one_pass()
-                ts_.append(time.perf_counter() - t0)
-            ts_.sort()
-            best, med = big.nbytes / ts_[0] / 1e9, big.nbytes / ts_[len(ts_) // 2] / 1e9
-            cells.append(f"{best:.1f} / {med:.1f} | {best / bw[n]:.0%}")
+            best, med, cpu = rates(big.nbytes, wall_and_cpu(one_pass, args.reps), n)
+            cells.append(f"{best:.1f} / {med:.1f} | {cpu:.1f} | {cpu / bw[n][2]:.0%} / {best / bw[n][0]:.0%}")
         print(f"| {t.name} | {nbytes / 2**20:.1f} | {copies} | {' | '.join(cells)} |", flush=True)
         del calls, ring, big
 
