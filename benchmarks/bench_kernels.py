@@ -5,7 +5,15 @@ about --mib MiB of weights (compile time reported apart). Memory bandwidth: a pr
 --bw-mib MiB array; the GEMV figures are also given as a fraction of it. Prefill: GFLOP/s of
 matmul for --prefill-tokens tokens on a 2048 x 2048 matrix.
 
+``--shape llama-3.2-1b`` (any name of make_model.py's SHAPES) instead times the decode step's GEMVs on
+that model's matrices: a ring of copies of one layer's seven matrices (q, k, v, o, gate, up, down; at
+least --ring-mib MiB, so every GEMV reads its weights from DRAM as a decode step does), one 1-token
+GEMV per matrix in ring order through ``matvec_kernel`` (the row dots the decode step uses), with the
+activations quantized beforehand. GB/s = weight bytes / wall time of a whole ring pass (best and median
+of --reps), at 1 and 2 threads, beside the bandwidth measured in the same run.
+
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_kernels.py [--types Q4_K,Q8_0]
+    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_kernels.py --shape llama-3.1-8b
 """
 
 from __future__ import annotations
@@ -63,16 +71,18 @@ def _psum(a):
     return part.sum()
 
 
-def ggml_vec_dot_rate(t, nbytes, rng, reps):
+def ggml_vec_dot_rate(t, nbytes, rng, reps, lib=None):
     """GB/s (CPU time, one thread) of ggml's own vec_dot for type t over ~nbytes of weights, through
-    llama-cpp-python's bundled libggml-cpu (a yardstick; None when it is not installed)."""
+    the libggml-cpu.so in directory ``lib`` (llama.cpp's build/bin) or else llama-cpp-python's bundled
+    one (a yardstick; None when neither is there)."""
     import ctypes
 
-    try:
-        import llama_cpp
-    except ImportError:
-        return None
-    lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
+    if not lib:
+        try:
+            import llama_cpp
+        except ImportError:
+            return None
+        lib = os.path.join(os.path.dirname(llama_cpp.__file__), "lib")
     ctypes.CDLL(os.path.join(lib, "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(os.path.join(lib, "libggml-cpu.so"), mode=ctypes.RTLD_GLOBAL)
     cpu.ggml_cpu_init()
@@ -123,6 +133,98 @@ def bandwidth(mib, threads):
     return a.nbytes / best_of(lambda: _psum(a), 5) / 1e9
 
 
+def wall_and_cpu(fn, reps):
+    """[(wall s, CPU s of the process)] of ``reps`` calls of fn."""
+    out = []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        out.append((time.perf_counter() - t0, time.process_time() - c0))
+    return out
+
+
+def rates(nbytes, samples, threads):
+    """(best wall GB/s, median wall GB/s, best CPU-time GB/s): the last is bytes per CPU-second times
+    the thread count -- the rate if the threads had their cores to themselves, which a shared machine's
+    wall clock does not show (time slices lost to other processes are not CPU time of this one)."""
+    walls = sorted(w for w, _ in samples)
+    cpu = min(c for _, c in samples) / threads
+    return nbytes / walls[0] / 1e9, nbytes / walls[len(walls) // 2] / 1e9, nbytes / cpu / 1e9
+
+
+def bandwidth_both(mib, threads, reps=5):
+    """``bandwidth`` as ``rates``."""
+    set_threads(threads)
+    a = np.ones(mib * 2**20 // 4, np.float32)
+    _psum(a)
+    return rates(a.nbytes, wall_and_cpu(lambda: _psum(a), reps), threads)
+
+
+def layer_matrices(shape_name):
+    """(n_out, n_in) of one layer's seven matrices of a make_model.py shape, in decode order."""
+    import sys
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from make_model import SHAPES
+
+    s = SHAPES[shape_name]
+    q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
+    e, f = s.n_embd, s.n_ff
+    return [(q, e), (kv, e), (kv, e), (e, q), (f, e), (f, e), (e, f)]
+
+
+def gemv_shape(args, types, rng):
+    """The --shape table (module docstring)."""
+    mats = layer_matrices(args.shape)
+    bw = {n: bandwidth_both(args.bw_mib, n) for n in (1, 2)}
+    print(f"{args.shape}: one layer's matrices {', '.join(f'{o}x{i}' for o, i in mats)}; variant "
+          f"{K.default_variant()}; load average {os.getloadavg()[0]:.2f}")
+    print(f"memory bandwidth (prange sum over {args.bw_mib} MiB, best of 5), wall / CPU-time: 1 thread "
+          f"{bw[1][0]:.1f} / {bw[1][2]:.1f} GB/s, 2 threads {bw[2][0]:.1f} / {bw[2][2]:.1f} GB/s")
+    print("GB/s of weights: wall best / median, then per CPU-second x threads; 'of bw' = CPU-time GEMV rate /")
+    print("CPU-time bandwidth (robust to other processes taking time slices), then the same of the wall rates")
+    print()
+    print("| type | layer MiB | ring copies | 1 thr wall | 1 thr CPU | of bw (CPU / wall) "
+          "| 2 thr wall | 2 thr CPU | of bw (CPU / wall) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for t in types:
+        bs, ts = GGML_QUANT_SIZES[t]
+        layer = [random_weights(t, o, i, rng) for o, i in mats]
+        nbytes = sum(w.nbytes for w in layer)
+        copies = max(2, -(-(args.ring_mib << 20) // nbytes))
+        big = np.empty(nbytes * copies, np.uint8)  # one allocation: numpy advises huge pages for it
+        ring, off = [], 0
+        for _ in range(copies):
+            for w in layer:
+                v = big[off:off + w.nbytes].reshape(w.shape)
+                v[:] = w
+                ring.append(v)
+                off += w.nbytes
+        del layer
+        mv = K.matvec_kernel(t)
+        kind = K.activation_kind(t)
+        acts = {}
+        for w in ring[:len(mats)]:
+            n_in = w.shape[1] // ts * bs
+            if n_in not in acts:
+                acts[n_in] = K.quantize_activations(rng.standard_normal((1, n_in), dtype=np.float32), kind)
+        outs = {w.shape[0]: np.empty((1, w.shape[0]), np.float32) for w in ring[:len(mats)]}
+        calls = [(w, acts[w.shape[1] // ts * bs], outs[w.shape[0]]) for w in ring]
+
+        def one_pass():
+            for w, a, o in calls:
+                mv(w, a[0], a[1], a[2], o, 16)
+
+        cells = []
+        for n in (1, 2):
+            set_threads(n)
+            one_pass()
+            best, med, cpu = rates(big.nbytes, wall_and_cpu(one_pass, args.reps), n)
+            cells.append(f"{best:.1f} / {med:.1f} | {cpu:.1f} | {cpu / bw[n][2]:.0%} / {best / bw[n][0]:.0%}")
+        print(f"| {t.name} | {nbytes / 2**20:.1f} | {copies} | {' | '.join(cells)} |", flush=True)
+        del calls, ring, big
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--types", default=",".join(t.name for t in K.WEIGHT_TYPES))
@@ -131,11 +233,19 @@ def main():
     ap.add_argument("--prefill-tokens", type=int, default=512)
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--no-prefill", action="store_true")
+    ap.add_argument("--shape", default="", help="a make_model.py shape name (e.g. llama-3.2-1b): time the "
+                    "decode GEMVs on its layer's matrices read from DRAM (module docstring)")
+    ap.add_argument("--ring-mib", type=int, default=512, help="--shape: total weight bytes of the ring (MiB)")
     ap.add_argument("--ggml", action="store_true",
-                    help="also time ggml's own vec_dot per core (needs llama-cpp-python)")
+                    help="also time ggml's own vec_dot per core (needs llama-cpp-python, or --ggml-lib)")
+    ap.add_argument("--ggml-lib", default="", help="directory holding libggml-base.so and libggml-cpu.so "
+                    "(e.g. llama.cpp's build/bin) for --ggml")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     types = [T[n.strip().upper()] for n in args.types.split(",") if n.strip()]
+    if args.shape:
+        gemv_shape(args, types, rng)
+        return
 
     bw = {n: bandwidth(args.bw_mib, n) for n in (1, 2)}
     print(f"variant {K.default_variant()}  (vnni={K.HAS_VNNI})")
@@ -177,7 +287,7 @@ def main():
                 mv(small, *xq, so, 16)
             cpu = min(cpu, (time.process_time() - c0) / 20)
         core = small.nbytes / cpu / 1e9
-        g = ggml_vec_dot_rate(t, 2**20, rng, args.reps) if args.ggml else None
+        g = ggml_vec_dot_rate(t, 2**20, rng, args.reps, args.ggml_lib) if args.ggml else None
         gs = f"{g:.1f}" if g is not None else "-"
         print(f"| {t.name} | {n_in} x {n_out} | {w.nbytes / 2**20:.0f} | {comp:.2f} | {res[1]:.1f} | "
               f"{res[2]:.1f} | {res[2] / bw[2]:.0%} | {core:.1f} | {gs} |", flush=True)

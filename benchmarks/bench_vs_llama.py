@@ -8,9 +8,10 @@ For each model (the bundled SmolLM2-135M-Instruct Q4_1, plus every -m), at one t
 * quantkit: ``quantkit.pipelines.bench.run_bench`` in this process -- the procedure of ``quantkit bench``
   (warmup, repetitions, random tokens; numba compile time is reported apart, never in t/s).
 * llama.cpp: the ``llama-bench`` binary when found (--llama-bench, $LLAMA_BENCH, PATH, or llama.cpp's
-  build tree under /opt/llamaref), run as ``llama-bench -m FILE -p P -n N -t T -r R -o json``; if it
-  is run with its defaults (repacked weights where the CPU takes them) and again with ``--repack 0``;
-  each test keeps the faster, and the table says which. Without the binary, llama-cpp-python's ``Llama`` in a subprocess
+  build tree under /opt/llamaref), run as ``llama-bench -m FILE -p P -n N -t T -r R -o json`` with its
+  defaults (the repacked path) and with ``--repack 0``; the faster is reported and named (a configuration
+  that crashes -- some builds segfault with repacked AMX buffers -- is skipped). Each model's llama.cpp
+  runs follow quantkit's run of the same model, so the two are measured close together in time. Without the binary, llama-cpp-python's ``Llama`` in a subprocess
   of /opt/llamaref/venv (--llama-python) times the same pp/tg loops through the low-level API (random
   tokens, no sampling, KV cleared per repetition; rerun with ``use_extra_bufts = false`` if it crashes). Without either, llama.cpp is skipped with a note.
 * memory bandwidth, measured in the same run: a numba ``prange`` sum over a --bw-mib array (256 MiB at
@@ -114,25 +115,30 @@ def find_llama_bench(arg: str | None) -> str | None:
 
 
 def run_llama_bench(exe: str, model: str, a) -> tuple[dict[str, float], str]:
-    """llama-bench with its defaults (repacked weights where the CPU takes them) and with
-    ``--repack 0``; per test the faster of the two, and the note says which ran."""
+    """llama-bench with its defaults (the repacked CPU path where the CPU has it) and with ``--repack 0``
+    (``--llama-modes``); -> the faster configuration's {pp, tg} (by tg, else pp) and a note naming it and
+    the other's figures."""
     cmd = [exe, "-m", model, "-p", str(a.n_prompt), "-n", str(a.n_gen), "-t", str(a.threads), "-r", str(a.reps),
            "-o", "json"]
-    got: dict[str, float] = {}
-    which: dict[str, str] = {}
-    for extra in ([], ["--repack", "0"]):
+    runs = {}
+    for mode in a.llama_modes.split(","):
+        extra = {"default": [], "repack0": ["--repack", "0"]}[mode]
         proc = subprocess.run(cmd + extra, capture_output=True, text=True, env=os.environ.copy())
-        if proc.returncode != 0:
+        if proc.returncode == 0:
+            got = {}
+            for row in json.loads(proc.stdout):
+                got["pp" if row["n_prompt"] else "tg"] = row["avg_ts"]
+            runs[mode] = got
+        else:
             print(f"llama-bench {' '.join(extra) or '(defaults)'} failed with code {proc.returncode}: "
                   f"{proc.stderr.strip().splitlines()[-1:] or ''}", file=sys.stderr)
-            continue
-        for row in json.loads(proc.stdout):
-            kind = "pp" if row["n_prompt"] else "tg"
-            if row["avg_ts"] > got.get(kind, 0.0):
-                got[kind], which[kind] = row["avg_ts"], "llama-bench" + (" --repack 0" if extra else "")
-    if not got:
+    if not runs:
         return {}, "llama-bench failed"
-    return got, ", ".join(f"{k}: {v}" for k, v in which.items())
+    names = {"default": "defaults", "repack0": "--repack 0"}
+    best = max(runs, key=lambda k: (runs[k].get("tg", 0.0), runs[k].get("pp", 0.0)))
+    others = "; ".join(f"{names[k]}: " + ", ".join(f"{t} {v:.2f}" for t, v in sorted(r.items()))
+                       for k, r in runs.items() if k != best)
+    return runs[best], f"llama-bench {names[best]}" + (f" (faster than {others})" if others else "")
 
 
 LLAMA_CPP_PYTHON_SCRIPT = textwrap.dedent("""
@@ -217,14 +223,17 @@ def main() -> int:
                     help="python with llama_cpp installed, used when no llama-bench binary is found")
     ap.add_argument("--no-llama", action="store_true", help="quantkit and the bandwidth only")
     ap.add_argument("--bw-mib", type=int, default=512, help="array size of the bandwidth probe (>= 256)")
+    ap.add_argument("--llama-modes", default="default,repack0",
+                    help="llama-bench configurations to run, the faster reported: default and/or repack0")
+    ap.add_argument("--no-bundled", action="store_true", help="only the -m files, not the bundled SmolLM2")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
 
     from quantkit.formats.locate import bundled_model
-    from quantkit.pipelines.bench import default_threads
+    from quantkit.pipelines.bench import RSS_OVERHEAD_MIB, default_threads
 
     a.threads = a.threads or default_threads()
-    models = [str(bundled_model())] + [m for m in a.model if m]
+    models = ([] if a.no_bundled else [str(bundled_model())]) + [m for m in a.model if m]
     for m in models:
         if not Path(m).is_file():
             print(f"error: {m}: no such file", file=sys.stderr)
@@ -234,8 +243,6 @@ def main() -> int:
     bw[a.threads] = bandwidth_gbs(a.bw_mib, a.threads) if a.threads != 1 else bw[1]
     print("memory bandwidth (numba prange float32 sum, best of 5): "
           + ", ".join(f"{bw[t]:.1f} GB/s on {t} thread{'s' if t > 1 else ''}" for t in sorted(bw)))
-
-    qk = run_quantkit(models, a)
 
     exe = None if a.no_llama else find_llama_bench(a.llama_bench)
     use_py = not a.no_llama and exe is None and llama_cpp_python_usable(a.llama_python)
@@ -247,11 +254,11 @@ def main() -> int:
     pp, tg = f"pp{a.n_prompt}", f"tg{a.n_gen}"
     head = (f"| model | threads | tool | {pp} t/s | {tg} t/s | {pp} ratio | {tg} ratio | "
             f"tg x bytes/token / bandwidth |")
-    print(head)
-    print("|" + " --- |" * 8)
+    rows = [head, "|" + " --- |" * 8]
     notes = []
     for m in models:
         wb = weight_bytes_per_token(m)
+        qk = run_quantkit([m], a)  # each model right before llama.cpp's run of it: side by side
         ours = {"pp": qk.get((m, "pp"), {}).get("ts"), "tg": qk.get((m, "tg"), {}).get("ts")}
         ref, note = ({}, "")
         if exe is not None:
@@ -269,17 +276,19 @@ def main() -> int:
         def ratio(k):
             return f"{ours[k] / ref[k]:.2f}" if ours.get(k) and ref.get(k) else "-"
 
-        print(f"| {name} | {a.threads} | quantkit | {f(ours['pp'])} | {f(ours['tg'])} | {ratio('pp')} | "
-              f"{ratio('tg')} | {frac(ours['tg'])} |")
+        rows.append(f"| {name} | {a.threads} | quantkit | {f(ours['pp'])} | {f(ours['tg'])} | {ratio('pp')} | "
+                    f"{ratio('tg')} | {frac(ours['tg'])} |")
         if ref:
-            print(f"| {name} | {a.threads} | {note} | {f(ref.get('pp'))} | {f(ref.get('tg'))} | 1.00 | 1.00 | "
-                  f"{frac(ref.get('tg'))} |")
+            rows.append(f"| {name} | {a.threads} | {note} | {f(ref.get('pp'))} | {f(ref.get('tg'))} | 1.00 | 1.00 | "
+                        f"{frac(ref.get('tg'))} |")
+        print("\n".join(rows[-(2 if ref else 1):]), flush=True)
         q = qk.get((m, "tg")) or qk.get((m, "pp")) or {}
         comp = sum(qk.get((m, k), {}).get("compile_s", 0.0) for k in ("pp", "tg"))
         notes.append(f"{name}: weight bytes/token {wb / 2**20:.1f} MiB; quantkit compile/cache-load {comp:.2f} s "
                      f"(untimed); peak RSS {q.get('peak_rss_mib', 0):.0f} MiB vs bound "
-                     f"{q.get('rss_bound_mib', 0):.0f} MiB (file + KV cache + 64 MiB)")
-    print("\n".join([""] + notes))
+                     f"{q.get('rss_bound_mib', 0):.0f} MiB (file + KV cache + {RSS_OVERHEAD_MIB} MiB)")
+    print(f"\nload average at the end {os.getloadavg()[0]:.2f}\n")
+    print("\n".join(rows + [""] + notes))
     return 0
 
 

@@ -105,3 +105,17 @@ def test_expf():
     assert np.max(np.abs(y - ref) / ref) < 5e-7
     run(np.array([-200.0, -1e30], np.float32), y[:2])
     assert 0 <= y[0] < 1.3e-38 and 0 <= y[1] < 1.3e-38     # clamped: tiny, never nan
+
+
+def test_weights_read_from_the_file_map(tiny, monkeypatch):
+    """By default the step reads the GGUF's memory map itself (one copy of the weights in the
+    process); QUANTKIT_COPY_WEIGHTS=1 makes a private copy, and both give the same logits."""
+    base = tiny.gguf.reader.data
+    monkeypatch.delenv("QUANTKIT_COPY_WEIGHTS", raising=False)
+    r, a = decode_all(tiny, TOKENS[:4])
+    assert not r.step.copied and np.shares_memory(r.step.buf, base)
+    assert all(np.shares_memory(r.step.views[w.name], base) for w in tiny.matrices())
+    monkeypatch.setenv("QUANTKIT_COPY_WEIGHTS", "1")
+    r2, b = decode_all(tiny, TOKENS[:4])
+    assert r2.step.copied and not np.shares_memory(r2.step.buf, base)
+    np.testing.assert_array_equal(a, b)

@@ -265,6 +265,34 @@ print("ok")
     assert r.returncode == 0 and "ok" in r.stdout, r.stderr[-2000:]
 
 
+@pytest.mark.skipif(not K.ir.HAS_VNNI512, reason="no 512-bit VNNI on this CPU")
+def test_k_quant_512_bit_pairs_identical():
+    """The super-block dots with 512-bit chunk pairs (default where the CPU has AVX512-VNNI) give the
+    same bits as the 256-bit loop (QUANTKIT_K512=0, read at import), 1- and 2-row dots alike."""
+    import os
+    import subprocess
+    import sys
+    code = """
+import numpy as np, sys
+sys.path.insert(0, %r)
+from test_kernels import make_weights
+from gguf import GGMLQuantizationType as T
+from quantkit import kernels as K
+for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS):
+    for n_out in (7, 8):
+        w = make_weights(t, n_out, 768, seed=6)
+        x = np.random.default_rng(7).standard_normal((1, 768)).astype(np.float32)
+        sys.stdout.write(K.matmul(w, t, x).tobytes().hex() + "\\n")
+""" % str(__import__("pathlib").Path(__file__).parent)
+    outs = []
+    for flag in ("1", "0"):
+        env = dict(os.environ, QUANTKIT_K512=flag)
+        r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=900)
+        assert r.returncode == 0, r.stderr[-2000:]
+        outs.append(r.stdout)
+    assert outs[0] == outs[1] and outs[0].count("\n") == 12
+
+
 def test_q8_1_activations():
     x = np.random.default_rng(9).standard_normal((2, 576)).astype(np.float32)
     q0, d0, s0 = K.quantize_activations(x, "Q8_0")

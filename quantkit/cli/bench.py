@@ -19,7 +19,7 @@ a generation test (tgN), each -pg pair a combined test; 0 skips.
 \b
 t/s per repetition = (n_prompt + n_gen) / seconds, reported as mean ± sample stddev. Numba compilation
 happens in an untimed priming pass and is reported apart (compile_s in csv/json/jsonl/sql, -v on stderr),
-with the peak RSS (peak_rss_mib) and its bound, model file + KV cache + 64 MiB (rss_bound_mib).
+with the peak RSS (peak_rss_mib) and its bound, model file + KV cache + 150 MiB (rss_bound_mib).
 """
 
 

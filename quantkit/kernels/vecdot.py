@@ -261,10 +261,15 @@ def gemv_kernel(wtype, variant: str | None = None):
     """The compiled ``gemv(w, x, out, chunk)``: quantize float32 x (n_tok, n_in) and multiply."""
     from quantkit.kernels.activations import ACT_LAYOUT, ACT_QUANTIZER, ACT_SUM_DTYPE, FLOAT_KINDS
 
+    from numba.np.ufunc.parallel import _launch_threads
+
     variant = variant or default_variant()
     t = T(wtype)
     kind = activation_kind(t, variant)
     mv = matvec_kernel(t, variant)
+    # The serial wrapper calls a parallel kernel; loaded from numba's cache, it does not start numba's
+    # threading layer itself, and a process whose first parallel call went through it crashed (SIGSEGV)
+    _launch_threads()
     if kind == "F32":
         return build(gemv_f_body, f"{t.name}_{variant}", False, MATVEC=mv)
     if kind in FLOAT_KINDS:

@@ -10,15 +10,16 @@ Python work over 30 layers costs more than the products of a small model).
 
 How the weights get in, and the type dispatch:
 
-* Every matrix is a byte range of one flat ``uint8`` buffer: a copy of the span of the GGUF file's
-  memory map that holds them, in anonymous memory advised for transparent huge pages (2 MiB pages).
-  A decode step streams every weight once; through the file map's 4 KiB pages it was ~20% slower
-  (SmolLM2-135M Q4_1, 1 thread: 17.5 vs 13.8 CPU-ms per token; a plain anonymous copy 14.6) -- TLB
-  misses under virtualisation, and the file's page-cache folios are not PMD-mapped. The copy is
-  skipped (decode reads the map) when ``QUANTKIT_MMAP_WEIGHTS=1`` or when the span is more than
-  ``RAM_COPY_FRACTION`` of the available memory. ``wt[layer, j] = (offset, row_bytes, n_rows,
-  code)`` for the seven matrices of a layer in ``MATS`` order; ``ot`` / ``et`` the same for
-  ``output`` and ``token_embd``.
+* Every matrix is a byte range of one flat ``uint8`` buffer: the GGUF file's memory map itself (no
+  second copy of the weights: the process holds the file's pages and nothing more). The map is advised
+  for transparent huge pages (``formats.gguf_io``), and where the page cache holds the file in 2 MiB
+  folios the kernel maps them with 2 MiB entries. An earlier machine (4 KiB file mappings only) decoded
+  ~20% slower from the map than from a huge-page anonymous copy; on the 1B shape here the two measured
+  the same (docs/performance.md), so the copy, which doubled the peak memory while it was made, is now
+  opt-in: ``QUANTKIT_COPY_WEIGHTS=1`` (when the span is at most ``RAM_COPY_FRACTION`` of the available
+  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code)`` for
+  the seven matrices of a layer in ``MATS`` order; ``ot`` / ``et`` the same for ``output`` and
+  ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The row
   dispatcher ``rows_body`` has one branch per slot, each bound to that slot's compiled row dot, and
   is built (compiled, cached on disk) once per type set: a Q4_1 file gets a 2-type build, a Q4_K_M
@@ -508,7 +509,7 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
 
 def _copy_weights(nbytes: int) -> bool:
     """Whether the decode step gets its own huge-page copy of ``nbytes`` of weights (module doc)."""
-    if os.environ.get("QUANTKIT_MMAP_WEIGHTS", "") not in ("", "0"):
+    if os.environ.get("QUANTKIT_COPY_WEIGHTS", "") in ("", "0"):
         return False
     try:
         with open("/proc/meminfo") as fh:
@@ -536,10 +537,11 @@ def _huge_copy(src: np.ndarray) -> np.ndarray:
     return out
 
 
-def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[int]]:
-    """One uint8 buffer holding every matrix and each matrix's byte offset in it: when all of them
-    lie inside the file's memory map (always, for a GGUF opened from disk), a huge-page copy of the
-    span holding them, or the map itself (``_copy_weights``); else a concatenated copy."""
+def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[int], bool]:
+    """One uint8 buffer holding every matrix, each matrix's byte offset in it, and whether the buffer
+    is a copy: when all of them lie inside the file's memory map (always, for a GGUF opened from
+    disk), the map itself or, opted in (``_copy_weights``), a huge-page copy of the span holding them;
+    else a concatenated copy."""
     base = getattr(getattr(model.gguf, "reader", None), "data", None)
     if isinstance(base, np.ndarray) and base.dtype == np.uint8 and base.ndim == 1:
         flat = base.view(np.ndarray)
@@ -550,11 +552,11 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
             lo = min(offs)
             hi = max(o + w.data.nbytes for o, w in zip(offs, weights))
             if _copy_weights(hi - lo):
-                return _huge_copy(flat[lo:hi]), [o - lo for o in offs]
-            return flat, offs
+                return _huge_copy(flat[lo:hi]), [o - lo for o in offs], True
+            return flat, offs, False
     parts = [np.ascontiguousarray(w.data).reshape(-1) for w in weights]
     offs = list(np.cumsum([0] + [p.size for p in parts[:-1]]))
-    return np.concatenate(parts), [int(o) for o in offs]
+    return np.concatenate(parts), [int(o) for o in offs], True
 
 
 def step_kernel(types: tuple, variant: str, kv_f16: bool):
@@ -589,11 +591,11 @@ class DecodeStep:
         if len(types) > SLOTS:
             raise ModelError(f"{len(types)} distinct matrix types; the compiled step handles {SLOTS}")
         self.types = types
-        buf, offs = _flat_buffer(model, weights)
+        buf, offs, copied = _flat_buffer(model, weights)
         self.buf = buf
         #: whether ``buf`` is a copy (not the file's map); ``views`` maps each matrix's name to its bytes
         #: in ``buf``, shaped as its ``data``, so the batch path can read the same copy
-        self.copied = not np.shares_memory(buf[:1], weights[0].data)
+        self.copied = copied
         self.views = {w.name: buf[o:o + w.data.nbytes].reshape(w.data.shape) for w, o in zip(weights, offs)}
         code = {t: i for i, t in enumerate(types)}
 
