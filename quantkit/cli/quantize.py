@@ -56,11 +56,13 @@ def _split_positionals(args: tuple[str, ...], dry_run: bool):
     return inp, args[1], args[2], (as_threads(args[3]) if len(args) > 3 else None)
 
 
-def _check_target(target_bpw, target_size, imatrix_path) -> int | None:
+def _check_target(target_bpw, target_size, imatrix_path, target_types) -> int | None:
     """The --target-size in bytes; usage errors for a target without an imatrix or with both forms."""
     from quantkit.allocation import AllocationError, parse_size
 
     if target_bpw is None and target_size is None:
+        if target_types:
+            raise click.UsageError("--target-types needs --target-bpw or --target-size")
         return None
     if target_bpw is not None and target_size is not None:
         raise click.UsageError("give --target-bpw or --target-size, not both")
@@ -146,7 +148,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
 
     if include_weights and exclude_weights:
         raise click.UsageError("--include-weights and --exclude-weights cannot be used together")
-    target_bytes = _check_target(target_bpw, target_size, imatrix_path)
+    target_bytes = _check_target(target_bpw, target_size, imatrix_path, target_types)
     inp, out, ftype_text, nthreads = _split_positionals(args, dry_run)
     if threads is None and nthreads is not None:
         threads = nthreads if nthreads > 0 else None

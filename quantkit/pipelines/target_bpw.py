@@ -251,7 +251,7 @@ def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, targe
 
     Free: quantizable, not decided by a ``--tensor-type`` pattern, not in ``fixed_names``. ``only``: the
     candidate types (default: every type quantkit writes)."""
-    t_start = time.perf_counter()
+    t_start, c_start = time.perf_counter(), time.process_time()
     by_name = {p.name: p for p in type_plan.tensors}
     n_elements = 0
     fixed_bytes = 0
@@ -285,14 +285,14 @@ def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, targe
     def weights_of(name: str) -> np.ndarray | None:
         return imatrix.weights(source_of(name))
 
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     errors: dict[str, dict[GGMLQuantizationType, float]] = {}
     for name in free:
         p = by_name[name]
         src = model.tensor(source_of(name))
         errors[name] = weighted_errors(src, cands[name], weights_of(name), sample_rows)
         model.release(src)
-    t_err = time.perf_counter() - t0
+    t_err, c_err = time.perf_counter() - t0, time.process_time() - c0
     log(f"target-bpw: weighted errors of {sum(len(e) for e in errors.values())} (tensor, type) pairs "
         f"in {t_err:.1f} s")
 
@@ -306,7 +306,7 @@ def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, targe
         # ties go to the oldest type (Q4_0 before Q4_K before IQ4_NL): the cheapest codec to run
         probe[name] = min(nonzero, key=lambda q: (abs(8.0 * GGML_QUANT_SIZES[q][1] / GGML_QUANT_SIZES[q][0]
                                                       - PROBE_BPW), q.value))
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     sens = {c: 1.0 for c in groups}
     klds: dict[str, float] = {}
     if sensitivity:
@@ -317,7 +317,7 @@ def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, targe
                 model.path, groups, probe, weights_of, {n: errors[n][probe[n]] for n in free}, log=log)
         except ModelError as e:
             log(f"target-bpw: note: no sensitivity pass ({e}); losses are the weighted errors alone")
-    t_sens = time.perf_counter() - t0
+    t_sens, c_sens = time.perf_counter() - t0, time.process_time() - c0
 
     items = []
     losses: dict[str, dict[str, float]] = {}
@@ -334,7 +334,8 @@ def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, targe
     alloc.budget = budget
     patterns = [(pattern_for(n), alloc.choice[n].qtype) for n in free]
     mix = TargetMix(alloc, patterns, sens, klds, losses, free, target, budget,
-                    {"errors": t_err, "sensitivity": t_sens, "total": time.perf_counter() - t_start})
+                    {"errors": t_err, "sensitivity": t_sens, "total": time.perf_counter() - t_start,
+                     "errors_cpu": c_err, "sensitivity_cpu": c_sens, "total_cpu": time.process_time() - c_start})
     # the allocation's bytes are the free tensors'; the file's add the fixed ones
     mix.allocation.choice.update({p.name: Candidate(p.target, tensor_nbytes(p.shape, p.target), 0.0)
                                   for p in type_plan.tensors if p.name not in errors})
@@ -390,7 +391,7 @@ def target_lines(mix: TargetMix, achieved_bytes: int, n_elements: int) -> list[s
     return [
         f"target-bpw: target {mix.target_bpw:.4f} BPW ({mix.budget} bytes): predicted {mix.predicted_bpw:.4f} BPW "
         f"({mix.allocation.nbytes} bytes), achieved {achieved:.4f} BPW ({achieved_bytes} bytes)",
-        f"target-bpw: predicted KLD added vs the source {mix.predicted_kld:.5f}; planned in "
-        f"{mix.seconds['total']:.1f} s (errors {mix.seconds['errors']:.1f} s, "
-        f"sensitivity {mix.seconds['sensitivity']:.1f} s)",
+        f"target-bpw: predicted KLD added vs the source {mix.predicted_kld:.3g}; planned in "
+        f"{mix.seconds['total']:.1f} s, {mix.seconds['total_cpu']:.1f} s CPU (errors {mix.seconds['errors_cpu']:.1f} s, "
+        f"sensitivity {mix.seconds['sensitivity_cpu']:.1f} s CPU)",
     ]
