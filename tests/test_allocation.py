@@ -144,3 +144,12 @@ def test_budget_for_bpw_is_the_largest_size_at_or_under_the_target():
     for bad in (0, -1, math.inf, math.nan):
         with pytest.raises(AllocationError):
             budget_for_bpw(bad, 10)
+
+
+def test_importable_without_numba():
+    import subprocess
+    import sys
+
+    code = "import sys, quantkit.allocation; print('numba' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
