@@ -24,7 +24,6 @@ or llama-quantize's ``--tensor-type-file``) produces the chosen file.
 
 from __future__ import annotations
 
-import math
 import re
 import time
 from dataclasses import dataclass, field
