@@ -42,7 +42,7 @@ def sweep(model_path, imatrix_path, types, targets, target_ftype, text_file, n_c
     """
     from quantkit.jit import set_threads
     from quantkit.pipelines import sweep as sp
-    from quantkit.pipelines.quantize import save_text
+    from quantkit.formats.atomic import write_bytes
 
     if bench:
         raise click.UsageError("--bench is not implemented yet; run `quantkit bench` on the files in DIR")
@@ -63,7 +63,7 @@ def sweep(model_path, imatrix_path, types, targets, target_ftype, text_file, n_c
     rows = sp.run_sweep(sw, log=err, progress=progress)
     d = Path(out_dir)
     for f in ("md", "csv", "json"):
-        save_text(sp.table(rows, f), d / f"sweep.{f}", f"the {f} table")
+        write_bytes(d / f"sweep.{f}", sp.table(rows, f).encode(), f"the {f} table")
     title = f"{Path(model_path).name}: KLD vs size, {n_chunks} chunks of {n_ctx}"
     if sp.plot(rows, d / "sweep.png", title):
         err(f"wrote {d / 'sweep.png'}")

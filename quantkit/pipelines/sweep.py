@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from quantkit.errors import QuantkitError
+from quantkit.formats.atomic import write_bytes
 
 Log = Callable[[str], None]
 COLUMNS = ("label", "kind", "size_mib", "bpw", "ppl", "kld", "kld_unc", "same_top", "pareto")
@@ -175,9 +176,7 @@ def run_sweep(sw: Sweep, log: Log = lambda s: None, progress: Callable[[int, int
         log(f"sweep: [{i + 1}/{len(sw.points)}] {point.label}")
         rec = _measure(sw, point, base_path, log)
         rec["key"] = key
-        from quantkit.pipelines.quantize import save_text
-
-        save_text(json.dumps(rec, indent=1) + "\n", rec_path, "the sweep record")
+        write_bytes(rec_path, (json.dumps(rec, indent=1) + "\n").encode(), "the sweep record")
         results.append(rec)
         if progress:
             progress(i + 1, len(sw.points), point.label)
@@ -251,8 +250,8 @@ def plot(rows: list[dict], path: Path, title: str) -> bool:
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.partial.png")
-    fig.savefig(tmp)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png")
     plt.close(fig)
-    os.replace(tmp, path)
+    write_bytes(path, buf.getvalue(), "the plot")
     return True
