@@ -107,25 +107,28 @@ class Sweep:
 
 def _base(sw: Sweep, log: Log) -> Path:
     """The source's log-probs over the evaluation text (made once, kept with its key)."""
+    from quantkit.pipelines import chunks as ch
     from quantkit.pipelines import perplexity as pp
 
     path, keyf = sw.out_dir / "base.kld", sw.out_dir / "base.key"
     if path.exists() and keyf.exists() and keyf.read_text().strip() == sw.base_key:
         log(f"sweep: base logits {path} already made for these inputs")
         return path
-    text, where = pp.read_text(sw.text_file, "evaluation")
+    text, where = ch.read_text(sw.text_file, "evaluation")
     model, tok, runner = pp.open_model(sw.model, sw.n_ctx, sw.n_ctx)
     with model:
-        tokens = pp.tokenize(tok, text, sw.n_ctx, sw.text_file or "the built-in evaluation text")
+        tokens = ch.tokenize(tok, text, sw.n_ctx, sw.text_file or "the built-in evaluation text")
         log(f"sweep: base logits of {sw.model} over {where}")
-        res = pp.perplexity(runner, tokens, sw.n_ctx, sw.n_chunks, pp.add_bos_id(tok), base_out=path)
+        res = pp.perplexity(runner, tokens, sw.n_ctx, sw.n_chunks, ch.add_bos_id(tok), base_out=path)
     keyf.write_text(sw.base_key + "\n")
     log(f"sweep: base PPL {res.ppl:.4f}")
     return path
 
 
 def _measure(sw: Sweep, point: Point, base_path: Path, log: Log) -> dict:
+    from quantkit.formats.logits import open_logits
     from quantkit.pipelines import perplexity as pp
+    from quantkit.pipelines.chunks import add_bos_id
     from quantkit.pipelines.quantize import QuantizeOptions, quantize_file
 
     gguf_path = sw.out_dir / f"{point.label}.gguf"
@@ -136,10 +139,10 @@ def _measure(sw: Sweep, point: Point, base_path: Path, log: Log) -> dict:
     t0 = time.perf_counter()
     plan, _ = quantize_file(sw.model, gguf_path, opts, log=lambda s: log(s) if s.startswith("target-bpw") else None)
     t_quant = time.perf_counter() - t0
-    base = pp.open_logits(base_path)
+    base = open_logits(base_path)
     model, tok, runner = pp.open_model(gguf_path, base.n_ctx, base.n_ctx)
     with model:
-        res = pp.kl_divergence(runner, base, -1, pp.add_bos_id(tok))
+        res = pp.kl_divergence(runner, base, -1, add_bos_id(tok))
     s = res.stats()
     return {
         "label": point.label, "kind": point.kind, "ftype": point.ftype, "target_bpw": point.target_bpw,

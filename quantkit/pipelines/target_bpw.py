@@ -181,7 +181,7 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
     from quantkit.model.forward import Runner
     from quantkit.model.llama import Llama
     from quantkit.model.tokenizer import Tokenizer
-    from quantkit.pipelines.perplexity import add_bos_id, chunk_input, read_text
+    from quantkit.pipelines.chunks import add_bos_id, chunk_input, read_text
     from quantkit.quants import quantize
 
     model = Llama(path)
