@@ -139,4 +139,4 @@ def bar_logger(bar):
 
 
 # Subcommands register themselves on import.
-from quantkit.cli import bench, imatrix, perplexity, quantize, roundtrip, run, verify, warmup  # noqa: E402,F401
+from quantkit.cli import bench, imatrix, perplexity, quantize, roundtrip, run, sweep, verify, warmup  # noqa: E402,F401

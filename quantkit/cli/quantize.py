@@ -56,6 +56,28 @@ def _split_positionals(args: tuple[str, ...], dry_run: bool):
     return inp, args[1], args[2], (as_threads(args[3]) if len(args) > 3 else None)
 
 
+def _check_target(target_bpw, target_size, imatrix_path, target_types) -> int | None:
+    """The --target-size in bytes; usage errors for a target without an imatrix or with both forms."""
+    from quantkit.allocation import AllocationError, parse_size
+
+    if target_bpw is None and target_size is None:
+        if target_types:
+            raise click.UsageError("--target-types needs --target-bpw or --target-size")
+        return None
+    if target_bpw is not None and target_size is not None:
+        raise click.UsageError("give --target-bpw or --target-size, not both")
+    if imatrix_path is None:
+        raise click.UsageError("--target-bpw/--target-size need --imatrix FILE (each tensor's error is weighted by it)")
+    if target_bpw is not None:
+        if not 0 < target_bpw < 64:
+            raise click.UsageError(f"--target-bpw must be between 0 and 64, got {target_bpw}")
+        return None
+    try:
+        return parse_size(target_size)
+    except AllocationError as e:
+        raise click.UsageError(f"--target-size: {e}") from None
+
+
 def _ftype_label(text: str) -> str:
     from quantkit.policy import FTYPE_ALIASES, parse_ftype
 
@@ -91,6 +113,19 @@ def _ftype_label(text: str) -> str:
 @click.option("--dry-run", is_flag=True, help="Print the per-tensor plan with sizes; write nothing.")
 @click.option("--plan-out", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
               help="Also write the per-tensor plan as JSON.")
+@click.option("--target-bpw", type=float, default=None, metavar="BPW",
+              help="Choose every tensor's type so the file is at most BPW bits per weight (as the summary "
+                   "line counts them) with the least expected loss; needs --imatrix. TYPE still names the "
+                   "file type in the metadata.")
+@click.option("--target-size", default=None, metavar="SIZE",
+              help="As --target-bpw, for a size of the tensor data, e.g. 4.2GiB or 90MB.")
+@click.option("--target-types", default=None, metavar="T1,T2,...",
+              help="With a target: choose only among these ggml types (default: every type quantkit writes "
+                   "that the tensor's row length allows).")
+@click.option("--tensor-type-out", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="With a target: write the chosen types as a --tensor-type-file (plain quantize or "
+                   "llama-quantize with it and the same options makes the same file). Default: "
+                   "OUTPUT.tensor-types.txt.")
 @click.option("--no-fallback", is_flag=True,
               help="Fail before computing anything if a tensor would need a fallback type.")
 @click.option("-t", "--threads", type=int, default=None, metavar="N", help="Threads (default: all cores).")
@@ -99,7 +134,9 @@ def _ftype_label(text: str) -> str:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no per-tensor lines.")
 def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, include_weights,
              exclude_weights, output_tensor_type, token_embedding_type, tensor_type, tensor_type_file,
-             prune_layers, override_kv, dry_run, plan_out, no_fallback, verify_after, threads, quiet):
+             prune_layers, override_kv, dry_run, plan_out, target_bpw, target_size, target_types, tensor_type_out,
+             no_fallback,
+             verify_after, threads, quiet):
     """Quantize a GGUF model like llama-quantize (same flags, same output bytes).
 
     The output is written to a temporary file and renamed into place when complete; an interrupted or
@@ -111,6 +148,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
 
     if include_weights and exclude_weights:
         raise click.UsageError("--include-weights and --exclude-weights cannot be used together")
+    target_bytes = _check_target(target_bpw, target_size, imatrix_path, target_types)
     inp, out, ftype_text, nthreads = _split_positionals(args, dry_run)
     if threads is None and nthreads is not None:
         threads = nthreads if nthreads > 0 else None
@@ -126,6 +164,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
             with open(tensor_type_file, encoding="utf-8") as f:
                 patterns += [parse_tensor_type_arg(tok) for tok in f.read().split()]
         kv_overrides = tuple(parse_override_kv(a) for a in override_kv)
+        only = tuple(parse_ggml_type(t) for t in (target_types or "").split(",") if t.strip())
     except (PolicyError, QuantizeError) as e:
         raise click.UsageError(str(e)) from None
     prune = ()
@@ -137,13 +176,16 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     if out is None and not dry_run:
         out = str(default_output_path(inp, _ftype_label(ftype_text)))
 
+    has_target = target_bpw is not None or target_bytes is not None
     opts = QuantizeOptions(
         ftype=ftype_text, threads=threads, allow_requantize=allow_requantize,
         leave_output_tensor=leave_output_tensor, pure=pure, imatrix=imatrix_path,
         include_weights=tuple(include_weights), exclude_weights=tuple(exclude_weights),
         output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
         tensor_types=tuple(patterns), prune_layers=prune,
-        override_kv=kv_overrides, no_fallback=no_fallback,
+        override_kv=kv_overrides, no_fallback=no_fallback, target_bpw=target_bpw, target_size=target_bytes,
+        target_types=only,
+        tensor_type_out=tensor_type_out or (f"{out}.tensor-types.txt" if has_target and not dry_run else None),
     )
 
     from tqdm import tqdm

@@ -59,6 +59,13 @@ class QuantizeOptions:
     prune_layers: tuple[int, ...] = ()
     override_kv: tuple[KV, ...] = ()
     no_fallback: bool = False
+    #: choose the mix (quantkit.pipelines.target_bpw): at most this BPW, or this many bytes of tensors
+    target_bpw: float | None = None
+    target_size: int | None = None
+    #: with a target: the candidate types (default: every type the row length allows)
+    target_types: tuple[GGMLQuantizationType, ...] = ()
+    #: with a target: where to write the chosen types as a --tensor-type-file
+    tensor_type_out: str | os.PathLike | None = None
 
 
 @dataclass
@@ -488,8 +495,10 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
-def save_plan_json(plan: QuantPlan, path: str | os.PathLike) -> None:
-    write_bytes(path, (json.dumps(plan.to_json(), indent=1) + "\n").encode(), "the plan")
+def save_plan_json(plan: QuantPlan, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
+    doc = plan.to_json()
+    doc.update(extra or {})
+    write_bytes(path, (json.dumps(doc, indent=1) + "\n").encode(), "the plan")
 
 
 def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, plan_out=None,
@@ -502,9 +511,16 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
         raise QuantizeError(f"input and output are the same file: {inp}")
     t0 = time.perf_counter()
     with GGUFModel(inp) as model:
+        mix = None
+        if opts.target_bpw is not None or opts.target_size is not None:
+            from quantkit.pipelines.target_bpw import apply_target, tensor_type_file_text
+
+            opts, mix = apply_target(model, opts, log)
+            if opts.tensor_type_out:
+                write_bytes(opts.tensor_type_out, tensor_type_file_text(opts.tensor_types).encode(), "the tensor types")
         plan = plan_quantization(model, opts, strict=not dry_run)
         if plan_out:
-            save_plan_json(plan, plan_out)
+            save_plan_json(plan, plan_out, {"target": mix.to_json()} if mix else None)
         verb = "calculating quantization size for" if dry_run else "quantizing"
         dest = "" if dry_run else f" to '{out}'"
         log(f"llama_quantize: {verb} '{inp}'{dest} as {plan.ftype.name} using {n_threads} threads")
@@ -529,4 +545,9 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
                             check=model.check_unchanged)
         for line in summary_lines(plan, dry_run):
             log(f"llama_model_quantize_impl: {line}" if "size" in line else line)
+        if mix is not None:
+            from quantkit.pipelines.target_bpw import target_lines
+
+            for line in target_lines(mix, plan.size_out, plan.n_elements):
+                log(line)
     return plan, time.perf_counter() - t0

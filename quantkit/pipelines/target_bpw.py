@@ -1,0 +1,396 @@
+"""``quantize --target-bpw``: measure what each tensor loses in each type, then let the allocator choose.
+
+Three steps, all before the first output byte (docs/quantize.md, "Choosing the mix"):
+
+1. **Errors.** For every tensor the allocation may change and every type its row length allows, the
+   importance-weighted squared error of quantizing it, ``D(t, q) = sum_rows sum_j w_j (x - x^)^2`` with
+   ``w_j`` the imatrix's mean squared activation of column j (what llama-quantize gives the codecs). With
+   those weights ``D`` estimates ``E||(W - W^) a||^2``, the squared error the tensor adds to its matmul's
+   output. It is measured on an evenly spaced sample of rows (``sample_rows``) and scaled to all rows.
+2. **Sensitivity.** How much a unit of ``D`` in a tensor class (attn_q, ..., ffn_down, the embeddings)
+   moves the model's output: one forward pass of the source model over a calibration chunk, then one per
+   class with every tensor of the class quantized to a probe type (~4.5 bits), ``s_c = KLD_c / D_c``
+   (KL divergence of the next-token distributions against the unperturbed pass). Losses then read
+   ``loss(t, q) = s_class(t) * D(t, q)``, an estimate of the KLD the choice adds; KLD is quadratic in
+   small logit errors, so independent errors add, which is what the allocator assumes.
+   Architectures quantkit cannot run get ``s = 1`` everywhere (the weighted error alone), with a note.
+3. **Allocation.** ``quantkit.allocation.allocate`` under the byte budget; fixed tensors (``--tensor-type``
+   matches, ``--output-tensor-type``, ``--token-embedding-type``, ``--pure``, tensors never quantized) keep
+   their type and count toward it.
+
+The result is a list of ``^name$=type`` patterns: appended to ``--tensor-type``, plain quantization (ours
+or llama-quantize's ``--tensor-type-file``) produces the chosen file.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+from quantkit.allocation import (Allocation, AllocationError, Candidate, Item, allocate, allowed_types,
+                                 budget_for_bpw)
+from quantkit.errors import QuantkitError
+from quantkit.formats.gguf_io import GGUFModel, Tensor, tensor_nbytes
+from quantkit.formats.imatrix import Imatrix
+from quantkit.policy import OUTPUT, TOKEN_EMBD, TypePlan, ggml_type_name
+
+Q = GGMLQuantizationType
+Log = Callable[[str], None]
+
+#: types that are never a tensor's storage type (ggml's activation-only Q8_K)
+_NOT_STORAGE = frozenset({Q.Q8_K})
+#: the probe's bits per weight: the candidate nearest to it perturbs a class in the sensitivity pass
+PROBE_BPW = 4.5
+#: rows per tensor whose errors are measured (evenly spaced; scaled to the whole tensor)
+SAMPLE_ROWS = 64
+#: the sensitivity pass: chunks of fewer than 32 tokens take the forward's GEMV path on the source
+#: weights (no per-pass dequantization of every matrix: ~20x cheaper than a 64-token chunk)
+SENS_CTX = 31
+SENS_CHUNKS = 4
+#: tied or untied, the embedding matrix and the output projection form one class
+EMBEDDINGS = "embeddings"
+
+
+class TargetError(QuantkitError):
+    """A ``--target-bpw`` / ``--target-size`` request that cannot be carried out."""
+
+
+@dataclass
+class TargetMix:
+    """What the allocator chose and why."""
+
+    allocation: Allocation
+    patterns: list[tuple[str, GGMLQuantizationType]]        # ^name$ -> type, for the free tensors
+    sensitivity: dict[str, float]                            # class -> KLD per unit of weighted error
+    probe_kld: dict[str, float]                              # class -> measured KLD with the probe
+    losses: dict[str, dict[str, float]]                      # tensor -> {type name: loss}
+    free: list[str]                                          # the tensors the allocator chose for
+    target_bpw: float
+    budget: int
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def predicted_kld(self) -> float:
+        return self.allocation.loss
+
+    @property
+    def predicted_bpw(self) -> float:
+        return self.allocation.bpw
+
+    def to_json(self) -> dict:
+        return {
+            "target_bpw": self.target_bpw,
+            "budget_bytes": self.budget,
+            "predicted_bytes": self.allocation.nbytes,
+            "predicted_bpw": self.predicted_bpw,
+            "predicted_kld": self.predicted_kld,
+            "sensitivity": self.sensitivity,
+            "probe_kld": self.probe_kld,
+            "seconds": self.seconds,
+            "tensors": {name: {"type": self.allocation.choice[name].qtype.name,
+                               "loss": self.allocation.choice[name].loss,
+                               "candidates": self.losses[name]} for name in self.free},
+        }
+
+
+def tensor_class(name: str, category: str) -> str:
+    """The sensitivity class: the tensor's category, with token_embd and output as one class."""
+    return EMBEDDINGS if category in (TOKEN_EMBD, OUTPUT) else category
+
+
+def candidate_types(ne0: int, only: Sequence[GGMLQuantizationType] = ()) -> list[GGMLQuantizationType]:
+    """Every storage type quantkit can write (or those of ``only``) whose block fits a row of ``ne0``."""
+    from quantkit.quants import TRAITS
+
+    return allowed_types(ne0, [t for t in TRAITS if t not in _NOT_STORAGE and (not only or t in only)])
+
+
+def pattern_for(name: str) -> str:
+    """An anchored regex matching exactly ``name`` (llama-quantize lower-cases patterns; GGUF names
+    are lower-case already)."""
+    return "^" + re.escape(name) + "$"
+
+
+# -- step 1: weighted errors ----------------------------------------------------------------------
+
+def _sample_rows(n_rows: int, k: int) -> np.ndarray:
+    if n_rows <= k:
+        return np.arange(n_rows)
+    return np.unique(np.linspace(0, n_rows - 1, k).round().astype(np.int64))
+
+
+def weighted_errors(t: Tensor, types: Sequence[GGMLQuantizationType], weights: np.ndarray | None,
+                    sample_rows: int = SAMPLE_ROWS) -> dict[GGMLQuantizationType, float]:
+    """``D(t, q)`` for each type: the importance-weighted squared error over a row sample, scaled to
+    the whole tensor. ``weights``: the imatrix's [n_mat, ne0] weights, or None (every weight 1)."""
+    from quantkit.quants import dequantize, quantize
+
+    ne0 = int(t.shape[0])
+    n_rows = t.n_elements // ne0
+    rows_idx = _sample_rows(n_rows, sample_rows)
+    x = dequantize(np.asarray(t.data).reshape(n_rows, -1)[rows_idx], t.type).reshape(len(rows_idx), ne0)
+    n_mat = 1 if weights is None else weights.shape[0]
+    per_mat = n_rows // n_mat
+    mat_of = rows_idx // per_mat
+    out: dict[GGMLQuantizationType, float] = {}
+    for q in types:
+        err = 0.0
+        for m in np.unique(mat_of):
+            sel = mat_of == m
+            xs = np.ascontiguousarray(x[sel])
+            w = None if weights is None else np.ascontiguousarray(weights[m], dtype=np.float32)
+            y = dequantize(quantize(xs, q, w), q).reshape(xs.shape)
+            d = (xs.astype(np.float64) - y) ** 2
+            err += float((d @ (np.ones(ne0) if w is None else w.astype(np.float64))).sum())
+        out[q] = err * n_rows / len(rows_idx)
+    return out
+
+
+# -- step 2: sensitivity -------------------------------------------------------------------------
+
+def _log_softmax(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(axis=1, keepdims=True)
+    return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
+
+
+def kld(base_lp: np.ndarray, logits: np.ndarray) -> float:
+    """Mean over rows of KL(base || this), from base log-probs and this run's logits."""
+    lp = _log_softmax(logits)
+    return float((np.exp(base_lp) * (base_lp - lp)).sum(axis=1).mean())
+
+
+_BLOCK_ATTR = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+
+
+def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGMLQuantizationType],
+                        weights_of: Callable[[str], np.ndarray | None], probe_err: dict[str, float],
+                        n_ctx: int = SENS_CTX, n_chunks: int = SENS_CHUNKS,
+                        log: Log = lambda s: None) -> tuple[dict[str, float], dict[str, float]]:
+    """``(s, kld)`` per class: KLD of the source model with the class quantized to its probe types,
+    over ``n_chunks`` calibration chunks of ``n_ctx`` tokens, divided by the class's summed probe error.
+
+    Raises ``ModelError`` when quantkit cannot run the architecture."""
+    import dataclasses
+
+    from quantkit.model.forward import Runner
+    from quantkit.model.llama import Llama
+    from quantkit.model.tokenizer import Tokenizer
+    from quantkit.pipelines.chunks import add_bos_id, chunk_input, read_text
+    from quantkit.quants import quantize
+
+    model = Llama(path)
+    try:
+        tok = Tokenizer.from_metadata(model.metadata)
+        text, _ = read_text(None, "calibration")
+        ids = np.asarray(tok.encode(text[: 20 * n_ctx * n_chunks], add_special=True), dtype=np.int64)
+        if ids.size < n_ctx * n_chunks:
+            raise TargetError(f"the calibration text gives only {ids.size} tokens, {n_ctx * n_chunks} are needed")
+        xs = [chunk_input(ids, i, n_ctx, add_bos_id(tok)) for i in range(n_chunks)]
+        runner = Runner(model, n_ctx, n_ctx, compiled_step=False)
+        rows = np.arange(1, n_ctx)
+
+        def run() -> list[np.ndarray]:
+            out = []
+            for x in xs:
+                runner.reset()
+                out.append(runner.forward(x, 0, logits=rows))
+            return out
+
+        base = [_log_softmax(lg) for lg in run()]
+        where: dict[str, tuple[object, str]] = {}
+        for i, b in enumerate(runner.blk):
+            for attr in _BLOCK_ATTR:
+                where[f"blk.{i}.{attr}.weight"] = (b, attr)
+        sens, klds = {}, {}
+        for cls, names in groups.items():
+            saved = []
+            for name in names:
+                holders = [(runner, a) for a in ("token_embd", "output") if getattr(runner, a).name == name]
+                if name in where:
+                    holders.append(where[name])
+                if not holders:
+                    continue
+                w0 = getattr(holders[0][0], holders[0][1])
+                f = w0.dequantize()
+                wts = weights_of(name)
+                qt = probe[name]
+                qb = quantize(f, qt, None if wts is None else wts[0])
+                w1 = dataclasses.replace(w0, type=qt, data=qb.reshape(w0.data.shape[0], -1))
+                for obj, attr in holders:
+                    saved.append((obj, attr, getattr(obj, attr)))
+                    setattr(obj, attr, w1)
+            try:
+                k = float(np.mean([kld(b, lg) for b, lg in zip(base, run())]))
+            finally:
+                for obj, attr, w in reversed(saved):
+                    setattr(obj, attr, w)
+            d = sum(probe_err[n] for n in names)
+            klds[cls] = k
+            sens[cls] = k / d if d > 0 else 0.0
+            log(f"target-bpw: class {cls:<12s} {len(names):3d} tensors, probe KLD {k:.6f}")
+        return sens, klds
+    finally:
+        model.close()
+
+
+# -- step 3: allocation --------------------------------------------------------------------------
+
+def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, target_bpw: float | None = None,
+               target_bytes: int | None = None, fixed_names: set[str] = frozenset(), sample_rows: int = SAMPLE_ROWS,
+               only: Sequence[GGMLQuantizationType] = (), sensitivity: bool = True, log: Log = lambda s: None,
+               source_of: Callable[[str], str] = lambda n: n) -> TargetMix:
+    """Choose a type for every free tensor of ``type_plan`` (the plan quantize would make without a
+    target) so the file is at most ``target_bpw`` bits per weight (or ``target_bytes`` of tensor data).
+
+    Free: quantizable, not decided by a ``--tensor-type`` pattern, not in ``fixed_names``. ``only``: the
+    candidate types (default: every type quantkit writes)."""
+    t_start, c_start = time.perf_counter(), time.process_time()
+    by_name = {p.name: p for p in type_plan.tensors}
+    n_elements = 0
+    fixed_bytes = 0
+    free: list[str] = []
+    for p in type_plan.tensors:
+        n = int(np.prod(p.shape))
+        n_elements += n
+        if p.quantizable and not p.manual and p.name not in fixed_names:
+            free.append(p.name)
+        else:
+            fixed_bytes += tensor_nbytes(p.shape, p.target)
+    if target_bytes is not None:
+        budget = int(target_bytes)
+        target = 8.0 * budget / max(1, n_elements)
+    else:
+        assert target_bpw is not None
+        target = float(target_bpw)
+        budget = budget_for_bpw(target, n_elements)
+    if not free:
+        raise TargetError("every tensor's type is fixed (--pure, --tensor-type, ...): there is nothing to choose")
+    cands = {n: candidate_types(by_name[n].shape[0], only) for n in free}
+    for n, c in cands.items():
+        if not c:
+            raise TargetError(f"tensor {n}: none of the types {', '.join(ggml_type_name(q) for q in only)} "
+                              f"fits its row length {by_name[n].shape[0]}")
+    smallest = fixed_bytes + sum(min(tensor_nbytes(by_name[n].shape, q) for q in cands[n]) for n in free)
+    if smallest > budget:
+        raise TargetError(f"target {target:.4f} BPW ({budget} bytes) is too small: the smallest types the tensors "
+                          f"allow give {8.0 * smallest / max(1, n_elements):.4f} BPW ({smallest} bytes)")
+
+    def weights_of(name: str) -> np.ndarray | None:
+        return imatrix.weights(source_of(name))
+
+    t0, c0 = time.perf_counter(), time.process_time()
+    errors: dict[str, dict[GGMLQuantizationType, float]] = {}
+    for name in free:
+        p = by_name[name]
+        src = model.tensor(source_of(name))
+        errors[name] = weighted_errors(src, cands[name], weights_of(name), sample_rows)
+        model.release(src)
+    t_err, c_err = time.perf_counter() - t0, time.process_time() - c0
+    log(f"target-bpw: weighted errors of {sum(len(e) for e in errors.values())} (tensor, type) pairs "
+        f"in {t_err:.1f} s")
+
+    groups: dict[str, list[str]] = {}
+    for name in free:
+        groups.setdefault(tensor_class(name, by_name[name].category), []).append(name)
+    probe = {}
+    for name in free:
+        types = list(errors[name])
+        nonzero = [q for q in types if errors[name][q] > 0] or types
+        # ties go to the oldest type (Q4_0 before Q4_K before IQ4_NL): the cheapest codec to run
+        probe[name] = min(nonzero, key=lambda q: (abs(8.0 * GGML_QUANT_SIZES[q][1] / GGML_QUANT_SIZES[q][0]
+                                                      - PROBE_BPW), q.value))
+    t0, c0 = time.perf_counter(), time.process_time()
+    sens = {c: 1.0 for c in groups}
+    klds: dict[str, float] = {}
+    if sensitivity:
+        from quantkit.errors import ModelError
+
+        try:
+            sens, klds = measure_sensitivity(
+                model.path, groups, probe, weights_of, {n: errors[n][probe[n]] for n in free}, log=log)
+        except ModelError as e:
+            log(f"target-bpw: note: no sensitivity pass ({e}); losses are the weighted errors alone")
+    t_sens, c_sens = time.perf_counter() - t0, time.process_time() - c0
+
+    items = []
+    losses: dict[str, dict[str, float]] = {}
+    for p in type_plan.tensors:
+        if p.name in errors:
+            s = sens[tensor_class(p.name, p.category)]
+            cands = tuple(Candidate(q, tensor_nbytes(p.shape, q), s * d) for q, d in errors[p.name].items())
+            losses[p.name] = {c.qtype.name: c.loss for c in cands}
+            items.append(Item(p.name, int(np.prod(p.shape)), cands))
+    try:
+        alloc = allocate(items, budget - fixed_bytes, n_elements)
+    except AllocationError as e:
+        raise TargetError(f"target {target:.4f} BPW ({budget} bytes): {e}") from None
+    alloc.budget = budget
+    patterns = [(pattern_for(n), alloc.choice[n].qtype) for n in free]
+    mix = TargetMix(alloc, patterns, sens, klds, losses, free, target, budget,
+                    {"errors": t_err, "sensitivity": t_sens, "total": time.perf_counter() - t_start,
+                     "errors_cpu": c_err, "sensitivity_cpu": c_sens, "total_cpu": time.process_time() - c_start})
+    # the allocation's bytes are the free tensors'; the file's add the fixed ones
+    mix.allocation.choice.update({p.name: Candidate(p.target, tensor_nbytes(p.shape, p.target), 0.0)
+                                  for p in type_plan.tensors if p.name not in errors})
+    return mix
+
+
+def tensor_type_file_text(patterns: Sequence[tuple[str, GGMLQuantizationType | str]]) -> str:
+    """``PATTERN=type`` lines as llama-quantize's ``--tensor-type-file`` reads them (the user's own
+    ``--tensor-type`` patterns first, as given, then the chosen ones)."""
+    from quantkit.policy import parse_ggml_type
+
+    return "".join(f"{p}={ggml_type_name(parse_ggml_type(q))}\n" for p, q in patterns)
+
+
+# -- the quantize pipeline's entry ---------------------------------------------------------------
+
+def apply_target(model: GGUFModel, opts, log: Log = lambda s: None):
+    """``(opts with the chosen patterns appended to tensor_types, TargetMix)`` for a quantize run with
+    ``opts.target_bpw`` or ``opts.target_size``; every refusal comes before the measurements."""
+    import dataclasses
+
+    from quantkit.pipelines.quantize import plan_quantization
+
+    if opts.imatrix is None:
+        raise TargetError("--target-bpw/--target-size need --imatrix FILE: each tensor's error is weighted by it")
+    if opts.pure:
+        raise TargetError("--pure fixes every tensor to the file type's default: nothing is left for "
+                          "--target-bpw/--target-size to choose")
+    base = plan_quantization(model, opts, strict=True)
+    if not base.ftype.is_quantized:
+        raise TargetError(f"--target-bpw/--target-size need a quantized file type, not {base.ftype.name} "
+                          f"(llama-quantize applies per-tensor types only to those)")
+    if base.imatrix is None:
+        raise TargetError(f"{opts.imatrix}: the imatrix has no entry for this model's tensors")
+    tp = base.type_plan
+    has_output = any(p.name == "output.weight" for p in tp.tensors)
+    fixed = set()
+    for p in tp.tensors:
+        if p.category == TOKEN_EMBD and (opts.token_embedding_type is not None
+                                        or (opts.output_tensor_type is not None and not has_output)):
+            fixed.add(p.name)
+        if p.category == OUTPUT and opts.output_tensor_type is not None:
+            fixed.add(p.name)
+    source = {j.name: j.src.name for j in base.jobs}
+    mix = choose_mix(model, tp, base.imatrix, target_bpw=opts.target_bpw, target_bytes=opts.target_size,
+                     fixed_names=fixed, only=tuple(opts.target_types), log=log, source_of=lambda n: source[n])
+    return dataclasses.replace(opts, tensor_types=tuple(opts.tensor_types) + tuple(mix.patterns)), mix
+
+
+def target_lines(mix: TargetMix, achieved_bytes: int, n_elements: int) -> list[str]:
+    """What the run reports about the target: asked, predicted, achieved."""
+    achieved = 8.0 * achieved_bytes / max(1, n_elements)
+    return [
+        f"target-bpw: target {mix.target_bpw:.4f} BPW ({mix.budget} bytes): predicted {mix.predicted_bpw:.4f} BPW "
+        f"({mix.allocation.nbytes} bytes), achieved {achieved:.4f} BPW ({achieved_bytes} bytes)",
+        f"target-bpw: predicted KLD added vs the source {mix.predicted_kld:.3g}; planned in "
+        f"{mix.seconds['total']:.1f} s, {mix.seconds['total_cpu']:.1f} s CPU (errors {mix.seconds['errors_cpu']:.1f} s, "
+        f"sensitivity {mix.seconds['sensitivity_cpu']:.1f} s CPU)",
+    ]
