@@ -311,27 +311,43 @@ def test_quantize_peak_memory_is_about_one_tensor(tmp_path):
     assert full - base <= 3 * largest_f32, (full - base) / 2**20
 
 
-def test_nonfinite_source_refused_before_writing(tmp_path):
+def _one_tensor_llama(path: Path, w: np.ndarray) -> Path:
+    """A minimal llama GGUF holding one F32 blk.0.attn_q.weight of shape (256, 64)."""
     from gguf import GGMLQuantizationType as T
     from gguf import GGUFValueType
 
     from quantkit.formats.gguf_io import KV, GGUFOutput, Tensor
 
-    rng = np.random.default_rng(3)
-    w = rng.standard_normal((64, 256)).astype(np.float32)
-    w[5, 7] = np.nan
-    w[9, 1] = np.inf
     kv = [KV("general.architecture", "llama", GGUFValueType.STRING),
           KV("llama.block_count", 1, GGUFValueType.UINT32),
           KV("llama.context_length", 64, GGUFValueType.UINT32),
           KV("llama.embedding_length", 256, GGUFValueType.UINT32),
           KV("llama.attention.layer_norm_rms_epsilon", 1e-5, GGUFValueType.FLOAT32),
           KV("llama.attention.head_count", 4, GGUFValueType.UINT32)]
-    src = tmp_path / "nan.gguf"
-    with GGUFOutput(src, kv, [Tensor("blk.0.attn_q.weight", (256, 64), T.F32)]) as out:
+    with GGUFOutput(path, kv, [Tensor("blk.0.attn_q.weight", (256, 64), T.F32)]) as out:
         out.write("blk.0.attn_q.weight", w)
         out.commit()
+    return path
+
+
+def test_nonfinite_source_refused_before_writing(tmp_path):
+    rng = np.random.default_rng(3)
+    w = rng.standard_normal((64, 256)).astype(np.float32)
+    w[5, 7] = np.nan
+    w[9, 1] = np.inf
+    src = _one_tensor_llama(tmp_path / "nan.gguf", w)
     dst = tmp_path / "o.gguf"
     msg = one_line_error(run_cli(["quantize", str(src), str(dst), "Q8_0"]))
     assert "blk.0.attn_q.weight contains 2 NaN/Inf" in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["nan.gguf"]
+
+
+def test_scale_overflow_refused_and_nothing_left(tmp_path):
+    """Finite weights too large for Q8_0's fp16 scale: llama-quantize's ggml_validate_row_data refuses the
+    tensor ("quantized data validation failed"); so do we, and the output is never created."""
+    w = np.random.default_rng(4).standard_normal((64, 256)).astype(np.float32)
+    w[40, 3] = 1e9  # amax / 127 is beyond fp16's 65504: that block's d is Inf
+    src = _one_tensor_llama(tmp_path / "big.gguf", w)
+    msg = one_line_error(run_cli(["quantize", str(src), str(tmp_path / "o.gguf"), "Q8_0"]))
+    assert "blk.0.attn_q.weight: quantized data validation failed" in msg and "1 block(s)" in msg
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["big.gguf"]

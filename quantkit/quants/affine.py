@@ -713,25 +713,30 @@ def dequantize_rows_q5_k(y, x):
 # ---------------------------------------------------------------------------------------------
 
 class Q4_1(QuantType, qtype=T.Q4_1):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q4_1
     dequantize_rows = dequantize_rows_q4_1
 
 
 class Q5_1(QuantType, qtype=T.Q5_1):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q5_1
     dequantize_rows = dequantize_rows_q5_1
 
 
 class Q2_K(QuantType, qtype=T.Q2_K):
+    scale_fields = (80, 82)
     quantize_rows = quantize_rows_q2_k
     dequantize_rows = dequantize_rows_q2_k
 
 
 class Q4_K(QuantType, qtype=T.Q4_K):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q4_k
     dequantize_rows = dequantize_rows_q4_k
 
 
 class Q5_K(QuantType, qtype=T.Q5_K):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q5_k
     dequantize_rows = dequantize_rows_q5_k

@@ -248,10 +248,12 @@ def dequantize_rows_iq4_xs(y, x):
 
 
 class IQ4_NL(QuantType, qtype=T.IQ4_NL):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_iq4_nl
     dequantize_rows = dequantize_rows_iq4_nl
 
 
 class IQ4_XS(QuantType, qtype=T.IQ4_XS):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_iq4_xs
     dequantize_rows = dequantize_rows_iq4_xs

@@ -742,32 +742,38 @@ def dequantize_rows_q8_k(y, x):
 # registration
 # ---------------------------------------------------------------------------------------------
 class Q4_0(QuantType, qtype=T.Q4_0):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_q4_0
     dequantize_rows = dequantize_rows_q4_0
 
 
 class Q5_0(QuantType, qtype=T.Q5_0):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_q5_0
     dequantize_rows = dequantize_rows_q5_0
 
 
 class Q8_0(QuantType, qtype=T.Q8_0):
+    scale_fields = (0,)
     uses_imatrix = False  # ggml's quantize_q8_0 ignores quant_weights
     quantize_rows = quantize_rows_q8_0
     dequantize_rows = dequantize_rows_q8_0
 
 
 class Q3_K(QuantType, qtype=T.Q3_K):
+    scale_fields = (108,)
     quantize_rows = quantize_rows_q3_k
     dequantize_rows = dequantize_rows_q3_k
 
 
 class Q6_K(QuantType, qtype=T.Q6_K):
+    scale_fields = (208,)
     quantize_rows = quantize_rows_q6_k
     dequantize_rows = dequantize_rows_q6_k
 
 
 class Q8_K(QuantType, qtype=T.Q8_K):
+    scale_fields = ()  # its d is float32 (ggml checks it with validate_float); never a quantize output
     uses_imatrix = False  # quantize_row_q8_K_ref has no weighted variant
     quantize_rows = quantize_rows_q8_k
     dequantize_rows = dequantize_rows_q8_k
