@@ -28,7 +28,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16
+from quantkit.quants.common import get_f16, put_f16, take_columns
 
 F32 = np.float32
 QK_K = 256
@@ -241,11 +241,7 @@ def make_qkx2_quants_lanes(nmax, XT, WT, LT, AT, rmin, rdelta, nstep, use_mad, s
                 best[k] = err[k] if b else best[k]
                 scale[k] = this_scale[k] if b else scale[k]
                 mn[k] = this_min[k] if b else mn[k]
-            for i in range(n):
-                ai = AT[i]
-                li = LT[i]
-                for k in range(nl):
-                    li[k] = ai[k] if better[k] else li[k]
+            take_columns(LT, AT, better)
     for k in range(nl):
         scale[k] = F32(0.0) if best[k] == _NEG_INF else scale[k]
         the_min[k] = -mn[k]

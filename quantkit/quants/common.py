@@ -126,3 +126,14 @@ def get_f32(y, pos):
     b = (np.uint32(y[pos]) | (np.uint32(y[pos + 1]) << np.uint32(8))
          | (np.uint32(y[pos + 2]) << np.uint32(16)) | (np.uint32(y[pos + 3]) << np.uint32(24)))
     return bits_to_f32(b)
+
+
+@njit
+def take_columns(LT, AT, mask):
+    """Column k of ``AT`` replaces column k of ``LT`` where ``mask[k]``: the lane searches' "keep this
+    step's levels" for every lane at once (a select, so the loop over lanes vectorizes)."""
+    for i in range(LT.shape[0]):
+        li = LT[i]
+        ai = AT[i]
+        for k in range(LT.shape[1]):
+            li[k] = ai[k] if mask[k] else li[k]
