@@ -137,3 +137,20 @@ def take_columns(LT, AT, mask):
         ai = AT[i]
         for k in range(LT.shape[1]):
             li[k] = ai[k] if mask[k] else li[k]
+
+
+@njit
+def absmax_lanes(XT):
+    """Per column of ``XT`` [n, nl]: the largest magnitude and the signed value that has it (the first
+    on ties, as ggml's ``if (ax > amax)`` loops), both 0 for an all-zero column."""
+    nl = XT.shape[1]
+    amax = np.zeros(nl, dtype=np.float32)
+    vmax = np.zeros(nl, dtype=np.float32)
+    for i in range(XT.shape[0]):
+        xi = XT[i]
+        for k in range(nl):
+            ax = np.abs(xi[k])
+            take = ax > amax[k]
+            amax[k] = ax if take else amax[k]
+            vmax[k] = xi[k] if take else vmax[k]
+    return amax, vmax

@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, get_f32, put_f16, put_f32, take_columns
+from quantkit.quants.common import absmax_lanes, get_f16, get_f32, put_f16, put_f32, take_columns
 
 QK4_0 = 32
 QK5_0 = 32
@@ -180,15 +180,7 @@ def make_qx_quants_lanes(nmax, XT, WT, LT, AT, scale):
     over lanes are independent and vectorize (the per-group chains of adds are latency-bound).
     """
     n, nl = XT.shape
-    fmax = np.zeros(nl, dtype=np.float32)
-    amax = np.zeros(nl, dtype=np.float32)
-    for i in range(n):
-        xi = XT[i]
-        for k in range(nl):
-            ax = np.abs(xi[k])
-            take = ax > amax[k]
-            amax[k] = ax if take else amax[k]
-            fmax[k] = xi[k] if take else fmax[k]
+    amax, fmax = absmax_lanes(XT)
     iscale = np.empty(nl, dtype=np.float32)
     sumlx = np.empty(nl, dtype=np.float32)
     suml2 = np.empty(nl, dtype=np.float32)
