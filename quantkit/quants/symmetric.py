@@ -232,46 +232,79 @@ def make_q3_quants(n, nmax, x, L, do_rmse):
             L[i] = 0
         return np.float32(0.0)
     iscale = np.float32(np.float32(-nmax) / fmax)
-    if do_rmse:
-        sumlx = np.float32(0.0)
-        suml2 = np.float32(0.0)
-        for i in range(n):
-            l = c_nearest_int(iscale * x[i])
-            l = max(-nmax, min(nmax - 1, l))
-            L[i] = l
-            w = x[i] * x[i]
-            fl = np.float32(l)
-            sumlx += w * x[i] * fl
-            suml2 += w * fl * fl
-        for itry in range(5):
-            n_changed = 0
-            for i in range(n):
-                w = x[i] * x[i]
-                fli = np.float32(L[i])
-                slx = np.float32(sumlx - w * x[i] * fli)
-                if slx > 0:
-                    sl2 = np.float32(suml2 - w * fli * fli)
-                    new_l = c_nearest_int(x[i] * sl2 / slx)
-                    new_l = max(-nmax, min(nmax - 1, new_l))
-                    if new_l != L[i]:
-                        fnl = np.float32(new_l)
-                        slx += w * x[i] * fnl
-                        sl2 += w * fnl * fnl
-                        if sl2 > 0 and slx * slx * suml2 > sumlx * sumlx * sl2:
-                            L[i] = new_l
-                            sumlx = slx
-                            suml2 = sl2
-                            n_changed += 1
-            if n_changed == 0:
-                break
-        for i in range(n):
-            L[i] += nmax
-        return np.float32(sumlx / suml2) if suml2 > 0 else np.float32(0.0)
+    if do_rmse:  # the search proper: one group as one lane
+        scale = np.empty(1, dtype=np.float32)
+        make_q3_quants_lanes(nmax, x[:n].reshape(n, 1), L[:n].reshape(n, 1), scale)
+        return scale[0]
     for i in range(n):
         l = c_nearest_int(iscale * x[i])
         l = max(-nmax, min(nmax - 1, l))
         L[i] = l + nmax
     return np.float32(np.float32(1.0) / iscale)
+
+
+@njit
+def make_q3_quants_lanes(nmax, XT, LT, scale):
+    """``make_q3_quants`` with ``do_rmse`` on ``nl`` groups at once (group k in column k of XT [n, nl]);
+    fills LT (levels + nmax) and ``scale`` [nl]. Each lane runs ggml's first fit and up to five
+    coordinate-descent sweeps, stopping when a sweep changes none of its levels, with its sums updated
+    in ggml's order; a lane that has stopped is left untouched while others go on."""
+    n, nl = XT.shape
+    amax, fmax = absmax_lanes(XT)
+    iscale = np.empty(nl, dtype=np.float32)
+    for k in range(nl):
+        iscale[k] = np.float32(np.float32(-nmax) / fmax[k])
+    sumlx = np.zeros(nl, dtype=np.float32)
+    suml2 = np.zeros(nl, dtype=np.float32)
+    for i in range(n):
+        xi = XT[i]
+        li = LT[i]
+        for k in range(nl):
+            l = max(-nmax, min(nmax - 1, c_nearest_int(iscale[k] * xi[k])))
+            li[k] = l
+            w = xi[k] * xi[k]
+            fl = np.float32(l)
+            sumlx[k] += w * xi[k] * fl
+            suml2[k] += w * fl * fl
+    active = np.empty(nl, dtype=np.bool_)
+    changed = np.zeros(nl, dtype=np.int32)
+    for k in range(nl):
+        active[k] = amax[k] >= GROUP_MAX_EPS
+    for itry in range(5):
+        for k in range(nl):
+            changed[k] = 0
+        for i in range(n):
+            xi = XT[i]
+            li = LT[i]
+            for k in range(nl):
+                v = xi[k]
+                w = v * v
+                fli = np.float32(li[k])
+                slx = np.float32(sumlx[k] - w * v * fli)
+                sl2 = np.float32(suml2[k] - w * fli * fli)
+                new_l = max(-nmax, min(nmax - 1, c_nearest_int(v * sl2 / slx)))
+                fnl = np.float32(new_l)
+                slx2 = slx + w * v * fnl
+                sl22 = sl2 + w * fnl * fnl
+                take = (active[k] & (slx > 0) & (new_l != li[k]) & (sl22 > 0)  # & not and: no branches
+                        & (slx2 * slx2 * suml2[k] > sumlx[k] * sumlx[k] * sl22))
+                li[k] = new_l if take else li[k]
+                sumlx[k] = slx2 if take else sumlx[k]
+                suml2[k] = sl22 if take else suml2[k]
+                changed[k] += 1 if take else 0
+        any_active = False
+        for k in range(nl):
+            active[k] = active[k] and changed[k] > 0
+            any_active = any_active or active[k]
+        if not any_active:
+            break
+    for k in range(nl):
+        scale[k] = np.float32(sumlx[k] / suml2[k]) if suml2[k] > 0 else np.float32(0.0)
+        scale[k] = np.float32(0.0) if amax[k] < GROUP_MAX_EPS else scale[k]
+    for i in range(n):
+        li = LT[i]
+        for k in range(nl):
+            li[k] = 0 if amax[k] < GROUP_MAX_EPS else li[k] + nmax
 
 
 @njit
@@ -474,18 +507,14 @@ def _q3_k_finish(x, y, o, L):
         for ii in range(16):
             l = c_nearest_int(x[16 * j + ii] / d)
             L[16 * j + ii] = max(-4, min(3, l)) + 4
-    for k in range(QK_K // 8):
-        y[o + k] = 0
-    m = 0
-    hm = 1
-    for j in range(QK_K):
-        if L[j] > 3:
-            y[o + m] |= np.uint8(hm)
-            L[j] -= 4
-        m += 1
-        if m == QK_K // 8:
-            m = 0
-            hm <<= 1
+    # hmask: bit b of byte m is the high bit of value 32*b + m (ggml's running m / hm), taken off L
+    for m in range(QK_K // 8):
+        byte = 0
+        for b in range(8):
+            hi = 1 if L[32 * b + m] > 3 else 0
+            byte |= hi << b
+            L[32 * b + m] -= 4 * hi
+        y[o + m] = np.uint8(byte)
     for j in range(0, QK_K, 128):
         for l in range(32):
             v = (np.int32(L[j + l]) | (np.int32(L[j + l + 32]) << 2) | (np.int32(L[j + l + 64]) << 4)
@@ -495,15 +524,17 @@ def _q3_k_finish(x, y, o, L):
 
 @njit
 def q3_k_row_ref(x, y):
+    XT, _, LT, _, sc = _lanes(x, 16)
+    make_q3_quants_lanes(4, XT, LT, sc)
     L = np.empty(QK_K, dtype=np.int8)
-    scales = np.empty(QK_K // 16, dtype=np.float32)
     for ib in range(x.shape[0] // QK_K):
         xb = x[ib * QK_K:(ib + 1) * QK_K]
         o = ib * 110
+        scales = sc[16 * ib:16 * ib + 16]
+        _untranspose(LT, 16 * ib, L)
         max_scale = np.float32(0.0)
         amax = np.float32(0.0)
         for j in range(QK_K // 16):
-            scales[j] = make_q3_quants(16, 4, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16], True)
             s = np.abs(scales[j])
             if s > amax:
                 amax = s
@@ -512,11 +543,11 @@ def q3_k_row_ref(x, y):
             y[o + 96 + k] = 0
         if max_scale != 0:
             iscale = np.float32(np.float32(-32.0) / max_scale)
-            sc = y[o + 96:o + 108]
+            sc12 = y[o + 96:o + 108]
             for j in range(QK_K // 16):
                 l = wrap_i8(c_nearest_int(iscale * scales[j]))
                 l = max(-32, min(31, l)) + 32
-                _q3_k_put_scale(sc, j, l)
+                _q3_k_put_scale(sc12, j, l)
             put_f16(y, o + 108, np.float32(np.float32(1.0) / iscale))
         else:
             put_f16(y, o + 108, np.float32(0.0))
