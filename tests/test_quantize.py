@@ -296,8 +296,9 @@ print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def test_quantize_peak_memory_is_about_one_tensor(tmp_path):
-    """Peak RSS of a whole quantization stays within 3x the largest tensor's float32 size above the
-    RSS of just opening and planning it (the input is streamed, pages released after each tensor)."""
+    """Peak RSS of a whole quantization stays within 2x the largest output tensor above the RSS of just
+    opening and planning it: no float32 copy of a tensor is made (slabs of rows go through a small reused
+    buffer) and source pages are released as they are used."""
     src = str(bundled_model())
 
     def peak(mode):
@@ -307,8 +308,8 @@ def test_quantize_peak_memory_is_about_one_tensor(tmp_path):
 
     base = peak("plan")
     full = peak("quantize")
-    largest_f32 = 576 * 49152 * 4  # token_embd.weight
-    assert full - base <= 3 * largest_f32, (full - base) / 2**20
+    largest_out = 576 * 49152 * 2  # token_embd.weight in F16 (its float32 copy would be twice that)
+    assert full - base <= 2 * largest_out, (full - base) / 2**20
 
 
 def _one_tensor_llama(path: Path, w: np.ndarray) -> Path:
