@@ -379,9 +379,10 @@ def summary_lines(plan: QuantPlan, dry_run: bool) -> list[str]:
 # -- pass 2: writing ---------------------------------------------------------------------------------
 
 #: float32 elements per slab and thread: a slab is converted from the source type into a reused float32
-#: buffer, quantized, checked, and its source pages released before the next; 256 Ki floats (1 MiB) per
-#: thread keeps the buffer in L2.
-SLAB_ELEMENTS_PER_THREAD = 1 << 18
+#: buffer, quantized, checked, and its source pages released before the next. Each slab costs three
+#: parallel regions, and on a busy machine a thread waiting at a region's end spins: with 1 MiB per thread
+#: F16 -> Q4_0 of a 1B model took 5-17 s of CPU, with 8 MiB 2.7 s (measured 2026-12-01, load ~20 on 2 cores).
+SLAB_ELEMENTS_PER_THREAD = 1 << 21
 
 
 
