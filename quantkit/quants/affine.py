@@ -73,70 +73,13 @@ def make_qkx2_quants(nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
     ``(nmax + rmin + rdelta * is) / (max - min)`` and keep the least-squares fit with the lowest
     weighted error (absolute error if ``use_mad``). Fills ``L`` (uint8), uses ``Laux`` as scratch.
     Returns ``(scale, the_min)`` where ``the_min`` is the *negated* minimum (>= 0 for min <= 0).
+    One group is one lane of ``make_qkx2_quants_lanes``, where the search is.
     """
     n = x.shape[0]
-    fmax = F32(nmax)
-    mn = x[0]
-    mx = x[0]
-    sum_w = weights[0]
-    sum_x = sum_w * x[0]
-    for i in range(1, n):
-        if x[i] < mn:
-            mn = x[i]
-        if x[i] > mx:
-            mx = x[i]
-        w = weights[i]
-        sum_w += w
-        sum_x += w * x[i]
-    if mn > F32(0.0):
-        mn = F32(0.0)
-    if mx <= mn:  # only equality can happen: min <= 0 and min <= every x <= max
-        for i in range(n):
-            L[i] = 0
-        return F32(0.0), -mn
-    iscale = fmax / (mx - mn)
-    scale = F32(1.0) / iscale
-    best_error = F32(0.0)
-    for i in range(n):
-        l = _clamp(0, nmax, _nint(iscale * (x[i] - mn)))
-        L[i] = l
-        diff = scale * F32(l) + mn - x[i]
-        diff = abs(diff) if use_mad else diff * diff
-        best_error += weights[i] * diff
-    if nstep < 1:
-        return scale, -mn
-    for step in range(nstep + 1):
-        iscale = (rmin + rdelta * F32(step) + fmax) / (mx - mn)
-        sum_l = F32(0.0)
-        sum_l2 = F32(0.0)
-        sum_xl = F32(0.0)
-        for i in range(n):
-            l = _clamp(0, nmax, _nint(iscale * (x[i] - mn)))
-            Laux[i] = l
-            w = weights[i]
-            fl = F32(l)
-            sum_l += w * fl
-            sum_l2 += w * fl * fl
-            sum_xl += w * fl * x[i]
-        D = sum_w * sum_l2 - sum_l * sum_l
-        if D > F32(0.0):
-            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
-            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
-            if this_min > F32(0.0):
-                this_min = F32(0.0)
-                this_scale = sum_xl / sum_l2
-            cur_error = F32(0.0)
-            for i in range(n):
-                diff = this_scale * F32(Laux[i]) + this_min - x[i]
-                diff = abs(diff) if use_mad else diff * diff
-                cur_error += weights[i] * diff
-            if cur_error < best_error:
-                for i in range(n):
-                    L[i] = Laux[i]
-                best_error = cur_error
-                scale = this_scale
-                mn = this_min
-    return scale, -mn
+    out = np.empty(2, dtype=np.float32)
+    make_qkx2_quants_lanes(nmax, x.reshape(n, 1), weights[:n].reshape(n, 1), L[:n].reshape(n, 1),
+                           Laux[:n].reshape(n, 1), rmin, rdelta, nstep, use_mad, out[0:1], out[1:2])
+    return out[0], out[1]
 
 
 @njit
