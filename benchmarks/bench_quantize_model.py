@@ -1,13 +1,15 @@
-"""Wall time of whole-model quantization on the bundled SmolLM2: quantkit beside llama-quantize.
+"""Whole-model quantization: quantkit beside llama-quantize, wall and CPU time, peak RSS, same bytes.
 
-    python benchmarks/bench_quantize_model.py [--types Q4_K_M,Q8_0] [--threads 2] [--repeat 3]
-        [--llama-quantize PATH]
+    python benchmarks/bench_quantize_model.py [--model F16.gguf] [--imatrix FILE] [--types Q4_K_M,Q8_0]
+        [--threads 2] [--repeat 1] [--llama-quantize PATH]
 
-The F16 source is made first from the bundled Q4_1 file (by quantkit; identical to llama-quantize's).
-quantkit runs in this process (numba's compile/cache-load time is reported apart, from a first
-untimed run); llama-quantize runs as a subprocess when a binary is found (--llama-quantize, $LLAMA_QUANTIZE,
-or llama.cpp's build tree under /opt/llamaref) and otherwise is skipped with a note. Outputs are
-compared byte for byte. Reported: best and median wall seconds of --repeat runs, and the ratio.
+Without --model the F16 source is made first from the bundled SmolLM2 Q4_1 (by quantkit; identical to
+llama-quantize's). Both tools run as subprocesses, alternately (quantkit, then llama-quantize, per repeat),
+so both pay their start-up and their peak RSS is their own; each child's user+sys CPU seconds and
+ru_maxrss come from wait4. quantkit's numba cache is warmed by one untimed run first. llama-quantize is
+found by --llama-quantize, $LLAMA_QUANTIZE, PATH or llama.cpp's build tree under /opt/llamaref (else
+skipped with a note). Outputs are compared byte for byte. On a busy machine compare the CPU columns:
+wall time there measures the neighbours as much as the tools.
 """
 
 from __future__ import annotations
@@ -23,11 +25,15 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_LLAMA = "/opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-quantize"
+DEFAULT_LLAMA = "/opt/llamaref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-quantize"
 
 
 def sha(p: Path) -> str:
-    return hashlib.sha256(p.read_bytes()).hexdigest()
+    h = hashlib.sha256()
+    with open(p, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 24), b""):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def find_llama(arg: str | None) -> str | None:
@@ -37,56 +43,72 @@ def find_llama(arg: str | None) -> str | None:
     return None
 
 
+def timed(cmd: list[str]) -> tuple[float, float, float]:
+    """Run ``cmd``; return (wall s, user+sys CPU s, peak RSS MiB) of the child."""
+    t = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    _, status, ru = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - t
+    err = proc.stderr.read().decode(errors="replace")
+    proc.stderr.close()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"failed: {' '.join(cmd)}\n{err[-2000:]}")
+    return wall, ru.ru_utime + ru.ru_stime, ru.ru_maxrss / 1024
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", default="Q4_K_M,Q8_0")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--repeat", type=int, default=3)
-    ap.add_argument("--llama-quantize", default=None)
+    ap.add_argument("--model", help="F16/BF16/F32 GGUF to quantize (default: SmolLM2 made F16 from the bundled file)")
+    ap.add_argument("--imatrix", help="importance matrix passed to both tools")
+    ap.add_argument("--types", default="Q4_K_M,Q8_0", help="comma-separated llama-quantize type names")
+    ap.add_argument("--threads", type=int, default=2, help="threads for both tools (default 2)")
+    ap.add_argument("--repeat", type=int, default=1, help="timed runs per tool and type (default 1)")
+    ap.add_argument("--llama-quantize", default=None, help="path of llama-quantize")
+    ap.add_argument("--no-warm", action="store_true", help="skip the untimed quantkit run per type (numba cache already warm)")
+    ap.add_argument("--keep", help="directory for the outputs (default: a temporary one)")
     a = ap.parse_args()
 
-    from quantkit.formats.locate import bundled_model
-    from quantkit.pipelines.quantize import QuantizeOptions, quantize_file
-
     llama = find_llama(a.llama_quantize)
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp = Path(tmp)
-        f16 = tmp / "f16.gguf"
-        t = time.perf_counter()
-        quantize_file(bundled_model(), f16, QuantizeOptions("F16", threads=a.threads, allow_requantize=True))
-        print(f"made F16 source in {time.perf_counter() - t:.2f} s (includes numba compile/cache load)")
+    qk = [sys.executable, "-m", "quantkit", "quantize", "-q"]
+    with tempfile.TemporaryDirectory() as tmpd:
+        tmp = Path(a.keep or tmpd)
+        tmp.mkdir(parents=True, exist_ok=True)
+        if a.model:
+            src = Path(a.model)
+        else:
+            from quantkit.formats.locate import bundled_model
+
+            src = tmp / "f16.gguf"
+            subprocess.run(qk + ["--allow-requantize", str(bundled_model()), str(src), "F16"], check=True)
+        im = ["--imatrix", a.imatrix] if a.imatrix else []
         rows = []
         for ft in [x.strip() for x in a.types.split(",") if x.strip()]:
-            ours = tmp / f"qk-{ft}.gguf"
-            t = time.perf_counter()
-            quantize_file(f16, ours, QuantizeOptions(ft, threads=a.threads))
-            first = time.perf_counter() - t
-            qk = []
+            ours, ref = tmp / f"qk-{ft}.gguf", tmp / f"ll-{ft}.gguf"
+            if not a.no_warm:  # warm the numba cache
+                subprocess.run(qk + im + [str(src), str(ours), ft, str(a.threads)], check=True,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            runs: dict[str, list[tuple[float, float, float]]] = {"qk": [], "ll": []}
             for _ in range(a.repeat):
-                t = time.perf_counter()
-                quantize_file(f16, ours, QuantizeOptions(ft, threads=a.threads))
-                qk.append(time.perf_counter() - t)
-            ll = []
-            same = "n/a"
-            if llama:
-                ref = tmp / f"ll-{ft}.gguf"
-                for _ in range(a.repeat):
-                    t = time.perf_counter()
-                    subprocess.run([llama, str(f16), str(ref), ft, str(a.threads)], check=True,
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                    ll.append(time.perf_counter() - t)
-                same = "yes" if sha(ref) == sha(ours) else "NO"
-            rows.append((ft, first, qk, ll, same))
-    print(f"\nthreads={a.threads}, repeat={a.repeat}; llama-quantize: {llama or 'not found (skipped)'}")
-    print(f"| type | quantkit first run s | quantkit best s | quantkit median s | llama-quantize best s "
-          f"| llama median s | quantkit/llama (best) | same bytes |")
-    print("|---|---:|---:|---:|---:|---:|---:|:---:|")
-    for ft, first, qk, ll, same in rows:
-        lb = f"{min(ll):.2f}" if ll else "-"
-        lm = f"{statistics.median(ll):.2f}" if ll else "-"
-        ratio = f"{min(qk) / min(ll):.2f}" if ll else "-"
-        print(f"| {ft} | {first:.2f} | {min(qk):.2f} | {statistics.median(qk):.2f} | {lb} | {lm} | {ratio} | {same} |")
-    print("\nquantkit's time includes opening the GGUF (gguf-py parses the 49k-token vocabulary) and writing it.")
+                runs["qk"].append(timed(qk + im + [str(src), str(ours), ft, str(a.threads)]))
+                if llama:
+                    runs["ll"].append(timed([llama] + im + [str(src), str(ref), ft, str(a.threads)]))
+            same = ("yes" if sha(ref) == sha(ours) else "NO") if llama else "n/a"
+            rows.append((ft, runs, same))
+            print(f"{ft}: quantkit {runs['qk']}, llama-quantize {runs['ll']}, same bytes: {same}", file=sys.stderr,
+                  flush=True)
+    print(f"\nsource {a.model or 'SmolLM2 F16'}{', imatrix ' + a.imatrix if a.imatrix else ''}; threads={a.threads}, "
+          f"repeat={a.repeat} (median shown); llama-quantize: {llama or 'not found (skipped)'}")
+    print("| type | quantkit wall s | quantkit CPU s | quantkit RSS MiB | llama wall s | llama CPU s | llama RSS MiB "
+          "| wall ratio | CPU ratio | same bytes |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")
+    for ft, runs, same in rows:
+        q = [statistics.median(v) for v in zip(*runs["qk"])]
+        if runs["ll"]:
+            ll = [statistics.median(v) for v in zip(*runs["ll"])]
+            tail = f"{ll[0]:.1f} | {ll[1]:.1f} | {ll[2]:.0f} | {q[0] / ll[0]:.2f} | {q[1] / ll[1]:.2f}"
+        else:
+            tail = "- | - | - | - | -"
+        print(f"| {ft} | {q[0]:.1f} | {q[1]:.1f} | {q[2]:.0f} | {tail} | {same} |")
     return 0
 
 

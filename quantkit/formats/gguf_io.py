@@ -312,21 +312,29 @@ class GGUFModel:
     def has_tensor(self, name: str) -> bool:
         return name in self._by_name
 
-    def release(self, tensor: Tensor) -> None:
-        """Drop a tensor's pages from this process's memory (llama-quantize's unmap_weight).
+    def release(self, tensor: Tensor, start_row: int = 0, stop_row: int | None = None) -> None:
+        """Drop a tensor's pages (or those of rows ``start_row:stop_row``) from this process's memory
+        (llama-quantize's unmap_weight). The mapping stays valid: touching the data reads it back."""
+        self._advise(tensor, start_row, stop_row, mmap.MADV_DONTNEED)
 
-        The mapping stays valid: touching the data again reads it back from the file.
-        """
+    def prefetch(self, tensor: Tensor, start_row: int = 0, stop_row: int | None = None) -> None:
+        """Ask the kernel to start reading a tensor's rows in the background (MADV_WILLNEED); returns at once."""
+        self._advise(tensor, start_row, stop_row, mmap.MADV_WILLNEED)
+
+    def _advise(self, tensor: Tensor, start_row: int, stop_row: int | None, advice: int) -> None:
         mm = getattr(getattr(self.reader, "data", None), "_mmap", None)
         if mm is None or tensor.data is None or not tensor.data.size or not hasattr(mm, "madvise"):
             return
+        rows = tensor.data[start_row:stop_row]
+        if not rows.size:
+            return
         base = np.frombuffer(mm, dtype=np.uint8).__array_interface__["data"][0]
-        start = tensor.data.__array_interface__["data"][0] - base
+        start = rows.__array_interface__["data"][0] - base
         page = mmap.PAGESIZE
         lo = start // page * page
-        hi = start + tensor.data.nbytes
+        hi = start + rows.nbytes
         try:
-            mm.madvise(mmap.MADV_DONTNEED, lo, hi - lo)
+            mm.madvise(advice, lo, hi - lo)
         except (OSError, ValueError):
             pass
 

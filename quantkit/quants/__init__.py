@@ -9,4 +9,6 @@ from quantkit.quants.base import TRAITS, QuantType, dequantize, quantize, resolv
 # Each module registers its types in TRAITS on import.
 from quantkit.quants import affine, floats, iq4, symmetric  # noqa: F401,E402
 
-__all__ = ["TRAITS", "QuantType", "dequantize", "quantize", "resolve_type", "traits"]
+from quantkit.quants.validate import count_invalid  # noqa: E402
+
+__all__ = ["TRAITS", "QuantType", "count_invalid", "dequantize", "quantize", "resolve_type", "traits"]

@@ -28,12 +28,13 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16
+from quantkit.quants.common import get_f16, put_f16, take_columns
 
 F32 = np.float32
 QK_K = 256
 _GROUP_MAX_EPS = np.float32(1e-15)
 _INT_MIN = np.int32(-2147483648)
+_NEG_INF = np.float32(-np.inf)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -72,70 +73,125 @@ def make_qkx2_quants(nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
     ``(nmax + rmin + rdelta * is) / (max - min)`` and keep the least-squares fit with the lowest
     weighted error (absolute error if ``use_mad``). Fills ``L`` (uint8), uses ``Laux`` as scratch.
     Returns ``(scale, the_min)`` where ``the_min`` is the *negated* minimum (>= 0 for min <= 0).
+    One group is one lane of ``make_qkx2_quants_lanes``, where the search is.
     """
     n = x.shape[0]
+    out = np.empty(2, dtype=np.float32)
+    make_qkx2_quants_lanes(nmax, x.reshape(n, 1), weights[:n].reshape(n, 1), L[:n].reshape(n, 1),
+                           Laux[:n].reshape(n, 1), rmin, rdelta, nstep, use_mad, out[0:1], out[1:2])
+    return out[0], out[1]
+
+
+@njit
+def make_qkx2_quants_lanes(nmax, XT, WT, LT, AT, rmin, rdelta, nstep, use_mad, scale, the_min):
+    """``make_qkx2_quants`` on ``nl`` independent groups at once, one group per column ("lane").
+
+    ``XT``/``WT`` float32 [n, nl] hold group k's values and weights in column k; fills ``LT`` (uint8
+    [n, nl]), ``scale`` and ``the_min`` (float32 [nl]); ``AT`` (uint8 [n, nl]) is scratch. Every lane runs
+    ggml's search step for step with its own state (its ``min`` changes when a step improves, as in
+    ggml), and every float sum is taken over i = 0..n-1 in order, so the results are bit-identical to
+    calling ``make_qkx2_quants`` per group. Why lanes: the search is chains of dependent float adds,
+    latency-bound per group; across groups the same loops are independent and LLVM vectorizes the
+    inner ``for k in range(nl)`` loops (run-time trip count) over the lanes.
+    """
+    n, nl = XT.shape
     fmax = F32(nmax)
-    mn = x[0]
-    mx = x[0]
-    sum_w = weights[0]
-    sum_x = sum_w * x[0]
+    mn = XT[0].copy()
+    mx = XT[0].copy()
+    sum_w = WT[0].copy()
+    sum_x = np.empty(nl, dtype=np.float32)
+    for k in range(nl):
+        sum_x[k] = sum_w[k] * XT[0, k]
     for i in range(1, n):
-        if x[i] < mn:
-            mn = x[i]
-        if x[i] > mx:
-            mx = x[i]
-        w = weights[i]
-        sum_w += w
-        sum_x += w * x[i]
-    if mn > F32(0.0):
-        mn = F32(0.0)
-    if mx <= mn:  # only equality can happen: min <= 0 and min <= every x <= max
-        for i in range(n):
-            L[i] = 0
-        return F32(0.0), -mn
-    iscale = fmax / (mx - mn)
-    scale = F32(1.0) / iscale
-    best_error = F32(0.0)
+        xi = XT[i]
+        wi = WT[i]
+        for k in range(nl):
+            v = xi[k]
+            mn[k] = v if v < mn[k] else mn[k]
+            mx[k] = v if v > mx[k] else mx[k]
+            sum_w[k] += wi[k]
+            sum_x[k] += wi[k] * v
+    iscale = np.empty(nl, dtype=np.float32)
+    best = np.zeros(nl, dtype=np.float32)
+    for k in range(nl):
+        mn[k] = F32(0.0) if mn[k] > F32(0.0) else mn[k]
+        iscale[k] = fmax / (mx[k] - mn[k])
+        scale[k] = F32(1.0) / iscale[k]
     for i in range(n):
-        l = _clamp(0, nmax, _nint(iscale * (x[i] - mn)))
-        L[i] = l
-        diff = scale * F32(l) + mn - x[i]
-        diff = abs(diff) if use_mad else diff * diff
-        best_error += weights[i] * diff
-    if nstep < 1:
-        return scale, -mn
-    for step in range(nstep + 1):
-        iscale = (rmin + rdelta * F32(step) + fmax) / (mx - mn)
-        sum_l = F32(0.0)
-        sum_l2 = F32(0.0)
-        sum_xl = F32(0.0)
-        for i in range(n):
-            l = _clamp(0, nmax, _nint(iscale * (x[i] - mn)))
-            Laux[i] = l
-            w = weights[i]
-            fl = F32(l)
-            sum_l += w * fl
-            sum_l2 += w * fl * fl
-            sum_xl += w * fl * x[i]
-        D = sum_w * sum_l2 - sum_l * sum_l
-        if D > F32(0.0):
-            this_scale = (sum_w * sum_xl - sum_x * sum_l) / D
-            this_min = (sum_l2 * sum_x - sum_l * sum_xl) / D
-            if this_min > F32(0.0):
-                this_min = F32(0.0)
-                this_scale = sum_xl / sum_l2
-            cur_error = F32(0.0)
+        xi = XT[i]
+        wi = WT[i]
+        li = LT[i]
+        for k in range(nl):
+            l = _clamp(0, nmax, _nint(iscale[k] * (xi[k] - mn[k])))
+            li[k] = l
+            diff = scale[k] * F32(l) + mn[k] - xi[k]
+            diff = abs(diff) if use_mad else diff * diff
+            best[k] += wi[k] * diff
+    # a degenerate group (max == min: all its values equal min <= 0) keeps L = 0 and scale 0; its best
+    # error of -inf lets no step replace them (the steps' inf/NaN arithmetic on it is never used)
+    for k in range(nl):
+        if mx[k] == mn[k]:
+            best[k] = _NEG_INF
+    if nstep >= 1:
+        sum_l = np.empty(nl, dtype=np.float32)
+        sum_l2 = np.empty(nl, dtype=np.float32)
+        sum_xl = np.empty(nl, dtype=np.float32)
+        this_scale = np.empty(nl, dtype=np.float32)
+        this_min = np.empty(nl, dtype=np.float32)
+        err = np.empty(nl, dtype=np.float32)
+        better = np.empty(nl, dtype=np.bool_)
+        for step in range(nstep + 1):
+            grid = rmin + rdelta * F32(step) + fmax
+            for k in range(nl):
+                iscale[k] = grid / (mx[k] - mn[k])
+                sum_l[k] = F32(0.0)
+                sum_l2[k] = F32(0.0)
+                sum_xl[k] = F32(0.0)
             for i in range(n):
-                diff = this_scale * F32(Laux[i]) + this_min - x[i]
-                diff = abs(diff) if use_mad else diff * diff
-                cur_error += weights[i] * diff
-            if cur_error < best_error:
-                for i in range(n):
-                    L[i] = Laux[i]
-                best_error = cur_error
-                scale = this_scale
-                mn = this_min
-    return scale, -mn
+                xi = XT[i]
+                wi = WT[i]
+                ai = AT[i]
+                for k in range(nl):
+                    l = _clamp(0, nmax, _nint(iscale[k] * (xi[k] - mn[k])))
+                    ai[k] = l
+                    w = wi[k]
+                    fl = F32(l)
+                    sum_l[k] += w * fl
+                    sum_l2[k] += w * fl * fl
+                    sum_xl[k] += w * fl * xi[k]
+            for k in range(nl):
+                D = sum_w[k] * sum_l2[k] - sum_l[k] * sum_l[k]
+                ts = (sum_w[k] * sum_xl[k] - sum_x[k] * sum_l[k]) / D
+                tm = (sum_l2[k] * sum_x[k] - sum_l[k] * sum_xl[k]) / D
+                if tm > F32(0.0):
+                    tm = F32(0.0)
+                    ts = sum_xl[k] / sum_l2[k]
+                this_scale[k] = ts
+                this_min[k] = tm
+                err[k] = F32(0.0)
+                better[k] = D > F32(0.0)
+            for i in range(n):
+                xi = XT[i]
+                wi = WT[i]
+                ai = AT[i]
+                for k in range(nl):
+                    diff = this_scale[k] * F32(ai[k]) + this_min[k] - xi[k]
+                    diff = abs(diff) if use_mad else diff * diff
+                    err[k] += wi[k] * diff
+            for k in range(nl):
+                b = better[k] and err[k] < best[k]
+                better[k] = b
+                best[k] = err[k] if b else best[k]
+                scale[k] = this_scale[k] if b else scale[k]
+                mn[k] = this_min[k] if b else mn[k]
+            take_columns(LT, AT, better)
+    for k in range(nl):
+        scale[k] = F32(0.0) if best[k] == _NEG_INF else scale[k]
+        the_min[k] = -mn[k]
+    for i in range(n):
+        li = LT[i]
+        for k in range(nl):
+            li[k] = 0 if best[k] == _NEG_INF else li[k]
 
 
 @njit
@@ -521,25 +577,15 @@ def _get_scale_min_k4(j, sc12):
 
 
 @njit
-def _k32_super_ref(xb, yb, nmax, rmin, rdelta, nstep, L, Laux, weights, scales, mins):
-    """quantize_row_q{4,5}_K_ref up to the scales: fills d, dmin, scales[12] of yb and L."""
+def _k32_scales_ref(yb, scales, mins):
+    """quantize_row_q{4,5}_K_ref after the sub-block searches: 6-bit scales and mins against the largest."""
     max_scale = F32(0.0)
     max_min = F32(0.0)
     for j in range(8):
-        xs = xb[32 * j:32 * j + 32]
-        sum_x2 = F32(0.0)
-        for l in range(32):
-            sum_x2 += xs[l] * xs[l]
-        av_x = np.sqrt(sum_x2 / F32(32.0))
-        for l in range(32):
-            weights[l] = av_x + abs(xs[l])
-        sc, mn = make_qkx2_quants(nmax, xs, weights, L[32 * j:32 * j + 32], Laux, rmin, rdelta, nstep, False)
-        scales[j] = sc
-        mins[j] = mn
-        if sc > max_scale:
-            max_scale = sc
-        if mn > max_min:
-            max_min = mn
+        if scales[j] > max_scale:
+            max_scale = scales[j]
+        if mins[j] > max_min:
+            max_min = mins[j]
     inv_scale = F32(63.0) / max_scale if max_scale > F32(0.0) else F32(0.0)
     inv_min = F32(63.0) / max_min if max_min > F32(0.0) else F32(0.0)
     sc12 = yb[4:16]
@@ -552,22 +598,8 @@ def _k32_super_ref(xb, yb, nmax, rmin, rdelta, nstep, L, Laux, weights, scales, 
 
 
 @njit
-def _k32_super_impl(xb, yb, qwb, nmax, clamp63, L, Laux, weights, scales, mins, sw, Ls, Lm):
-    """quantize_row_q{4,5}_K_impl up to the scales (importance-weighted)."""
-    sum_x2 = F32(0.0)
-    for l in range(QK_K):
-        sum_x2 += xb[l] * xb[l]
-    sigma2 = F32(2.0) * sum_x2 / F32(QK_K)
-    for j in range(8):
-        xs = xb[32 * j:32 * j + 32]
-        _imatrix_weights(xs, qwb[32 * j:32 * j + 32], sigma2, weights)
-        s = F32(0.0)
-        for l in range(32):
-            s += weights[l]
-        sw[j] = s
-        sc, mn = make_qkx3_quants(nmax, xs, weights, L[32 * j:32 * j + 32], Laux, F32(-0.9), F32(0.05), 36, False)
-        scales[j] = sc
-        mins[j] = mn
+def _k32_scales_impl(yb, clamp63, scales, mins, sw, Ls, Lm):
+    """quantize_row_q{4,5}_K_impl after the sub-block searches: weighted 6-bit scales and mins."""
     d_block = make_qp_quants(63, scales, Ls, sw)
     m_block = make_qp_quants(63, mins, Lm, sw)
     sc12 = yb[4:16]
@@ -580,6 +612,46 @@ def _k32_super_impl(xb, yb, qwb, nmax, clamp63, L, Laux, weights, scales, mins, 
         _put_scale_min_k4(sc12, j, ls, lm)
     put_f16(yb, 0, d_block)
     put_f16(yb, 2, m_block)
+
+
+@njit
+def _k32_search(x, qw, nmax, XT, WT, LT, AT, scales, mins, sw):
+    """Every 32-value sub-block's (scale, min) search of a row, all sub-blocks as lanes.
+
+    Weights as ggml: ``av_x + |x|`` with av_x = rms of the sub-block (reference path), or
+    ``qw * sqrt(sigma2 + x^2)`` with sigma2 = 2 * mean square of the super-block (imatrix path, which
+    also returns the sub-blocks' weight sums in ``sw``)."""
+    nsub = XT.shape[1]
+    for j in range(nsub):
+        for i in range(32):
+            XT[i, j] = x[32 * j + i]
+    if qw.shape[0] > 0:
+        for ib in range(nsub // 8):
+            sum_x2 = F32(0.0)
+            for l in range(QK_K):
+                sum_x2 += x[ib * QK_K + l] * x[ib * QK_K + l]
+            sigma2 = F32(2.0) * sum_x2 / F32(QK_K)
+            for j in range(8 * ib, 8 * ib + 8):
+                s = F32(0.0)
+                for i in range(32):
+                    v = x[32 * j + i]
+                    w = qw[32 * j + i] * np.sqrt(sigma2 + v * v)
+                    WT[i, j] = w
+                    s += w
+                sw[j] = s
+        make_qkx2_quants_lanes(nmax, XT, WT, LT, AT, F32(-0.9), F32(0.05), 36, False, scales, mins)
+    else:
+        for j in range(nsub):
+            sum_x2 = F32(0.0)
+            for i in range(32):
+                sum_x2 += x[32 * j + i] * x[32 * j + i]
+            av_x = np.sqrt(sum_x2 / F32(32.0))
+            for i in range(32):
+                WT[i, j] = av_x + abs(x[32 * j + i])
+        if nmax == 15:
+            make_qkx2_quants_lanes(15, XT, WT, LT, AT, F32(-1.0), F32(0.1), 20, False, scales, mins)
+        else:
+            make_qkx2_quants_lanes(31, XT, WT, LT, AT, F32(-0.5), F32(0.1), 15, False, scales, mins)
 
 
 @njit
@@ -601,24 +673,29 @@ def _k32_requant(xb, yb, nmax, L):
 @njit
 def _quantize_row_k32(x, y, qw, nmax, type_size):
     nb = x.shape[0] // QK_K
-    L = np.zeros(QK_K, dtype=np.uint8)
-    Laux = np.zeros(32, dtype=np.uint8)
-    weights = np.zeros(32, dtype=np.float32)
-    scales = np.zeros(8, dtype=np.float32)
-    mins = np.zeros(8, dtype=np.float32)
-    sw = np.zeros(8, dtype=np.float32)
+    nsub = nb * 8
+    XT = np.empty((32, nsub), dtype=np.float32)
+    WT = np.empty((32, nsub), dtype=np.float32)
+    LT = np.empty((32, nsub), dtype=np.uint8)
+    AT = np.empty((32, nsub), dtype=np.uint8)
+    scales = np.empty(nsub, dtype=np.float32)
+    mins = np.empty(nsub, dtype=np.float32)
+    sw = np.empty(nsub, dtype=np.float32)
+    L = np.empty(QK_K, dtype=np.uint8)
     Ls = np.zeros(8, dtype=np.int32)
     Lm = np.zeros(8, dtype=np.int32)
+    _k32_search(x, qw, nmax, XT, WT, LT, AT, scales, mins, sw)
     for i in range(nb):
         xb = x[i * QK_K:(i + 1) * QK_K]
         yb = y[i * type_size:(i + 1) * type_size]
+        for j in range(8):
+            for ii in range(32):
+                L[32 * j + ii] = LT[ii, 8 * i + j]
         if qw.shape[0] > 0:
-            _k32_super_impl(xb, yb, qw[i * QK_K:(i + 1) * QK_K], nmax, nmax == 31, L, Laux, weights, scales,
-                            mins, sw, Ls, Lm)
-        elif nmax == 15:
-            _k32_super_ref(xb, yb, 15, F32(-1.0), F32(0.1), 20, L, Laux, weights, scales, mins)
+            _k32_scales_impl(yb, nmax == 31, scales[8 * i:8 * i + 8], mins[8 * i:8 * i + 8], sw[8 * i:8 * i + 8],
+                             Ls, Lm)
         else:
-            _k32_super_ref(xb, yb, 31, F32(-0.5), F32(0.1), 15, L, Laux, weights, scales, mins)
+            _k32_scales_ref(yb, scales[8 * i:8 * i + 8], mins[8 * i:8 * i + 8])
         _k32_requant(xb, yb, nmax, L)
         if nmax == 15:
             for j in range(0, QK_K, 64):
@@ -713,25 +790,30 @@ def dequantize_rows_q5_k(y, x):
 # ---------------------------------------------------------------------------------------------
 
 class Q4_1(QuantType, qtype=T.Q4_1):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q4_1
     dequantize_rows = dequantize_rows_q4_1
 
 
 class Q5_1(QuantType, qtype=T.Q5_1):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q5_1
     dequantize_rows = dequantize_rows_q5_1
 
 
 class Q2_K(QuantType, qtype=T.Q2_K):
+    scale_fields = (80, 82)
     quantize_rows = quantize_rows_q2_k
     dequantize_rows = dequantize_rows_q2_k
 
 
 class Q4_K(QuantType, qtype=T.Q4_K):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q4_k
     dequantize_rows = dequantize_rows_q4_k
 
 
 class Q5_K(QuantType, qtype=T.Q5_K):
+    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q5_k
     dequantize_rows = dequantize_rows_q5_k

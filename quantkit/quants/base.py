@@ -60,6 +60,9 @@ class QuantType:
     type_size: ClassVar[int]
     #: whether an importance matrix changes the bytes (ggml's quantize_X uses quant_weights)
     uses_imatrix: ClassVar[bool] = True
+    #: byte offsets, inside one block, of the fp16 scales ``ggml_validate_row_data`` checks for NaN/Inf
+    #: (``d``, and ``dmin``/``m`` where the type has one); None for F32/F16/BF16, whose every value is checked
+    scale_fields: ClassVar[tuple[int, ...] | None] = None
     #: the type ggml quantizes activations to for this type's vec_dot (filled by the kernels layer)
     vec_dot_type: ClassVar[GGMLQuantizationType | None] = None
     quantize_rows: ClassVar[Callable]
@@ -122,6 +125,18 @@ class QuantType:
                 for e in range(w.shape[0]):
                     cls.quantize_rows(rows[e * per:(e + 1) * per], out[e * per:(e + 1) * per], w[e])
         return out.reshape(*data.shape[:-1], out.shape[-1])
+
+    @classmethod
+    def quantize_into(cls, rows: np.ndarray, out: np.ndarray, weights: np.ndarray | None = None) -> None:
+        """``quantize`` without its checks and allocation, for a caller streaming a tensor slab by slab that
+        has already checked ``rows`` (float32, C-contiguous (n, n_per_row), finite) and ``weights``
+        (float32 (n_per_row,) or None) and owns ``out`` (uint8 (n, row_bytes))."""
+        cls.quantize_rows(rows, out, _EMPTY_W if weights is None or not cls.uses_imatrix else weights)
+
+    @classmethod
+    def dequantize_into(cls, data: np.ndarray, out: np.ndarray) -> None:
+        """``dequantize`` of uint8 rows (n, row_bytes) into the caller's float32 (n, n_per_row)."""
+        cls.dequantize_rows(data, out)
 
     @classmethod
     def dequantize(cls, data: np.ndarray) -> np.ndarray:

@@ -126,3 +126,31 @@ def get_f32(y, pos):
     b = (np.uint32(y[pos]) | (np.uint32(y[pos + 1]) << np.uint32(8))
          | (np.uint32(y[pos + 2]) << np.uint32(16)) | (np.uint32(y[pos + 3]) << np.uint32(24)))
     return bits_to_f32(b)
+
+
+@njit
+def take_columns(LT, AT, mask):
+    """Column k of ``AT`` replaces column k of ``LT`` where ``mask[k]``: the lane searches' "keep this
+    step's levels" for every lane at once (a select, so the loop over lanes vectorizes)."""
+    for i in range(LT.shape[0]):
+        li = LT[i]
+        ai = AT[i]
+        for k in range(LT.shape[1]):
+            li[k] = ai[k] if mask[k] else li[k]
+
+
+@njit
+def absmax_lanes(XT):
+    """Per column of ``XT`` [n, nl]: the largest magnitude and the signed value that has it (the first
+    on ties, as ggml's ``if (ax > amax)`` loops), both 0 for an all-zero column."""
+    nl = XT.shape[1]
+    amax = np.zeros(nl, dtype=np.float32)
+    vmax = np.zeros(nl, dtype=np.float32)
+    for i in range(XT.shape[0]):
+        xi = XT[i]
+        for k in range(nl):
+            ax = np.abs(xi[k])
+            take = ax > amax[k]
+            amax[k] = ax if take else amax[k]
+            vmax[k] = xi[k] if take else vmax[k]
+    return amax, vmax

@@ -12,6 +12,9 @@ Both types share one search (ggml's ``quantize_row_iq4_nl_impl``), run per 32-el
   scale per block (low 4 bits in ``scales_l``, high 2 bits in ``scales_h``), then re-picks every
   index with the quantized block scale.
 
+The search runs on every 32-block of a row at once (``_search_lanes``: one lane per block, each lane's
+sums in ggml's order; the table lookup is a branch-free count so the loops over lanes vectorize).
+
 ``ggml_quantize_chunk`` calls ``quantize_iq4_nl`` / ``quantize_iq4_xs`` for both types, which always
 search with ``ntry = 7`` (the ``ntry = -1`` variant is only used by ggml's unused row-ref entry point),
 so an absent imatrix only changes the weights. Bytes are identical to ggml; dequantization is
@@ -25,7 +28,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16
+from quantkit.quants.common import absmax_lanes, get_f16, put_f16
 
 #: the 16 reconstruction levels shared by IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl)
 KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
@@ -69,55 +72,6 @@ def _nearest_int_magic(fval):
 
 
 @njit
-def _search_block(xb, weight):
-    """Best scale for one 32-element block (weights already filled); 0 for a negligible block."""
-    kv = _KV_F32
-    amax = np.float32(0.0)
-    mx = np.float32(0.0)
-    for j in range(32):
-        ax = np.abs(xb[j])
-        if ax > amax:
-            amax = ax
-            mx = xb[j]
-    if amax < _GROUP_MAX_EPS:
-        return np.float32(0.0)
-    d = -mx / kv[0]
-    inv = np.float32(1.0) / d
-    sumqx = np.float32(0.0)
-    sumq2 = np.float32(0.0)
-    for j in range(32):
-        q = kv[best_index_iq4nl(inv * xb[j])]
-        w = weight[j]
-        sumqx += w * q * xb[j]
-        sumq2 += w * q * q
-    d = sumqx / sumq2 if sumq2 > np.float32(0.0) else np.float32(0.0)
-    best = d * sumqx
-    for itry in range(-_NTRY, _NTRY + 1):
-        inv = np.float32(itry - 127) / mx  # (itry + first level) / max
-        sumqx = np.float32(0.0)
-        sumq2 = np.float32(0.0)
-        for j in range(32):
-            q = kv[best_index_iq4nl(inv * xb[j])]
-            w = weight[j]
-            sumqx += w * q * xb[j]
-            sumq2 += w * q * q
-        if sumq2 > np.float32(0.0) and sumqx * sumqx > best * sumq2:
-            d = sumqx / sumq2
-            best = d * sumqx
-    return d
-
-
-@njit
-def _fill_weights(xb, qwb, use_qw, sigma2, weight):
-    if use_qw:
-        for j in range(32):
-            weight[j] = qwb[j] * np.sqrt(sigma2 + xb[j] * xb[j])
-    else:
-        for j in range(32):
-            weight[j] = xb[j] * xb[j]
-
-
-@njit
 def _sigma2(x):
     s = np.float32(0.0)
     for j in range(x.shape[0]):
@@ -134,11 +88,93 @@ def _pack_nibbles(L, y, pos, n):
 
 
 @njit
-def quantize_block_iq4_nl(x, qw, use_qw, y, pos, weight, L):
-    """One 32-element block ``x`` -> 18 bytes at ``y[pos:]``."""
-    sigma2 = _sigma2(x)
-    _fill_weights(x, qw, use_qw, sigma2, weight)
-    d = _search_block(x, weight)
+def _best_index_counted(al):
+    """``best_index_iq4nl`` for a finite ``al`` without branches: the level above ``al`` is the count of
+    levels <= al (the table is strictly increasing), then the same tie rule; so it vectorizes over lanes."""
+    kv = _KV_F32
+    c = 0
+    for m in range(16):
+        c += 1 if kv[m] <= al else 0
+    mu = min(max(c, 1), 15)
+    idx = mu - 1 if al - kv[mu - 1] < kv[mu] - al else mu
+    idx = 0 if al <= kv[0] else idx
+    return 15 if al >= kv[15] else idx
+
+
+@njit
+def _fit_lanes(XT, WT, inv, sumqx, sumq2):
+    """Every lane's weighted fit at inverse scale ``inv[k]``: sum w*q*x and sum w*q*q over its 32 values."""
+    kv = _KV_F32
+    n, nl = XT.shape
+    for k in range(nl):
+        sumqx[k] = np.float32(0.0)
+        sumq2[k] = np.float32(0.0)
+    for j in range(n):
+        xj = XT[j]
+        wj = WT[j]
+        for k in range(nl):
+            q = kv[_best_index_counted(inv[k] * xj[k])]
+            w = wj[k]
+            sumqx[k] += w * q * xj[k]
+            sumq2[k] += w * q * q
+
+
+@njit
+def _search_lanes(XT, WT, d):
+    """Best scale of every 32-value block of a row at once (block k's values and weights in column k
+    of XT/WT); 0 for a negligible block. ggml's search per block (first scale on the block's signed
+    extreme, then ``2 * ntry + 1`` trial inverse scales), every float sum in its order, so the scales equal
+    a block-at-a-time search; the loops over blocks vectorize (each block's sums are a serial chain).
+    Inverse scales stay finite here (|inv * x| <= ~127), which ``_best_index_counted`` needs."""
+    kv = _KV_F32
+    n, nl = XT.shape
+    amax, mx = absmax_lanes(XT)
+    inv = np.empty(nl, dtype=np.float32)
+    sumqx = np.empty(nl, dtype=np.float32)
+    sumq2 = np.empty(nl, dtype=np.float32)
+    best = np.empty(nl, dtype=np.float32)
+    for k in range(nl):
+        inv[k] = np.float32(1.0) / (-mx[k] / kv[0])
+    _fit_lanes(XT, WT, inv, sumqx, sumq2)
+    for k in range(nl):
+        d[k] = sumqx[k] / sumq2[k] if sumq2[k] > np.float32(0.0) else np.float32(0.0)
+        best[k] = d[k] * sumqx[k]
+    for itry in range(-_NTRY, _NTRY + 1):
+        for k in range(nl):
+            inv[k] = np.float32(itry - 127) / mx[k]  # (itry + first level) / max
+        _fit_lanes(XT, WT, inv, sumqx, sumq2)
+        for k in range(nl):
+            b = sumq2[k] > np.float32(0.0) and sumqx[k] * sumqx[k] > best[k] * sumq2[k]
+            dd = sumqx[k] / sumq2[k]
+            d[k] = dd if b else d[k]
+            best[k] = dd * sumqx[k] if b else best[k]
+    for k in range(nl):
+        d[k] = np.float32(0.0) if amax[k] < _GROUP_MAX_EPS else d[k]
+
+
+@njit
+def _row_search(x, qw, use_qw, super_size, scales):
+    """The scales of every 32-block of a row (``quantize_row_iq4_nl_impl``'s search), weights from the
+    ``super_size`` super-block each block belongs to."""
+    nblock = x.shape[0] // 32
+    XT = np.empty((32, nblock), dtype=np.float32)
+    WT = np.empty((32, nblock), dtype=np.float32)
+    for ib in range(nblock):
+        for j in range(32):
+            XT[j, ib] = x[32 * ib + j]
+    per = super_size // 32
+    for isb in range(nblock // per):
+        sigma2 = _sigma2(x[super_size * isb:super_size * (isb + 1)])
+        for ib in range(per * isb, per * isb + per):
+            for j in range(32):
+                v = XT[j, ib]
+                WT[j, ib] = qw[32 * ib + j] * np.sqrt(sigma2 + v * v) if use_qw else v * v
+    _search_lanes(XT, WT, scales)
+
+
+@njit
+def quantize_block_iq4_nl(x, d, y, pos, L):
+    """One 32-element block ``x`` with its searched scale ``d`` -> 18 bytes at ``y[pos:]``."""
     put_f16(y, pos, d)
     inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
     for j in range(32):
@@ -147,16 +183,12 @@ def quantize_block_iq4_nl(x, qw, use_qw, y, pos, weight, L):
 
 
 @njit
-def quantize_superblock_iq4_xs(x, qw, use_qw, y, pos, weight, L, scales):
-    """One 256-element super-block ``x`` -> 136 bytes at ``y[pos:]``."""
-    sigma2 = _sigma2(x)
+def quantize_superblock_iq4_xs(x, scales, y, pos, L):
+    """One 256-element super-block ``x`` with its eight searched block scales -> 136 bytes at ``y[pos:]``."""
     max_scale = np.float32(0.0)
     amax_scale = np.float32(0.0)
     for ib in range(8):
-        xb = x[32 * ib:32 * ib + 32]
-        _fill_weights(xb, qw[32 * ib:32 * ib + 32] if use_qw else qw, use_qw, sigma2, weight)
-        s = _search_block(xb, weight)
-        scales[ib] = s
+        s = scales[ib]
         if np.abs(s) > amax_scale:
             amax_scale = np.abs(s)
             max_scale = s
@@ -188,11 +220,11 @@ def quantize_rows_iq4_nl(x, y, qw):
     use_qw = qw.shape[0] > 0
     nblock = x.shape[1] // 32
     for r in prange(x.shape[0]):
-        weight = np.empty(32, dtype=np.float32)
+        scales = np.empty(nblock, dtype=np.float32)
+        _row_search(x[r], qw, use_qw, 32, scales)
         L = np.empty(32, dtype=np.uint8)
         for ib in range(nblock):
-            qwb = qw[32 * ib:32 * ib + 32] if use_qw else qw
-            quantize_block_iq4_nl(x[r, 32 * ib:32 * ib + 32], qwb, use_qw, y[r], _NL_BYTES * ib, weight, L)
+            quantize_block_iq4_nl(x[r, 32 * ib:32 * ib + 32], scales[ib], y[r], _NL_BYTES * ib, L)
 
 
 @njit_parallel
@@ -200,13 +232,12 @@ def quantize_rows_iq4_xs(x, y, qw):
     use_qw = qw.shape[0] > 0
     nblock = x.shape[1] // 256
     for r in prange(x.shape[0]):
-        weight = np.empty(32, dtype=np.float32)
+        scales = np.empty(8 * nblock, dtype=np.float32)
+        _row_search(x[r], qw, use_qw, 256, scales)
         L = np.empty(256, dtype=np.uint8)
-        scales = np.empty(8, dtype=np.float32)
         for ib in range(nblock):
-            qwb = qw[256 * ib:256 * ib + 256] if use_qw else qw
-            quantize_superblock_iq4_xs(x[r, 256 * ib:256 * ib + 256], qwb, use_qw, y[r], _XS_BYTES * ib,
-                                       weight, L, scales)
+            quantize_superblock_iq4_xs(x[r, 256 * ib:256 * ib + 256], scales[8 * ib:8 * ib + 8], y[r],
+                                       _XS_BYTES * ib, L)
 
 
 @njit_parallel
@@ -248,10 +279,12 @@ def dequantize_rows_iq4_xs(y, x):
 
 
 class IQ4_NL(QuantType, qtype=T.IQ4_NL):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_iq4_nl
     dequantize_rows = dequantize_rows_iq4_nl
 
 
 class IQ4_XS(QuantType, qtype=T.IQ4_XS):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_iq4_xs
     dequantize_rows = dequantize_rows_iq4_xs

@@ -26,7 +26,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, get_f32, put_f16, put_f32
+from quantkit.quants.common import absmax_lanes, get_f16, get_f32, put_f16, put_f32, take_columns
 
 QK4_0 = 32
 QK5_0 = 32
@@ -129,6 +129,11 @@ def make_qx_quants(n, nmax, x, L, rmse_type, qw):
     wts = np.empty(n, dtype=np.float32)
     for i in range(n):
         wts[i] = _qx_weight(x, qw, i, rmse_type)
+    if not return_early:  # the search proper: one group as one lane
+        scale = np.empty(1, dtype=np.float32)
+        make_qx_quants_lanes(nmax, x[:n].reshape(n, 1), wts.reshape(n, 1), L[:n].reshape(n, 1),
+                             np.empty((n, 1), dtype=L.dtype), scale)
+        return scale[0]
     sumlx = np.float32(0.0)
     suml2 = np.float32(0.0)
     for i in range(n):
@@ -140,31 +145,75 @@ def make_qx_quants(n, nmax, x, L, rmse_type, qw):
         sumlx += w * x[i] * fl
         suml2 += w * fl * fl
     scale = np.float32(sumlx / suml2) if suml2 != 0 else np.float32(0.0)
-    if return_early:
-        if suml2 > 0:
-            return np.float32(np.float32(0.5) * (scale + np.float32(np.float32(1.0) / iscale)))
-        return np.float32(np.float32(1.0) / iscale)
-    best = np.float32(scale * sumlx)
+    if suml2 > 0:
+        return np.float32(np.float32(0.5) * (scale + np.float32(np.float32(1.0) / iscale)))
+    return np.float32(np.float32(1.0) / iscale)
+
+
+@njit
+def _qx_lanes_fit(nmax, XT, WT, iscale, LT, sumlx, suml2):
+    """Round every lane at its ``iscale`` (levels + nmax into LT) and sum its weighted fit terms."""
+    n, nl = XT.shape
+    for k in range(nl):
+        sumlx[k] = np.float32(0.0)
+        suml2[k] = np.float32(0.0)
+    for i in range(n):
+        xi = XT[i]
+        wi = WT[i]
+        li = LT[i]
+        for k in range(nl):
+            l = max(-nmax, min(nmax - 1, c_nearest_int(iscale[k] * xi[k])))
+            li[k] = l + nmax
+            fl = np.float32(l)
+            sumlx[k] += wi[k] * xi[k] * fl
+            suml2[k] += wi[k] * fl * fl
+
+
+@njit
+def make_qx_quants_lanes(nmax, XT, WT, LT, AT, scale):
+    """``make_qx_quants`` (rmse_type 1, weights given) on ``nl`` independent groups, one per column.
+
+    ``XT``/``WT`` float32 [n, nl]: group k's values and weights in column k. Fills ``LT`` [n, nl] with
+    levels + nmax and ``scale`` [nl]; ``AT`` (same dtype as ``LT``) is scratch. Each lane does ggml's
+    steps (max-magnitude scale, first weighted fit, 18 trial scales -(nmax + 0.1*is)/max) with every
+    float sum over i = 0..n-1 in order, so the bytes equal the one-group-at-a-time search; the loops
+    over lanes are independent and vectorize (the per-group chains of adds are latency-bound).
+    """
+    n, nl = XT.shape
+    amax, fmax = absmax_lanes(XT)
+    iscale = np.empty(nl, dtype=np.float32)
+    sumlx = np.empty(nl, dtype=np.float32)
+    suml2 = np.empty(nl, dtype=np.float32)
+    best = np.empty(nl, dtype=np.float32)
+    better = np.empty(nl, dtype=np.bool_)
+    for k in range(nl):
+        iscale[k] = np.float32(np.float32(-nmax) / fmax[k])
+    _qx_lanes_fit(nmax, XT, WT, iscale, LT, sumlx, suml2)
+    for k in range(nl):
+        scale[k] = np.float32(sumlx[k] / suml2[k]) if suml2[k] != 0 else np.float32(0.0)
+        best[k] = np.float32(scale[k] * sumlx[k])
     for itry in range(-9, 10):
         if itry == 0:
             continue
-        iscale = np.float32(-(np.float32(nmax) + np.float32(0.1) * np.float32(itry)) / fmax)
-        sumlx = np.float32(0.0)
-        suml2 = np.float32(0.0)
-        for i in range(n):
-            l = c_nearest_int(iscale * x[i])
-            l = max(-nmax, min(nmax - 1, l))
-            w = wts[i]
-            fl = np.float32(l)
-            sumlx += w * x[i] * fl
-            suml2 += w * fl * fl
-        if suml2 > 0 and sumlx * sumlx > best * suml2:
-            for i in range(n):
-                l = c_nearest_int(iscale * x[i])
-                L[i] = nmax + max(-nmax, min(nmax - 1, l))
-            scale = np.float32(sumlx / suml2)
-            best = np.float32(scale * sumlx)
-    return scale
+        grid = np.float32(np.float32(nmax) + np.float32(0.1) * np.float32(itry))
+        for k in range(nl):
+            iscale[k] = np.float32(-grid / fmax[k])
+        _qx_lanes_fit(nmax, XT, WT, iscale, AT, sumlx, suml2)
+        for k in range(nl):
+            b = suml2[k] > 0 and sumlx[k] * sumlx[k] > best[k] * suml2[k]
+            better[k] = b
+            s = np.float32(sumlx[k] / suml2[k])
+            scale[k] = s if b else scale[k]
+            best[k] = np.float32(s * sumlx[k]) if b else best[k]
+        take_columns(LT, AT, better)
+    # a group whose largest magnitude is below GROUP_MAX_EPS is all zeros: L = 0, scale 0
+    for k in range(nl):
+        better[k] = amax[k] < GROUP_MAX_EPS
+        scale[k] = np.float32(0.0) if better[k] else scale[k]
+    for i in range(n):
+        li = LT[i]
+        for k in range(nl):
+            li[k] = 0 if better[k] else li[k]
 
 
 @njit
@@ -183,46 +232,79 @@ def make_q3_quants(n, nmax, x, L, do_rmse):
             L[i] = 0
         return np.float32(0.0)
     iscale = np.float32(np.float32(-nmax) / fmax)
-    if do_rmse:
-        sumlx = np.float32(0.0)
-        suml2 = np.float32(0.0)
-        for i in range(n):
-            l = c_nearest_int(iscale * x[i])
-            l = max(-nmax, min(nmax - 1, l))
-            L[i] = l
-            w = x[i] * x[i]
-            fl = np.float32(l)
-            sumlx += w * x[i] * fl
-            suml2 += w * fl * fl
-        for itry in range(5):
-            n_changed = 0
-            for i in range(n):
-                w = x[i] * x[i]
-                fli = np.float32(L[i])
-                slx = np.float32(sumlx - w * x[i] * fli)
-                if slx > 0:
-                    sl2 = np.float32(suml2 - w * fli * fli)
-                    new_l = c_nearest_int(x[i] * sl2 / slx)
-                    new_l = max(-nmax, min(nmax - 1, new_l))
-                    if new_l != L[i]:
-                        fnl = np.float32(new_l)
-                        slx += w * x[i] * fnl
-                        sl2 += w * fnl * fnl
-                        if sl2 > 0 and slx * slx * suml2 > sumlx * sumlx * sl2:
-                            L[i] = new_l
-                            sumlx = slx
-                            suml2 = sl2
-                            n_changed += 1
-            if n_changed == 0:
-                break
-        for i in range(n):
-            L[i] += nmax
-        return np.float32(sumlx / suml2) if suml2 > 0 else np.float32(0.0)
+    if do_rmse:  # the search proper: one group as one lane
+        scale = np.empty(1, dtype=np.float32)
+        make_q3_quants_lanes(nmax, x[:n].reshape(n, 1), L[:n].reshape(n, 1), scale)
+        return scale[0]
     for i in range(n):
         l = c_nearest_int(iscale * x[i])
         l = max(-nmax, min(nmax - 1, l))
         L[i] = l + nmax
     return np.float32(np.float32(1.0) / iscale)
+
+
+@njit
+def make_q3_quants_lanes(nmax, XT, LT, scale):
+    """``make_q3_quants`` with ``do_rmse`` on ``nl`` groups at once (group k in column k of XT [n, nl]);
+    fills LT (levels + nmax) and ``scale`` [nl]. Each lane runs ggml's first fit and up to five
+    coordinate-descent sweeps, stopping when a sweep changes none of its levels, with its sums updated
+    in ggml's order; a lane that has stopped is left untouched while others go on."""
+    n, nl = XT.shape
+    amax, fmax = absmax_lanes(XT)
+    iscale = np.empty(nl, dtype=np.float32)
+    for k in range(nl):
+        iscale[k] = np.float32(np.float32(-nmax) / fmax[k])
+    sumlx = np.zeros(nl, dtype=np.float32)
+    suml2 = np.zeros(nl, dtype=np.float32)
+    for i in range(n):
+        xi = XT[i]
+        li = LT[i]
+        for k in range(nl):
+            l = max(-nmax, min(nmax - 1, c_nearest_int(iscale[k] * xi[k])))
+            li[k] = l
+            w = xi[k] * xi[k]
+            fl = np.float32(l)
+            sumlx[k] += w * xi[k] * fl
+            suml2[k] += w * fl * fl
+    active = np.empty(nl, dtype=np.bool_)
+    changed = np.zeros(nl, dtype=np.int32)
+    for k in range(nl):
+        active[k] = amax[k] >= GROUP_MAX_EPS
+    for itry in range(5):
+        for k in range(nl):
+            changed[k] = 0
+        for i in range(n):
+            xi = XT[i]
+            li = LT[i]
+            for k in range(nl):
+                v = xi[k]
+                w = v * v
+                fli = np.float32(li[k])
+                slx = np.float32(sumlx[k] - w * v * fli)
+                sl2 = np.float32(suml2[k] - w * fli * fli)
+                new_l = max(-nmax, min(nmax - 1, c_nearest_int(v * sl2 / slx)))
+                fnl = np.float32(new_l)
+                slx2 = slx + w * v * fnl
+                sl22 = sl2 + w * fnl * fnl
+                take = (active[k] & (slx > 0) & (new_l != li[k]) & (sl22 > 0)  # & not and: no branches
+                        & (slx2 * slx2 * suml2[k] > sumlx[k] * sumlx[k] * sl22))
+                li[k] = new_l if take else li[k]
+                sumlx[k] = slx2 if take else sumlx[k]
+                suml2[k] = sl22 if take else suml2[k]
+                changed[k] += 1 if take else 0
+        any_active = False
+        for k in range(nl):
+            active[k] = active[k] and changed[k] > 0
+            any_active = any_active or active[k]
+        if not any_active:
+            break
+    for k in range(nl):
+        scale[k] = np.float32(sumlx[k] / suml2[k]) if suml2[k] > 0 else np.float32(0.0)
+        scale[k] = np.float32(0.0) if amax[k] < GROUP_MAX_EPS else scale[k]
+    for i in range(n):
+        li = LT[i]
+        for k in range(nl):
+            li[k] = 0 if amax[k] < GROUP_MAX_EPS else li[k] + nmax
 
 
 @njit
@@ -268,20 +350,26 @@ def q4_0_row_ref(x, y):
 
 
 @njit
-def q4_0_row_impl(x, y, qw):
+def _legacy_impl_search(x, qw, nmax):
+    """quantize_row_q{4,5}_0_impl's searches for a whole row: weights with the row's sigma2, every
+    32-block a lane. Returns the levels (LT[j, block]) and the block scales."""
     sigma2 = row_sigma2(x)
-    weight = np.empty(QK4_0, dtype=np.float32)
-    L = np.empty(QK4_0, dtype=np.int8)
-    for ib in range(x.shape[0] // QK4_0):
-        xb = x[ib * QK4_0:(ib + 1) * QK4_0]
-        wb = qw[ib * QK4_0:(ib + 1) * QK4_0]
-        for j in range(QK4_0):
-            weight[j] = wb[j] * np.float32(np.sqrt(np.float32(sigma2 + xb[j] * xb[j])))
-        d = make_qx_quants(QK4_0, 8, xb, L, 1, weight)
+    XT, WT, LT, AT, d = _lanes(x, 32)
+    for i in range(32):
+        for g in range(XT.shape[1]):
+            WT[i, g] = _imatrix_weight(qw[32 * g + i], XT[i, g], sigma2)
+    make_qx_quants_lanes(nmax, XT, WT, LT, AT, d)
+    return LT, d
+
+
+@njit
+def q4_0_row_impl(x, y, qw):
+    LT, d = _legacy_impl_search(x, qw, 8)
+    for ib in range(d.shape[0]):
         o = ib * 18
-        put_f16(y, o, d)
+        put_f16(y, o, d[ib])
         for j in range(16):
-            y[o + 2 + j] = np.uint8((np.int32(L[j]) | (np.int32(L[j + 16]) << 4)) & 0xFF)
+            y[o + 2 + j] = np.uint8((np.int32(LT[j, ib]) | (np.int32(LT[j + 16, ib]) << 4)) & 0xFF)
 
 
 @njit
@@ -334,20 +422,13 @@ def q5_0_row_ref(x, y):
 
 @njit
 def q5_0_row_impl(x, y, qw):
-    sigma2 = row_sigma2(x)
-    weight = np.empty(QK5_0, dtype=np.float32)
-    L = np.empty(QK5_0, dtype=np.int8)
-    for ib in range(x.shape[0] // QK5_0):
-        xb = x[ib * QK5_0:(ib + 1) * QK5_0]
-        wb = qw[ib * QK5_0:(ib + 1) * QK5_0]
-        for j in range(QK5_0):
-            weight[j] = wb[j] * np.float32(np.sqrt(np.float32(sigma2 + xb[j] * xb[j])))
-        d = make_qx_quants(QK5_0, 16, xb, L, 1, weight)
+    LT, d = _legacy_impl_search(x, qw, 16)
+    for ib in range(d.shape[0]):
         o = ib * 22
-        put_f16(y, o, d)
+        put_f16(y, o, d[ib])
         qh = np.uint32(0)
         for j in range(16):
-            qh = _q5_0_pack(y, o, np.int32(L[j]) & 0xFF, np.int32(L[j + 16]) & 0xFF, j, qh)
+            qh = _q5_0_pack(y, o, np.int32(LT[j, ib]) & 0xFF, np.int32(LT[j + 16, ib]) & 0xFF, j, qh)
         _put_u32(y, o + 2, qh)
 
 
@@ -426,18 +507,14 @@ def _q3_k_finish(x, y, o, L):
         for ii in range(16):
             l = c_nearest_int(x[16 * j + ii] / d)
             L[16 * j + ii] = max(-4, min(3, l)) + 4
-    for k in range(QK_K // 8):
-        y[o + k] = 0
-    m = 0
-    hm = 1
-    for j in range(QK_K):
-        if L[j] > 3:
-            y[o + m] |= np.uint8(hm)
-            L[j] -= 4
-        m += 1
-        if m == QK_K // 8:
-            m = 0
-            hm <<= 1
+    # hmask: bit b of byte m is the high bit of value 32*b + m (ggml's running m / hm), taken off L
+    for m in range(QK_K // 8):
+        byte = 0
+        for b in range(8):
+            hi = 1 if L[32 * b + m] > 3 else 0
+            byte |= hi << b
+            L[32 * b + m] -= 4 * hi
+        y[o + m] = np.uint8(byte)
     for j in range(0, QK_K, 128):
         for l in range(32):
             v = (np.int32(L[j + l]) | (np.int32(L[j + l + 32]) << 2) | (np.int32(L[j + l + 64]) << 4)
@@ -447,15 +524,17 @@ def _q3_k_finish(x, y, o, L):
 
 @njit
 def q3_k_row_ref(x, y):
+    XT, _, LT, _, sc = _lanes(x, 16)
+    make_q3_quants_lanes(4, XT, LT, sc)
     L = np.empty(QK_K, dtype=np.int8)
-    scales = np.empty(QK_K // 16, dtype=np.float32)
     for ib in range(x.shape[0] // QK_K):
         xb = x[ib * QK_K:(ib + 1) * QK_K]
         o = ib * 110
+        scales = sc[16 * ib:16 * ib + 16]
+        _untranspose(LT, 16 * ib, L)
         max_scale = np.float32(0.0)
         amax = np.float32(0.0)
         for j in range(QK_K // 16):
-            scales[j] = make_q3_quants(16, 4, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16], True)
             s = np.abs(scales[j])
             if s > amax:
                 amax = s
@@ -464,11 +543,11 @@ def q3_k_row_ref(x, y):
             y[o + 96 + k] = 0
         if max_scale != 0:
             iscale = np.float32(np.float32(-32.0) / max_scale)
-            sc = y[o + 96:o + 108]
+            sc12 = y[o + 96:o + 108]
             for j in range(QK_K // 16):
                 l = wrap_i8(c_nearest_int(iscale * scales[j]))
                 l = max(-32, min(31, l)) + 32
-                _q3_k_put_scale(sc, j, l)
+                _q3_k_put_scale(sc12, j, l)
             put_f16(y, o + 108, np.float32(np.float32(1.0) / iscale))
         else:
             put_f16(y, o + 108, np.float32(0.0))
@@ -477,34 +556,34 @@ def q3_k_row_ref(x, y):
 
 @njit
 def q3_k_row_impl(x, y, qw):
-    L = np.empty(QK_K, dtype=np.int8)
-    scales = np.empty(QK_K // 16, dtype=np.float32)
-    weight = np.empty(16, dtype=np.float32)
-    sw = np.empty(QK_K // 16, dtype=np.float32)
-    Ls = np.empty(QK_K // 16, dtype=np.int8)
-    for ib in range(x.shape[0] // QK_K):
-        xb = x[ib * QK_K:(ib + 1) * QK_K]
-        o = ib * 110
+    nb = x.shape[0] // QK_K
+    XT, WT, LT, AT, sc = _lanes(x, 16)
+    sw = np.empty(XT.shape[1], dtype=np.float32)
+    for ib in range(nb):
         sumx2 = np.float32(0.0)
         for j in range(QK_K):
-            sumx2 += xb[j] * xb[j]
+            sumx2 += x[ib * QK_K + j] * x[ib * QK_K + j]
         sigma2 = np.float32(np.float32(2.0) * sumx2 / np.float32(QK_K))
-        for j in range(QK_K // 16):
-            wq = qw[ib * QK_K + 16 * j:ib * QK_K + 16 * j + 16]
-            for l in range(16):
-                v = xb[16 * j + l]
-                weight[l] = wq[l] * np.float32(np.sqrt(np.float32(sigma2 + v * v)))
+        for g in range(16 * ib, 16 * ib + 16):
             sumw = np.float32(0.0)
             for l in range(16):
-                sumw += weight[l]
-            sw[j] = sumw
-            scales[j] = make_qx_quants(16, 4, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16], 1, weight)
+                w = _imatrix_weight(qw[16 * g + l], XT[l, g], sigma2)
+                WT[l, g] = w
+                sumw += w
+            sw[g] = sumw
+    make_qx_quants_lanes(4, XT, WT, LT, AT, sc)
+    L = np.empty(QK_K, dtype=np.int8)
+    Ls = np.empty(QK_K // 16, dtype=np.int8)
+    for ib in range(nb):
+        xb = x[ib * QK_K:(ib + 1) * QK_K]
+        o = ib * 110
+        _untranspose(LT, 16 * ib, L)
         for k in range(12):
             y[o + 96 + k] = 0
-        d_block = make_qx_quants(QK_K // 16, 32, scales, Ls, 1, sw)
-        sc = y[o + 96:o + 108]
+        d_block = make_qx_quants(QK_K // 16, 32, sc[16 * ib:16 * ib + 16], Ls, 1, sw[16 * ib:16 * ib + 16])
+        sc12 = y[o + 96:o + 108]
         for j in range(QK_K // 16):
-            _q3_k_put_scale(sc, j, np.int32(Ls[j]))
+            _q3_k_put_scale(sc12, j, np.int32(Ls[j]))
         put_f16(y, o + 108, d_block)
         _q3_k_finish(xb, y, o, L)
 
@@ -530,27 +609,60 @@ def dequantize_row_q3_k(y, x):
 
 
 # ---------------------------------------------------------------------------------------------
+# rows as lanes: the searches run on every group of a row at once (make_qx_quants_lanes)
+# ---------------------------------------------------------------------------------------------
+@njit
+def _lanes(x, n):
+    """A row as ``n``-value groups in columns, for make_qx_quants_lanes: values XT [n, ng], and empty
+    weights WT, levels LT and scratch AT [n, ng], scales [ng]."""
+    ng = x.shape[0] // n
+    XT = np.empty((n, ng), dtype=np.float32)
+    for g in range(ng):
+        for i in range(n):
+            XT[i, g] = x[n * g + i]
+    return (XT, np.empty((n, ng), dtype=np.float32), np.empty((n, ng), dtype=np.int8),
+            np.empty((n, ng), dtype=np.int8), np.empty(ng, dtype=np.float32))
+
+
+@njit
+def _imatrix_weight(qw, v, sigma2):
+    """The weighted legacy and K paths' per-value weight, qw * sqrt(sigma2 + x^2)."""
+    return qw * np.float32(np.sqrt(np.float32(sigma2 + v * v)))
+
+
+@njit
+def _untranspose(LT, g0, L):
+    """Levels of groups g0, g0+1, ... (columns of LT) back in value order into L."""
+    n = LT.shape[0]
+    for j in range(L.shape[0] // n):
+        for i in range(n):
+            L[n * j + i] = LT[i, g0 + j]
+
+
+# ---------------------------------------------------------------------------------------------
 # Q6_K: ql[128], qh[64], int8 scales[16], fp16 d -- 210 bytes per 256 values
 # ---------------------------------------------------------------------------------------------
 @njit
 def q6_k_row(x, y, qw):
     """``quantize_row_q6_K_ref`` (empty qw) or ``quantize_row_q6_K_impl``; they differ only in
     the weights make_qx_quants gets."""
-    L = np.empty(QK_K, dtype=np.int8)
-    scales = np.empty(QK_K // 16, dtype=np.float32)
+    nb = x.shape[0] // QK_K
+    XT, WT, LT, AT, sc = _lanes(x, 16)
     weighted = qw.shape[0] > 0
-    for ib in range(x.shape[0] // QK_K):
+    for i in range(16):
+        for g in range(XT.shape[1]):
+            WT[i, g] = qw[16 * g + i] if weighted else XT[i, g] * XT[i, g]  # rmse_type 1 without weights
+    make_qx_quants_lanes(32, XT, WT, LT, AT, sc)
+    L = np.empty(QK_K, dtype=np.int8)
+    for ib in range(nb):
         xb = x[ib * QK_K:(ib + 1) * QK_K]
         o = ib * 210
+        scales = sc[16 * ib:16 * ib + 16]
+        _untranspose(LT, 16 * ib, L)
         max_scale = np.float32(0.0)
         max_abs_scale = np.float32(0.0)
         for j in range(QK_K // 16):
-            if weighted:
-                wq = qw[ib * QK_K + 16 * j:ib * QK_K + 16 * j + 16]
-            else:
-                wq = qw[0:0]
-            s = make_qx_quants(16, 32, xb[16 * j:16 * j + 16], L[16 * j:16 * j + 16], 1, wq)
-            scales[j] = s
+            s = scales[j]
             a = np.abs(s)
             if a > max_abs_scale:
                 max_abs_scale = a
@@ -742,32 +854,38 @@ def dequantize_rows_q8_k(y, x):
 # registration
 # ---------------------------------------------------------------------------------------------
 class Q4_0(QuantType, qtype=T.Q4_0):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_q4_0
     dequantize_rows = dequantize_rows_q4_0
 
 
 class Q5_0(QuantType, qtype=T.Q5_0):
+    scale_fields = (0,)
     quantize_rows = quantize_rows_q5_0
     dequantize_rows = dequantize_rows_q5_0
 
 
 class Q8_0(QuantType, qtype=T.Q8_0):
+    scale_fields = (0,)
     uses_imatrix = False  # ggml's quantize_q8_0 ignores quant_weights
     quantize_rows = quantize_rows_q8_0
     dequantize_rows = dequantize_rows_q8_0
 
 
 class Q3_K(QuantType, qtype=T.Q3_K):
+    scale_fields = (108,)
     quantize_rows = quantize_rows_q3_k
     dequantize_rows = dequantize_rows_q3_k
 
 
 class Q6_K(QuantType, qtype=T.Q6_K):
+    scale_fields = (208,)
     quantize_rows = quantize_rows_q6_k
     dequantize_rows = dequantize_rows_q6_k
 
 
 class Q8_K(QuantType, qtype=T.Q8_K):
+    scale_fields = ()  # its d is float32 (ggml checks it with validate_float); never a quantize output
     uses_imatrix = False  # quantize_row_q8_K_ref has no weighted variant
     quantize_rows = quantize_rows_q8_k
     dequantize_rows = dequantize_rows_q8_k

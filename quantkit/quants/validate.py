@@ -1,0 +1,75 @@
+"""``ggml_validate_row_data``: how many NaN/Inf a tensor's bytes hold, without decoding them.
+
+A quantized block decodes to non-finite values exactly when one of its fp16 scales (``d``, and
+``dmin``/``m`` where the type has one) is NaN/Inf: the quants are small integers and the products of a
+finite fp16 scale with them stay finite in float32. So, like ggml, only the scale fields are read (their
+offsets are each type's ``scale_fields``); for F32/F16/BF16 every value is checked by its exponent bits.
+Both kernels read the bytes once, allocate nothing and count in integers (thread-count independent).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from quantkit.errors import QuantError
+from quantkit.jit import njit_parallel, prange
+from quantkit.quants.base import traits
+
+#: the exponent bits of the float types, as (element dtype, mask); all ones means NaN or Inf
+_EXP_MASK = {
+    "F32": (np.uint32, 0x7F800000),
+    "F16": (np.uint16, 0x7C00),
+    "BF16": (np.uint16, 0x7F80),
+}
+
+
+@njit_parallel
+def _count_exp_all_ones(bits, mask):
+    """Elements of the 2-D unsigned array ``bits`` whose bits under ``mask`` are all set."""
+    m = bits.dtype.type(mask)
+    total = 0
+    for r in prange(bits.shape[0]):
+        row = bits[r]
+        c = 0
+        for j in range(row.shape[0]):
+            c += 1 if (row[j] & m) == m else 0
+        total += c
+    return total
+
+
+@njit_parallel
+def _count_bad_f16_fields(y, type_size, offsets):
+    """Blocks of the uint8 rows ``y`` with a NaN/Inf fp16 at one of ``offsets`` (bytes in the block)."""
+    nblock = y.shape[1] // type_size
+    total = 0
+    for r in prange(y.shape[0]):
+        row = y[r]
+        c = 0
+        for b in range(nblock):
+            bad = False
+            for k in range(offsets.shape[0]):
+                p = b * type_size + offsets[k]
+                h = np.uint16(row[p]) | (np.uint16(row[p + 1]) << np.uint16(8))
+                bad |= (h & np.uint16(0x7C00)) == np.uint16(0x7C00)
+            c += 1 if bad else 0
+        total += c
+    return total
+
+
+def count_invalid(rows: np.ndarray, qtype) -> int:
+    """NaN/Inf in uint8 ``rows`` (n_rows, row_bytes) of ``qtype``: values for the float types, blocks
+    with a non-finite scale for the quantized ones. 0 means ggml_validate_row_data accepts them."""
+    tr = traits(qtype)
+    rows = np.asarray(rows)
+    if rows.dtype != np.uint8 or rows.ndim == 0 or rows.shape[-1] % tr.type_size:
+        raise QuantError(f"{tr.qtype.name}: expected uint8 rows of whole {tr.type_size}-byte blocks, got "
+                         f"{rows.dtype} {rows.shape}")
+    rows = rows.reshape(-1, rows.shape[-1])
+    if not rows.size:
+        return 0
+    if tr.scale_fields is None:
+        dtype, mask = _EXP_MASK[tr.qtype.name]
+        return int(_count_exp_all_ones(rows.view(dtype), mask))
+    if not tr.scale_fields:
+        return 0
+    return int(_count_bad_f16_fields(rows, tr.type_size, np.asarray(tr.scale_fields, dtype=np.int64)))
