@@ -29,9 +29,10 @@ import numpy as np
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping, Sequence
 
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+from gguf import GGMLQuantizationType
 
 from quantkit.errors import QuantkitError
+from quantkit.formats import ggml_types as G
 
 Q = GGMLQuantizationType
 
@@ -45,7 +46,7 @@ class NoFallbackError(PolicyError):
 
 
 # ---------------------------------------------------------------------------------------------
-# File types (``include/llama.h``'s ``llama_ftype``, names from tools/quantize/quantize.cpp)
+# File types (``include/llama.h``'s ``llama_ftype``, names from tools/quantize/quantize.cpp; formats/ggml_types.py)
 # ---------------------------------------------------------------------------------------------
 
 
@@ -65,43 +66,23 @@ class FileType:
         return self.default is not None and is_quantized_type(self.default)
 
 
-# In llama-quantize's QUANT_OPTIONS order.
-FILE_TYPES: tuple[FileType, ...] = (
-    FileType("Q4_0", 2, Q.Q4_0, "4.34G, +0.4685 ppl @ Llama-3-8B"),
-    FileType("Q4_1", 3, Q.Q4_1, "4.78G, +0.4511 ppl"),
-    FileType("Q5_0", 8, Q.Q5_0, "5.21G, +0.1316 ppl"),
-    FileType("Q5_1", 9, Q.Q5_1, "5.65G, +0.1062 ppl"),
-    FileType("Q2_K", 10, Q.Q2_K, "2.96G, +3.5199 ppl"),
-    FileType("Q2_K_S", 21, Q.Q2_K, "2.96G, +3.1836 ppl"),
-    FileType("Q3_K_S", 11, Q.Q3_K, "3.41G, +1.6321 ppl"),
-    FileType("Q3_K_M", 12, Q.Q3_K, "3.74G, +0.6569 ppl"),
-    FileType("Q3_K_L", 13, Q.Q3_K, "4.03G, +0.5562 ppl"),
-    FileType("IQ4_NL", 25, Q.IQ4_NL, "4.50 bpw non-linear"),
-    FileType("IQ4_XS", 30, Q.IQ4_XS, "4.25 bpw non-linear"),
-    FileType("Q4_K_S", 14, Q.Q4_K, "4.37G, +0.2689 ppl"),
-    FileType("Q4_K_M", 15, Q.Q4_K, "4.58G, +0.1754 ppl"),
-    FileType("Q5_K_S", 16, Q.Q5_K, "5.21G, +0.1049 ppl"),
-    FileType("Q5_K_M", 17, Q.Q5_K, "5.33G, +0.0569 ppl"),
-    FileType("Q6_K", 18, Q.Q6_K, "6.14G, +0.0217 ppl"),
-    FileType("Q8_0", 7, Q.Q8_0, "7.96G, +0.0026 ppl"),
-    FileType("F16", 1, Q.F16, "14.00G, +0.0020 ppl @ Mistral-7B"),
-    FileType("BF16", 32, Q.BF16, "14.00G, -0.0050 ppl @ Mistral-7B"),
-    FileType("F32", 0, Q.F32, "26.00G @ 7B"),
-    FileType("COPY", 0, None, "only copy tensors, no quantizing"),
-)
+#: the file types quantkit writes (their ids, names, default types and help text are the type table's)
+_WRITTEN = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S",
+                      "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "COPY"})
 
-FTYPE_ALIASES: dict[str, str] = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+#: in llama-quantize's QUANT_OPTIONS order
+FILE_TYPES: tuple[FileType, ...] = tuple(
+    FileType(f.name, f.id, None if f.default is None else Q[f.default], f.help)
+    for f in G.FILE_TYPES if f.name in _WRITTEN)
+
+FTYPE_ALIASES: dict[str, str] = G.FTYPE_ALIASES
 
 _BY_NAME: dict[str, FileType] = {ft.name: ft for ft in FILE_TYPES}
 _BY_ID: dict[int, FileType] = {ft.ftype_id: ft for ft in FILE_TYPES if not ft.only_copy}
 
 # llama.cpp file types quantkit does not write, so that the error can say "not supported" rather
 # than "unknown".
-_UNSUPPORTED_FTYPES: dict[str, int] = {
-    "IQ2_XXS": 19, "IQ2_XS": 20, "IQ2_S": 28, "IQ2_M": 29, "IQ1_S": 24, "IQ1_M": 31,
-    "TQ1_0": 36, "TQ2_0": 37, "IQ3_XXS": 23, "IQ3_XS": 22, "IQ3_S": 26, "IQ3_M": 27,
-    "MXFP4_MOE": 38, "NVFP4": 39, "Q1_0": 40, "Q2_0": 41,
-}
+_UNSUPPORTED_FTYPES: dict[str, int] = {f.name: f.id for f in G.FILE_TYPES if f.name not in _WRITTEN}
 
 
 def parse_ftype(value: str | int | FileType) -> FileType:
@@ -131,24 +112,18 @@ def parse_ftype(value: str | int | FileType) -> FileType:
 # ggml types
 # ---------------------------------------------------------------------------------------------
 
-_NOT_QUANTIZED = frozenset(
-    t for t in (Q.F32, Q.F16, Q.BF16, Q.F64, Q.I8, Q.I16, Q.I32, Q.I64)
-)
-
-
 def is_quantized_type(qtype: GGMLQuantizationType) -> bool:
     """ggml_is_quantized: every block type; not F32/F16/BF16/F64 or the integer types."""
-    return qtype not in _NOT_QUANTIZED
+    return G.is_quantized(qtype)
 
 
 def block_size(qtype: GGMLQuantizationType) -> int:
-    return GGML_QUANT_SIZES[qtype][0]
+    return G.block_size(qtype)
 
 
 def ggml_type_name(qtype: GGMLQuantizationType) -> str:
     """ggml's own spelling: ``q4_K``, ``iq4_nl``, ``f16``."""
-    name = qtype.name.lower()
-    return name[:-2] + "_K" if name.endswith("_k") else name
+    return G.ggml_type_name(qtype)
 
 
 def parse_ggml_type(value: str | int | GGMLQuantizationType) -> GGMLQuantizationType:

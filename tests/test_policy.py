@@ -513,7 +513,7 @@ def test_file_type_table():
     assert ids["Q5_0"] == 8 and ids["Q8_0"] == 7 and ids["Q2_K_S"] == 21 and ids["BF16"] == 32
     assert ids["IQ4_NL"] == 25 and ids["IQ4_XS"] == 30
     desc = {ft.name: ft.description for ft in FILE_TYPES}
-    assert desc["Q4_K_M"] == "4.58G, +0.1754 ppl" and desc["COPY"] == "only copy tensors, no quantizing"
+    assert desc["Q4_K_M"] == "4.58G, +0.1754 ppl @ Llama-3-8B" and desc["COPY"] == "only copy tensors, no quantizing"
     assert parse_ftype("Q2_K_S").default == Q.Q2_K and parse_ftype("Q3_K_L").default == Q.Q3_K
 
 

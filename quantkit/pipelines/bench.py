@@ -53,6 +53,7 @@ import numpy as np
 
 from quantkit import __version__
 from quantkit.errors import ModelError, QuantkitError
+from quantkit.formats.ggml_types import ftype_label, guess_ftype
 
 # -- parameters -------------------------------------------------------------------------------------
 
@@ -266,39 +267,16 @@ class GlibcRand:
 
 # -- the model cell, size and parameter count --------------------------------------------------------
 
-FTYPE_NAMES = {  # llama_ftype_name
-    0: "all F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 7: "Q8_0", 8: "Q5_0", 9: "Q5_1", 10: "Q2_K - Medium",
-    11: "Q3_K - Small", 12: "Q3_K - Medium", 13: "Q3_K - Large", 14: "Q4_K - Small", 15: "Q4_K - Medium",
-    16: "Q5_K - Small", 17: "Q5_K - Medium", 18: "Q6_K", 19: "IQ2_XXS - 2.0625 bpw", 20: "IQ2_XS - 2.3125 bpw",
-    21: "Q2_K - Small", 22: "IQ3_XS - 3.3 bpw", 23: "IQ3_XXS - 3.0625 bpw", 24: "IQ1_S - 1.5625 bpw",
-    25: "IQ4_NL - 4.5 bpw", 26: "IQ3_S - 3.4375 bpw", 27: "IQ3_S mix - 3.66 bpw", 28: "IQ2_S - 2.5 bpw",
-    29: "IQ2_M - 2.7 bpw", 30: "IQ4_XS - 4.25 bpw", 31: "IQ1_M - 1.75 bpw", 32: "BF16",
-    36: "TQ1_0 - 1.69 bpw ternary", 37: "TQ2_0 - 2.06 bpw ternary", 38: "MXFP4 MoE", 39: "NVFP4",
-    40: "Q1_0", 41: "Q2_0",
-}
-_GUESS = {  # llama_model_loader: the most frequent tensor type -> file type
-    "F32": 0, "F16": 1, "BF16": 32, "Q4_0": 2, "Q4_1": 3, "Q5_0": 8, "Q5_1": 9, "Q8_0": 7, "Q2_K": 10,
-    "Q3_K": 12, "Q4_K": 15, "Q5_K": 17, "Q6_K": 18, "TQ1_0": 36, "TQ2_0": 37, "IQ2_XXS": 19, "IQ2_XS": 20,
-    "IQ2_S": 28, "IQ3_XXS": 23, "IQ1_S": 24, "IQ1_M": 31, "IQ4_NL": 25, "IQ4_XS": 30, "IQ3_S": 26,
-}
-
-
 def ftype_name(meta: dict[str, Any], tensor_types: list[tuple[str, str]]) -> str:
     """``general.file_type`` when present, else guessed like llama.cpp (prefixed "(guessed) ")."""
     if "general.file_type" in meta:
-        return FTYPE_NAMES.get(int(meta["general.file_type"]), "unknown, may not work")
+        return ftype_label(int(meta["general.file_type"]))
 
     def key(item):  # weights_map's order: layer number (-1 outside blk.N.), then name
         m = re.match(r"blk\.(-?\d+)\.", item[0])
         return (int(m.group(1)) if m else -1, item[0].encode())
 
-    counts: dict[str, int] = {}
-    best, best_n = "F32", 0
-    for _, t in sorted(tensor_types, key=key):
-        counts[t] = counts.get(t, 0) + 1
-        if counts[t] > best_n:
-            best, best_n = t, counts[t]
-    return "(guessed) " + FTYPE_NAMES.get(_GUESS.get(best, 0), "unknown, may not work")
+    return "(guessed) " + guess_ftype(t for _, t in sorted(tensor_types, key=key)).label
 
 
 def size_label(meta: dict[str, Any]) -> str:
