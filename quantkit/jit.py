@@ -4,6 +4,8 @@
 * ``njit_parallel``  -- same body rules, ``parallel=True`` so ``prange`` splits work over threads.
 * ``njit_fast``      -- serial kernel with fastmath, for dot products and ops tested with tolerances.
 * ``njit_fast_parallel``
+* ``specialize(fn, tag, ...)`` -- one kernel body, compiled once per binding of the kernels it calls.
+* ``ld_f32`` / ``ld_u16`` / ``ld_u32`` / ``ld_f16_hw`` -- little-endian loads at a byte offset of an array.
 
 Compiled code is cached in ``NUMBA_CACHE_DIR`` (the Makefile points it inside the checkout).
 ``announce_compiles()`` makes a cold compile visible: numba raises its ``numba:compile`` event only
@@ -12,12 +14,15 @@ when a kernel is really compiled, not when it is loaded from that cache.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 import sys
 import time
+import types as pytypes
 
 import numba
+from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
@@ -59,6 +64,44 @@ def njit_fast_parallel(fn=None, **kw):
 
 
 prange = numba.prange
+
+
+def source_digest(*paths: str) -> str:
+    """A short digest of source files, for the names of kernels that inline code from them: numba's on-disk
+    cache only watches the file a function is defined in, so an edit to a callee in another file would
+    otherwise leave stale machine code behind."""
+    h = hashlib.sha1()
+    for p in paths:
+        with open(p, "rb") as fh:
+            h.update(fh.read())
+    return h.hexdigest()[:10]
+
+
+_SPECIALIZED: dict[tuple, object] = {}
+
+
+def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, **names):
+    """Compile a copy of the plain Python function ``fn`` whose globals ``names`` are replaced.
+
+    This is how a kernel body written once is bound to what it calls -- a type's row decoder, a row
+    dot, an IR variant -- and compiled per binding (the umap habit: one body, several builds): the
+    body names a placeholder global (``ROW``, ``DEQ``, ... marked ``noqa: F821``) and each
+    specialization supplies it. ``tag`` makes the copy's name, and so numba's on-disk cache entry,
+    unique per binding (numba caches by function name and file, and cannot cache closures); put a
+    ``source_digest`` of the callees' files in it. ``fast`` compiles with fastmath (dots, not codecs)."""
+    key = (fn.__module__, fn.__qualname__, tag, parallel, fast)
+    if key in _SPECIALIZED:
+        return _SPECIALIZED[key]
+    g = dict(fn.__globals__)
+    g.update(names)
+    suffix = f"__{tag}_{'par' if parallel else 'ser'}"
+    new = pytypes.FunctionType(fn.__code__, g, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+    new.__qualname__ = fn.__qualname__ + suffix
+    new.__module__ = fn.__module__
+    new.__doc__ = fn.__doc__
+    deco = (njit_fast_parallel if parallel else njit_fast) if fast else (njit_parallel if parallel else njit)
+    out = _SPECIALIZED[key] = deco(new)
+    return out
 
 
 def set_threads(n: int | None) -> int:
@@ -105,6 +148,41 @@ def bits_to_f32(typingctx, x):
     return sig, codegen
 
 
+def byte_ptr(context, builder, aty, aval, off, oty):
+    """Codegen helper: i8* to byte ``off`` of array ``aval`` (any dtype, contiguous)."""
+    ary = context.make_array(aty)(context, builder, aval)
+    off = context.cast(builder, off, oty, types.intp)
+    base = builder.bitcast(ary.data, ir.IntType(8).as_pointer())
+    return builder.gep(base, [off])
+
+
+def _load_at(name, ret, llvm_type, widen=None):
+    """An intrinsic ``(a, off) -> ret``: the little-endian ``llvm_type`` at byte ``off`` of array ``a``
+    (unaligned), widened by ``widen(builder, value)``."""
+    def impl(typingctx, a, off):
+        sig = ret(a, off)
+
+        def codegen(context, builder, signature, args):
+            p = byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
+            v = builder.load(builder.bitcast(p, llvm_type.as_pointer()), align=1)
+            return widen(builder, v) if widen else v
+
+        return sig, codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+#: the float32 at byte ``off`` of array ``a``
+ld_f32 = _load_at("ld_f32", types.float32, ir.FloatType())
+#: the uint16 at byte ``off`` of array ``a``, as uint32
+ld_u16 = _load_at("ld_u16", types.uint32, ir.IntType(16), lambda b, v: b.zext(v, ir.IntType(32)))
+#: the uint32 at byte ``off`` of array ``a``
+ld_u32 = _load_at("ld_u32", types.uint32, ir.IntType(32))
+#: the fp16 at byte ``off`` of array ``a`` as float32, exact, with ``fpext half`` (F16C on x86)
+ld_f16_hw = _load_at("ld_f16_hw", types.float32, ir.HalfType(), lambda b, v: b.fpext(v, ir.FloatType()))
+
+
 def host_features() -> set[str]:
     """CPU features LLVM sees on this machine, e.g. {'avx512vnni', 'f16c', ...}."""
     import llvmlite.binding as llvm
@@ -124,8 +202,6 @@ def half_bits_to_f32(typingctx, x):
     sig = types.float32(x)
 
     def codegen(context, builder, signature, args):
-        import llvmlite.ir as ir
-
         v = args[0]
         i16 = ir.IntType(16)
         if x.bitwidth > 16:
@@ -146,8 +222,6 @@ def f32_to_half_bits(typingctx, x):
     sig = types.uint16(types.float32)
 
     def codegen(context, builder, signature, args):
-        import llvmlite.ir as ir
-
         h = builder.fptrunc(args[0], ir.HalfType())
         return builder.bitcast(h, ir.IntType(16))
 

@@ -12,16 +12,18 @@ from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
 from quantkit import kernels as K
+from quantkit import quants as Q
 from quantkit.errors import QuantError
+from quantkit.formats.ggml_types import type_info
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels.activations import FLOAT_KINDS
 
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
-#: byte offsets of the fp16 scale fields, for building random but valid K / IQ blocks
-F16_FIELDS = {
-    T.IQ4_NL: (0,), T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2),
-    T.Q6_K: (208,), T.IQ4_XS: (0,),
-}
+
+
+def f16_fields(t):
+    """Byte offsets of the fp16 scale fields (the type table's), for building random but valid K / IQ blocks."""
+    return type_info(t).check_offsets
 ALL = K.WEIGHT_TYPES
 VARIANTS = [v for v in K.VARIANTS if v != "vnni" or K.HAS_VNNI]
 
@@ -39,9 +41,9 @@ def make_weights(t, n_out, n_in, seed=0):
     bs, ts = GGML_QUANT_SIZES[t]
     nb = n_in // bs
     raw = rng.integers(0, 256, size=(n_out, nb, ts), dtype=np.uint8)
-    for pos in F16_FIELDS[t]:
+    for pos in f16_fields(t):
         d = (rng.uniform(0.002, 0.02, size=(n_out, nb)) * rng.choice([-1, 1], size=(n_out, nb)))
-        if len(F16_FIELDS[t]) == 2 and pos == F16_FIELDS[t][1]:
+        if len(f16_fields(t)) == 2 and pos == f16_fields(t)[1]:
             d = np.abs(d)  # dmin
         raw[:, :, pos:pos + 2] = d.astype(np.float16).view(np.uint8).reshape(n_out, nb, 2)
     return raw.reshape(n_out, nb * ts)
@@ -350,3 +352,56 @@ def test_prefill_round_trip_is_quantize_then_decode(kind, name, per):
             np.testing.assert_array_equal(out, want)
     finally:
         set_threads(before)
+
+
+# -- a type with a codec but no fast kernel: the portable path ----------------------------------------
+# Q8_K has a codec (it is the K-quants' activation type) and, as in ggml, no vec_dot of its own: it stands
+# for any type whose integer dot is not written yet.
+
+def _portable_weights(n_out, n_in, seed):
+    x = np.random.default_rng(seed).standard_normal((n_out, n_in)).astype(np.float32)
+    w = Q.quantize(x, T.Q8_K)
+    return w, Q.dequantize(w, T.Q8_K).astype(np.float64)
+
+
+@pytest.mark.parametrize("n_tok", [1, 3, 40])
+def test_portable_path_for_a_type_without_a_kernel(n_tok):
+    """matmul (GEMV and prefill) and get_rows on Q8_K weights: the codec's row decoder and a float32 dot,
+    against float64 on the same decoded weights (activations are not rounded on this path)."""
+    assert T.Q8_K not in K.WEIGHT_TYPES and K.activation_kind(T.Q8_K) == "F32"
+    w, wd = _portable_weights(37, 512, n_tok)
+    x = np.random.default_rng(7).standard_normal((n_tok, 512)).astype(np.float32)
+    y = K.matmul(w, T.Q8_K, x)
+    assert rel_err(y, x.astype(np.float64) @ wd.T) < 2e-6
+    np.testing.assert_array_equal(K.get_rows(w, T.Q8_K, [3, 0, 36]), wd[[3, 0, 36]].astype(np.float32))
+    set_threads(1)
+    y1 = K.matmul(w, T.Q8_K, x)
+    set_threads(2)
+    np.testing.assert_array_equal(y1, K.matmul(w, T.Q8_K, x))
+
+
+def test_portable_row_dot_equals_fast_one_on_the_same_values():
+    """The portable row dot of a type that has a fast one (Q4_K) equals, up to float32 accumulation, the
+    product of its decoded weights with float32 activations -- the path any new type takes first."""
+    from quantkit.kernels import vecdot
+
+    w = make_weights(T.Q4_K, 9, 512, seed=3)
+    x = np.random.default_rng(8).standard_normal((2, 512)).astype(np.float32)
+    info = type_info(T.Q4_K)
+    body = vecdot.build(vecdot.rowdot_deq, "Q4_K_deq_test", False, DEQ=K.deq_kernel(T.Q4_K),
+                        TS=info.type_size, BS=info.block_size)
+    mv = vecdot.build(vecdot.matvec_body, "Q4_K_deq_test", True, ROWDOT=body,
+                      ROWDOT2=vecdot.build(vecdot.rowdot2_split, "Q4_K_deq_test", False, ROWDOT=body))
+    out = np.empty((2, 9), np.float32)
+    mv(w, *K.quantize_activations(x, "F32"), out, 4)
+    ref = x.astype(np.float64) @ gq.dequantize(w, T.Q4_K).astype(np.float64).T
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+def test_type_without_a_codec_is_one_line_before_compute():
+    w = np.zeros((4, 36), np.uint8)  # NVFP4: a type ggml has and quantkit has no codec for
+    for call in (lambda: K.matmul(w, T.NVFP4, np.ones((1, 64), np.float32)), lambda: K.get_rows(w, T.NVFP4, [0]),
+                 lambda: K.activation_kind(T.NVFP4)):
+        with pytest.raises(QuantError, match="NVFP4") as ei:
+            call()
+        assert "\n" not in str(ei.value)

@@ -237,8 +237,12 @@ FILE_TYPES: tuple[FileTypeInfo, ...] = (
     FileTypeInfo("NVFP4", 39, None, "", "NVFP4", listed=False),
 )
 
-#: llama-quantize's aliases, listed in QUANT_OPTIONS before the file type they stand for
+#: llama-quantize's aliases
 FTYPE_ALIASES: dict[str, str] = {"Q3_K": "Q3_K_M", "Q4_K": "Q4_K_M", "Q5_K": "Q5_K_M"}
+#: llama-quantize's QUANT_OPTIONS: the names its --help lists, aliases included, in its order
+QUANT_OPTIONS: tuple[str, ...] = tuple(
+    n for f in FILE_TYPES if f.listed
+    for n in ({"IQ3_XS": ("Q3_K",), "Q4_K_S": ("Q4_K",), "Q5_K_S": ("Q5_K",)}.get(f.name, ()) + (f.name,)))
 
 FILE_TYPE_BY_NAME: dict[str, FileTypeInfo] = {f.name: f for f in FILE_TYPES}
 #: by llama_ftype id (F32, not COPY, for 0)

@@ -6,7 +6,7 @@ Public API (see docs/kernels.md):
 * ``get_rows(w, wtype, ids)``       -- embedding lookup, dequantizing only the rows asked for
 * ``set_threads(n)``                -- numba's worker count (BLAS is limited to it in ``matmul``)
 * ``blas_limit()``                  -- context manager limiting BLAS to that count for a caller's products
-* ``VEC_DOT_TYPE``                  -- weight type -> the activation type ggml's CPU backend uses
+* ``VEC_DOT_TYPE``                  -- weight type -> the activation type ggml's CPU backend uses (type table)
 * numba-callable: ``matvec_kernel(wtype)`` -> ``matvec(w, xq, xd, xs, out, chunk)``;
   ``quantize_activations`` / ``empty_activations`` and ``activation_kind(wtype)`` for its inputs.
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from gguf import GGMLQuantizationType as T
 
+from quantkit.formats.ggml_types import TYPES
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels.activations import (empty_activations, pack_q8_0, pack_q8_1, pack_q8_k, quantize_activations,
                                           quantize_q8_01_into, quantize_q8_0_into, quantize_q8_1_into,
@@ -24,27 +25,12 @@ from quantkit.kernels.mul_mat import CHUNK_ROWS, GEMM_MIN_TOKENS, PREFILL_MIN_TO
 from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_kernel, gemv_kernel, matvec_kernel,
                                      rowdot_kernel)
 
-#: ggml-cpu's type_traits_cpu[...].vec_dot_type: what the activations are converted to. quantkit
-#: follows it: for F16 / BF16 weights the float32 activations are rounded to that type in the row dot.
-VEC_DOT_TYPE = {
-    T.F32: T.F32,
-    T.F16: T.F16,
-    T.BF16: T.BF16,
-    T.Q4_0: T.Q8_0,
-    T.Q5_0: T.Q8_0,
-    T.Q8_0: T.Q8_0,
-    T.IQ4_NL: T.Q8_0,
-    T.Q4_1: T.Q8_1,
-    T.Q5_1: T.Q8_1,
-    T.Q2_K: T.Q8_K,
-    T.Q3_K: T.Q8_K,
-    T.Q4_K: T.Q8_K,
-    T.Q5_K: T.Q8_K,
-    T.Q6_K: T.Q8_K,
-    T.IQ4_XS: T.Q8_K,
-}
+#: ggml-cpu's type_traits_cpu[...].vec_dot_type (the type table's): what the activations are converted to.
+#: quantkit follows it: for F16 / BF16 weights the float32 activations are rounded to that type in the row dot.
+VEC_DOT_TYPE = {T(t.id): T[t.vec_dot_type] for t in TYPES if t.vec_dot_type and t.gguf_type is not None}
 
-#: every weight type the kernels handle
+#: every weight type with a fast (integer or float) row dot; any other type with a codec runs on the portable
+#: path (its row decoder and a float32 dot)
 WEIGHT_TYPES = tuple(KERNEL_TRAITS)
 
 __all__ = [

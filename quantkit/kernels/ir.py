@@ -24,7 +24,6 @@ single horizontal reduction per (super-)block.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import platform
 
@@ -34,8 +33,11 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quantkit.jit import njit
-from quantkit.quants.common import bf16_to_fp32, get_f16
+from quantkit.formats.ggml_types import KVALUES_IQ4NL, type_info
+from quantkit.jit import byte_ptr as _byte_ptr
+from quantkit.jit import source_digest
+from quantkit.jit import ld_f32, ld_u16, ld_u32  # noqa: F401  (re-exported: the kernels' scalar loads)
+from quantkit.quants.common import ld_bf16, ld_f16  # noqa: F401
 
 # -- host features ---------------------------------------------------------------------------------
 
@@ -60,17 +62,16 @@ PREFETCH = int(os.environ.get("QUANTKIT_PREFETCH", "2048") or 0)
 
 
 def _digest() -> str:
-    """A digest of the sources the built kernels inline (this package, quants/common.py, jit.py).
-    It goes into the built kernels' names: numba's on-disk cache only watches the file a function
-    is defined in, so without it an edit to a callee in another file would leave stale machine code."""
+    """A digest of the sources the built kernels inline (this package, the codecs' row decoders in quants/,
+    the type table, jit.py). It goes into the built kernels' names: numba's on-disk cache only watches the
+    file a function is defined in, so without it an edit to a callee in another file would leave stale
+    machine code."""
     here = os.path.dirname(os.path.abspath(__file__))
-    files = sorted(os.path.join(here, f) for f in os.listdir(here) if f.endswith(".py"))
-    files += [os.path.join(here, "..", "quants", "common.py"), os.path.join(here, "..", "jit.py")]
-    h = hashlib.sha1()
-    for f in files:
-        with open(f, "rb") as fh:
-            h.update(fh.read())
-    return h.hexdigest()[:10]
+    pkg = os.path.dirname(here)
+    files = [os.path.join(d, f) for d in (here, os.path.join(pkg, "quants"))
+             for f in sorted(os.listdir(d)) if f.endswith(".py")]
+    files += [os.path.join(pkg, "formats", "ggml_types.py"), os.path.join(pkg, "jit.py")]
+    return source_digest(*files)
 
 
 IR_DIGEST = _digest() + ("_512" if PAIRS_512 else "") + (f"_pf{PREFETCH}" if PREFETCH != 2048 else "") + (
@@ -97,14 +98,6 @@ V8I32 = ir.VectorType(I32, 8)
 V32I8 = ir.VectorType(I8, 32)
 V16I8 = ir.VectorType(I8, 16)
 V32I32 = ir.VectorType(I32, 32)
-
-
-def _byte_ptr(context, builder, aty, aval, off, oty):
-    """i8* to byte ``off`` of array ``aval`` (any dtype, contiguous)."""
-    ary = context.make_array(aty)(context, builder, aval)
-    off = context.cast(builder, off, oty, types.intp)
-    base = builder.bitcast(ary.data, I8.as_pointer())
-    return builder.gep(base, [off])
 
 
 def _load(builder, p, off, vty):
@@ -173,7 +166,6 @@ def _reduce(builder, v):
 
 # -- weight chunk loaders: (builder, variant, p, k) -> <32 x i8> unsigned values of chunk k --------
 
-KVALUES_IQ4NL = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
 _IQ4_U = tuple((v + 128) & 0xFF for v in KVALUES_IQ4NL)  # offset by 128 -> unsigned
 
 
@@ -536,20 +528,34 @@ def _emit_iq4xs(k, acc, extra):
     return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM)), extra
 
 
+def _spec(name, ns, emit):
+    """(block bytes, elements per block -- the type table's --, activation sums per block, emitter)."""
+    t = type_info(name)
+    return t.type_size, t.block_size, ns, emit
+
+
+def _legacy_spec(name, chunk, offset):
+    """A 32-element type: its chunk loader reads from the block's first field after the scales (the type
+    table's ``qh`` or ``qs``); a type with ``m`` adds Q8_1's min term."""
+    t = type_info(name)
+    q_off = t.field("qh" if "qh" in t.offsets else "qs")
+    return _spec(name, 1, _legacy(t.type_size, q_off, chunk, offset, "m" in t.offsets)[3])
+
+
 #: type name -> (block bytes, elements per block, activation sums per block, emitter)
 ROW_SPECS = {
-    "Q8_0": _legacy(34, 2, _chunk_q8_0, 128, False),
-    "Q4_0": _legacy(18, 2, _chunk_q4_0, 8, False),
-    "Q4_1": _legacy(20, 4, _chunk_q4_0, 0, True),
-    "Q5_0": _legacy(22, 2, _chunk_q5_0, 16, False),
-    "Q5_1": _legacy(24, 4, _chunk_q5_0, 0, True),
-    "IQ4_NL": _legacy(18, 2, _chunk_iq4_nl, 128, False),
-    "Q2_K": (84, 256, 16, _emit_q2k),
-    "Q3_K": (110, 256, 16, _emit_q3k),
-    "Q4_K": (144, 256, 16, _emit_q4k_like(16, _chunk_q4_k)),
-    "Q5_K": (176, 256, 16, _emit_q4k_like(16, _chunk_q5_k)),
-    "Q6_K": (210, 256, 16, _emit_q6k),
-    "IQ4_XS": (136, 256, 16, _emit_iq4xs),
+    "Q8_0": _legacy_spec("Q8_0", _chunk_q8_0, 128),
+    "Q4_0": _legacy_spec("Q4_0", _chunk_q4_0, 8),
+    "Q4_1": _legacy_spec("Q4_1", _chunk_q4_0, 0),
+    "Q5_0": _legacy_spec("Q5_0", _chunk_q5_0, 16),
+    "Q5_1": _legacy_spec("Q5_1", _chunk_q5_0, 0),
+    "IQ4_NL": _legacy_spec("IQ4_NL", _chunk_iq4_nl, 128),
+    "Q2_K": _spec("Q2_K", 16, _emit_q2k),
+    "Q3_K": _spec("Q3_K", 16, _emit_q3k),
+    "Q4_K": _spec("Q4_K", 16, _emit_q4k_like(type_info("Q4_K").field("qs"), _chunk_q4_k)),
+    "Q5_K": _spec("Q5_K", 16, _emit_q4k_like(type_info("Q5_K").field("qh"), _chunk_q5_k)),
+    "Q6_K": _spec("Q6_K", 16, _emit_q6k),
+    "IQ4_XS": _spec("IQ4_XS", 16, _emit_iq4xs),
 }
 
 
@@ -656,31 +662,7 @@ def row_dots(variant: str, nrows: int = 1) -> dict:
     return {name: _row_dot(variant, name, nrows) for name in ROW_SPECS}
 
 
-# -- scalar loads at a byte offset (float32 results) -----------------------------------------------
-
-@intrinsic
-def ld_f32(typingctx, a, off):
-    """The little-endian float32 at byte ``off`` of array ``a``."""
-    sig = types.float32(a, off)
-
-    def codegen(context, builder, signature, args):
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        return builder.load(builder.bitcast(p, ir.FloatType().as_pointer()), align=1)
-
-    return sig, codegen
-
-
-@intrinsic
-def _ld_f16_hw(typingctx, a, off):
-    sig = types.float32(a, off)
-
-    def codegen(context, builder, signature, args):
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        h = builder.load(builder.bitcast(p, ir.HalfType().as_pointer()), align=1)
-        return builder.fpext(h, ir.FloatType())
-
-    return sig, codegen
-
+# -- prefetch -------------------------------------------------------------------------------------------
 
 @intrinsic
 def prefetch(typingctx, a, off):
@@ -695,42 +677,3 @@ def prefetch(typingctx, a, off):
         return context.get_dummy_value()
 
     return sig, codegen
-
-
-@intrinsic
-def ld_u16(typingctx, a, off):
-    """The little-endian uint16 at byte ``off`` of array ``a`` (as uint32)."""
-    sig = types.uint32(a, off)
-
-    def codegen(context, builder, signature, args):
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        return builder.zext(builder.load(builder.bitcast(p, I16.as_pointer()), align=1), I32)
-
-    return sig, codegen
-
-
-@intrinsic
-def ld_u32(typingctx, a, off):
-    """The little-endian uint32 at byte ``off`` of array ``a``."""
-    sig = types.uint32(a, off)
-
-    def codegen(context, builder, signature, args):
-        p = _byte_ptr(context, builder, signature.args[0], args[0], args[1], signature.args[1])
-        return builder.load(builder.bitcast(p, I32.as_pointer()), align=1)
-
-    return sig, codegen
-
-
-@njit
-def _ld_f16_soft(a, off):
-    return get_f16(a, off)
-
-
-@njit
-def ld_bf16(a, off):
-    """The bfloat16 at byte ``off`` of array ``a`` as float32."""
-    return bf16_to_fp32(ld_u16(a, off))
-
-
-#: fp16 at a byte offset -> float32, exact (``fpext half``: F16C on x86; software elsewhere on x86)
-ld_f16 = _ld_f16_hw if HAS_F16 else _ld_f16_soft

@@ -5,7 +5,6 @@ from __future__ import annotations
 import os
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from threadpoolctl import ThreadpoolController
 
@@ -14,8 +13,8 @@ from quantkit.jit import get_threads
 from quantkit.kernels import gemm as _gemm
 from quantkit.kernels.ir import HAS_VNNI512, default_variant
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
-from quantkit.kernels.vecdot import KERNEL_TRAITS, activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
-from quantkit.quants.base import resolve_type
+from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
+from quantkit.quants.base import TRAITS, resolve_type
 
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
 PREFILL_MIN_TOKENS = 32
@@ -80,15 +79,15 @@ def blas_limit():
 
 def _check(w, wtype, where):
     t = resolve_type(wtype)
-    if t not in KERNEL_TRAITS:
-        raise QuantError(f"{where}: no kernel for weight type {t.name}; have "
-                         f"{', '.join(x.name for x in KERNEL_TRAITS)}")
+    if t not in TRAITS:  # a type with a codec and no fast kernel runs on the portable path
+        raise QuantError(f"{where}: weight type {t.name} is not supported by quantkit yet (no codec); have "
+                         f"{', '.join(x.name for x in TRAITS)}")
     if not isinstance(w, np.ndarray) or w.dtype != np.uint8 or w.ndim != 2:
         raise QuantError(f"{where}: weights must be a 2-D uint8 array (n_out, row_bytes), got "
                          f"{getattr(w, 'dtype', type(w))} {getattr(w, 'shape', '')}")
     if not w.flags.c_contiguous:
         raise QuantError(f"{where}: weights of shape {w.shape} must be C-contiguous")
-    bs, ts = GGML_QUANT_SIZES[t]
+    bs, ts = TRAITS[t].block_size, TRAITS[t].type_size
     if w.shape[1] % ts:
         raise QuantError(f"{where}: {w.shape[1]} bytes per row is not a multiple of {t.name}'s "
                          f"{ts}-byte block")

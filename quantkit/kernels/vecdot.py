@@ -14,14 +14,13 @@ builds (serial / parallel, vnni / generic / plain), so they can be compared in t
 
 from __future__ import annotations
 
-import types as pytypes
-
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import njit_fast, njit_fast_parallel, prange
-from quantkit.kernels import dequant as dq
-from quantkit.kernels.ir import IR_DIGEST, PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch, row_dots
+from quantkit.formats.ggml_types import type_info
+from quantkit.jit import prange, specialize
+from quantkit.kernels.ir import IR_DIGEST, PREFETCH, ROW_SPECS, default_variant, ld_bf16, ld_f16, ld_f32, prefetch, row_dots
+from quantkit.quants import traits
 
 F = np.float32
 
@@ -81,6 +80,22 @@ def rowdot_bf16(wr, xq, xd, xs, sc):
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += ld_bf16(wr, 2 * j) * xq[j]
+    return acc
+
+
+# -- a type with a codec but no integer dot: the portable path ---------------------------------------
+
+def rowdot_deq(wr, xq, xd, xs, sc):
+    """The row decoded one block at a time (``DEQ``: the codec's ``dequantize_row``; ``TS`` bytes ->
+    ``BS`` values) and dotted with float32 activations (kind 'F32'). Slower than an integer dot, but any
+    type with a codec runs in run / perplexity / bench / imatrix."""
+    buf = np.empty(BS, np.float32)  # noqa: F821
+    acc = F(0.0)
+    for b in range(wr.shape[0] // TS):  # noqa: F821
+        DEQ(wr[b * TS:(b + 1) * TS], buf)  # noqa: F821
+        x = xq[b * BS:(b + 1) * BS]  # noqa: F821
+        for j in range(buf.shape[0]):
+            acc += buf[j] * x[j]
     return acc
 
 
@@ -172,27 +187,12 @@ def get_rows_body(w, ids, out):
 
 # -- the traits table ------------------------------------------------------------------------------
 
-#: weight type -> (row dot body, row decoder, activation kind for the integer path)
-KERNEL_TRAITS = {
-    T.F32: (rowdot_f32, dq.deq_f32, "F32"),
-    T.F16: (rowdot_f16, dq.deq_f16, "F16"),
-    T.BF16: (rowdot_bf16, dq.deq_bf16, "BF16"),
-    T.Q4_0: (rowdot_ir, dq.deq_q4_0, "Q8_0"),
-    T.Q4_1: (rowdot_ir, dq.deq_q4_1, "Q8_1"),
-    T.Q5_0: (rowdot_ir, dq.deq_q5_0, "Q8_0"),
-    T.Q5_1: (rowdot_ir, dq.deq_q5_1, "Q8_1"),
-    T.Q8_0: (rowdot_ir, dq.deq_q8_0, "Q8_0"),
-    T.IQ4_NL: (rowdot_ir, dq.deq_iq4_nl, "Q8_0"),
-    T.Q2_K: (rowdot_ir, dq.deq_q2_k, "Q8_K"),
-    T.Q3_K: (rowdot_ir, dq.deq_q3_k, "Q8_K"),
-    T.Q4_K: (rowdot_ir, dq.deq_q4_k, "Q8_K"),
-    T.Q5_K: (rowdot_ir, dq.deq_q5_k, "Q8_K"),
-    T.Q6_K: (rowdot_ir, dq.deq_q6_k, "Q8_K"),
-    T.IQ4_XS: (rowdot_ir, dq.deq_iq4_xs, "Q8_K"),
-}
+#: weight type -> its fast row dot body: the float types' loops, and one IR intrinsic (ir.ROW_SPECS) for
+#: each quantized type that has one. The activations are the type's vec_dot type (the type table's). A type
+#: with a codec but no entry here runs on ``rowdot_deq`` with float32 activations.
+KERNEL_TRAITS = {T.F32: rowdot_f32, T.F16: rowdot_f16, T.BF16: rowdot_bf16, **{T[n]: rowdot_ir for n in ROW_SPECS}}
 
 _DOTS: dict[tuple, dict] = {}
-_BUILT: dict[tuple, object] = {}
 
 
 def _rows(variant, nrows=1):
@@ -202,35 +202,29 @@ def _rows(variant, nrows=1):
 
 
 def build(fn, tag: str, parallel: bool, **names):
-    """Compile a copy of body ``fn`` whose globals have ``names`` replaced; ``tag`` makes the copy's
-    name (and so numba's cache entry) unique per build."""
-    key = (fn.__name__, tag, parallel)
-    if key in _BUILT:
-        return _BUILT[key]
-    g = dict(fn.__globals__)
-    g.update(names)
-    suffix = f"__{tag}_{'par' if parallel else 'ser'}_{IR_DIGEST}"
-    new = pytypes.FunctionType(fn.__code__, g, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
-    new.__qualname__ = fn.__qualname__ + suffix
-    new.__module__ = fn.__module__
-    new.__doc__ = fn.__doc__
-    out = (njit_fast_parallel if parallel else njit_fast)(new)
-    _BUILT[key] = out
-    return out
+    """``jit.specialize`` for the kernels: fastmath, and ``IR_DIGEST`` in the name (the sources they inline)."""
+    return specialize(fn, f"{tag}_{IR_DIGEST}", parallel=parallel, fast=True, **names)
 
 
 def activation_kind(wtype, variant: str | None = None) -> str:
     """What ``matvec_kernel(wtype, variant)`` expects as activations: 'Q8_0', 'Q8_1', 'Q8_K', or the float
     kinds 'F32', 'F16', 'BF16' (float32 rows, the last two rounded to that type; see activations.py)."""
     variant = variant or default_variant()
-    return "F32" if variant == "plain" else KERNEL_TRAITS[T(wtype)][2]
+    t = T(wtype)
+    deq_kernel(t)  # a type without a codec: one line (QuantError), here, before any compute
+    if variant == "plain" or t not in KERNEL_TRAITS:
+        return "F32"
+    return type_info(t).vec_dot_type
 
 
 def rowdot_kernel(wtype, variant: str | None = None):
     """The compiled serial ``rowdot(wr, xq, xd, xs, sc) -> float32`` of ``wtype`` (not for 'plain')."""
     variant = variant or default_variant()
     t = T(wtype)
-    body = KERNEL_TRAITS[t][0]
+    body = KERNEL_TRAITS.get(t)
+    if body is None:
+        info = type_info(t)
+        return build(rowdot_deq, f"{t.name}_deq", False, DEQ=deq_kernel(t), TS=info.type_size, BS=info.block_size)
     if t in (T.F32, T.F16, T.BF16):
         return build(body, "f", False, NEXT_ROW=build(prefetch_next_row, "f", False))
     return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
@@ -241,7 +235,7 @@ def rowdot2_kernel(wtype, variant: str | None = None):
     dots of two consecutive rows (``wr2`` = their 2 * row_bytes bytes), each equal to ``rowdot``'s."""
     variant = variant or default_variant()
     t = T(wtype)
-    if t in (T.F32, T.F16, T.BF16):
+    if t in (T.F32, T.F16, T.BF16) or t not in KERNEL_TRAITS:
         return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant))
     return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=_rows(variant, 2)[t.name])
 
@@ -280,8 +274,9 @@ def gemv_kernel(wtype, variant: str | None = None):
 
 
 def deq_kernel(wtype):
-    """The compiled serial row decoder ``deq(src_row_u8, dst_row_f32)`` of ``wtype``."""
-    return KERNEL_TRAITS[T(wtype)][1]
+    """The compiled serial row decoder ``deq(src_row_u8, dst_row_f32)`` of ``wtype``: its codec's
+    ``dequantize_row`` (QuantError, one line, for a type quantkit has no codec for)."""
+    return traits(wtype).dequantize_row
 
 
 def deq_rows_kernel(wtype):

@@ -205,6 +205,16 @@ class Block:
     post_ffw_norm: np.ndarray | None = None        # float32 (n_embd,)   post_norms
 
 
+def _check_readable(where: str, name: str, qtype) -> None:
+    """ModelError (one line, before any compute) for a tensor of a type quantkit has no codec for: every
+    type with a codec runs, on a fast kernel or on the portable one (docs/kernels.md)."""
+    from quantkit.quants import TRAITS
+
+    if qtype not in TRAITS:
+        raise ModelError(f"{where}: tensor {name!r} has type {getattr(qtype, 'name', qtype)}, which quantkit "
+                         f"cannot read yet (no codec)")
+
+
 class Llama:
     """A GGUF of one of ``SUPPORTED_ARCHS`` (llama.cpp's ``llama_model``: one class for every
     architecture), opened memory-mapped: ``config``, ``token_embd``, ``blk``, ``output``. Every
@@ -226,6 +236,7 @@ class Llama:
             t = gg.tensor(name)
             if tuple(t.shape) != (n_in, n_out):
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected [{n_in}, {n_out}]")
+            _check_readable(where, name, t.type)
             return Weight(name, t.type, tuple(t.shape), t.data)
 
         def vector(name: str, n: int) -> np.ndarray:
@@ -234,6 +245,7 @@ class Llama:
             t = gg.tensor(name)
             if tuple(t.shape) != (n,):
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected [{n}]")
+            _check_readable(where, name, t.type)
             if t.type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):  # the usual case: a plain read
                 return np.array(t.data.view("<f4" if t.type == GGMLQuantizationType.F32 else "<f2").reshape(n),
                                 dtype=np.float32)

@@ -10,15 +10,16 @@ Bit-exact with ggml (``src/ggml-quants.c``), per ``ggml_quantize_chunk``'s dispa
   (``make_qkx3_quants``) per block, and for the K-types a weighted quantization of the sub-block
   scales and mins (``make_qp_quants``).
 
-Dequantization is bit-exact with ``gguf.quants.dequantize`` (and ggml's ``dequantize_row_X``).
+Dequantization (``dequantize_row_X``, also the kernels' row decoder) is bit-exact with ``gguf.quants.dequantize``
+(and ggml's ``dequantize_row_X``).
 
 Float-exactness notes (what makes the bytes match):
 * every intermediate is float32, in the C evaluation order (``w*l*x`` is ``(w*l)*x``); integers are
   converted to float32 explicitly because numba would otherwise promote ``float32 * int`` to float64;
-* ``nearest_int`` is ggml's magic-number trick reproduced on the bits (``_nint``), so it also agrees
+* ``nearest_int`` is ggml's magic-number trick reproduced on the bits (quants/common.py), so it also agrees
   with ggml on NaN/inf arguments, which appear when a block's range overflows fp16;
 * C stores some ints into ``uint8_t`` (wrapping), kept with ``& 0xFF``; float -> small-int casts use
-  x86's truncating conversion (``_c_trunc``).
+  x86's truncating conversion (``c_f2i``).
 """
 
 from __future__ import annotations
@@ -26,35 +27,27 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
+from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16, take_columns
+from quantkit.jit import ld_u32
+from quantkit.quants.common import (GROUP_MAX_EPS, block_layout, c_f2i, get_f16, ld_f16, nearest_int, put_f16, rt_len,
+                                    take_columns)
 
 F32 = np.float32
 QK_K = 256
-_GROUP_MAX_EPS = np.float32(1e-15)
-_INT_MIN = np.int32(-2147483648)
+
+_Q4_1_TS, _Q4_1_D, _Q4_1_M, _Q4_1_QS = block_layout("Q4_1", "d", "m", "qs")
+_Q5_1_TS, _Q5_1_D, _Q5_1_M, _Q5_1_QH, _Q5_1_QS = block_layout("Q5_1", "d", "m", "qh", "qs")
+_Q2_K_TS, _Q2_K_SCALES, _Q2_K_QS, _Q2_K_D, _Q2_K_DMIN = block_layout("Q2_K", "scales", "qs", "d", "dmin")
+_Q4_K_TS, _Q4_K_D, _Q4_K_DMIN, _Q4_K_SCALES, _Q4_K_QS = block_layout("Q4_K", "d", "dmin", "scales", "qs")
+_Q5_K_TS, _Q5_K_D, _Q5_K_DMIN, _Q5_K_SCALES, _Q5_K_QH, _Q5_K_QS = block_layout("Q5_K", "d", "dmin", "scales", "qh",
+                                                                             "qs")
 _NEG_INF = np.float32(-np.inf)
 
 
 # ---------------------------------------------------------------------------------------------
 # scalar helpers
 # ---------------------------------------------------------------------------------------------
-
-@njit
-def _nint(f):
-    """ggml's nearest_int: add 1.5*2**23 and read the low mantissa bits (ties to even)."""
-    v = np.float32(f) + np.float32(12582912.0)
-    return np.int32(f32_to_bits(v) & np.uint32(0x7FFFFF)) - np.int32(0x400000)
-
-
-@njit
-def _c_trunc(v):
-    """C's float -> int32 conversion as x86 does it: truncate; NaN/out of range give INT_MIN."""
-    if v != v or v >= np.float32(2147483648.0) or v < np.float32(-2147483648.0):
-        return _INT_MIN
-    return np.int32(v)
-
 
 @njit
 def _clamp(lo, hi, v):
@@ -122,7 +115,7 @@ def make_qkx2_quants_lanes(nmax, XT, WT, LT, AT, rmin, rdelta, nstep, use_mad, s
         wi = WT[i]
         li = LT[i]
         for k in range(nl):
-            l = _clamp(0, nmax, _nint(iscale[k] * (xi[k] - mn[k])))
+            l = _clamp(0, nmax, nearest_int(iscale[k] * (xi[k] - mn[k])))
             li[k] = l
             diff = scale[k] * F32(l) + mn[k] - xi[k]
             diff = abs(diff) if use_mad else diff * diff
@@ -152,7 +145,7 @@ def make_qkx2_quants_lanes(nmax, XT, WT, LT, AT, rmin, rdelta, nstep, use_mad, s
                 wi = WT[i]
                 ai = AT[i]
                 for k in range(nl):
-                    l = _clamp(0, nmax, _nint(iscale[k] * (xi[k] - mn[k])))
+                    l = _clamp(0, nmax, nearest_int(iscale[k] * (xi[k] - mn[k])))
                     ai[k] = l
                     w = wi[k]
                     fl = F32(l)
@@ -219,13 +212,13 @@ def make_qp_quants(nmax, x, L, quant_weights):
     mx = F32(0.0)
     for i in range(n):
         mx = mx if mx > x[i] else x[i]
-    if mx < _GROUP_MAX_EPS:
+    if mx < GROUP_MAX_EPS:
         for i in range(n):
             L[i] = 0
         return F32(0.0)
     iscale = fmax / mx
     for i in range(n):
-        L[i] = _nint(iscale * x[i]) & 0xFF
+        L[i] = nearest_int(iscale * x[i]) & 0xFF
     scale = F32(1.0) / iscale
     best_mse = F32(0.0)
     for i in range(n):
@@ -238,7 +231,7 @@ def make_qp_quants(nmax, x, L, quant_weights):
         scale_is = F32(1.0) / iscale_is
         mse = F32(0.0)
         for i in range(n):
-            l = min(nmax, _nint(iscale_is * x[i]))
+            l = min(nmax, nearest_int(iscale_is * x[i]))
             diff = x[i] - scale_is * F32(l)
             mse += quant_weights[i] * diff * diff
         if mse < best_mse:
@@ -247,7 +240,7 @@ def make_qp_quants(nmax, x, L, quant_weights):
     sumlx = F32(0.0)
     suml2 = F32(0.0)
     for i in range(n):
-        l = min(nmax, _nint(iscale * x[i]))
+        l = min(nmax, nearest_int(iscale * x[i]))
         L[i] = l & 0xFF
         w = quant_weights[i]
         sumlx += w * x[i] * F32(l)
@@ -260,7 +253,7 @@ def make_qp_quants(nmax, x, L, quant_weights):
             slx = sumlx - w * x[i] * fl
             sl2 = suml2 - w * fl * fl
             if slx > F32(0.0) and sl2 > F32(0.0):
-                new_l = min(nmax, _nint(x[i] * sl2 / slx))
+                new_l = min(nmax, nearest_int(x[i] * sl2 / slx))
                 if new_l != L[i]:
                     slx += w * x[i] * F32(new_l)
                     sl2 += w * F32(new_l) * F32(new_l)
@@ -311,7 +304,7 @@ def _block_minmax_ref(xb, nmax, Lb):
     d = (mx - mn) / F32(nmax)
     idd = F32(1.0) / d if d != F32(0.0) else F32(0.0)
     for j in range(32):
-        t = _c_trunc((xb[j] - mn) * idd + F32(0.5))
+        t = c_f2i((xb[j] - mn) * idd + F32(0.5))
         if nmax == 15:  # (int8_t) cast, then MIN(15, .), stored to uint8
             t = t & 0xFF
             if t >= 128:
@@ -384,36 +377,36 @@ def quantize_rows_q5_1(x, y, qw):
         _quantize_row_x_1(x[r], y[r], qw, 31, 24)
 
 
-@njit_parallel
-def dequantize_rows_q4_1(y, x):
-    nb = x.shape[1] // 32
-    for r in prange(y.shape[0]):
-        for ib in range(nb):
-            yb = y[r, ib * 20:(ib + 1) * 20]
-            d = get_f16(yb, 0)
-            m = get_f16(yb, 2)
-            for j in range(16):
-                q = yb[4 + j]
-                x[r, ib * 32 + j] = F32(q & 0x0F) * d + m
-                x[r, ib * 32 + j + 16] = F32(q >> 4) * d + m
+@njit
+def dequantize_row_q4_1(src, y):
+    """ggml's ``dequantize_row_q4_1``: one row's bytes ``src`` -> float32 ``y`` (the codec's and the kernels'
+    row decoder)."""
+    n16 = rt_len(16, y)
+    for b in range(y.shape[0] // 32):
+        o = _Q4_1_TS * b
+        d = ld_f16(src, o + _Q4_1_D)
+        m = ld_f16(src, o + _Q4_1_M)
+        qs = src[o + _Q4_1_QS:o + _Q4_1_QS + 16]
+        yy = y[32 * b:32 * b + 32]
+        for j in range(n16):
+            yy[j] = F32(np.int32(qs[j]) & 15) * d + m
+        for j in range(n16):
+            yy[j + 16] = F32(np.int32(qs[j]) >> 4) * d + m
 
 
-@njit_parallel
-def dequantize_rows_q5_1(y, x):
-    nb = x.shape[1] // 32
-    for r in prange(y.shape[0]):
-        for ib in range(nb):
-            yb = y[r, ib * 24:(ib + 1) * 24]
-            d = get_f16(yb, 0)
-            m = get_f16(yb, 2)
-            qh = (np.uint32(yb[4]) | (np.uint32(yb[5]) << np.uint32(8)) | (np.uint32(yb[6]) << np.uint32(16))
-                  | (np.uint32(yb[7]) << np.uint32(24)))
-            for j in range(16):
-                q = yb[8 + j]
-                h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-                h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-                x[r, ib * 32 + j] = F32((q & 0x0F) | h0) * d + m
-                x[r, ib * 32 + j + 16] = F32((q >> 4) | h1) * d + m
+@njit
+def dequantize_row_q5_1(src, y):
+    for b in range(y.shape[0] // 32):
+        o = _Q5_1_TS * b
+        d = ld_f16(src, o + _Q5_1_D)
+        m = ld_f16(src, o + _Q5_1_M)
+        qh = ld_u32(src, o + _Q5_1_QH)
+        for j in range(16):
+            q = np.int32(src[o + _Q5_1_QS + j])
+            h0 = np.int32(((qh >> np.uint32(j)) << np.uint32(4)) & np.uint32(0x10))
+            h1 = np.int32((qh >> np.uint32(j + 12)) & np.uint32(0x10))
+            y[32 * b + j] = F32((q & 15) | h0) * d + m
+            y[32 * b + j + 16] = F32((q >> 4) | h1) * d + m
 
 
 # ---------------------------------------------------------------------------------------------
@@ -440,7 +433,7 @@ def _q2_k_super_ref(xb, yb, L, Laux, weights, scales, mins):
     if max_scale > F32(0.0):
         iscale = q4scale / max_scale
         for j in range(16):
-            yb[j] = np.uint8(_nint(iscale * scales[j]) & 0xFF)
+            yb[j] = np.uint8(nearest_int(iscale * scales[j]) & 0xFF)
         put_f16(yb, 80, max_scale / q4scale)
     else:
         for j in range(16):
@@ -449,7 +442,7 @@ def _q2_k_super_ref(xb, yb, L, Laux, weights, scales, mins):
     if max_min > F32(0.0):
         iscale = q4scale / max_min
         for j in range(16):
-            yb[j] = np.uint8((np.int32(yb[j]) | (_nint(iscale * mins[j]) << 4)) & 0xFF)
+            yb[j] = np.uint8((np.int32(yb[j]) | (nearest_int(iscale * mins[j]) << 4)) & 0xFF)
         put_f16(yb, 82, max_min / q4scale)
     else:
         put_f16(yb, 82, F32(0.0))
@@ -490,7 +483,7 @@ def _q2_k_requant_pack(xb, yb, L):
             continue
         dm = m_all * F32(yb[j] >> 4)
         for ii in range(16):
-            L[16 * j + ii] = _clamp(0, 3, _nint((xb[16 * j + ii] + dm) / d))
+            L[16 * j + ii] = _clamp(0, 3, nearest_int((xb[16 * j + ii] + dm) / d))
     for j in range(0, QK_K, 128):
         for l in range(32):
             yb[16 + j // 4 + l] = np.uint8(
@@ -524,26 +517,28 @@ def quantize_rows_q2_k(x, y, qw):
         _quantize_row_q2_k(x[r], y[r], qw)
 
 
-@njit_parallel
-def dequantize_rows_q2_k(y, x):
-    nb = x.shape[1] // QK_K
-    for r in prange(y.shape[0]):
-        for i in range(nb):
-            yb = y[r, i * 84:(i + 1) * 84]
-            xo = x[r, i * QK_K:(i + 1) * QK_K]
-            d = get_f16(yb, 80)
-            dmin = get_f16(yb, 82)
-            for half in range(2):
-                q = yb[16 + 32 * half:16 + 32 * half + 32]
-                for shift4 in range(4):
-                    shift = 2 * shift4
-                    for part in range(2):
-                        k = 8 * half + 2 * shift4 + part
-                        sc = yb[k]
-                        dl = d * F32(sc & 0xF)
-                        ml = dmin * F32(sc >> 4)
-                        for l in range(16):
-                            xo[16 * k + l] = dl * F32((q[16 * part + l] >> shift) & 3) - ml
+@njit
+def dequantize_row_q2_k(src, y):
+    n16 = rt_len(16, y)
+    for b in range(y.shape[0] // QK_K):
+        o = _Q2_K_TS * b
+        d = ld_f16(src, o + _Q2_K_D)
+        dmin = ld_f16(src, o + _Q2_K_DMIN)
+        is_ = 0
+        for n in range(2):
+            q = o + _Q2_K_QS + 32 * n
+            for j in range(4):
+                shift = 2 * j
+                base = 256 * b + 128 * n + 32 * j
+                for half in range(2):
+                    sc = np.int32(src[o + _Q2_K_SCALES + is_])
+                    is_ += 1
+                    dl = d * F32(sc & 15)
+                    ml = dmin * F32(sc >> 4)
+                    qs = src[q + 16 * half:q + 16 * half + 16]
+                    yy = y[base + 16 * half:base + 16 * half + 16]
+                    for l in range(n16):
+                        yy[l] = dl * F32((np.int32(qs[l]) >> shift) & 3) - ml
 
 
 # ---------------------------------------------------------------------------------------------
@@ -590,8 +585,8 @@ def _k32_scales_ref(yb, scales, mins):
     inv_min = F32(63.0) / max_min if max_min > F32(0.0) else F32(0.0)
     sc12 = yb[4:16]
     for j in range(8):
-        ls = min(63, _nint(inv_scale * scales[j]) & 0xFF)
-        lm = min(63, _nint(inv_min * mins[j]) & 0xFF)
+        ls = min(63, nearest_int(inv_scale * scales[j]) & 0xFF)
+        lm = min(63, nearest_int(inv_min * mins[j]) & 0xFF)
         _put_scale_min_k4(sc12, j, ls, lm)
     put_f16(yb, 0, max_scale / F32(63.0))
     put_f16(yb, 2, max_min / F32(63.0))
@@ -667,7 +662,7 @@ def _k32_requant(xb, yb, nmax, L):
             continue
         dm = m_all * F32(m)
         for ii in range(32):
-            L[32 * j + ii] = _clamp(0, nmax, _nint((xb[32 * j + ii] + dm) / d))
+            L[32 * j + ii] = _clamp(0, nmax, nearest_int((xb[32 * j + ii] + dm) / d))
 
 
 @njit
@@ -734,55 +729,50 @@ def quantize_rows_q5_k(x, y, qw):
         _quantize_row_k32(x[r], y[r], qw, 31, 176)
 
 
-@njit_parallel
-def dequantize_rows_q4_k(y, x):
-    nb = x.shape[1] // QK_K
-    for r in prange(y.shape[0]):
-        for i in range(nb):
-            yb = y[r, i * 144:(i + 1) * 144]
-            xo = x[r, i * QK_K:(i + 1) * QK_K]
-            d = get_f16(yb, 0)
-            dmin = get_f16(yb, 2)
-            sc12 = yb[4:16]
-            for g in range(4):
-                q = yb[16 + 32 * g:48 + 32 * g]
-                sc, m = _get_scale_min_k4(2 * g, sc12)
-                d1 = d * F32(sc)
-                m1 = dmin * F32(m)
-                sc, m = _get_scale_min_k4(2 * g + 1, sc12)
-                d2 = d * F32(sc)
-                m2 = dmin * F32(m)
-                for l in range(32):
-                    xo[64 * g + l] = d1 * F32(q[l] & 0xF) - m1
-                    xo[64 * g + 32 + l] = d2 * F32(q[l] >> 4) - m2
+@njit
+def _sub_scales_k4(d, dmin, sc12, j):
+    """``d * scale`` and ``dmin * min`` of sub-blocks 2j and 2j+1 (get_scale_min_k4's packing)."""
+    sc, mn = _get_scale_min_k4(2 * j, sc12)
+    sc2, mn2 = _get_scale_min_k4(2 * j + 1, sc12)
+    return d * F32(sc), dmin * F32(mn), d * F32(sc2), dmin * F32(mn2)
 
 
-@njit_parallel
-def dequantize_rows_q5_k(y, x):
-    nb = x.shape[1] // QK_K
-    for r in prange(y.shape[0]):
-        for i in range(nb):
-            yb = y[r, i * 176:(i + 1) * 176]
-            xo = x[r, i * QK_K:(i + 1) * QK_K]
-            d = get_f16(yb, 0)
-            dmin = get_f16(yb, 2)
-            sc12 = yb[4:16]
-            qh = yb[16:48]
-            for g in range(4):
-                ql = yb[48 + 32 * g:80 + 32 * g]
-                u1 = 1 << (2 * g)
-                u2 = 2 << (2 * g)
-                sc, m = _get_scale_min_k4(2 * g, sc12)
-                d1 = d * F32(sc)
-                m1 = dmin * F32(m)
-                sc, m = _get_scale_min_k4(2 * g + 1, sc12)
-                d2 = d * F32(sc)
-                m2 = dmin * F32(m)
-                for l in range(32):
-                    h1 = 16 if (qh[l] & u1) != 0 else 0
-                    h2 = 16 if (qh[l] & u2) != 0 else 0
-                    xo[64 * g + l] = d1 * F32((ql[l] & 0xF) + h1) - m1
-                    xo[64 * g + 32 + l] = d2 * F32((ql[l] >> 4) + h2) - m2
+@njit
+def dequantize_row_q4_k(src, y):
+    n32 = rt_len(32, y)
+    for b in range(y.shape[0] // QK_K):
+        o = _Q4_K_TS * b
+        d = ld_f16(src, o + _Q4_K_D)
+        dmin = ld_f16(src, o + _Q4_K_DMIN)
+        sc12 = src[o + _Q4_K_SCALES:o + _Q4_K_SCALES + 12]
+        for j in range(4):
+            d1, m1, d2, m2 = _sub_scales_k4(d, dmin, sc12, j)
+            q = src[o + _Q4_K_QS + 32 * j:o + _Q4_K_QS + 32 + 32 * j]
+            yy = y[256 * b + 64 * j:256 * b + 64 * j + 64]
+            for l in range(n32):
+                yy[l] = d1 * F32(np.int32(q[l]) & 15) - m1
+            for l in range(n32):
+                yy[32 + l] = d2 * F32(np.int32(q[l]) >> 4) - m2
+
+
+@njit
+def dequantize_row_q5_k(src, y):
+    for b in range(y.shape[0] // QK_K):
+        o = _Q5_K_TS * b
+        d = ld_f16(src, o + _Q5_K_D)
+        dmin = ld_f16(src, o + _Q5_K_DMIN)
+        sc12 = src[o + _Q5_K_SCALES:o + _Q5_K_SCALES + 12]
+        qh = src[o + _Q5_K_QH:o + _Q5_K_QH + 32]
+        for j in range(4):
+            d1, m1, d2, m2 = _sub_scales_k4(d, dmin, sc12, j)
+            q = src[o + _Q5_K_QS + 32 * j:o + _Q5_K_QS + 32 + 32 * j]
+            yy = y[256 * b + 64 * j:256 * b + 64 * j + 64]
+            for l in range(32):
+                hb = ((np.int32(qh[l]) >> (2 * j)) & 1) << 4
+                yy[l] = d1 * F32((np.int32(q[l]) & 15) + hb) - m1
+            for l in range(32):
+                hb = ((np.int32(qh[l]) >> (2 * j + 1)) & 1) << 4
+                yy[32 + l] = d2 * F32((np.int32(q[l]) >> 4) + hb) - m2
 
 
 # ---------------------------------------------------------------------------------------------
@@ -790,30 +780,25 @@ def dequantize_rows_q5_k(y, x):
 # ---------------------------------------------------------------------------------------------
 
 class Q4_1(QuantType, qtype=T.Q4_1):
-    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q4_1
-    dequantize_rows = dequantize_rows_q4_1
+    dequantize_row = dequantize_row_q4_1
 
 
 class Q5_1(QuantType, qtype=T.Q5_1):
-    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q5_1
-    dequantize_rows = dequantize_rows_q5_1
+    dequantize_row = dequantize_row_q5_1
 
 
 class Q2_K(QuantType, qtype=T.Q2_K):
-    scale_fields = (80, 82)
     quantize_rows = quantize_rows_q2_k
-    dequantize_rows = dequantize_rows_q2_k
+    dequantize_row = dequantize_row_q2_k
 
 
 class Q4_K(QuantType, qtype=T.Q4_K):
-    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q4_k
-    dequantize_rows = dequantize_rows_q4_k
+    dequantize_row = dequantize_row_q4_k
 
 
 class Q5_K(QuantType, qtype=T.Q5_K):
-    scale_fields = (0, 2)
     quantize_rows = quantize_rows_q5_k
-    dequantize_rows = dequantize_rows_q5_k
+    dequantize_row = dequantize_row_q5_k

@@ -7,10 +7,14 @@ rows-to-blocks bookkeeping and the byte shape. A subclass only names its numba k
   qw float32[n_per_row] importance weights, or an empty array for ggml's reference path
   (``quant_weights == NULL``). Parallel over rows with ``prange``; each row independent, so the
   bytes never depend on the thread count.
-* ``dequantize_rows(y, x)``    -- the inverse, uint8[nrow, row_bytes] -> float32[nrow, n_per_row].
+* ``dequantize_row(src, y)``   -- ggml's ``dequantize_row_X`` for one row: uint8[row_bytes] ->
+  float32[n_per_row], serial ``@njit``. It is *the* row decoder of the type: the kernels call it too
+  (embedding rows, the prefill's tiles, the portable GEMV), so there is one copy. ``dequantize_rows``
+  (parallel over rows) is built from it unless a codec gives its own.
 
-The traits table (``TRAITS``) maps ``GGMLQuantizationType`` -> class; dispatch goes through it, never
-through if-chains.
+A type's sizes, block fields and the rest of its facts come from the type table
+(``quantkit.formats.ggml_types``), not from the codec. The traits table (``TRAITS``) maps
+``GGMLQuantizationType`` -> class; dispatch goes through it, never through if-chains.
 """
 
 from __future__ import annotations
@@ -18,9 +22,12 @@ from __future__ import annotations
 from typing import Callable, ClassVar
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+import os
+from gguf import GGMLQuantizationType
 
 from quantkit.errors import QuantError
+from quantkit.formats.ggml_types import TypeInfo, type_info
+from quantkit.jit import prange, source_digest, specialize
 
 TRAITS: dict[GGMLQuantizationType, type["QuantType"]] = {}
 
@@ -54,23 +61,37 @@ def traits(qtype: GGMLQuantizationType | str | int) -> type["QuantType"]:
         ) from None
 
 
+def _rows_body(y, x):
+    """x[r] = the decoded y[r] for every row (``ROW``: a type's ``dequantize_row``); prange over rows."""
+    for r in prange(y.shape[0]):
+        ROW(y[r], x[r])  # noqa: F821
+
+
+def _rows_kernel(qtype: GGMLQuantizationType, row: Callable) -> Callable:
+    """``dequantize_rows`` built from a type's row decoder; its name carries a digest of the decoder's file
+    and of quants/common.py (numba's cache watches only this file)."""
+    files = [row.py_func.__code__.co_filename, os.path.join(os.path.dirname(__file__), "common.py")]
+    return specialize(_rows_body, f"{qtype.name}_{source_digest(*files)}", parallel=True, ROW=row)
+
+
 class QuantType:
     qtype: ClassVar[GGMLQuantizationType]
+    #: the type's row in the type table (sizes, block fields, validation, vec_dot type)
+    info: ClassVar[TypeInfo]
     block_size: ClassVar[int]
     type_size: ClassVar[int]
     #: whether an importance matrix changes the bytes (ggml's quantize_X uses quant_weights)
     uses_imatrix: ClassVar[bool] = True
-    #: byte offsets, inside one block, of the fp16 scales ``ggml_validate_row_data`` checks for NaN/Inf
-    #: (``d``, and ``dmin``/``m`` where the type has one); None for F32/F16/BF16, whose every value is checked
-    scale_fields: ClassVar[tuple[int, ...] | None] = None
-    #: the type ggml quantizes activations to for this type's vec_dot (filled by the kernels layer)
-    vec_dot_type: ClassVar[GGMLQuantizationType | None] = None
     quantize_rows: ClassVar[Callable]
+    dequantize_row: ClassVar[Callable]
     dequantize_rows: ClassVar[Callable]
 
     def __init_subclass__(cls, qtype: GGMLQuantizationType) -> None:
         cls.qtype = qtype
-        cls.block_size, cls.type_size = GGML_QUANT_SIZES[qtype]
+        cls.info = type_info(qtype)
+        cls.block_size, cls.type_size = cls.info.block_size, cls.info.type_size
+        if "dequantize_rows" not in cls.__dict__:
+            cls.dequantize_rows = _rows_kernel(qtype, cls.dequantize_row)
         TRAITS[qtype] = cls
 
     # -- sizes -------------------------------------------------------------------------------

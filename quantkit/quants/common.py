@@ -3,7 +3,8 @@
 Conventions for every quantizer in this package (they are what make bytes match ggml):
 * all arithmetic in float32, exactly as ggml's C does it -- write constants as ``np.float32(0.5)``
   and never let a Python float literal promote an expression to float64;
-* ``nearest_int`` rounds half to even like ggml's magic-number trick (valid for |x| < 2**22);
+* ``nearest_int`` is ggml's magic-number rounding reproduced on the bits (ties to even; for |x| >= 2**22,
+  inf and NaN it returns what ggml's does), ``c_f2i`` C's float -> int cast as x86 does it;
 * fp16 fields are converted with ``fp32_to_fp16`` (round to nearest even, as F16C / ggml's generic
   code) and read back with ``fp16_to_fp32``.
 """
@@ -12,7 +13,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantkit.jit import HAS_F16C, bits_to_f32, f32_to_bits, f32_to_half_bits, half_bits_to_f32, njit
+from quantkit.formats.ggml_types import type_info
+from quantkit.jit import (HAS_F16C, bits_to_f32, f32_to_bits, f32_to_half_bits, half_bits_to_f32, ld_f16_hw, ld_u16,
+                          njit)
+
+#: ggml's GROUP_MAX_EPS: a group whose largest magnitude is below it is quantized as all zeros
+GROUP_MAX_EPS = np.float32(1e-15)
 
 
 @njit
@@ -94,8 +100,22 @@ def bf16_to_fp32(h):
 
 @njit
 def nearest_int(fval):
-    """Round a float32 to the nearest int, ties to even (ggml's 12582912.f trick)."""
-    return np.int32(np.rint(np.float32(fval)))
+    """ggml's ``nearest_int``: add 1.5*2**23 and read the low mantissa bits back (ties to even).
+
+    For |fval| >= 2**22, inf and NaN it returns what ggml returns (wrapped garbage, 0 for NaN) instead
+    of raising or being undefined, so even degenerate blocks give ggml's bytes."""
+    val = np.float32(np.float32(fval) + np.float32(12582912.0))
+    return np.int32(f32_to_bits(val) & np.uint32(0x007FFFFF)) - np.int32(0x00400000)
+
+
+@njit
+def c_f2i(v):
+    """C's float -> int conversion as x86 performs it (cvttss2si): truncate toward zero;
+    NaN and values outside int32 give INT32_MIN."""
+    v = np.float32(v)
+    if not (v > np.float32(-2147483904.0) and v < np.float32(2147483648.0)):
+        return np.int32(-2147483648)
+    return np.int32(v)
 
 
 @njit
@@ -110,6 +130,37 @@ def put_f16(y, pos, f):
 def get_f16(y, pos):
     """Read a little-endian fp16 at byte ``pos`` of uint8 array ``y`` as float32."""
     return fp16_to_fp32(np.uint32(y[pos]) | (np.uint32(y[pos + 1]) << np.uint32(8)))
+
+
+def block_layout(name: str, *fields: str) -> tuple[int, ...]:
+    """``(type size, offset of each of fields)`` of a type's block, from the type table
+    (formats/ggml_types.py): module-level ints that numba compiles in as constants."""
+    t = type_info(name)
+    return (t.type_size, *(t.field(f) for f in fields))
+
+
+@njit
+def rt_len(k, y):
+    """``k`` as a run-time value: min(k, len(y)), which is k for every row decoded (a row holds at least one
+    block). An inner loop over a literal 16 or 32 is unrolled by LLVM and left scalar (its loads and stores
+    may alias for all it knows); over a run-time count it is vectorized with a run-time overlap check --
+    1.5-2x faster row decoders for the prefill's tiles."""
+    return min(k, y.shape[0])
+
+
+@njit
+def _ld_f16_soft(a, off):
+    return get_f16(a, off)
+
+
+#: the fp16 at byte ``off`` of a uint8 array as float32, exact (``fpext half`` where the CPU has F16C)
+ld_f16 = ld_f16_hw if HAS_F16C else _ld_f16_soft
+
+
+@njit
+def ld_bf16(a, off):
+    """The bfloat16 at byte ``off`` of a uint8 array as float32."""
+    return bf16_to_fp32(ld_u16(a, off))
 
 
 @njit

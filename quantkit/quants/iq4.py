@@ -26,19 +26,18 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
+from quantkit.formats import ggml_types
+from quantkit.jit import ld_u16, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import absmax_lanes, get_f16, put_f16
+from quantkit.quants.common import GROUP_MAX_EPS, absmax_lanes, block_layout, ld_f16, nearest_int, put_f16, rt_len
 
-#: the 16 reconstruction levels shared by IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl)
-KVALUES_IQ4NL = np.array([-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
-                         dtype=np.int8)
+#: the 16 reconstruction levels shared by IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl; the type table's)
+KVALUES_IQ4NL = np.array(ggml_types.KVALUES_IQ4NL, dtype=np.int8)
 _KV_F32 = KVALUES_IQ4NL.astype(np.float32)
 
 _NTRY = 7
-_GROUP_MAX_EPS = np.float32(1e-15)
-_NL_BYTES = 18    # fp16 d + 16 bytes of nibbles
-_XS_BYTES = 136   # fp16 d + uint16 scales_h + 4 bytes scales_l + 128 bytes of nibbles
+_NL_BYTES, _NL_D, _NL_QS = block_layout("IQ4_NL", "d", "qs")
+_XS_BYTES, _XS_D, _XS_SCALES_H, _XS_SCALES_L, _XS_QS = block_layout("IQ4_XS", "d", "scales_h", "scales_l", "qs")
 
 
 @njit
@@ -61,14 +60,6 @@ def best_index_iq4nl(x):
     if x - kv[mu - 1] < kv[mu] - x:
         return mu - 1
     return mu
-
-
-@njit
-def _nearest_int_magic(fval):
-    """ggml's ``nearest_int`` bit trick, reproduced for every input (also inf/NaN, which
-    ``np.rint`` followed by an int cast would not map the same way)."""
-    v = np.float32(np.float32(fval) + np.float32(12582912.0))
-    return np.int32(f32_to_bits(v) & np.uint32(0x007FFFFF)) - np.int32(0x00400000)
 
 
 @njit
@@ -149,7 +140,7 @@ def _search_lanes(XT, WT, d):
             d[k] = dd if b else d[k]
             best[k] = dd * sumqx[k] if b else best[k]
     for k in range(nl):
-        d[k] = np.float32(0.0) if amax[k] < _GROUP_MAX_EPS else d[k]
+        d[k] = np.float32(0.0) if amax[k] < GROUP_MAX_EPS else d[k]
 
 
 @njit
@@ -197,7 +188,7 @@ def quantize_superblock_iq4_xs(x, scales, y, pos, L):
     inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
     scales_h = np.uint32(0)
     for ib in range(8):
-        l = _nearest_int_magic(inv * scales[ib])
+        l = nearest_int(inv * scales[ib])
         l = max(-32, min(31, l))
         dl = d * np.float32(l)
         idl = np.float32(1.0) / dl if dl != np.float32(0.0) else np.float32(0.0)
@@ -240,51 +231,54 @@ def quantize_rows_iq4_xs(x, y, qw):
                                        _XS_BYTES * ib, L)
 
 
-@njit_parallel
-def dequantize_rows_iq4_nl(y, x):
+@njit
+def dequantize_row_iq4_nl(src, y):
+    """ggml's ``dequantize_row_iq4_nl``: one row's bytes ``src`` -> float32 ``y`` (the codec's and the
+    kernels' row decoder)."""
     kv = _KV_F32
-    nblock = x.shape[1] // 32
-    for r in prange(y.shape[0]):
-        src = y[r]
-        out = x[r]
-        for ib in range(nblock):
-            p = _NL_BYTES * ib
-            d = get_f16(src, p)
-            for j in range(16):
-                b = src[p + 2 + j]
-                out[32 * ib + j] = d * kv[b & 0xF]
-                out[32 * ib + 16 + j] = d * kv[b >> 4]
+    n16 = rt_len(16, y)
+    for b in range(y.shape[0] // 32):
+        o = _NL_BYTES * b
+        d = ld_f16(src, o + _NL_D)
+        qs = src[o + _NL_QS:o + _NL_QS + 16]
+        yy = y[32 * b:32 * b + 32]
+        for j in range(n16):
+            yy[j] = d * kv[np.int32(qs[j]) & 15]
+        for j in range(n16):
+            yy[j + 16] = d * kv[np.int32(qs[j]) >> 4]
 
 
-@njit_parallel
-def dequantize_rows_iq4_xs(y, x):
+@njit
+def _iq4_xs_scale(src, o, ib):
+    """The signed 6-bit scale of block ``ib`` of the IQ4_XS super-block at byte ``o``."""
+    sh = ld_u16(src, o + _XS_SCALES_H)
+    low = (np.int32(src[o + _XS_SCALES_L + ib // 2]) >> (4 * (ib % 2))) & 15
+    high = np.int32((sh >> np.uint32(2 * ib)) & np.uint32(3))
+    return (low | (high << 4)) - 32
+
+
+@njit
+def dequantize_row_iq4_xs(src, y):
     kv = _KV_F32
-    nblock = x.shape[1] // 256
-    for r in prange(y.shape[0]):
-        src = y[r]
-        out = x[r]
-        for ibl in range(nblock):
-            p = _XS_BYTES * ibl
-            d = get_f16(src, p)
-            scales_h = np.int32(src[p + 2]) | (np.int32(src[p + 3]) << 8)
-            for ib in range(8):
-                ls = ((np.int32(src[p + 4 + ib // 2]) >> (4 * (ib % 2))) & 0xF) | (((scales_h >> (2 * ib)) & 3) << 4)
-                dl = d * np.float32(ls - 32)
-                q = p + 8 + 16 * ib
-                o = 256 * ibl + 32 * ib
-                for j in range(16):
-                    b = src[q + j]
-                    out[o + j] = dl * kv[b & 0xF]
-                    out[o + 16 + j] = dl * kv[b >> 4]
+    n16 = rt_len(16, y)
+    for b in range(y.shape[0] // 256):
+        o = _XS_BYTES * b
+        d = ld_f16(src, o + _XS_D)
+        for ib in range(8):
+            dl = d * np.float32(_iq4_xs_scale(src, o, ib))
+            q = src[o + _XS_QS + 16 * ib:o + _XS_QS + 16 + 16 * ib]
+            yy = y[256 * b + 32 * ib:256 * b + 32 * ib + 32]
+            for j in range(n16):
+                yy[j] = dl * kv[np.int32(q[j]) & 15]
+            for j in range(n16):
+                yy[j + 16] = dl * kv[np.int32(q[j]) >> 4]
 
 
 class IQ4_NL(QuantType, qtype=T.IQ4_NL):
-    scale_fields = (0,)
     quantize_rows = quantize_rows_iq4_nl
-    dequantize_rows = dequantize_rows_iq4_nl
+    dequantize_row = dequantize_row_iq4_nl
 
 
 class IQ4_XS(QuantType, qtype=T.IQ4_XS):
-    scale_fields = (0,)
     quantize_rows = quantize_rows_iq4_xs
-    dequantize_rows = dequantize_rows_iq4_xs
+    dequantize_row = dequantize_row_iq4_xs

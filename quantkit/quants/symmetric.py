@@ -8,15 +8,15 @@ Bit-exact with ggml's ``src/ggml-quants.c``:
   ``q3_K_impl`` / ``q6_K_impl``. Q8_0 and Q8_K ignore the weights (``uses_imatrix = False``);
 * Q8_K (float32 d, int8 qs[256], int16 bsums[16]) is the activation type of the K-quants'
   dot products and is ``quantize_row_q8_K_ref``;
-* ``dequantize_rows`` equals ``dequantize_row_<type>`` and gguf-py's ``dequantize``.
+* ``dequantize_row_<type>`` equals ggml's and gguf-py's ``dequantize``; the kernels decode rows with it too.
 
 The two scale searches of this family, ``make_qx_quants`` and ``make_q3_quants``, live here.
 
 Float32 discipline (see docs/DEVELOPING.md): every constant is ``np.float32``, every int that meets
 a float is converted with ``np.float32`` first (numba would otherwise promote int32*float32 to
-float64), and the operation order follows ggml's C. ``c_nearest_int`` reproduces ggml's
-magic-number rounding for every input, and ``c_f2i`` the x86 float->int conversion of C casts,
-so even degenerate blocks (subnormal maxima, infinite inverse scales) give ggml's bytes.
+float64), and the operation order follows ggml's C. ``nearest_int`` reproduces ggml's
+magic-number rounding for every input, and ``c_f2i`` the x86 float->int conversion of C casts
+(both in quants/common.py), so even degenerate blocks (subnormal maxima, infinite inverse scales) give ggml's bytes.
 """
 
 from __future__ import annotations
@@ -24,43 +24,27 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import f32_to_bits, njit, njit_parallel, prange
+from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import absmax_lanes, get_f16, get_f32, put_f16, put_f32, take_columns
+from quantkit.jit import ld_u32
+from quantkit.quants.common import (GROUP_MAX_EPS, absmax_lanes, block_layout, c_f2i, get_f16, get_f32, ld_f16, nearest_int,
+                                    put_f16, put_f32, rt_len, take_columns)
 
 QK4_0 = 32
 QK5_0 = 32
 QK8_0 = 32
 QK_K = 256
 
-#: ggml treats a group whose absolute maximum is below this as all zeros
-GROUP_MAX_EPS = np.float32(1e-15)
+_Q4_0_TS, _Q4_0_D, _Q4_0_QS = block_layout("Q4_0", "d", "qs")
+_Q5_0_TS, _Q5_0_D, _Q5_0_QH, _Q5_0_QS = block_layout("Q5_0", "d", "qh", "qs")
+_Q8_0_TS, _Q8_0_D, _Q8_0_QS = block_layout("Q8_0", "d", "qs")
+_Q3_K_TS, _Q3_K_HMASK, _Q3_K_QS, _Q3_K_SCALES, _Q3_K_D = block_layout("Q3_K", "hmask", "qs", "scales", "d")
+_Q6_K_TS, _Q6_K_QL, _Q6_K_QH, _Q6_K_SCALES, _Q6_K_D = block_layout("Q6_K", "ql", "qh", "scales", "d")
 
 
 # ---------------------------------------------------------------------------------------------
 # scalar helpers: C's rounding and conversion behaviour
 # ---------------------------------------------------------------------------------------------
-@njit
-def c_nearest_int(fval):
-    """ggml's ``nearest_int``: add 1.5*2**23 and read the low mantissa bits back.
-
-    Ties go to even; for |fval| >= 2**22, inf and NaN it returns what ggml returns (wrapped
-    garbage, 0 for NaN) instead of raising or being undefined.
-    """
-    val = np.float32(np.float32(fval) + np.float32(12582912.0))
-    return np.int32(f32_to_bits(val) & np.uint32(0x007FFFFF)) - np.int32(0x00400000)
-
-
-@njit
-def c_f2i(v):
-    """C's float -> int conversion as x86 performs it (cvttss2si): truncate toward zero;
-    NaN and values outside int32 give INT32_MIN."""
-    v = np.float32(v)
-    if not (v > np.float32(-2147483904.0) and v < np.float32(2147483648.0)):
-        return np.int32(-2147483648)
-    return np.int32(v)
-
-
 @njit
 def wrap_i8(v):
     """C's conversion of an int to int8_t (keep the low byte, two's complement)."""
@@ -118,7 +102,7 @@ def make_qx_quants(n, nmax, x, L, rmse_type, qw):
     iscale = np.float32(np.float32(-nmax) / fmax)
     if rmse_type == 0:
         for i in range(n):
-            l = c_nearest_int(iscale * x[i])
+            l = nearest_int(iscale * x[i])
             L[i] = nmax + max(-nmax, min(nmax - 1, l))
         return np.float32(np.float32(1.0) / iscale)
     return_early = False
@@ -137,7 +121,7 @@ def make_qx_quants(n, nmax, x, L, rmse_type, qw):
     sumlx = np.float32(0.0)
     suml2 = np.float32(0.0)
     for i in range(n):
-        l = c_nearest_int(iscale * x[i])
+        l = nearest_int(iscale * x[i])
         l = max(-nmax, min(nmax - 1, l))
         L[i] = l + nmax
         w = wts[i]
@@ -162,7 +146,7 @@ def _qx_lanes_fit(nmax, XT, WT, iscale, LT, sumlx, suml2):
         wi = WT[i]
         li = LT[i]
         for k in range(nl):
-            l = max(-nmax, min(nmax - 1, c_nearest_int(iscale[k] * xi[k])))
+            l = max(-nmax, min(nmax - 1, nearest_int(iscale[k] * xi[k])))
             li[k] = l + nmax
             fl = np.float32(l)
             sumlx[k] += wi[k] * xi[k] * fl
@@ -237,7 +221,7 @@ def make_q3_quants(n, nmax, x, L, do_rmse):
         make_q3_quants_lanes(nmax, x[:n].reshape(n, 1), L[:n].reshape(n, 1), scale)
         return scale[0]
     for i in range(n):
-        l = c_nearest_int(iscale * x[i])
+        l = nearest_int(iscale * x[i])
         l = max(-nmax, min(nmax - 1, l))
         L[i] = l + nmax
     return np.float32(np.float32(1.0) / iscale)
@@ -260,7 +244,7 @@ def make_q3_quants_lanes(nmax, XT, LT, scale):
         xi = XT[i]
         li = LT[i]
         for k in range(nl):
-            l = max(-nmax, min(nmax - 1, c_nearest_int(iscale[k] * xi[k])))
+            l = max(-nmax, min(nmax - 1, nearest_int(iscale[k] * xi[k])))
             li[k] = l
             w = xi[k] * xi[k]
             fl = np.float32(l)
@@ -282,7 +266,7 @@ def make_q3_quants_lanes(nmax, XT, LT, scale):
                 fli = np.float32(li[k])
                 slx = np.float32(sumlx[k] - w * v * fli)
                 sl2 = np.float32(suml2[k] - w * fli * fli)
-                new_l = max(-nmax, min(nmax - 1, c_nearest_int(v * sl2 / slx)))
+                new_l = max(-nmax, min(nmax - 1, nearest_int(v * sl2 / slx)))
                 fnl = np.float32(new_l)
                 slx2 = slx + w * v * fnl
                 sl22 = sl2 + w * fnl * fnl
@@ -373,14 +357,19 @@ def q4_0_row_impl(x, y, qw):
 
 
 @njit
-def dequantize_row_q4_0(y, x):
-    for ib in range(x.shape[0] // QK4_0):
-        o = ib * 18
-        d = get_f16(y, o)
-        for j in range(16):
-            b = np.int32(y[o + 2 + j])
-            x[ib * QK4_0 + j] = np.float32((b & 0x0F) - 8) * d
-            x[ib * QK4_0 + j + 16] = np.float32((b >> 4) - 8) * d
+def dequantize_row_q4_0(src, y):
+    """ggml's ``dequantize_row_q4_0``: one row's bytes ``src`` -> float32 ``y`` (the codec's and the kernels'
+    row decoder)."""
+    n16 = rt_len(16, y)
+    for b in range(y.shape[0] // QK4_0):
+        o = _Q4_0_TS * b
+        d = ld_f16(src, o + _Q4_0_D)
+        qs = src[o + _Q4_0_QS:o + _Q4_0_QS + 16]
+        yy = y[32 * b:32 * b + 32]
+        for j in range(n16):
+            yy[j] = np.float32((np.int32(qs[j]) & 15) - 8) * d
+        for j in range(n16):
+            yy[j + 16] = np.float32((np.int32(qs[j]) >> 4) - 8) * d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -433,18 +422,17 @@ def q5_0_row_impl(x, y, qw):
 
 
 @njit
-def dequantize_row_q5_0(y, x):
-    for ib in range(x.shape[0] // QK5_0):
-        o = ib * 22
-        d = get_f16(y, o)
-        qh = (np.uint32(y[o + 2]) | (np.uint32(y[o + 3]) << np.uint32(8))
-              | (np.uint32(y[o + 4]) << np.uint32(16)) | (np.uint32(y[o + 5]) << np.uint32(24)))
+def dequantize_row_q5_0(src, y):
+    for b in range(y.shape[0] // QK5_0):
+        o = _Q5_0_TS * b
+        d = ld_f16(src, o + _Q5_0_D)
+        qh = ld_u32(src, o + _Q5_0_QH)
         for j in range(16):
-            b = np.int32(y[o + 6 + j])
-            h0 = np.int32((qh >> np.uint32(j)) & np.uint32(1)) << 4
-            h1 = np.int32((qh >> np.uint32(j + 16)) & np.uint32(1)) << 4
-            x[ib * QK5_0 + j] = np.float32(((b & 0x0F) | h0) - 16) * d
-            x[ib * QK5_0 + j + 16] = np.float32(((b >> 4) | h1) - 16) * d
+            q = np.int32(src[o + _Q5_0_QS + j])
+            h0 = np.int32(((qh >> np.uint32(j)) << np.uint32(4)) & np.uint32(0x10))
+            h1 = np.int32((qh >> np.uint32(j + 12)) & np.uint32(0x10))
+            y[32 * b + j] = np.float32(((q & 15) | h0) - 16) * d
+            y[32 * b + j + 16] = np.float32(((q >> 4) | h1) - 16) * d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -466,12 +454,15 @@ def q8_0_row_ref(x, y):
 
 
 @njit
-def dequantize_row_q8_0(y, x):
-    for ib in range(x.shape[0] // QK8_0):
-        o = ib * 34
-        d = get_f16(y, o)
-        for j in range(QK8_0):
-            x[ib * QK8_0 + j] = np.float32(wrap_i8(y[o + 2 + j])) * d
+def dequantize_row_q8_0(src, y):
+    n32 = rt_len(32, y)
+    for b in range(y.shape[0] // QK8_0):
+        o = _Q8_0_TS * b
+        d = ld_f16(src, o + _Q8_0_D)
+        q = src[o + _Q8_0_QS:o + _Q8_0_QS + 32]
+        yy = y[32 * b:32 * b + 32]
+        for j in range(n32):
+            yy[j] = np.float32(np.int8(q[j])) * d
 
 
 # ---------------------------------------------------------------------------------------------
@@ -505,7 +496,7 @@ def _q3_k_finish(x, y, o, L):
         if d == 0:
             continue
         for ii in range(16):
-            l = c_nearest_int(x[16 * j + ii] / d)
+            l = nearest_int(x[16 * j + ii] / d)
             L[16 * j + ii] = max(-4, min(3, l)) + 4
     # hmask: bit b of byte m is the high bit of value 32*b + m (ggml's running m / hm), taken off L
     for m in range(QK_K // 8):
@@ -545,7 +536,7 @@ def q3_k_row_ref(x, y):
             iscale = np.float32(np.float32(-32.0) / max_scale)
             sc12 = y[o + 96:o + 108]
             for j in range(QK_K // 16):
-                l = wrap_i8(c_nearest_int(iscale * scales[j]))
+                l = wrap_i8(nearest_int(iscale * scales[j]))
                 l = max(-32, min(31, l)) + 32
                 _q3_k_put_scale(sc12, j, l)
             put_f16(y, o + 108, np.float32(np.float32(1.0) / iscale))
@@ -589,23 +580,29 @@ def q3_k_row_impl(x, y, qw):
 
 
 @njit
-def dequantize_row_q3_k(y, x):
-    for ib in range(x.shape[0] // QK_K):
-        o = ib * 110
-        dall = get_f16(y, o + 108)
-        sc = y[o + 96:o + 108]
-        for j in range(QK_K // 16):
-            dl = dall * np.float32(_q3_k_get_scale(sc, j))
-            # sub-block j covers values 16*j..16*j+15: 2-bit group (j % 8) // 2 of 128-half j // 8
-            half = j // 8
-            shift = 2 * ((j % 8) // 2)
-            bit = np.uint8(1 << (4 * half + (j % 8) // 2))
-            base = 16 * (j % 2)
-            for l in range(16):
-                q = (np.int32(y[o + 32 + 32 * half + base + l]) >> shift) & 3
-                if (y[o + base + l] & bit) == 0:
-                    q -= 4
-                x[ib * QK_K + 16 * j + l] = dl * np.float32(q)
+def dequantize_row_q3_k(src, y):
+    n16 = rt_len(16, y)
+    for b in range(y.shape[0] // QK_K):
+        o = _Q3_K_TS * b
+        d_all = ld_f16(src, o + _Q3_K_D)
+        sc = src[o + _Q3_K_SCALES:o + _Q3_K_SCALES + 12]
+        is_ = 0
+        m = 1
+        for n in range(2):
+            q = o + _Q3_K_QS + 32 * n
+            for j in range(4):
+                shift = 2 * j
+                base = 256 * b + 128 * n + 32 * j
+                for half in range(2):
+                    dl = d_all * np.float32(_q3_k_get_scale(sc, is_))
+                    is_ += 1
+                    qs = src[q + 16 * half:q + 16 * half + 16]
+                    hm = src[o + _Q3_K_HMASK + 16 * half:o + _Q3_K_HMASK + 16 * half + 16]
+                    yy = y[base + 16 * half:base + 16 * half + 16]
+                    for l in range(n16):
+                        hv = 0 if (np.int32(hm[l]) & m) else 4
+                        yy[l] = dl * np.float32(((np.int32(qs[l]) >> shift) & 3) - hv)
+                m <<= 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -674,14 +671,14 @@ def q6_k_row(x, y, qw):
         iscale = np.float32(np.float32(-128.0) / max_scale)
         put_f16(y, o + 208, np.float32(np.float32(1.0) / iscale))
         for j in range(QK_K // 16):
-            y[o + 192 + j] = np.uint8(min(127, c_nearest_int(iscale * scales[j])) & 0xFF)
+            y[o + 192 + j] = np.uint8(min(127, nearest_int(iscale * scales[j])) & 0xFF)
         dall = get_f16(y, o + 208)
         for j in range(QK_K // 16):
             d = dall * np.float32(wrap_i8(y[o + 192 + j]))
             if d == 0:
                 continue
             for ii in range(16):
-                l = c_nearest_int(xb[16 * j + ii] / d)
+                l = nearest_int(xb[16 * j + ii] / d)
                 L[16 * j + ii] = max(-32, min(31, l)) + 32
         for j in range(0, QK_K, 128):
             ql = o + j // 2
@@ -699,28 +696,29 @@ def q6_k_row(x, y, qw):
 
 
 @njit
-def dequantize_row_q6_k(y, x):
-    for ib in range(x.shape[0] // QK_K):
-        o = ib * 210
-        d = get_f16(y, o + 208)
-        for n in range(0, QK_K, 128):
-            ql = o + n // 2
-            qh = o + 128 + n // 4
-            sc = o + 192 + n // 16
-            out = ib * QK_K + n
-            for l in range(32):
-                is_ = l // 16
-                h = np.int32(y[qh + l])
-                a = np.int32(y[ql + l])
-                b = np.int32(y[ql + l + 32])
-                q1 = ((a & 0xF) | (((h >> 0) & 3) << 4)) - 32
-                q2 = ((b & 0xF) | (((h >> 2) & 3) << 4)) - 32
-                q3 = ((a >> 4) | (((h >> 4) & 3) << 4)) - 32
-                q4 = ((b >> 4) | (((h >> 6) & 3) << 4)) - 32
-                x[out + l] = d * np.float32(wrap_i8(y[sc + is_])) * np.float32(q1)
-                x[out + l + 32] = d * np.float32(wrap_i8(y[sc + is_ + 2])) * np.float32(q2)
-                x[out + l + 64] = d * np.float32(wrap_i8(y[sc + is_ + 4])) * np.float32(q3)
-                x[out + l + 96] = d * np.float32(wrap_i8(y[sc + is_ + 6])) * np.float32(q4)
+def dequantize_row_q6_k(src, y):
+    for b in range(y.shape[0] // QK_K):
+        o = _Q6_K_TS * b
+        d = ld_f16(src, o + _Q6_K_D)
+        for n in range(2):
+            ql = src[o + _Q6_K_QL + 64 * n:o + _Q6_K_QL + 64 * n + 64]
+            qh = src[o + _Q6_K_QH + 32 * n:o + _Q6_K_QH + 32 * n + 32]
+            sc = o + _Q6_K_SCALES + 8 * n
+            yy = y[256 * b + 128 * n:256 * b + 128 * n + 128]
+            for half in range(2):  # is = l // 16
+                s1 = d * np.float32(np.int8(src[sc + half]))
+                s2 = d * np.float32(np.int8(src[sc + half + 2]))
+                s3 = d * np.float32(np.int8(src[sc + half + 4]))
+                s4 = d * np.float32(np.int8(src[sc + half + 6]))
+                for i in range(16):
+                    l = 16 * half + i
+                    a = np.int32(ql[l])
+                    c = np.int32(ql[l + 32])
+                    h = np.int32(qh[l])
+                    yy[l] = s1 * np.float32(((a & 15) | ((h & 3) << 4)) - 32)
+                    yy[l + 32] = s2 * np.float32(((c & 15) | (((h >> 2) & 3) << 4)) - 32)
+                    yy[l + 64] = s3 * np.float32(((a >> 4) | (((h >> 4) & 3) << 4)) - 32)
+                    yy[l + 96] = s4 * np.float32(((c >> 4) | (((h >> 6) & 3) << 4)) - 32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -746,7 +744,7 @@ def q8_k_row_ref(x, y):
             continue
         iscale = np.float32(np.float32(-127.0) / fmax)
         for j in range(QK_K):
-            v = c_nearest_int(iscale * xb[j])
+            v = nearest_int(iscale * xb[j])
             y[o + 4 + j] = np.uint8(min(127, v) & 0xFF)
         for j in range(QK_K // 16):
             s = 0
@@ -814,78 +812,36 @@ def quantize_rows_q8_k(x, y, qw):
         q8_k_row_ref(x[r], y[r])
 
 
-@njit_parallel
-def dequantize_rows_q4_0(y, x):
-    for r in prange(y.shape[0]):
-        dequantize_row_q4_0(y[r], x[r])
-
-
-@njit_parallel
-def dequantize_rows_q5_0(y, x):
-    for r in prange(y.shape[0]):
-        dequantize_row_q5_0(y[r], x[r])
-
-
-@njit_parallel
-def dequantize_rows_q8_0(y, x):
-    for r in prange(y.shape[0]):
-        dequantize_row_q8_0(y[r], x[r])
-
-
-@njit_parallel
-def dequantize_rows_q3_k(y, x):
-    for r in prange(y.shape[0]):
-        dequantize_row_q3_k(y[r], x[r])
-
-
-@njit_parallel
-def dequantize_rows_q6_k(y, x):
-    for r in prange(y.shape[0]):
-        dequantize_row_q6_k(y[r], x[r])
-
-
-@njit_parallel
-def dequantize_rows_q8_k(y, x):
-    for r in prange(y.shape[0]):
-        dequantize_row_q8_k(y[r], x[r])
-
-
 # ---------------------------------------------------------------------------------------------
 # registration
 # ---------------------------------------------------------------------------------------------
 class Q4_0(QuantType, qtype=T.Q4_0):
-    scale_fields = (0,)
     quantize_rows = quantize_rows_q4_0
-    dequantize_rows = dequantize_rows_q4_0
+    dequantize_row = dequantize_row_q4_0
 
 
 class Q5_0(QuantType, qtype=T.Q5_0):
-    scale_fields = (0,)
     quantize_rows = quantize_rows_q5_0
-    dequantize_rows = dequantize_rows_q5_0
+    dequantize_row = dequantize_row_q5_0
 
 
 class Q8_0(QuantType, qtype=T.Q8_0):
-    scale_fields = (0,)
     uses_imatrix = False  # ggml's quantize_q8_0 ignores quant_weights
     quantize_rows = quantize_rows_q8_0
-    dequantize_rows = dequantize_rows_q8_0
+    dequantize_row = dequantize_row_q8_0
 
 
 class Q3_K(QuantType, qtype=T.Q3_K):
-    scale_fields = (108,)
     quantize_rows = quantize_rows_q3_k
-    dequantize_rows = dequantize_rows_q3_k
+    dequantize_row = dequantize_row_q3_k
 
 
 class Q6_K(QuantType, qtype=T.Q6_K):
-    scale_fields = (208,)
     quantize_rows = quantize_rows_q6_k
-    dequantize_rows = dequantize_rows_q6_k
+    dequantize_row = dequantize_row_q6_k
 
 
 class Q8_K(QuantType, qtype=T.Q8_K):
-    scale_fields = ()  # its d is float32 (ggml checks it with validate_float); never a quantize output
     uses_imatrix = False  # quantize_row_q8_K_ref has no weighted variant
     quantize_rows = quantize_rows_q8_k
-    dequantize_rows = dequantize_rows_q8_k
+    dequantize_row = dequantize_row_q8_k

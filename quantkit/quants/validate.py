@@ -2,8 +2,9 @@
 
 A quantized block decodes to non-finite values exactly when one of its fp16 scales (``d``, and
 ``dmin``/``m`` where the type has one) is NaN/Inf: the quants are small integers and the products of a
-finite fp16 scale with them stay finite in float32. So, like ggml, only the scale fields are read (their
-offsets are each type's ``scale_fields``); for F32/F16/BF16 every value is checked by its exponent bits.
+finite fp16 scale with them stay finite in float32. So, like ggml, only the scale fields are read (the
+type table's ``checked`` fields, formats/ggml_types.py); for F32/F16/BF16 every value is checked by its
+exponent bits.
 Both kernels read the bytes once, allocate nothing and count in integers (thread-count independent).
 """
 
@@ -38,9 +39,12 @@ def _count_exp_all_ones(bits, mask):
 
 
 @njit_parallel
-def _count_bad_f16_fields(y, type_size, offsets):
-    """Blocks of the uint8 rows ``y`` with a NaN/Inf fp16 at one of ``offsets`` (bytes in the block)."""
+def _count_bad_fields(y, type_size, offsets, width, mask):
+    """Blocks of the uint8 rows ``y`` with a bad field at one of ``offsets`` (bytes in the block): a
+    little-endian field of ``width`` bytes is bad when all its bits under ``mask`` are set (a NaN/Inf
+    fp16 or float32 exponent, an E8M0 0xFF)."""
     nblock = y.shape[1] // type_size
+    m = np.uint32(mask)
     total = 0
     for r in prange(y.shape[0]):
         row = y[r]
@@ -49,27 +53,36 @@ def _count_bad_f16_fields(y, type_size, offsets):
             bad = False
             for k in range(offsets.shape[0]):
                 p = b * type_size + offsets[k]
-                h = np.uint16(row[p]) | (np.uint16(row[p + 1]) << np.uint16(8))
-                bad |= (h & np.uint16(0x7C00)) == np.uint16(0x7C00)
+                v = np.uint32(0)
+                for i in range(width):
+                    v |= np.uint32(row[p + i]) << np.uint32(8 * i)
+                bad |= (v & m) == m
             c += 1 if bad else 0
         total += c
     return total
 
 
+#: ``check`` kind of the type table -> (field width in bytes, the mask whose bits all set mean invalid)
+_FIELD_CHECKS = {"f16": (2, 0x7C00), "f32": (4, 0x7F800000), "e8m0": (1, 0xFF)}
+
+
 def count_invalid(rows: np.ndarray, qtype) -> int:
     """NaN/Inf in uint8 ``rows`` (n_rows, row_bytes) of ``qtype``: values for the float types, blocks
-    with a non-finite scale for the quantized ones. 0 means ggml_validate_row_data accepts them."""
+    with a non-finite scale for the quantized ones (the fields the type table's ``checked`` names). 0 means
+    ggml_validate_row_data accepts them."""
     tr = traits(qtype)
+    info = tr.info
     rows = np.asarray(rows)
     if rows.dtype != np.uint8 or rows.ndim == 0 or rows.shape[-1] % tr.type_size:
         raise QuantError(f"{tr.qtype.name}: expected uint8 rows of whole {tr.type_size}-byte blocks, got "
                          f"{rows.dtype} {rows.shape}")
     rows = rows.reshape(-1, rows.shape[-1])
-    if not rows.size:
+    if not rows.size or info.check == "none":
         return 0
-    if tr.scale_fields is None:
+    if info.check == "values":
         dtype, mask = _EXP_MASK[tr.qtype.name]
         return int(_count_exp_all_ones(rows.view(dtype), mask))
-    if not tr.scale_fields:
-        return 0
-    return int(_count_bad_f16_fields(rows, tr.type_size, np.asarray(tr.scale_fields, dtype=np.int64)))
+    if info.check not in _FIELD_CHECKS:
+        raise QuantError(f"{tr.qtype.name}: checking its blocks ({info.check}) is not implemented yet")
+    width, mask = _FIELD_CHECKS[info.check]
+    return int(_count_bad_fields(rows, tr.type_size, np.asarray(info.check_offsets, dtype=np.int64), width, mask))
