@@ -15,3 +15,7 @@ class QuantError(QuantkitError, ValueError):
 
 class ModelError(QuantkitError):
     """A model lacks what the forward pass needs, or a request does not fit it."""
+
+
+class BenchError(QuantkitError):
+    """A bench request cannot be run (bad list, unreadable model, affinity refused)."""

@@ -22,6 +22,7 @@ from click.testing import CliRunner
 from gguf import GGMLQuantizationType as T
 
 from quantkit.cli import main
+from quantkit.cli.lists import parse_bool_list, parse_int_range, parse_pair
 from quantkit.jit import get_threads, set_threads
 from quantkit.pipelines import bench as B
 from quantkit.quants import quantize
@@ -91,20 +92,20 @@ def params(model: str, **kw) -> B.BenchParams:
     ("1-8*2", [1, 2, 4, 8]), ("1-9*3,100", [1, 3, 9, 100]), ("0", [0]), ("5-3", []), ("1,", [1]),
 ])
 def test_parse_int_range(text, want):
-    assert B.parse_int_range(text) == want
+    assert parse_int_range(text) == want
 
 
 @pytest.mark.parametrize("text", ["", "x", "1-", "1-4-", "-1", "1-8*1", "1-8+0", "1,,2", "4 ", "1-4/2"])
 def test_parse_int_range_errors(text):
     with pytest.raises(ValueError):
-        B.parse_int_range(text)
+        parse_int_range(text)
 
 
 def test_other_parsers():
-    assert B.parse_pair("512,128") == (512, 128)
-    assert B.parse_bool_list("0,1") == [False, True]
+    assert parse_pair("512,128") == (512, 128)
+    assert parse_bool_list("0,1") == [False, True]
     assert B.parse_cpu_mask("0x0") == set() and B.parse_cpu_mask("0x5") == {0, 2} and B.parse_cpu_mask("f0") == {4, 5, 6, 7}
-    for bad, fn in (("1", B.parse_pair), ("1,x", B.parse_pair), ("2", B.parse_bool_list), ("0xg", B.parse_cpu_mask),
+    for bad, fn in (("1", parse_pair), ("1,x", parse_pair), ("2", parse_bool_list), ("0xg", B.parse_cpu_mask),
                     ("0X3", B.parse_cpu_mask)):
         with pytest.raises(ValueError):
             fn(bad)
@@ -290,13 +291,13 @@ def test_depth_restore_equals_recompute(tiny):
         r = Runner(m, 16, 8)
         toks = np.arange(1, 7)
         r.forward(toks)
-        k, v = B._kv_save(r, 6)
+        k, v = r.save_prefix(6)
         want = r.forward([3]).copy()
-        B._kv_clear(r)
+        r.reset()
         assert r.n_past == 0
         r.forward(np.full(10, 9))                # overwrite the cache
-        B._kv_clear(r)
-        B._kv_restore(r, k, v)
+        r.reset()
+        r.restore_prefix(k, v)
         assert r.n_past == 6
         np.testing.assert_array_equal(r.forward([3]), want)
 
@@ -340,7 +341,7 @@ def test_affinity_strict_pins_numba_workers_to_their_own_cpus():
     set_threads(2)
     try:
         a.apply(hex((1 << cpus[0]) | (1 << cpus[1])), True)
-        workers = B._numba_worker_tids()
+        workers = B.host._numba_worker_tids()
         assert len(workers) == 2 and workers[0] == os.getpid()
         assert [os.sched_getaffinity(t) for t in workers] == [{cpus[0]}, {cpus[1]}]
         others = [t for t in B.Affinity._tasks() if t not in workers]
@@ -392,3 +393,13 @@ def test_cli_help_lists_options():
     for opt in ("--model", "--n-prompt", "--n-gen", "-pg", "--n-depth", "--threads", "--repetitions",
                 "--batch-size", "--no-warmup", "--output", "--output-err", "--progress", "--cpu-mask", "--cpu-strict"):
         assert opt in r.output
+
+
+def test_bench_model_entry_point(tiny):
+    """``bench_model``: one pp and one tg test of one file, as ``quantkit bench -p N -n M`` runs them."""
+    s = B.bench_model(tiny, n_prompt=8, n_gen=2, reps=2, threads=1)
+    assert [r.inst.name for r in s.results] == ["pp8", "tg2"]
+    assert [len(r.samples_ns) for r in s.results] == [2, 2] and all(r.inst.n_threads == 1 for r in s.results)
+    assert (s.pp_ts, s.tg_ts) == (s.results[0].avg_ts, s.results[1].avg_ts) and s.pp_ts > 0 and s.tg_ts > 0
+    with pytest.raises(B.BenchError, match="pp0"):
+        B.bench_model(tiny, n_prompt=0)

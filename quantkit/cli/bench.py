@@ -7,6 +7,7 @@ import sys
 import click
 
 from quantkit.cli import main
+from quantkit.cli.lists import parse_bool_list, parse_int_range, parse_pair
 
 FORMATS = ["csv", "json", "jsonl", "md", "sql"]
 
@@ -24,8 +25,6 @@ with the peak RSS (peak_rss_mib) and its bound, model file + KV cache + 150 MiB 
 
 
 def _ints(opt: str, values: tuple[str, ...]) -> list[int] | None:
-    from quantkit.pipelines.bench import parse_int_range
-
     out: list[int] = []
     for v in values:
         try:
@@ -72,8 +71,7 @@ def _strs(values: tuple[str, ...]) -> list[str] | None:
 def bench(models, n_prompt, n_gen, pg, n_depth, batch_size, ubatch_size, threads, cpu_mask, cpu_strict,
           repetitions, no_warmup, output, output_err, progress, verbose):
     """Measure prompt processing (pp) and generation (tg) speed like llama-bench."""
-    from quantkit.pipelines.bench import (BenchParams, make_printer, parse_bool_list, parse_cpu_mask,
-                                          parse_pair, run_bench)
+    from quantkit.pipelines.bench import BenchParams, instances, make_printer, parse_cpu_mask, run_bench
 
     p = BenchParams(reps=repetitions, no_warmup=no_warmup, progress=progress, verbose=verbose)
     for name, opt, vals in (("n_prompt", "-p", n_prompt), ("n_gen", "-n", n_gen), ("n_depth", "-d", n_depth),
@@ -118,8 +116,6 @@ def bench(models, n_prompt, n_gen, pg, n_depth, batch_size, ubatch_size, threads
     on_test = None
     if not progress and not verbose and output_err == "none" and sys.stderr.isatty():
         from tqdm import tqdm
-
-        from quantkit.pipelines.bench import instances
 
         bar = tqdm(total=len(instances(p)), desc="bench", unit="test", leave=False, file=sys.stderr)
         on_test = lambda r: bar.update(1)  # noqa: E731

@@ -281,7 +281,19 @@ class Runner:
                 m.gguf.release(m.gguf.tensor(name))
 
     def reset(self) -> None:
+        """llama_memory_clear: forget every position (the cache is never read past ``n_past``)."""
         self.n_past = 0
+
+    def save_prefix(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """A copy of the first ``n`` positions of every layer's K and V (llama_state_seq_get_data)."""
+        return self.key_cache[:, :n].copy(), self.value_cache[:, :n].copy()
+
+    def restore_prefix(self, k: np.ndarray, v: np.ndarray) -> None:
+        """Put a prefix from ``save_prefix`` back and continue after it (llama_state_seq_set_data)."""
+        n = k.shape[1]
+        self.key_cache[:, :n] = k
+        self.value_cache[:, :n] = v
+        self.n_past = n
 
     def _mm(self, w: Weight, x: np.ndarray, out: np.ndarray, rounded: dict | None = None) -> np.ndarray:
         """out = x @ w^T; products of one x share ``rounded`` (its activation forms, made once)."""
