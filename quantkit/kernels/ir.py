@@ -25,15 +25,15 @@ single horizontal reduction per (super-)block.
 from __future__ import annotations
 
 import os
-import platform
 
-import llvmlite.binding as llb
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from quantkit import config
 from quantkit.formats.ggml_types import KVALUES_IQ4NL, type_info
+from quantkit.jit import IS_X86, host_features
 from quantkit.jit import byte_ptr as _byte_ptr
 from quantkit.jit import source_digest
 from quantkit.jit import ld_f32, ld_u16, ld_u32  # noqa: F401  (re-exported: the kernels' scalar loads)
@@ -41,8 +41,7 @@ from quantkit.quants.common import ld_bf16, ld_f16  # noqa: F401
 
 # -- host features ---------------------------------------------------------------------------------
 
-_FEATURES = {k for k, v in llb.get_host_cpu_features().items() if v}
-IS_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+_FEATURES = host_features()
 HAS_VNNI = IS_X86 and (("avx512vnni" in _FEATURES and "avx512vl" in _FEATURES) or "avxvnni" in _FEATURES)
 #: 512-bit vpdpbusd (two 32-element blocks per instruction)
 HAS_VNNI512 = IS_X86 and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATURES
@@ -53,12 +52,12 @@ VARIANTS = ("vnni", "generic", "plain")
 #: opt-in (QUANTKIT_512=1): 32-element blocks two at a time with a 512-bit vpdpbusd where the CPU has
 #: AVX512-VNNI. Off by default: on the development Xeon it measured 15-25% slower per core than the
 #: 256-bit loop (zmm clock licence / extra shuffles); it may pay on CPUs without that penalty (Zen 4).
-PAIRS_512 = os.environ.get("QUANTKIT_512", "") not in ("", "0")
+PAIRS_512 = config.pairs_512()
 #: software prefetch distance (bytes ahead of the block being read) in the row dots; 0 turns it off
 #: (``QUANTKIT_PREFETCH=n``). A decode step streams ~100 MB of weights from DRAM; the hardware
 #: prefetchers alone left the loads exposed (SmolLM2 Q4_1, 1 thread: 20.5 -> 14.5 CPU-ms per token
 #: with 2048; 1024 and 4096 were slower, and so were prefetcht1 and prefetchnta).
-PREFETCH = int(os.environ.get("QUANTKIT_PREFETCH", "2048") or 0)
+PREFETCH = config.prefetch_distance()
 
 
 def _digest() -> str:
@@ -75,18 +74,18 @@ def _digest() -> str:
 
 
 IR_DIGEST = _digest() + ("_512" if PAIRS_512 else "") + (f"_pf{PREFETCH}" if PREFETCH != 2048 else "") + (
-    "_k256" if os.environ.get("QUANTKIT_K512", "1") in ("", "0") else "")
+    "" if config.k512() else "_k256")
 
 
 def default_variant() -> str:
     """The kernel variant in force: ``QUANTKIT_KERNELS=vnni|generic|plain`` overrides;
     ``QUANTKIT_NO_VNNI=1`` forces ``generic``; otherwise ``vnni`` where the CPU has it."""
-    v = os.environ.get("QUANTKIT_KERNELS", "").strip().lower()
+    v = config.kernels_variant()
     if v in VARIANTS:
         if v == "vnni" and not HAS_VNNI:
             return "generic"
         return v
-    if os.environ.get("QUANTKIT_NO_VNNI", "") not in ("", "0"):
+    if config.no_vnni():
         return "generic"
     return "vnni" if HAS_VNNI else "generic"
 
@@ -303,7 +302,7 @@ V16I16 = ir.VectorType(I16, 16)
 #: the instruction's latency (Q2_K / Q3_K 5-10 % faster per core with 4 on the Zen 5 test machine)
 NACC = 4
 #: the K-quant super-block dots with 512-bit VNNI where the CPU has it (QUANTKIT_K512=0 turns it off)
-K512 = os.environ.get("QUANTKIT_K512", "1") not in ("", "0")
+K512 = config.k512()
 
 
 def _scaled_chunks(builder, variant, chunk, wq, xb, scv, per, small=True):

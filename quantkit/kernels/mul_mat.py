@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from threadpoolctl import ThreadpoolController
 
+from quantkit import config
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads
 from quantkit.kernels import gemm as _gemm
@@ -154,7 +154,7 @@ def _integer_gemm(t) -> bool:
     PPL (256 scored tokens of SmolLM2) lands 0.58-0.68 % from llama.cpp's against its 0.5 % bound,
     while over 40 chunks it is within 0.05 % (docs/kernels.md); the bound is the maintainers' call."""
     return (t in _gemm.SPECS and HAS_VNNI512 and default_variant() == "vnni"
-            and os.environ.get("QUANTKIT_GEMM", "0") not in ("", "0"))
+            and config.integer_gemm())
 
 
 def _prefill(w, t, x, out, rounded):

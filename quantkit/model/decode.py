@@ -44,10 +44,10 @@ from __future__ import annotations
 
 import math
 import mmap
-import os
 
 import numpy as np
 
+from quantkit import config
 from quantkit.errors import ModelError
 from quantkit.jit import bits_to_f32, njit_fast, prange
 from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
@@ -509,7 +509,7 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
 
 def _copy_weights(nbytes: int) -> bool:
     """Whether the decode step gets its own huge-page copy of ``nbytes`` of weights (module doc)."""
-    if os.environ.get("QUANTKIT_COPY_WEIGHTS", "") in ("", "0"):
+    if not config.copy_weights():
         return False
     try:
         with open("/proc/meminfo") as fh:

@@ -1,0 +1,114 @@
+"""Every ``QUANTKIT_*`` environment switch: read here and nowhere else.
+
+Each switch has one function below that reads it and says what it means; ``SWITCHES`` lists them with
+their defaults for docs/DEVELOPING.md's table (tests/test_config.py checks that the table, this list and
+the names used anywhere in the package agree, and that no other module reads one). A switch marked
+"import" is read when its module is first imported (the kernels built from it are named after it), so
+set it before starting the process; the others are read each time they are asked.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Switch:
+    name: str
+    default: str
+    read: str       # "import" or "call": when the value is read
+    meaning: str
+
+
+SWITCHES = (
+    Switch("QUANTKIT_KERNELS", "(unset)", "call",
+           "force the kernel variant: `vnni`, `generic` or `plain` (vnni falls back to generic on a CPU "
+           "without VNNI); docs/kernels.md"),
+    Switch("QUANTKIT_NO_VNNI", "0", "call", "1: the `generic` variant even where the CPU has VNNI"),
+    Switch("QUANTKIT_512", "0", "import",
+           "1: 32-element blocks two at a time with a 512-bit vpdpbusd (slower on the machines measured)"),
+    Switch("QUANTKIT_K512", "1", "import", "0: the K-quant super-block dots keep the 256-bit loop"),
+    Switch("QUANTKIT_PREFETCH", "2048", "import",
+           "software prefetch distance in bytes in the row dots; 0 turns it off"),
+    Switch("QUANTKIT_GEMM", "0", "call",
+           "1: batches of quantized weights run on the integer GEMM (AVX512-VNNI) instead of dequantize + BLAS"),
+    Switch("QUANTKIT_COPY_WEIGHTS", "0", "call",
+           "1: the compiled decode step gets its own huge-page copy of the weights when they fit in RAM"),
+    Switch("QUANTKIT_COMPILE_NOTICE", "0 (the command line sets 1)", "call",
+           "1: say on stderr when kernels are being compiled; 0 silences it"),
+    Switch("QUANTKIT_MODEL_DIR", "<python prefix>/share/quantkit", "call",
+           "where test models assembled from packages are kept (Gemma 3 270M)"),
+    Switch("QUANTKIT_PAUSE_AT", "(unset)", "import", "tests only: `<point>:<n>`, pause at the n-th pass of a "
+           "pause point (quantkit/pause.py)"),
+    Switch("QUANTKIT_PAUSE_FILE", "(unset)", "import", "tests only: the file a paused process creates and "
+                                                       "waits on"),
+)
+
+
+def _get(name: str, default: str = "") -> str:
+    return os.environ.get(name, default)
+
+
+def _on(name: str, default: str = "") -> bool:
+    """Set to anything but empty or ``0``."""
+    return _get(name, default) not in ("", "0")
+
+
+# -- kernels -----------------------------------------------------------------------------------------
+
+def kernels_variant() -> str:
+    """``QUANTKIT_KERNELS``, stripped and lower-cased ("" when unset)."""
+    return _get("QUANTKIT_KERNELS").strip().lower()
+
+
+def no_vnni() -> bool:
+    return _on("QUANTKIT_NO_VNNI")
+
+
+def pairs_512() -> bool:
+    return _on("QUANTKIT_512")
+
+
+def k512() -> bool:
+    return _on("QUANTKIT_K512", "1")
+
+
+def prefetch_distance() -> int:
+    """Bytes ahead; an empty value means 0 (off)."""
+    return int(_get("QUANTKIT_PREFETCH", "2048") or 0)
+
+
+def integer_gemm() -> bool:
+    return _on("QUANTKIT_GEMM", "0")
+
+
+def copy_weights() -> bool:
+    return _on("QUANTKIT_COPY_WEIGHTS")
+
+
+# -- the command line and the tests ------------------------------------------------------------------
+
+def compile_notice() -> bool:
+    """Off only when ``QUANTKIT_COMPILE_NOTICE`` is unset or ``0``."""
+    return _get("QUANTKIT_COMPILE_NOTICE", "0") != "0"
+
+
+def default_compile_notice_on() -> None:
+    """The command line's default: the notice on unless the environment says otherwise."""
+    os.environ.setdefault("QUANTKIT_COMPILE_NOTICE", "1")
+
+
+def model_dir() -> str:
+    """``QUANTKIT_MODEL_DIR`` ("" when unset or empty)."""
+    return _get("QUANTKIT_MODEL_DIR")
+
+
+def pause_at() -> tuple[str, int]:
+    """``QUANTKIT_PAUSE_AT=<point>:<n>`` as (point, n); ("", 1) when unset."""
+    point, _, n = _get("QUANTKIT_PAUSE_AT").partition(":")
+    return point, int(n or 1)
+
+
+def pause_file() -> str:
+    return _get("QUANTKIT_PAUSE_FILE")
