@@ -16,14 +16,8 @@ from hypothesis import strategies as st
 from quantkit.errors import ModelError
 from quantkit.formats.locate import BUNDLED_PACKAGE, GEMMA3_PACKAGE, GEMMA3_PARTS, bundled_model, gemma3_model
 from quantkit.formats.texts import calibration_texts, source_text, split_point, text_sha256
-from quantkit.model.tokenizer import (
-    PRE_TOKENIZERS,
-    _PRE_REGEXES,
-    StreamDecoder,
-    Tokenizer,
-    _compile_split_regex,
-    split_words,
-)
+from quantkit.model.pretokenize import PRE_TOKENIZERS, _PRE_REGEXES, _compile_split_regex, split_words
+from quantkit.model.tokenizer import StreamDecoder, Tokenizer
 
 DATA = Path(__file__).parent / "data" / "tokenizer"
 SMOLLM2_GOLDEN = json.loads((DATA / "smollm2_golden.json").read_text())
