@@ -8,7 +8,6 @@ errors never compile anything.
 
 from __future__ import annotations
 
-import functools
 import os
 import signal
 import sys
@@ -103,18 +102,6 @@ def main() -> None:
     config.default_compile_notice_on()
     if "quantkit.jit" in sys.modules:
         sys.modules["quantkit.jit"].announce_compiles()
-
-
-def threads_option(fn):
-    """-t/--threads, shared by every compute command."""
-
-    @click.option("-t", "--threads", type=int, default=None, metavar="N",
-                  help="Number of threads (default: all cores).")
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        return fn(*args, **kwargs)
-
-    return wrapper
 
 
 def chunk_bar(n: int):

@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from quantkit.cli import bar_logger, chunk_bar, main, threads_option
+from quantkit.cli import bar_logger, chunk_bar, main
+from quantkit.cli.options import batch_option, chunks_option, ctx_option, model_option, text_option, threads_option
 
 EPILOG = """\b
 Modes, as llama-imatrix:
@@ -32,23 +33,18 @@ def _in_files(values) -> list[str]:
 
 
 @main.command(epilog=EPILOG)
-@click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="GGUF model (default: the bundled SmolLM2-135M-Instruct Q4_1).")
-@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="UTF-8 calibration text (default: the built-in calibration text, see below).")
+@model_option()
+@text_option(help="UTF-8 calibration text (default: the built-in calibration text, see below).")
 @click.option("--builtin-text", is_flag=True,
               help="Collect on the built-in calibration text even though --in-file is given.")
 @click.option("-o", "--output-file", "out", default="imatrix.gguf", show_default=True, metavar="FILE",
               help="Output file (written atomically).")
 @click.option("--output-format", "fmt", type=click.Choice(["gguf", "dat"]), default=None,
               help="gguf (default) or llama.cpp's legacy dat.")
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=512, show_default=True,
-              help="Chunk length in tokens (context per sequence).")
-@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048, show_default=True,
-              help="Batch size: n_seq = b/c chunks per batch (as llama.cpp; must be < c or a multiple of c). "
-                   "quantkit runs the chunks one after another in passes of min(b, 512) tokens.")
-@click.option("--chunks", "n_chunks", type=click.IntRange(min=-1), default=-1, show_default=True,
-              help="Process at most N chunks (-1 = all).")
+@ctx_option(type=click.IntRange(min=16), default=512, show_default=True,
+            help="Chunk length in tokens (context per sequence).")
+@batch_option()
+@chunks_option(help="Process at most N chunks (-1 = all).")
 @click.option("--chunk", "--from-chunk", "from_chunk", type=click.IntRange(min=0), default=0, show_default=True,
               help="Skip the first N chunks of the text.")
 @click.option("-ofreq", "--output-frequency", "out_freq", type=click.IntRange(min=1), default=10, show_default=True,
@@ -112,9 +108,7 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
 
     from quantkit.formats.atomic import preflight
     from quantkit.formats.sigbus import install
-    from quantkit.jit import set_threads
 
-    set_threads(threads)
     preflight(out, None, "the imatrix")         # another run writing it, a missing folder: refuse now
     install()
     text, dataset = ch.read_text(text_file, "calibration")

@@ -6,7 +6,8 @@ import sys
 
 import click
 
-from quantkit.cli import bar_logger, chunk_bar, main, threads_option
+from quantkit.cli import bar_logger, chunk_bar, main
+from quantkit.cli.options import batch_option, chunks_option, ctx_option, model_option, text_option, threads_option
 
 EPILOG = """\b
 Without -f the built-in evaluation text is used: the second half of the standard library's
@@ -22,17 +23,12 @@ The base file has llama-perplexity's layout, so either tool can write it and eit
 
 
 @main.command(epilog=EPILOG)
-@click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="GGUF model (default: the bundled SmolLM2-135M-Instruct Q4_1).")
-@click.option("-f", "--file", "text_file", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="UTF-8 text to evaluate (default: the built-in evaluation text, see below).")
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=4), default=None,
-              help="Chunk length in tokens (default 512; with --kl-divergence, the base file's).")
-@click.option("-b", "--batch-size", "n_batch", type=click.IntRange(min=1), default=2048, show_default=True,
-              help="Batch size: n_seq = b/c chunks per batch (as llama.cpp; must be < c or a multiple of c). "
-                   "quantkit runs the chunks one after another in passes of min(b, 512) tokens.")
-@click.option("--chunks", "n_chunks", type=click.IntRange(min=-1), default=-1, show_default=True,
-              help="Evaluate at most N chunks (-1 = all).")
+@model_option()
+@text_option(help="UTF-8 text to evaluate (default: the built-in evaluation text, see below).")
+@ctx_option(type=click.IntRange(min=4), default=None,
+            help="Chunk length in tokens (default 512; with --kl-divergence, the base file's).")
+@batch_option()
+@chunks_option(help="Evaluate at most N chunks (-1 = all).")
 @click.option("--kl-divergence-base", "--save-all-logits", "base_file", type=click.Path(dir_okay=False),
               default=None, metavar="FILE",
               help="Write the base model's log-probabilities to FILE (or read them with --kl-divergence).")
@@ -51,7 +47,6 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
     Progress ([i]ppl, ...) and the results go to stdout; timings and the progress bar to stderr.
     """
     from quantkit.formats.sigbus import install
-    from quantkit.jit import set_threads
     from quantkit.pipelines import chunks as ch
     from quantkit.pipelines import perplexity as pp
 
@@ -64,7 +59,6 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
         ch.check_batch(n_ctx or 512, n_batch)
     except ch.ChunkError as e:
         raise click.UsageError(str(e)) from None
-    set_threads(threads)
     install()
     err = lambda s: click.echo(s, err=True)  # noqa: E731
 

@@ -7,6 +7,7 @@ import sys
 import click
 
 from quantkit.cli import main
+from quantkit.cli.options import threads_option
 
 EPILOG = """\b
 Positional arguments follow llama-quantize: INPUT [OUTPUT] TYPE [NTHREADS].
@@ -128,7 +129,7 @@ def _ftype_label(text: str) -> str:
                    "OUTPUT.tensor-types.txt.")
 @click.option("--no-fallback", is_flag=True,
               help="Fail before computing anything if a tensor would need a fallback type.")
-@click.option("-t", "--threads", type=int, default=None, metavar="N", help="Threads (default: all cores).")
+@threads_option(apply=False, help="Threads (default: all cores).")
 @click.option("--verify", "verify_after", is_flag=True,
               help="Re-read the written file and check every tensor (as `quantkit verify`).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no per-tensor lines.")

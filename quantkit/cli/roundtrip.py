@@ -6,12 +6,12 @@ import sys
 
 import click
 
-from quantkit.cli import main, threads_option
+from quantkit.cli import main
+from quantkit.cli.options import model_option, threads_option
 
 
 @main.command()
-@click.option("-m", "--model", "model_path", type=click.Path(dir_okay=False), default=None,
-              help="GGUF model (default: the bundled SmolLM2-135M-Instruct).")
+@model_option(type=click.Path(dir_okay=False), help="GGUF model (default: the bundled SmolLM2-135M-Instruct).")
 @click.option("--types", default=None, metavar="T1,T2,...",
               help="Comma-separated types to try (default: every supported type but F32).")
 @click.option("--tensors", "pattern", default=r"^blk\.0\.", show_default=True, metavar="REGEX",
@@ -22,11 +22,9 @@ def roundtrip(model_path, types, pattern, threads):
     from tqdm import tqdm
 
     from quantkit.formats.locate import bundled_model
-    from quantkit.jit import set_threads
     from quantkit.pipelines.roundtrip import DEFAULT_TYPES, roundtrip as run_roundtrip
     from quantkit.quants import traits
 
-    set_threads(threads)
     path = model_path or bundled_model()
     type_list = [t.strip() for t in types.split(",")] if types else list(DEFAULT_TYPES)
     for t in type_list:

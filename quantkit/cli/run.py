@@ -7,7 +7,8 @@ import time
 
 import click
 
-from quantkit.cli import interrupted_exit, main, threads_option
+from quantkit.cli import interrupted_exit, main
+from quantkit.cli.options import ctx_option, model_option, threads_option
 from quantkit.model.chat import BUILTIN_TEMPLATES
 
 DEFAULT_N_PREDICT = 128
@@ -15,16 +16,15 @@ DEFAULT_N_CTX = 4096
 
 
 @main.command()
-@click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="GGUF model (default: the bundled SmolLM2-135M-Instruct Q4_1).")
+@model_option()
 @click.option("-p", "--prompt", default=None, help="Prompt text.")
 @click.option("-f", "--file", "prompt_file", type=click.File("r", encoding="utf-8"), default=None,
               help="Read the prompt from a file ('-' for stdin) instead of -p.")
 @click.option("-n", "--n-predict", type=click.IntRange(min=-1), default=DEFAULT_N_PREDICT, show_default=True,
               help="Tokens to generate; -1 = until an end-of-generation token or a full context "
                    "(llama.cpp's default is -1).")
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=0), default=None,
-              help=f"Context size in tokens (default: {DEFAULT_N_CTX} or the model's trained length if "
+@ctx_option(type=click.IntRange(min=0), default=None,
+            help=f"Context size in tokens (default: {DEFAULT_N_CTX} or the model's trained length if "
                    "smaller; 0 = the model's trained length).")
 @threads_option
 @click.option("--temp", type=click.FloatRange(min=0), default=0.8, show_default=True,

@@ -7,12 +7,13 @@ from pathlib import Path
 
 import click
 
-from quantkit.cli import main, threads_option
+from quantkit.cli import main
+from quantkit.cli.options import chunks_option, ctx_option, model_option, text_option, threads_option
 
 
 @main.command()
-@click.option("-m", "--model", "model_path", type=click.Path(exists=True, dir_okay=False), required=True,
-              metavar="FILE", help="The source GGUF (F16/BF16/F32), the reference every point is measured against.")
+@model_option(required=True, metavar="FILE",
+              help="The source GGUF (F16/BF16/F32), the reference every point is measured against.")
 @click.option("--imatrix", "imatrix_path", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
               help="Importance matrix used for every point (needed by --target-bpw points).")
 @click.option("--types", default="", metavar="T1,T2,...",
@@ -21,12 +22,10 @@ from quantkit.cli import main, threads_option
               help="Target BPWs to quantize to with `quantize --target-bpw` (file type --target-ftype).")
 @click.option("--target-ftype", default="Q4_K_M", show_default=True, metavar="TYPE",
               help="The file type recorded in the metadata of the --target-bpw points.")
-@click.option("-f", "--file", "text_file", type=click.Path(exists=True, dir_okay=False), default=None, metavar="FILE",
-              help="Evaluation text (default: the built-in evaluation half).")
-@click.option("--chunks", "n_chunks", type=click.IntRange(min=1), default=10, show_default=True,
-              help="Chunks of the text to evaluate.")
-@click.option("-c", "--ctx-size", "n_ctx", type=click.IntRange(min=16), default=512, show_default=True,
-              help="Tokens per chunk.")
+@text_option(type=click.Path(exists=True, dir_okay=False),
+             help="Evaluation text (default: the built-in evaluation half).")
+@chunks_option(type=click.IntRange(min=1), default=10, help="Chunks of the text to evaluate.")
+@ctx_option(type=click.IntRange(min=16), default=512, show_default=True, help="Tokens per chunk.")
 @click.option("--format", "fmt", type=click.Choice(["md", "csv", "json"]), default="md", show_default=True,
               help="Format of the table printed on stdout (all three are written to DIR).")
 @click.option("--bench", is_flag=True, help="Also measure pp/tg speed (not implemented yet: refused).")
@@ -40,7 +39,6 @@ def sweep(model_path, imatrix_path, types, targets, target_ftype, text_file, n_c
     for the same inputs. Writes DIR/sweep.{md,csv,json} and, with matplotlib (quantkit[plot]), the
     Pareto plot DIR/sweep.png.
     """
-    from quantkit.jit import set_threads
     from quantkit.pipelines import sweep as sp
     from quantkit.formats.atomic import write_bytes
 
@@ -52,7 +50,6 @@ def sweep(model_path, imatrix_path, types, targets, target_ftype, text_file, n_c
         raise click.UsageError(str(e)) from None
     if imatrix_path is None and any(p.target_bpw is not None for p in points):
         raise click.UsageError("--target-bpw points need --imatrix FILE")
-    set_threads(threads)
     err = lambda s: click.echo(s, err=True)  # noqa: E731
     sw = sp.Sweep(Path(model_path), Path(imatrix_path) if imatrix_path else None, points, Path(out_dir),
                   text_file, n_chunks, n_ctx, threads)

@@ -6,7 +6,8 @@ import time
 
 import click
 
-from quantkit.cli import main, threads_option
+from quantkit.cli import main
+from quantkit.cli.options import threads_option
 
 
 @main.command()
@@ -25,10 +26,8 @@ def warmup(models, no_codecs, threads):
     """
     from quantkit.errors import QuantkitError
     from quantkit.formats.locate import bundled_model
-    from quantkit.jit import set_threads
     from quantkit.pipelines.warmup import warm_codecs, warm_model
 
-    set_threads(threads)
     if not models:
         try:
             models = (str(bundled_model()),)
