@@ -19,7 +19,7 @@ import pytest
 
 from conftest import run_cli
 from quantkit.formats.imatrix import Entry, Imatrix, load_imatrix, save_imatrix_dat, save_imatrix_gguf
-from quantkit.pipelines.chunks import tokenize
+from quantkit.pipelines.chunks import open_for_chunks, tokenize
 
 DATA = Path(__file__).parent / "data" / "imatrix"
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
@@ -151,9 +151,8 @@ def test_periodic_saves_and_snapshots(f16, tmp_path):
 def test_interrupted_run_keeps_last_complete_save(f16, tmp_path):
     """Ctrl-C after the second chunk: the file saved after chunk 2 is complete and nothing else remains."""
     from quantkit.pipelines import imatrix as im
-    from quantkit.pipelines import perplexity as pp
 
-    model, tok, runner = pp.open_model(f16, 64, 64)
+    model, tok, runner = open_for_chunks(f16, 64, 64)
     with model:
         tokens = tokenize(tok, SAMPLE.read_text(), 64, "sample")
         acc = im.Accumulator(64)

@@ -22,7 +22,7 @@ from conftest import run_cli
 from quantkit.formats.locate import bundled_model
 from quantkit.formats.logits import open_logits
 from quantkit.pipelines import perplexity as pp
-from quantkit.pipelines.chunks import add_bos_id, tokenize
+from quantkit.pipelines.chunks import add_bos_id, open_for_chunks, tokenize
 
 DATA = Path(__file__).parent / "data" / "perplexity"
 GOLDEN = json.loads((DATA / "golden.json").read_text(encoding="utf-8"))
@@ -172,7 +172,7 @@ def test_reads_llama_base_file(models, tmp_path):
     f.write_bytes(raw)
     base = open_logits(f)
     assert (base.n_ctx, base.n_vocab, base.n_chunk, base.n_scored) == (4, 49152, 2, 1)
-    model, tok, runner = pp.open_model(models["F16"], base.n_ctx, 4)
+    model, tok, runner = open_for_chunks(models["F16"], base.n_ctx, 4)
     with model:
         pp.check_base(base, model.config.n_vocab, model.config.n_ctx_train, None)
         res = pp.kl_divergence(runner, base, -1, add_bos_id(tok))
@@ -266,7 +266,7 @@ def test_empty_and_non_utf8(tmp_path):
 
 
 def test_interrupted_base_run_leaves_nothing(models, tmp_path):
-    model, tok, runner = pp.open_model(models["Q4_0"], 32, 32)
+    model, tok, runner = open_for_chunks(models["Q4_0"], 32, 32)
     tokens = tokenize(tok, SAMPLE.read_text(encoding="utf-8"), 32, "sample")
 
     def stop(i, ppl):

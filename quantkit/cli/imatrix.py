@@ -73,7 +73,6 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
     """
     from quantkit.pipelines import chunks as ch
     from quantkit.pipelines import imatrix as im
-    from quantkit.pipelines.perplexity import open_model
 
     files = _in_files(in_files)
     err = lambda s: click.echo(s, err=True)  # noqa: E731
@@ -117,7 +116,7 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
     done = 0
     if resume:
         acc, done = im.resume(save_opts, acc, datasets, err)
-    model, tok, runner = open_model(model_path, n_ctx, n_batch)
+    model, tok, runner = ch.open_for_chunks(model_path, n_ctx, n_batch)
     with model:
         if files or done:
             im.check_model_entries(acc, model, process_output)

@@ -68,7 +68,7 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
         from quantkit.formats.logits import open_logits
 
         base = open_logits(base_file)
-        model, tok, runner = pp.open_model(model_path, base.n_ctx, n_batch)
+        model, tok, runner = ch.open_for_chunks(model_path, base.n_ctx, n_batch)
         with model:
             pp.check_base(base, model.config.n_vocab, model.config.n_ctx_train, n_ctx)
             n = base.n_chunk if n_chunks < 0 else min(n_chunks, base.n_chunk)
@@ -106,7 +106,7 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
         from quantkit.formats.atomic import preflight
 
         preflight(base_file, None, "the base logits file")
-    model, tok, runner = pp.open_model(model_path, n_ctx, n_batch)
+    model, tok, runner = ch.open_for_chunks(model_path, n_ctx, n_batch)
     with model:
         tokens = ch.tokenize(tok, text, n_ctx, text_file or "the built-in evaluation text")
         n = tokens.size // n_ctx if n_chunks < 0 else min(n_chunks, tokens.size // n_ctx)

@@ -60,27 +60,15 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
         raise click.UsageError("--chat-template needs --chat")
 
     t_load = time.perf_counter()
-    from quantkit.errors import ModelError
-    from quantkit.formats.locate import bundled_model
-    from quantkit.jit import set_threads
-    from quantkit.model.forward import Runner
-    from quantkit.model.llama import Llama
     from quantkit.model.sampling import Sampler, SamplerParams
-    from quantkit.model.tokenizer import Tokenizer
     from quantkit.pipelines.generate import check_prompt, generate, warm_up
+    from quantkit.pipelines.loading import ctx_size, open_model
 
-    set_threads(threads)
     params = SamplerParams(temp=temp, top_k=top_k, top_p=top_p, min_p=min_p, repeat_penalty=repeat_penalty,
                            repeat_last_n=repeat_last_n, seed=None if seed < 0 else seed).validate()
-    model = Llama(model_path or bundled_model())
-    cfg = model.config
-    if n_ctx is None:
-        n_ctx = min(DEFAULT_N_CTX, cfg.n_ctx_train)
-    elif n_ctx == 0:
-        n_ctx = cfg.n_ctx_train
-    if n_ctx > cfg.n_ctx_train:
-        raise ModelError(f"context size {n_ctx} is over the model's trained context length {cfg.n_ctx_train}")
-    tok = Tokenizer.from_metadata(model.metadata)
+    om = open_model(model_path)
+    model, tok = om.model, om.tok
+    n_ctx = ctx_size(n_ctx, model.config.n_ctx_train, DEFAULT_N_CTX)
 
     if chat:
         from quantkit.model.chat import chat_template as select_template, render_chat
@@ -93,7 +81,7 @@ def run(model_path, prompt, prompt_file, n_predict, n_ctx, threads, temp, top_k,
     else:
         ids = tok.encode(prompt, add_special=True, parse_special=False)
     check_prompt(len(ids), n_ctx)
-    runner = Runner(model, n_ctx)
+    runner = om.runner(n_ctx)
     warm_up(runner, ids)
     sampler = Sampler(params, n_ctx)
     load_s = time.perf_counter() - t_load

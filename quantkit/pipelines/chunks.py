@@ -215,3 +215,29 @@ class ChunkState:
 
     def remove(self) -> None:
         self.path.unlink(missing_ok=True)
+
+
+# -- the model ---------------------------------------------------------------------------------
+
+
+def open_for_chunks(path, n_ctx: int, n_batch: int):
+    """(model, tokenizer, runner) for a chunk loop: the model (``loading.open_model``), a vocabulary
+    that does not append EOS and matches the model's, and a Runner of ``n_ctx`` positions."""
+    from quantkit.errors import FormatError, ModelError
+    from quantkit.pipelines.loading import open_model
+
+    om = open_model(path)
+    model, tok = om.model, om.tok
+    try:
+        if tok.add_eos:
+            raise ModelError(f"{model.path}: the vocabulary adds EOS to every text; perplexity needs it not to")
+        if tok.n_vocab != model.config.n_vocab:
+            raise FormatError(f"{model.path}: the tokenizer has {tok.n_vocab} tokens but the model "
+                              f"{model.config.n_vocab}")
+        # passes of many rows never run the one-token decode step: skip building it (its compiled
+        # kernel and its huge-page copy of the weights cost ~1 s and the weights' size in memory)
+        runner = om.runner(n_ctx, ubatch(n_batch), compiled_step=ubatch(n_batch) == 1)
+    except BaseException:
+        om.close()
+        raise
+    return model, tok, runner

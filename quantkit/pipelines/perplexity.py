@@ -27,10 +27,10 @@ from typing import Callable
 
 import numpy as np
 
-from quantkit.errors import FormatError, ModelError, QuantkitError
+from quantkit.errors import QuantkitError
 from quantkit.formats.logits import LogitsFile, LogitsWriter, n_vocab_padded
 from quantkit.jit import njit_fast_parallel, prange
-from quantkit.pipelines.chunks import ChunkState, Log, chunk_targets, count_chunks, run_chunks, ubatch
+from quantkit.pipelines.chunks import ChunkState, Log, chunk_targets, count_chunks, run_chunks
 from quantkit.model.decode import expf, max_f32
 
 
@@ -487,30 +487,3 @@ def kl_divergence(runner, base: LogitsFile, n_chunks: int, bos: int | None, log:
                        log=log, check=check, name="perplexity")
     res.seconds, res.first_pass_s = times.seconds, times.first_pass_s
     return res
-
-
-def open_model(path, n_ctx: int, n_batch: int):
-    """(model, tokenizer, runner) for a llama GGUF, with a KV cache of ``n_ctx`` positions."""
-    from quantkit.formats.locate import bundled_model
-    from quantkit.model.forward import Runner
-    from quantkit.model.llama import Llama
-    from quantkit.model.tokenizer import Tokenizer
-
-    model = Llama(path or bundled_model())
-    try:
-        if n_ctx > model.config.n_ctx_train:
-            raise ModelError(f"{model.path}: context size {n_ctx} is over the model's trained context length "
-                             f"{model.config.n_ctx_train}")
-        tok = Tokenizer.from_metadata(model.metadata)
-        if tok.add_eos:
-            raise ModelError(f"{model.path}: the vocabulary adds EOS to every text; perplexity needs it not to")
-        if tok.n_vocab != model.config.n_vocab:
-            raise FormatError(f"{model.path}: the tokenizer has {tok.n_vocab} tokens but the model "
-                              f"{model.config.n_vocab}")
-        # passes of many rows never run the one-token decode step: skip building it (its compiled
-        # kernel and its huge-page copy of the weights cost ~1 s and the weights' size in memory)
-        runner = Runner(model, n_ctx, ubatch(n_batch), compiled_step=ubatch(n_batch) == 1)
-    except BaseException:
-        model.close()
-        raise
-    return model, tok, runner

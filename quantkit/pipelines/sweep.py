@@ -115,7 +115,7 @@ def _base(sw: Sweep, log: Log) -> Path:
         log(f"sweep: base logits {path} already made for these inputs")
         return path
     text, where = ch.read_text(sw.text_file, "evaluation")
-    model, tok, runner = pp.open_model(sw.model, sw.n_ctx, sw.n_ctx)
+    model, tok, runner = ch.open_for_chunks(sw.model, sw.n_ctx, sw.n_ctx)
     with model:
         tokens = ch.tokenize(tok, text, sw.n_ctx, sw.text_file or "the built-in evaluation text")
         log(f"sweep: base logits of {sw.model} over {where}")
@@ -128,7 +128,7 @@ def _base(sw: Sweep, log: Log) -> Path:
 def _measure(sw: Sweep, point: Point, base_path: Path, log: Log) -> dict:
     from quantkit.formats.logits import open_logits
     from quantkit.pipelines import perplexity as pp
-    from quantkit.pipelines.chunks import add_bos_id
+    from quantkit.pipelines.chunks import add_bos_id, open_for_chunks
     from quantkit.pipelines.quantize import QuantizeOptions, quantize_file
 
     gguf_path = sw.out_dir / f"{point.label}.gguf"
@@ -140,7 +140,7 @@ def _measure(sw: Sweep, point: Point, base_path: Path, log: Log) -> dict:
     plan, _ = quantize_file(sw.model, gguf_path, opts, log=lambda s: log(s) if s.startswith("target-bpw") else None)
     t_quant = time.perf_counter() - t0
     base = open_logits(base_path)
-    model, tok, runner = pp.open_model(gguf_path, base.n_ctx, base.n_ctx)
+    model, tok, runner = open_for_chunks(gguf_path, base.n_ctx, base.n_ctx)
     with model:
         res = pp.kl_divergence(runner, base, -1, add_bos_id(tok))
     s = res.stats()

@@ -178,21 +178,19 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
     Raises ``ModelError`` when quantkit cannot run the architecture."""
     import dataclasses
 
-    from quantkit.model.forward import Runner
-    from quantkit.model.llama import Llama
-    from quantkit.model.tokenizer import Tokenizer
     from quantkit.pipelines.chunks import add_bos_id, chunk_input, read_text
+    from quantkit.pipelines.loading import open_model
     from quantkit.quants import quantize
 
-    model = Llama(path)
+    om = open_model(path)
+    model, tok = om.model, om.tok
     try:
-        tok = Tokenizer.from_metadata(model.metadata)
         text, _ = read_text(None, "calibration")
         ids = np.asarray(tok.encode(text[: 20 * n_ctx * n_chunks], add_special=True), dtype=np.int64)
         if ids.size < n_ctx * n_chunks:
             raise TargetError(f"the calibration text gives only {ids.size} tokens, {n_ctx * n_chunks} are needed")
         xs = [chunk_input(ids, i, n_ctx, add_bos_id(tok)) for i in range(n_chunks)]
-        runner = Runner(model, n_ctx, n_ctx, compiled_step=False)
+        runner = om.runner(n_ctx, n_ctx, compiled_step=False)
         rows = np.arange(1, n_ctx)
 
         def run() -> list[np.ndarray]:

@@ -35,17 +35,14 @@ def warm_codecs(types: Iterable | None = None, on_type: Callable[[str], None] | 
 
 def warm_model(path, n_ctx: int = 128) -> None:
     """Load ``path`` and run the kernels ``run`` / ``bench`` / ``perplexity`` use on it, then close it."""
-    from quantkit.model.forward import Runner
-    from quantkit.model.llama import Llama
     from quantkit.pipelines.generate import warm_up
+    from quantkit.pipelines.loading import open_model
 
-    model = Llama(path)
-    try:
-        n_ctx = min(n_ctx, model.config.n_ctx_train)
-        runner = Runner(model, n_ctx)
-        ids = np.arange(1, n_ctx // 2 + 1, dtype=np.int64) % model.config.n_vocab
+    om = open_model(path, tokenizer=False)
+    with om.model:
+        n_ctx = min(n_ctx, om.model.config.n_ctx_train)
+        runner = om.runner(n_ctx)
+        ids = np.arange(1, n_ctx // 2 + 1, dtype=np.int64) % om.model.config.n_vocab
         warm_up(runner, ids)
         runner.forward(ids, 0, logits="all")
         runner.reset()
-    finally:
-        model.close()

@@ -10,7 +10,7 @@ from typing import Any, Callable, Iterable
 
 import numpy as np
 
-from quantkit.errors import BenchError, ModelError, QuantkitError
+from quantkit.errors import BenchError, ModelError
 from quantkit.pipelines.bench.glibc_rand import GlibcRand
 from quantkit.pipelines.bench.host import Affinity, CompileClock, cpu_info, peak_rss_bytes, reset_peak_rss
 from quantkit.pipelines.bench.model_desc import ModelInfo, model_info
@@ -25,7 +25,7 @@ Progress = Callable[[str], None]
 @dataclass
 class _Loaded:
     path: str
-    llama: Any
+    model: Any      # loading.OpenModel
     info: ModelInfo
     add_bos: bool
     bos: int
@@ -55,21 +55,15 @@ class BenchSession:
         if self.loaded is not None and self.loaded.path == path:
             return self.loaded
         self.close_model()
-        from quantkit.model.llama import Llama
+        from quantkit.pipelines.loading import open_model
 
         t0 = time.perf_counter()
-        llama = Llama(path)
-        meta = llama.metadata
+        om = open_model(path, on_tokenizer_error=lambda e: self.log(f"{path}: tokenizer unreadable ({e}); no BOS"))
+        tok, llama = om.tok, om.model
         add_bos, bos = False, 0
-        if "tokenizer.ggml.model" in meta:
-            from quantkit.model.tokenizer import Tokenizer
-
-            try:
-                tok = Tokenizer.from_metadata(meta)
-                add_bos, bos = bool(tok.add_bos), (tok.bos_id if tok.bos_id is not None else 0)
-            except QuantkitError as e:
-                self.log(f"{path}: tokenizer unreadable ({e}); no BOS")
-        self.loaded = _Loaded(path, llama, model_info(path, llama.gguf), add_bos, int(bos), llama.config.n_vocab)
+        if tok is not None:
+            add_bos, bos = bool(tok.add_bos), (tok.bos_id if tok.bos_id is not None else 0)
+        self.loaded = _Loaded(path, om, model_info(path, llama.gguf), add_bos, int(bos), llama.config.n_vocab)
         self.log(f"loaded {path} in {time.perf_counter() - t0:.2f} s: {self.loaded.info.desc}, "
                  f"add_bos={add_bos}, n_vocab={self.loaded.n_vocab}")
         return self.loaded
@@ -77,7 +71,7 @@ class BenchSession:
     def close_model(self) -> None:
         self.runner = None
         if self.loaded is not None:
-            self.loaded.llama.close()
+            self.loaded.model.close()
             self.loaded = None
 
     # token draws, in llama-bench's order of rand() calls ------------------------------------------------
@@ -141,7 +135,6 @@ class BenchSession:
 
     def run_test(self, inst: Instance, idx: int, count: int) -> TestResult:
         from quantkit.jit import set_threads
-        from quantkit.model.forward import Runner
 
         self._idx, self._count = idx, count
         P = self.params
@@ -150,9 +143,9 @@ class BenchSession:
         reset_peak_rss()
         lm = self._load(inst.model)
         try:
-            self.runner = Runner(lm.llama, inst.n_ctx, n_batch=inst.n_ubatch)
-        except ModelError as e:
-            raise BenchError(f"{inst.model}: {inst.name}: {e}") from None
+            self.runner = lm.model.runner(inst.n_ctx, n_batch=inst.n_ubatch)
+        except ModelError as e:     # names the file
+            raise BenchError(f"{inst.name}: {e}") from None
         kv_bytes = self.runner.key_cache.nbytes + self.runner.value_cache.nbytes
         result = TestResult(inst, lm.info, datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
                             self.cpu_info, rss_bound_mib=(lm.info.file_size + kv_bytes) / 2**20 + RSS_OVERHEAD_MIB)
