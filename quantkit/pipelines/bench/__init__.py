@@ -2,9 +2,10 @@
 
 What is reproduced (tools/llama-bench/llama-bench.cpp of the llama.cpp vendored with ggml 0.25.3):
 
-* Lists: comma lists, repeated flags and ranges ``a-b``, ``a-b+step``, ``a-b*mult`` (``quantkit.cli.lists.parse_int_range``);
-  the Cartesian product in llama-bench's loop order (model outermost, so it is reloaded as rarely as
-  possible; each ``-p`` value a pp test, each ``-n`` value a tg test, each ``-pg`` pair a combined test).
+* Lists: comma lists, repeated flags and ranges ``a-b``, ``a-b+step``, ``a-b*mult`` (parsed by the command
+  line, ``quantkit.cli.lists``); the Cartesian product in llama-bench's loop order (model outermost, so it
+  is reloaded as rarely as possible; each ``-p`` value a pp test, each ``-n`` value a tg test, each ``-pg``
+  pair a combined test).
 * Procedure per test: a fresh context of ``n_prompt + n_gen + n_depth`` positions; warmup (one prompt run
   for pp tests, one generated token for tg tests) unless ``no_warmup``; then per repetition: clear the KV
   cache, restore or compute the depth prefill (one cached depth state, reused as llama-bench does), start
@@ -36,8 +37,8 @@ What differs, on purpose:
 
 The modules, one concern each: ``params`` (the test matrix and its checks), ``glibc_rand``,
 ``model_desc`` (the model cell: description, size, parameter count), ``results`` (fields and statistic),
-``printers``, ``host`` (default threads, CPU pinning, peak RSS, compile clock), ``session`` (the run).
-The command line's list syntax is parsed in ``quantkit.cli.lists``.
+``printers``, ``host`` (default threads, CPU pinning, peak RSS, compile clock), ``session`` (the run, and
+``bench_model(path)``: one file's pp and tg speed, for other pipelines).
 """
 
 from __future__ import annotations
