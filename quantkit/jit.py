@@ -133,6 +133,13 @@ def f32_to_bits(typingctx, x):
     return sig, codegen
 
 
+def _resize(builder, v, width: int, ty, bits: int):
+    """An integer of ``width`` bits truncated or zero-extended to ``bits`` (LLVM type ``ty``)."""
+    if width > bits:
+        return builder.trunc(v, ty)
+    return builder.zext(v, ty) if width < bits else v
+
+
 @intrinsic
 def bits_to_f32(typingctx, x):
     """Reinterpret the low 32 bits of an integer as a float32."""
@@ -141,12 +148,7 @@ def bits_to_f32(typingctx, x):
     sig = types.float32(x)
 
     def codegen(context, builder, signature, args):
-        v = args[0]
-        i32 = context.get_value_type(types.uint32)
-        if x.bitwidth > 32:
-            v = builder.trunc(v, i32)
-        elif x.bitwidth < 32:
-            v = builder.zext(v, i32)
+        v = _resize(builder, args[0], x.bitwidth, context.get_value_type(types.uint32), 32)
         return builder.bitcast(v, context.get_value_type(types.float32))
 
     return sig, codegen
@@ -208,13 +210,7 @@ def half_bits_to_f32(typingctx, x):
     sig = types.float32(x)
 
     def codegen(context, builder, signature, args):
-        v = args[0]
-        i16 = ir.IntType(16)
-        if x.bitwidth > 16:
-            v = builder.trunc(v, i16)
-        elif x.bitwidth < 16:
-            v = builder.zext(v, i16)
-        h = builder.bitcast(v, ir.HalfType())
+        h = builder.bitcast(_resize(builder, args[0], x.bitwidth, ir.IntType(16), 16), ir.HalfType())
         return builder.fpext(h, ir.FloatType())
 
     return sig, codegen

@@ -222,33 +222,25 @@ def quantize_activations(x: np.ndarray, kind: str, bufs=None):
     return qs, d, s
 
 
-def pack_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
-    """Planar Q8_0 -> ggml's block_q8_0 bytes (n_tok, n_in/32*34)."""
+def _pack(qs: np.ndarray, qk: int, *fields) -> np.ndarray:
+    """Planar fields -> ggml's block bytes (``qk`` quants per block): each field (array, little-endian
+    dtype) in block order, converted to that dtype, its bytes per block taken from the array's size."""
     n_tok, n_in = qs.shape
-    nb = n_in // 32
-    out = np.empty((n_tok, nb, 34), np.uint8)
-    out[:, :, :2] = d.astype(np.float16).view(np.uint8).reshape(n_tok, nb, 2)
-    out[:, :, 2:] = qs.view(np.uint8).reshape(n_tok, nb, 32)
-    return out.reshape(n_tok, nb * 34)
+    nb = n_in // qk
+    parts = [np.ascontiguousarray(a, dt).view(np.uint8).reshape(n_tok, nb, -1) for a, dt in fields]
+    return np.concatenate(parts, axis=2).reshape(n_tok, -1)
+
+
+def pack_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
+    """Planar Q8_0 -> ggml's block_q8_0 bytes (n_tok, n_in/32*34): fp16 d, int8 qs[32]."""
+    return _pack(qs, 32, (d, "<f2"), (qs, "i1"))
 
 
 def pack_q8_1(qs: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Planar Q8_1 -> ggml's block_q8_1 bytes (n_tok, n_in/32*36): fp16 d, fp16 s, int8 qs[32]."""
-    n_tok, n_in = qs.shape
-    nb = n_in // 32
-    out = np.empty((n_tok, nb, 36), np.uint8)
-    out[:, :, :2] = d.astype(np.float16).view(np.uint8).reshape(n_tok, nb, 2)
-    out[:, :, 2:4] = s.astype(np.float16).view(np.uint8).reshape(n_tok, nb, 2)
-    out[:, :, 4:] = qs.view(np.uint8).reshape(n_tok, nb, 32)
-    return out.reshape(n_tok, nb * 36)
+    return _pack(qs, 32, (d, "<f2"), (s, "<f2"), (qs, "i1"))
 
 
 def pack_q8_k(qs: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Planar Q8_K -> ggml's block_q8_K bytes (n_tok, n_in/256*292): f32 d, int8 qs[256], int16 bsums[16]."""
-    n_tok, n_in = qs.shape
-    nb = n_in // 256
-    out = np.empty((n_tok, nb, 292), np.uint8)
-    out[:, :, :4] = d.astype("<f4").view(np.uint8).reshape(n_tok, nb, 4)
-    out[:, :, 4:260] = qs.view(np.uint8).reshape(n_tok, nb, 256)
-    out[:, :, 260:] = s.astype("<i2").view(np.uint8).reshape(n_tok, nb, 32)
-    return out.reshape(n_tok, nb * 292)
+    return _pack(qs, 256, (d, "<f4"), (qs, "i1"), (s, "<i2"))
