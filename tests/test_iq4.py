@@ -152,7 +152,11 @@ _edge_value = st.one_of(
 )
 def test_edge_blocks_are_finite_and_consistent(name, vals, weights, seed):
     """Blocks made of a few extreme values (zeros, subnormal-ish, near fp16 max) never produce
-    non-finite output and dequantize exactly as gguf-py does."""
+    non-finite output and dequantize exactly as gguf-py does.
+
+    No bound on the decoded amplitude: ggml's weighted scale search may overshoot the input (a
+    constant 0.000334 row with weights 1e-20 decodes to 1.29x, and libggml's ggml_quantize_chunk
+    writes those same bytes), so any such bound would be ours, not the format's."""
     rng = np.random.default_rng(seed)
     x = rng.choice(np.array(vals, np.float32), size=(2, 256)).astype(np.float32)
     w = None if weights is None else rng.choice(np.array(weights, np.float32), size=256).astype(np.float32)
@@ -160,7 +164,6 @@ def test_edge_blocks_are_finite_and_consistent(name, vals, weights, seed):
     y = dequantize(q, name)
     assert np.isfinite(y).all()
     assert same_bits(y, gguf.quants.dequantize(q, T[name]))
-    assert (np.abs(y) <= 1.25 * np.abs(x).max() + 1e-6).all()
 
 
 @pytest.mark.parametrize(
