@@ -14,8 +14,8 @@ time of one pp repetition without start-up, loading and warmup -- the figure tha
 machine disturb least (at ``-t 1`` it is the work one pass takes).
 llama-bench is found as in bench_vs_llama.py (--llama-bench, $LLAMA_BENCH, PATH).
 
-quantkit runs with ``QUANTKIT_GEMM=1`` (the integer GEMM; ``--ab-blas`` adds its default dequantize
-+ BLAS prefill). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
+quantkit runs with its defaults (the integer GEMM on AVX512-VNNI CPUs; ``--ab-blas`` adds its
+dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
 ``llama-perplexity`` (next to llama-bench; defaults, then ``-nr``): wall seconds of the whole process
 (start-up and load included for both), CPU seconds, and the final PPL each printed.
 """
@@ -79,7 +79,7 @@ def run_ppl(cmd: list[str]) -> tuple[float | None, float, float]:
 
 def ppl_table(a, exe) -> None:
     common = ["-f", a.ppl_text, "-c", "512", "--chunks", str(a.ppl_chunks), "-t", str(a.threads)]
-    tools = {"quantkit": ["QUANTKIT_GEMM=1", sys.executable, "-m", "quantkit", "perplexity"]}
+    tools = {"quantkit": [sys.executable, "-m", "quantkit", "perplexity"]}
     lp = Path(exe).with_name("llama-perplexity") if exe else None
     if lp and lp.is_file():
         tools["llama.cpp"] = [str(lp)]
@@ -133,7 +133,7 @@ def main(argv=None) -> int:
     exe = find_llama_bench(a.llama_bench)
     common = ["-p", str(a.n_prompt), "-n", "0", "-t", str(a.threads), "-r", str(a.reps), "-o", "json"]
     qk = [sys.executable, "-m", "quantkit", "bench"]
-    tools = {"quantkit": ["QUANTKIT_GEMM=1"] + qk}
+    tools = {"quantkit": qk}
     if a.ab_blas:
         tools["quantkit BLAS"] = ["QUANTKIT_GEMM=0"] + qk
     if exe:

@@ -31,8 +31,8 @@ SWITCHES = (
     Switch("QUANTKIT_K512", "1", "import", "0: the K-quant super-block dots keep the 256-bit loop"),
     Switch("QUANTKIT_PREFETCH", "2048", "import",
            "software prefetch distance in bytes in the row dots; 0 turns it off"),
-    Switch("QUANTKIT_GEMM", "0", "call",
-           "1: batches of quantized weights run on the integer GEMM (AVX512-VNNI) instead of dequantize + BLAS"),
+    Switch("QUANTKIT_GEMM", "1", "call",
+           "0: batches of quantized weights run on dequantize + BLAS instead of the integer GEMM (AVX512-VNNI)"),
     Switch("QUANTKIT_COPY_WEIGHTS", "0", "call",
            "1: the compiled decode step gets its own huge-page copy of the weights when they fit in RAM"),
     Switch("QUANTKIT_COMPILE_NOTICE", "0 (the command line sets 1)", "call",
@@ -80,7 +80,7 @@ def prefetch_distance() -> int:
 
 
 def integer_gemm() -> bool:
-    return _on("QUANTKIT_GEMM", "0")
+    return _on("QUANTKIT_GEMM", "1")
 
 
 def copy_weights() -> bool:

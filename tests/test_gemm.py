@@ -93,9 +93,9 @@ def test_activations_are_the_gemvs(kind):
 
 
 def test_matmul_routes_batches_to_gemm(monkeypatch):
-    """With QUANTKIT_GEMM=1, from GEMM_MIN_TOKENS tokens on (and only then) matmul runs the GEMM; its
-    result is matmul's. Without it, matmul does not."""
-    monkeypatch.setenv("QUANTKIT_GEMM", "1")
+    """By default (QUANTKIT_GEMM unset), from GEMM_MIN_TOKENS tokens on (and only then) matmul runs the
+    GEMM; its result is matmul's. QUANTKIT_GEMM=0 switches back to the dequantize + BLAS prefill."""
+    monkeypatch.delenv("QUANTKIT_GEMM", raising=False)
     t = T.Q6_K
     w = make_weights(t, 32, 512, seed=2)
     x = np.random.default_rng(8).standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)

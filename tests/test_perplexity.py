@@ -17,10 +17,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from gguf import GGMLQuantizationType as T
 
 from conftest import run_cli
 from quantkit.formats.locate import bundled_model
 from quantkit.formats.logits import open_logits
+from quantkit.kernels.mul_mat import integer_gemm
 from quantkit.pipelines import perplexity as pp
 from quantkit.pipelines.chunks import add_bos_id, open_for_chunks, tokenize
 
@@ -34,6 +36,14 @@ def sha256(p) -> str:
 
 
 cli = run_cli
+
+# The PPL bound, 0.5 % on 256 scored tokens, is about llama.cpp's own spread on this test: the same
+# Q4_0 file and settings give 11.1834-11.2366 across its configurations (-nr -t 1/2: 11.2213, the
+# golden; repacked: 11.2366; -ub 64 or -b 32: 11.1834; repacked -ub 32: 11.1902), i.e. -0.34 .. +0.14 %
+# from the golden, and each configuration's logits differ from the golden's by a mean KLD of
+# 0.0035-0.0042 -- as much as ours do (0.0038 on both prefill paths). Measured 2026-12-01,
+# docs/imatrix-perplexity.md "Agreement noise".
+PPL_BOUND = 5e-3
 
 
 @pytest.fixture(scope="session")
@@ -72,7 +82,7 @@ def test_ppl_f16_matches_llama(base):
     _, r = base
     ppl, err = final_ppl(r.output)
     ref, ref_err = GOLDEN["ppl"]["F16"]["ppl"]
-    assert abs(ppl / ref - 1) < 5e-3
+    assert abs(ppl / ref - 1) < PPL_BOUND
     assert abs(err / ref_err - 1) < 2e-2
     running = [float(v) for v in re.findall(r"\[\d+\]([\d.]+),", r.output)]
     assert len(running) == 4
@@ -80,10 +90,12 @@ def test_ppl_f16_matches_llama(base):
 
 
 # Where the environment forces OpenBLAS onto a foreign kernel (OPENBLAS_CORETYPE=Haswell on the Zen 5
-# development machine) the 4-chunk Q8_0 PPL lands 0.6-0.7 % from llama.cpp's (9.14 vs 9.08); without
-# that variable it is 9.0675 (0.15 %). The suite may not change the variable, so the case is a
-# non-strict xfail there (open: which product the forced kernel moves is not yet found).
-_FORCED_BLAS = pytest.mark.xfail(bool(os.environ.get("OPENBLAS_CORETYPE")), strict=False,
+# development machine) the 4-chunk Q8_0 PPL of the dequantize + BLAS prefill lands 0.6-0.7 % from
+# llama.cpp's (9.14 vs 9.08); without that variable it is 9.0675 (0.15 %). The integer GEMM (the default
+# on AVX512-VNNI CPUs) does not use BLAS for the products. The suite may not change the variable, so the
+# case is a non-strict xfail where the BLAS prefill runs (open: which product the forced kernel moves).
+_FORCED_BLAS = pytest.mark.xfail(bool(os.environ.get("OPENBLAS_CORETYPE")) and not integer_gemm(T.Q8_0),
+                                 strict=False,
                                  reason="OPENBLAS_CORETYPE forces a foreign BLAS kernel: Q8_0 PPL 0.6-0.7 % off")
 
 
@@ -91,7 +103,7 @@ _FORCED_BLAS = pytest.mark.xfail(bool(os.environ.get("OPENBLAS_CORETYPE")), stri
 def test_ppl_quantized_matches_llama(models, kind):
     r = cli(["perplexity", "-m", models[kind], "-f", SAMPLE, "-c", 128, "--chunks", 4, "-t", 1])
     assert r.exit_code == 0, r.output
-    assert abs(final_ppl(r.output)[0] / GOLDEN["ppl"][kind]["ppl"][0] - 1) < 5e-3
+    assert abs(final_ppl(r.output)[0] / GOLDEN["ppl"][kind]["ppl"][0] - 1) < PPL_BOUND
 
 
 def test_base_file_layout(base):
@@ -133,7 +145,7 @@ def test_kld_q4_0_matches_llama(models, base):
                  "====== Token probability statistics ======", "99.9%   KLD:", " 0.1%   Δp:", "Cor(ln(PPL(Q))"):
         assert head in r.output
     ours, ref = kld_stats(r.output), GOLDEN["kld"]["Q4_0"]
-    assert abs(ours["ppl"] / ref["ppl"] - 1) < 5e-3
+    assert abs(ours["ppl"] / ref["ppl"] - 1) < PPL_BOUND
     assert abs(ours["kld"] / ref["kld"] - 1) < 0.05
     assert abs(ours["kld_median"] / ref["kld_median"] - 1) < 0.1
     assert abs(ours["same_top"] - ref["same_top"]) < 2.0
@@ -148,7 +160,7 @@ def test_kld_q8_0(models, base):
     r = cli(["perplexity", "-m", models["Q8_0"], "--kl-divergence-base", p, "--kl-divergence", "-t", 1])
     assert r.exit_code == 0, r.output
     ours, ref = kld_stats(r.output), GOLDEN["kld"]["Q8_0"]
-    assert abs(ours["ppl"] / ref["ppl"] - 1) < 5e-3
+    assert abs(ours["ppl"] / ref["ppl"] - 1) < PPL_BOUND
     assert abs(ours["kld"] / ref["kld"] - 1) < 0.15, (ours["kld"], ref["kld"])
     # 252 scored tokens: +-1.1 % is one standard error of "same top p"; both sides sit near 97-99 %
     assert ours["same_top"] > 95

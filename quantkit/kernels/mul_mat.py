@@ -77,6 +77,12 @@ def blas_limit():
     return _blas().limit(limits=n, user_api="blas")
 
 
+def blas_one_thread():
+    """Context manager: BLAS on one thread, for callers that run independent BLAS products on their own
+    threads (one product per thread: no OpenBLAS barriers between threads that the OS may deschedule)."""
+    return _blas().limit(limits=1, user_api="blas")
+
+
 def _check(w, wtype, where):
     t = resolve_type(wtype)
     if t not in TRAITS:  # a type with a codec and no fast kernel runs on the portable path
@@ -120,7 +126,7 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
         raise QuantError(f"matmul: out must be C-contiguous float32 of shape {(n_tok, n_out)}")
     if n_tok == 0 or n_out == 0:
         return out
-    if n_tok >= GEMM_MIN_TOKENS and _integer_gemm(t):
+    if n_tok >= GEMM_MIN_TOKENS and integer_gemm(t):
         return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads())
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out, {} if rounded is None else rounded)
@@ -148,11 +154,12 @@ def _rounded_half(bf16: bool):
 _HALF_ACTIVATIONS = {T.F16: _rounded_half(False), T.BF16: _rounded_half(True)}
 
 
-def _integer_gemm(t) -> bool:
-    """Batches of quantized weights run on integer dots (kernels/gemm.py): AVX512-VNNI, vnni variant,
-    and ``QUANTKIT_GEMM=1`` for now. Off by default: with it, tests/test_perplexity.py's 4-chunk Q4_0
-    PPL (256 scored tokens of SmolLM2) lands 0.58-0.68 % from llama.cpp's against its 0.5 % bound,
-    while over 40 chunks it is within 0.05 % (docs/kernels.md); the bound is the maintainers' call."""
+def integer_gemm(t) -> bool:
+    """Whether batches of weight type ``t`` run on integer dots (kernels/gemm.py): a quantized type,
+    an AVX512-VNNI CPU, the vnni kernel variant, and not ``QUANTKIT_GEMM=0`` (the switch back to the
+    dequantize + BLAS prefill). Both paths round the activations as ggml does; their results differ
+    in float summation order only, and both sit inside llama.cpp's own spread between its
+    configurations (docs/imatrix-perplexity.md, "Agreement noise")."""
     return (t in _gemm.SPECS and HAS_VNNI512 and default_variant() == "vnni"
             and config.integer_gemm())
 
