@@ -58,9 +58,9 @@ def _temp_pattern(path: Path) -> str:
     return f".{glob.escape(path.name)}.*.partial"
 
 
-def _writers(path: Path, mine: Path | None = None) -> list[tuple[str, Path]]:
+def _writers(path: Path, mine: Path | None = None, stale_after: float = STALE_AFTER_S) -> list[tuple[str, Path]]:
     """Other temporary files of ``path``: live ones (locked) returned with their key; stale ones
-    (unlocked, older than STALE_AFTER_S) removed on the way."""
+    (unlocked, older than ``stale_after`` seconds) removed on the way."""
     live = []
     for tmp in _parent(path).glob(_temp_pattern(path)):
         if mine is not None and tmp.name == mine.name:
@@ -77,11 +77,19 @@ def _writers(path: Path, mine: Path | None = None) -> list[tuple[str, Path]]:
                 continue
             except OSError:      # a filesystem without locks: nobody can tell live from stale
                 continue
-            if time.time() - os.fstat(fd).st_mtime > STALE_AFTER_S:
+            if time.time() - os.fstat(fd).st_mtime > stale_after:
                 tmp.unlink(missing_ok=True)
         finally:
             os.close(fd)
     return live
+
+
+def remove_leftovers(path: str | os.PathLike) -> int:
+    """Remove the temporary files of ``path`` that no writer holds, whatever their age; returns how many
+    live writers remain. For a caller that knows no writer of ``path`` can be starting now (a
+    distributed sweep once its jobs are done: a killed worker's file is otherwise removed only by the
+    next writer of the same path, once STALE_AFTER_S old)."""
+    return len(_writers(Path(path), stale_after=-1.0))
 
 
 def preflight(path: str | os.PathLike, size: int | None, what: str = "the output") -> Path:

@@ -7,6 +7,15 @@ same-top-p measured against that base. Each finished point is recorded in ``DIR/
 key of its inputs (source and imatrix file identity, options, text, chunks): a rerun skips the points
 whose record has the same key, so an interrupted sweep resumes where it stopped.
 
+With ``--bench`` each point's file is also timed by the bench pipeline (llama-bench's pp and tg tests,
+``bench_point``); the speeds are kept in the same record under a key of their own (the point's key and
+the test sizes), so adding ``--bench`` to a finished sweep only times the files.
+
+With ``--cluster ADDRESS`` the base logits and then the points are jobs on a Dask cluster
+(``pipelines.cluster``): the records are written here as the jobs finish, the files by the workers
+(through ``formats.atomic``, so a worker killed mid-job leaves no file under a real name; its hidden
+temporary file is removed once the jobs are done).
+
 The table (``sweep.md``, ``sweep.csv``, ``sweep.json``) and the Pareto plot (``sweep.png``: size vs KLD,
 every point labelled, the frontier drawn; needs matplotlib, the ``quantkit[plot]`` extra) are written at
 the end.
@@ -20,7 +29,7 @@ import io
 import json
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable
 
@@ -29,6 +38,8 @@ from quantkit.formats.atomic import write_bytes
 
 Log = Callable[[str], None]
 COLUMNS = ("label", "kind", "size_mib", "bpw", "ppl", "kld", "kld_unc", "same_top", "pareto")
+#: with --bench: prompt processing and generation speed (tokens/s, llama-bench's avg_ts)
+BENCH_COLUMNS = ("pp_ts", "tg_ts")
 
 
 class SweepError(QuantkitError):
@@ -87,6 +98,34 @@ def point_key(point: Point, base_key: str, imatrix) -> str:
     return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
 
 
+@dataclass(frozen=True)
+class BenchSpec:
+    """``--bench``: llama-bench's pp and tg tests (``-p``, ``-n``, ``-r``; 0 skips a test)."""
+    n_prompt: int = 512
+    n_gen: int = 128
+    reps: int = 5
+
+    def key(self, point_key: str, threads: int | None) -> str:
+        doc = [point_key, self.n_prompt, self.n_gen, self.reps, threads]
+        return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
+
+
+def bench_point(path: Path, spec: BenchSpec, threads: int | None) -> dict:
+    """Time one file with the bench pipeline (the sweep's one call into it): ``pp_ts``/``tg_ts`` are
+    llama-bench's avg_ts of the pp and tg tests, ``*_sd`` their stddev; None for a test not run."""
+    from quantkit.pipelines.bench import BenchParams, default_threads, run_bench
+
+    params = BenchParams(models=[str(path)], n_prompt=[spec.n_prompt], n_gen=[spec.n_gen],
+                         n_threads=[threads or default_threads()], reps=spec.reps)
+    out = {"pp_ts": None, "pp_sd": None, "tg_ts": None, "tg_sd": None}
+    for r in run_bench(params, []):
+        kind = "pp" if r.inst.n_gen == 0 else "tg"
+        out[f"{kind}_ts"], out[f"{kind}_sd"] = r.avg_ts, r.stdev_ts
+    out.update(bench_pp=spec.n_prompt, bench_tg=spec.n_gen, bench_reps=spec.reps,
+               bench_threads=params.n_threads[0])
+    return out
+
+
 @dataclass
 class Sweep:
     model: Path
@@ -97,6 +136,7 @@ class Sweep:
     n_chunks: int = 10
     n_ctx: int = 512
     threads: int | None = None
+    bench: BenchSpec | None = None
     results: list[dict] = field(default_factory=list)
 
     @property
@@ -105,13 +145,18 @@ class Sweep:
         return hashlib.sha256(json.dumps(doc).encode()).hexdigest()[:32]
 
 
+def _base_ready(sw: Sweep) -> bool:
+    keyf = sw.out_dir / "base.key"
+    return (sw.out_dir / "base.kld").exists() and keyf.exists() and keyf.read_text().strip() == sw.base_key
+
+
 def _base(sw: Sweep, log: Log) -> Path:
     """The source's log-probs over the evaluation text (made once, kept with its key)."""
     from quantkit.pipelines import chunks as ch
     from quantkit.pipelines import perplexity as pp
 
-    path, keyf = sw.out_dir / "base.kld", sw.out_dir / "base.key"
-    if path.exists() and keyf.exists() and keyf.read_text().strip() == sw.base_key:
+    path = sw.out_dir / "base.kld"
+    if _base_ready(sw):
         log(f"sweep: base logits {path} already made for these inputs")
         return path
     text, where = ch.read_text(sw.text_file, "evaluation")
@@ -120,12 +165,12 @@ def _base(sw: Sweep, log: Log) -> Path:
         tokens = ch.tokenize(tok, text, sw.n_ctx, sw.text_file or "the built-in evaluation text")
         log(f"sweep: base logits of {sw.model} over {where}")
         res = pp.perplexity(runner, tokens, sw.n_ctx, sw.n_chunks, ch.add_bos_id(tok), base_out=path)
-    keyf.write_text(sw.base_key + "\n")
+    write_bytes(sw.out_dir / "base.key", (sw.base_key + "\n").encode(), "the base logits' key")
     log(f"sweep: base PPL {res.ppl:.4f}")
     return path
 
 
-def _measure(sw: Sweep, point: Point, base_path: Path, log: Log) -> dict:
+def _quantize_and_measure(sw: Sweep, point: Point, base_path: Path, log: Log) -> dict:
     from quantkit.formats.logits import open_logits
     from quantkit.pipelines import perplexity as pp
     from quantkit.pipelines.chunks import add_bos_id, open_for_chunks
@@ -154,38 +199,120 @@ def _measure(sw: Sweep, point: Point, base_path: Path, log: Log) -> dict:
     }
 
 
-def run_sweep(sw: Sweep, log: Log = lambda s: None, progress: Callable[[int, int, str], None] | None = None) -> list[dict]:
-    """Measure every point (skipping those already measured for the same inputs); then mark the Pareto
-    frontier and write the table and the plot."""
+def measure_point(sw: Sweep, point: Point, base_path: Path, rec: dict | None, log: Log) -> dict:
+    """One point's record: quantized and measured unless ``rec`` (its record for the same inputs) is
+    given, then timed when ``sw.bench`` asks for speeds the record does not hold."""
+    if rec is None:
+        rec = _quantize_and_measure(sw, point, base_path, log)
+        rec["key"] = point_key(point, sw.base_key, sw.imatrix)
+    if sw.bench is not None and rec.get("bench_key") != sw.bench.key(rec["key"], sw.threads):
+        log(f"sweep: timing {point.label} (bench)")
+        rec.update(bench_point(sw.out_dir / rec["file"], sw.bench, sw.threads))
+        rec["bench_key"] = sw.bench.key(rec["key"], sw.threads)
+    return rec
+
+
+def _record(sw: Sweep, point: Point) -> dict | None:
+    """The point's record when it was measured for these inputs (and its file is still there)."""
+    rec_path = sw.out_dir / f"{point.label}.json"
+    if not rec_path.exists():
+        return None
+    try:
+        rec = json.loads(rec_path.read_text())
+    except ValueError:
+        return None
+    if rec.get("key") == point_key(point, sw.base_key, sw.imatrix) and (sw.out_dir / rec.get("file", "")).exists():
+        return rec
+    return None
+
+
+def outputs(sw: Sweep) -> list[Path]:
+    """Every file the sweep writes in DIR before the table (each through formats.atomic)."""
+    out = [sw.out_dir / "base.kld", sw.out_dir / "base.key"]
+    for p in sw.points:
+        out += [sw.out_dir / f"{p.label}{ext}" for ext in (".gguf", ".json", ".tensor-types.txt")]
+    return out
+
+
+# -- jobs on a Dask cluster (pipelines.cluster): module-level functions, run by the workers ---------
+
+def _base_job(sw: Sweep) -> str:
+    from quantkit.pipelines.cluster import worker_threads
+
+    worker_threads()
+    return str(_base(sw, lambda s: None))
+
+
+def _point_job(sw: Sweep, point: Point, base_path: Path, rec: dict | None) -> dict:
+    from quantkit.pipelines.cluster import worker_threads
+
+    worker_threads()
+    return measure_point(sw, point, base_path, rec, lambda s: None)
+
+
+def run_sweep(sw: Sweep, log: Log = lambda s: None, progress: Callable[[int, int, str], None] | None = None,
+              cluster: str | None = None) -> list[dict]:
+    """Measure every point (skipping those already measured for the same inputs), here or as jobs on
+    the Dask cluster at ``cluster``; then mark the Pareto frontier."""
     sw.out_dir.mkdir(parents=True, exist_ok=True)
     if sw.imatrix is None and any(p.target_bpw is not None for p in sw.points):
         raise SweepError("target-bpw points need --imatrix")
-    base_path = _base(sw, log)
-    results = []
-    for i, point in enumerate(sw.points):
-        rec_path = sw.out_dir / f"{point.label}.json"
-        key = point_key(point, sw.base_key, sw.imatrix)
-        if rec_path.exists():
-            try:
-                rec = json.loads(rec_path.read_text())
-            except ValueError:
-                rec = {}
-            if rec.get("key") == key and (sw.out_dir / rec.get("file", "")).exists():
-                log(f"sweep: {point.label} already measured for these inputs")
-                results.append(rec)
-                if progress:
-                    progress(i + 1, len(sw.points), point.label)
-                continue
-        log(f"sweep: [{i + 1}/{len(sw.points)}] {point.label}")
-        rec = _measure(sw, point, base_path, log)
-        rec["key"] = key
-        write_bytes(rec_path, (json.dumps(rec, indent=1) + "\n").encode(), "the sweep record")
-        results.append(rec)
+    n = len(sw.points)
+    done: dict[str, dict] = {}
+    todo: dict[str, tuple[Point, dict | None]] = {}
+    for point in sw.points:
+        rec = _record(sw, point)
+        if rec is not None and (sw.bench is None or rec.get("bench_key") == sw.bench.key(rec["key"], sw.threads)):
+            log(f"sweep: {point.label} already measured for these inputs")
+            done[point.label] = rec
+            if progress:
+                progress(len(done), n, point.label)
+        else:
+            todo[point.label] = (point, rec)
+
+    def finish(label: str, rec: dict) -> None:
+        write_bytes(sw.out_dir / f"{label}.json", (json.dumps(rec, indent=1) + "\n").encode(), "the sweep record")
+        done[label] = rec
         if progress:
-            progress(i + 1, len(sw.points), point.label)
+            progress(len(done), n, label)
+
+    if cluster is None:
+        base_path = _base(sw, log)
+        for i, (label, (point, rec)) in enumerate(todo.items()):
+            log(f"sweep: [{len(done) + 1}/{n}] {label}")
+            finish(label, measure_point(sw, point, base_path, rec, log))
+    elif todo:
+        _run_on_cluster(sw, cluster, todo, finish, log)
+    results = [done[p.label] for p in sw.points]
     mark_pareto(results)
     sw.results = results
     return results
+
+
+def _run_on_cluster(sw: Sweep, address: str, todo: dict, finish: Callable[[str, dict], None], log: Log) -> None:
+    from quantkit.formats.atomic import remove_leftovers
+    from quantkit.pipelines import cluster as cl
+
+    absolute = lambda p: None if p is None else type(p)(os.path.abspath(p))  # noqa: E731
+    sw = replace(sw, model=absolute(sw.model), imatrix=absolute(sw.imatrix), text_file=absolute(sw.text_file),
+                 out_dir=absolute(sw.out_dir))           # the workers' working directories may differ
+    client = cl.connect(address)
+    try:
+        cl.check_storage(client, [p for p in (sw.model, sw.imatrix, sw.text_file, sw.out_dir) if p is not None])
+        base_path = sw.out_dir / "base.kld"
+        if _base_ready(sw):
+            log(f"sweep: base logits {base_path} already made for these inputs")
+        else:
+            log(f"sweep: base logits of {sw.model} on the cluster at {address}")
+            cl.run_jobs(client, _base_job, {"base": (sw,)}, prefix="quantkit-sweep",
+                        on_result=lambda k, r: log(f"sweep: base logits in {r}"))
+        log(f"sweep: {len(todo)} points on the cluster at {address}")
+        cl.run_jobs(client, _point_job, {label: (sw, p, base_path, rec) for label, (p, rec) in todo.items()},
+                    prefix="quantkit-sweep", on_result=finish)
+    finally:
+        client.close()
+        for path in outputs(sw):      # a killed worker's temporary files: nobody writes them any more
+            remove_leftovers(path)
 
 
 def mark_pareto(rows: list[dict]) -> None:
@@ -205,25 +332,29 @@ def _fmt(r: dict, col: str) -> str:
         return f"{v:.3f}"
     if col in ("kld", "kld_unc"):
         return f"{v:.5f}"
+    if col in BENCH_COLUMNS:
+        return "-" if v is None else f"{v:.2f}"
     if col == "same_top":
         return f"{100 * v:.2f} %"
     return str(v)
 
 
-def table(rows: list[dict], fmt: str) -> str:
-    """The results as ``md``, ``csv`` or ``json``, smallest file first."""
+def table(rows: list[dict], fmt: str, bench: bool = False) -> str:
+    """The results as ``md``, ``csv`` or ``json``, smallest file first; ``bench`` adds the speed columns
+    (json always holds every field of the records)."""
     rows = sorted(rows, key=lambda r: r["size"])
     if fmt == "json":
         return json.dumps(rows, indent=1) + "\n"
+    cols = COLUMNS + (BENCH_COLUMNS if bench else ())
     if fmt == "csv":
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
-        w.writerow(COLUMNS)
+        w.writerow(cols)
         for r in rows:
-            w.writerow([r.get(c) for c in COLUMNS])
+            w.writerow([r.get(c) for c in cols])
         return buf.getvalue()
-    head = "| " + " | ".join(COLUMNS) + " |\n|" + "---|" * len(COLUMNS) + "\n"
-    return head + "".join("| " + " | ".join(_fmt(r, c) for c in COLUMNS) + " |\n" for r in rows)
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    return head + "".join("| " + " | ".join(_fmt(r, c) for c in cols) + " |\n" for r in rows)
 
 
 def plot(rows: list[dict], path: Path, title: str) -> bool:
