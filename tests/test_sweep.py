@@ -89,3 +89,66 @@ def test_table_formats():
     assert md.splitlines()[0].startswith("| label | kind | size_mib")
     assert "| x | mix | 2.00 | 4.500 | 10.0000 | 0.01000 | 0.00100 | 90.00 % | * |" in md
     assert json.loads(table(rows, "json"))[0]["label"] == "x"
+
+
+# -- --bench ------------------------------------------------------------------------------------------
+
+BENCH = ["--bench", "--bench-pp", "32", "--bench-tg", "8", "--bench-reps", "2"]
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from archmodels import write_model
+
+    return write_model(tmp_path_factory.mktemp("tiny") / "tiny-qwen3-f16.gguf", "qwen3", "F16")
+
+
+def test_sweep_bench_columns_and_resume(tiny, tmp_path):
+    out = tmp_path / "sweep"
+    plain = ["sweep", "-m", tiny, "--types", "Q8_0,Q4_0", "--chunks", "2", "-c", "64", "-o", out]
+    assert run_cli(plain).exit_code == 0
+    mtimes = {f: (out / f).stat().st_mtime_ns for f in ("Q8_0.gguf", "Q4_0.gguf", "base.kld")}
+    # --bench on a finished sweep only times the files
+    res = run_cli(plain + BENCH + ["--format", "csv"])
+    assert res.exit_code == 0, res.output
+    assert res.stderr.count("already measured") == 0 and res.stderr.count("(bench)") == 2
+    assert {f: (out / f).stat().st_mtime_ns for f in mtimes} == mtimes
+    rows = list(csv.DictReader(io.StringIO(res.stdout)))
+    assert list(rows[0])[-2:] == ["pp_ts", "tg_ts"]
+    for r in rows:
+        assert float(r["pp_ts"]) > 0 and float(r["tg_ts"]) > 0
+    rec = json.loads((out / "Q4_0.json").read_text())
+    assert (rec["bench_pp"], rec["bench_tg"], rec["bench_reps"]) == (32, 8, 2)
+    # the speeds are what the bench pipeline measures for that file: llama-bench's statistic of its samples
+    assert rec["tg_sd"] >= 0 and rec["pp_ts"] == float(rows[0]["pp_ts"])
+    md = (out / "sweep.md").read_text().splitlines()
+    assert md[0].endswith("| pp_ts | tg_ts |") and len(md[2].split("|")) == len(md[0].split("|"))
+    # a rerun with the same tests measures nothing; other test sizes time the files again
+    again = run_cli(plain + BENCH + ["--format", "csv"])
+    assert again.stderr.count("already measured") == 2 and again.stdout == res.stdout
+    other = run_cli(plain + ["--bench", "--bench-pp", "0", "--bench-tg", "4", "--bench-reps", "1"])
+    assert other.exit_code == 0 and other.stderr.count("(bench)") == 2
+    assert "| - |" in other.stdout                                 # no pp test: no pp speed
+    assert {f: (out / f).stat().st_mtime_ns for f in mtimes} == mtimes
+
+
+def test_sweep_bench_nothing_to_time(tiny, tmp_path):
+    res = run_cli(["sweep", "-m", tiny, "--types", "Q8_0", "-o", tmp_path / "s", "--bench", "--bench-pp", "0",
+                   "--bench-tg", "0"])
+    assert res.exit_code == 2 and "nothing to time" in res.output
+    assert not (tmp_path / "s").exists()
+
+
+def test_remove_leftovers_takes_only_unheld_temporary_files(tmp_path):
+    """A killed worker's temporary file (unlocked, however fresh) goes; a live writer's stays."""
+    from quantkit.formats.atomic import AtomicWriter, remove_leftovers
+
+    target = tmp_path / "Q4_0.gguf"
+    dead = tmp_path / ".Q4_0.gguf.1-2.partial"
+    dead.write_bytes(b"half")
+    with AtomicWriter(target, 4) as w:
+        w.write(b"live")
+        assert remove_leftovers(target) == 1
+        assert not dead.exists() and w.tmp.exists()
+        w.commit()
+    assert target.read_bytes() == b"live"

@@ -64,10 +64,17 @@ def _in_files(values) -> list[str]:
                    "imatrix.chunk_count): run the same command again with --resume. The result is the "
                    "uninterrupted run's, byte for byte (the PPL printed covers the new chunks only).")
 @click.option("--parse-special", is_flag=True, help="Tokenize special tokens written in the text.")
+@click.option("--cluster", default=None, metavar="ADDRESS",
+              help="Collect on the Dask distributed cluster whose scheduler is at ADDRESS (tcp://host:8786; needs "
+                   "quantkit[cluster]), chunk ranges as jobs; the merged file is the one-process run's, byte for "
+                   "byte. The model and text must be at the same paths on every worker.")
+@click.option("--chunks-per-job", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --cluster: chunks per job (default: two jobs per worker).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
 @threads_option
 def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chunks, from_chunk, out_freq,
-            save_freq, process_output, compute_ppl, in_files, show_statistics, resume, parse_special, quiet, threads):
+            save_freq, process_output, compute_ppl, in_files, show_statistics, resume, parse_special, cluster, chunks_per_job,
+            quiet, threads):
     """Collect an importance matrix (llama-imatrix): per weight, the sum over tokens of each input
     column's squared activation, and the token count. quantkit quantize --imatrix reads the result.
     """
@@ -105,6 +112,11 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         err(f"wrote {p} ({len(acc.sums)} entries, {acc.last_chunk()} chunks of {n_ctx})")
         return
 
+    if cluster is not None:
+        from quantkit.pipelines.cluster import EXTRA_NOTE, available
+
+        if not available():
+            raise click.ClickException(EXTRA_NOTE)
     from quantkit.formats.atomic import preflight
     from quantkit.formats.sigbus import install
 
@@ -148,8 +160,15 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
                                  compute_ppl=compute_ppl, parse_special=parse_special)
         if bar is not None and done:
             bar.update(min(done, bar.total))
-        res = im.collect(runner, tokens, ch.add_bos_id(tok), acc, datasets, opts, save_opts, log=log,
-                         on_chunk=on_chunk, start=done, check=model.gguf.check_unchanged)
+        if cluster is None:
+            res = im.collect(runner, tokens, ch.add_bos_id(tok), acc, datasets, opts, save_opts, log=log,
+                             on_chunk=on_chunk, start=done, check=model.gguf.check_unchanged)
+        else:
+            from quantkit.pipelines.imatrix_cluster import collect_on_cluster
+
+            res = collect_on_cluster(cluster, model_path or model.path, text_file, tokens, acc, datasets, opts,
+                                     save_opts, start=done, chunks_per_job=chunks_per_job, on_chunk=on_chunk,
+                                     log=log, check=model.gguf.check_unchanged)
         if bar is not None:
             bar.close()
             sys.stdout.write("".join(parts))

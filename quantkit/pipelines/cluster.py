@@ -40,7 +40,7 @@ def available() -> bool:
     return True
 
 
-def connect(address: str, timeout: float = 30.0):
+def connect(address: str, timeout: float = 10.0):
     """A ``distributed.Client`` for the scheduler at ``address`` (``tcp://host:8786``), or one line."""
     if not available():
         raise ClusterError(EXTRA_NOTE)

@@ -39,7 +39,7 @@ from quantkit.formats.imatrix import (Entry, Imatrix, imatrix_gguf_output, load_
                                      save_imatrix_gguf)
 from quantkit.jit import njit_parallel, prange
 from quantkit.pipelines.chunks import ChunkError, Log, chunk_targets, count_chunks, need_tokens, run_chunks
-from quantkit.pipelines.perplexity import PerplexityResult, nll_rows
+from quantkit.pipelines.perplexity import PerplexityResult, chunk_sums, nll_rows
 
 class ImatrixError(QuantkitError):
     """A request llama-imatrix would refuse (mismatched files, weights missing from the model, ...)."""
@@ -141,22 +141,58 @@ class Collector:
     def __call__(self, name: str, x: np.ndarray) -> None:
         if not self.wanted(name):
             return
+        s = self._entry(name, x.shape[1])
+        _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), s[0])
+        self._added(name, s, x.shape[0])
+
+    def replay(self, name: str, rows: int, part: np.ndarray) -> None:
+        """Add one product's float64 column sums made elsewhere (``Recorder``): ``_add_col_sumsq`` sums
+        a call's rows from zero and then adds that to the entry, so this gives the same bits."""
+        s = self._entry(name, part.size)
+        s[0] += part
+        self._added(name, s, rows)
+
+    def _entry(self, name: str, n_cols: int) -> np.ndarray:
         acc = self.acc
         s = acc.sums.get(name)
         if s is None:
-            s = acc.sums[name] = np.zeros((1, x.shape[1]), np.float64)
+            s = acc.sums[name] = np.zeros((1, n_cols), np.float64)
             acc.counts[name] = np.zeros(1, np.float64)
             acc.sources[name] = "this run"
-        elif s.size != x.shape[1]:
-            raise ImatrixError(f"inconsistent size for {name} ({s.size} loaded vs {x.shape[1]} in the model)")
-        _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), s[0])
+        elif s.size != n_cols:
+            raise ImatrixError(f"inconsistent size for {name} ({s.size} loaded vs {n_cols} in the model)")
+        return s
+
+    def _added(self, name: str, s: np.ndarray, rows: int) -> None:
+        acc = self.acc
         if not np.isfinite(s).all():
             raise ImatrixError(f"non-finite values detected in {name}")
         c = acc.counts[name]
         if c.size > 1 and (c == c[0]).all():
             c = acc.counts[name] = c[:1].copy()
-        c += x.shape[0]
-        self.rows_seen[name] = self.rows_seen.get(name, 0) + x.shape[0]
+        c += rows
+        self.rows_seen[name] = self.rows_seen.get(name, 0) + rows
+
+
+class Recorder(Collector):
+    """A collector for one part of a split collection (``pipelines.cluster``): keeps, per chunk, every
+    product's own column sums (float64, summed from zero as ``_add_col_sumsq`` does) instead of adding
+    them up, so the merge can add them in the one-process run's order (``Collector.replay``)."""
+
+    def __init__(self, process_output: bool):
+        super().__init__(Accumulator(1), process_output)
+        self.calls: list[tuple[str, int, np.ndarray]] = []
+
+    def __call__(self, name: str, x: np.ndarray) -> None:
+        if not self.wanted(name):
+            return
+        part = np.zeros(x.shape[1], np.float64)
+        _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), part)
+        self.calls.append((name, int(x.shape[0]), part))
+
+    def take(self) -> list[tuple[str, int, np.ndarray]]:
+        calls, self.calls = self.calls, []
+        return calls
 
 
 # -- saving ------------------------------------------------------------------------------------
@@ -255,12 +291,8 @@ def check_model_entries(acc: Accumulator, model, process_output: bool) -> None:
                                f"{model.path} has {shapes[name]} input columns for it")
 
 
-def collect(runner, tokens: np.ndarray, bos: int | None, acc: Accumulator, datasets: list[str],
-            opts: CollectOptions, save_opts: SaveOptions, log: Log | None = None,
-            on_chunk: Callable[[int, float | None], None] | None = None, start: int = 0,
-            check: Callable[[], None] = lambda: None) -> CollectResult:
-    """Evaluate the chunks with the collector hooked in; saves periodically as llama-imatrix.
-    ``start``: chunks already in ``acc`` (a resumed run, see ``resume``)."""
+def chunk_tokens(tokens: np.ndarray, opts: CollectOptions) -> tuple[np.ndarray, int]:
+    """The tokens after ``--chunk`` and the number of chunks to run (llama-imatrix's checks)."""
     n_ctx = opts.n_ctx
     if opts.from_chunk > 0:
         if (opts.from_chunk + 2) * n_ctx >= tokens.size:
@@ -268,46 +300,107 @@ def collect(runner, tokens: np.ndarray, bos: int | None, acc: Accumulator, datas
                              f"chunks ({tokens.size} tokens, context {n_ctx})")
         tokens = tokens[opts.from_chunk * n_ctx:]
     need_tokens(tokens, n_ctx, "the text")
-    n_chunk = count_chunks(tokens.size, n_ctx, opts.n_chunks)
-    first = n_ctx // 2
-    collector = Collector(acc, opts.process_output)
-    ppl = PerplexityResult(n_ctx, n_chunk) if opts.compute_ppl else None
-    res = CollectResult(n_chunk=n_chunk, ppl=ppl)
-    last = acc.last_chunk()
+    return tokens, count_chunks(tokens.size, n_ctx, opts.n_chunks)
+
+
+def _logit_rows(opts: CollectOptions):
     if opts.process_output:
-        want = "all"
-    elif opts.compute_ppl:
-        want = np.arange(first, n_ctx - 1)
-    else:
-        want = "none"
+        return "all"
+    return np.arange(opts.n_ctx // 2, opts.n_ctx - 1) if opts.compute_ppl else "none"
+
+
+def _ppl_sums(logits: np.ndarray, tokens: np.ndarray, i: int, opts: CollectOptions) -> list:
+    """One chunk's ``[sum nll, sum nll^2, count]`` over the second half of the chunk."""
+    rows = logits[opts.n_ctx // 2:opts.n_ctx - 1] if opts.process_output else logits
+    return chunk_sums(nll_rows(rows, chunk_targets(tokens, i, opts.n_ctx)))
+
+
+class ChunkEnd:
+    """What follows each chunk, in chunk order: the periodic saves (when the chunk number crosses a
+    multiple of ``out_freq`` / ``save_freq``) and the running PPL."""
+
+    def __init__(self, acc: Accumulator, datasets: list[str], opts: CollectOptions, save_opts: SaveOptions,
+                 res: CollectResult, check: Callable[[], None] = lambda: None):
+        self.acc, self.datasets, self.opts, self.save_opts, self.res, self.check = \
+            acc, datasets, opts, save_opts, res, check
+        self.last = acc.last_chunk()
+
+    def __call__(self, ppl_sums: list | None) -> float | None:
+        acc, opts, res = self.acc, self.opts, self.res
+        res.n_tokens += opts.n_ctx
+        now = acc.last_chunk()
+        if now > self.last:
+            step = now - self.last
+            self.last = now
+            self.check()              # nothing is saved from a model file that changed under the run
+            if (now % opts.out_freq) // step == 0:
+                res.saves.append(save(acc, self.datasets, self.save_opts))
+            if opts.save_freq > 0 and (now % opts.save_freq) // step == 0:
+                res.saves.append(save(acc, self.datasets, self.save_opts, snapshot=now))
+        return None if res.ppl is None else res.ppl.add_sums(ppl_sums)
+
+
+def collect(runner, tokens: np.ndarray, bos: int | None, acc: Accumulator, datasets: list[str],
+            opts: CollectOptions, save_opts: SaveOptions, log: Log | None = None,
+            on_chunk: Callable[[int, float | None], None] | None = None, start: int = 0,
+            check: Callable[[], None] = lambda: None) -> CollectResult:
+    """Evaluate the chunks with the collector hooked in; saves periodically as llama-imatrix.
+    ``start``: chunks already in ``acc`` (a resumed run, see ``resume``)."""
+    tokens, n_chunk = chunk_tokens(tokens, opts)
+    res = CollectResult(n_chunk=n_chunk, ppl=PerplexityResult(opts.n_ctx, n_chunk) if opts.compute_ppl else None)
+    end = ChunkEnd(acc, datasets, opts, save_opts, res, check)
 
     def chunk(i: int, logits: np.ndarray) -> None:
-        nonlocal last
-        res.n_tokens += n_ctx
-        now = acc.last_chunk()
-        if now > last:
-            step = now - last
-            last = now
-            check()              # nothing is saved from a model file that changed under the run
-            if (last % opts.out_freq) // step == 0:
-                res.saves.append(save(acc, datasets, save_opts))
-            if opts.save_freq > 0 and (last % opts.save_freq) // step == 0:
-                res.saves.append(save(acc, datasets, save_opts, snapshot=last))
-        value = None
-        if ppl is not None:
-            rows = logits[first:n_ctx - 1] if opts.process_output else logits
-            value = ppl.add(nll_rows(rows, chunk_targets(tokens, i, n_ctx)))
+        value = end(_ppl_sums(logits, tokens, i, opts) if opts.compute_ppl else None)
         if on_chunk:
             on_chunk(i, value)
 
-    runner.collect = collector
+    runner.collect = Collector(acc, opts.process_output)
     try:
-        times = run_chunks(runner, tokens, n_ctx, n_chunk, bos, want, chunk, start=start, log=log, check=check,
-                           name="imatrix")
+        times = run_chunks(runner, tokens, opts.n_ctx, n_chunk, bos, _logit_rows(opts), chunk, start=start, log=log,
+                           check=check, name="imatrix")
     finally:
         runner.collect = None
     res.seconds, res.first_pass_s = times.seconds, times.first_pass_s
     return res
+
+
+@dataclass
+class ChunkPart:
+    """One chunk collected apart (``collect_part``): each product's column sums and rows, in call order,
+    and the chunk's PPL sums (None without PPL)."""
+    index: int
+    calls: list
+    ppl_sums: list | None
+
+
+def collect_part(runner, tokens: np.ndarray, bos: int | None, opts: CollectOptions, first: int,
+                 end: int) -> list[ChunkPart]:
+    """Chunks ``first .. end-1`` of a collection, each kept apart for ``merge_part`` (a split run)."""
+    tokens, n_chunk = chunk_tokens(tokens, opts)
+    if not 0 <= first < end <= n_chunk:
+        raise ImatrixError(f"chunks {first}..{end - 1} are outside the run's {n_chunk} chunks")
+    rec = Recorder(opts.process_output)
+    parts: list[ChunkPart] = []
+
+    def chunk(i: int, logits: np.ndarray) -> None:
+        parts.append(ChunkPart(i, rec.take(), _ppl_sums(logits, tokens, i, opts) if opts.compute_ppl else None))
+
+    runner.collect = rec
+    try:
+        run_chunks(runner, tokens, opts.n_ctx, end, bos, _logit_rows(opts), chunk, start=first, name="imatrix")
+    finally:
+        runner.collect = None
+    return parts
+
+
+def merge_part(collector: Collector, end: ChunkEnd, part: ChunkPart) -> float | None:
+    """Add one chunk collected apart, as ``collect`` adds it: its products in call order, then the chunk's
+    saves and PPL. Given the chunks in order, the sums, counts, saves and PPL are the one-process run's,
+    bit for bit."""
+    for name, rows, sums in part.calls:
+        collector.replay(name, rows, sums)
+    return end(part.ppl_sums)
 
 
 def resume(save_opts: SaveOptions, base: Accumulator, datasets: list[str], log: Log) -> tuple[Accumulator, int]:
