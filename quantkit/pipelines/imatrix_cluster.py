@@ -13,7 +13,7 @@ saves and PPL, bit for bit; llama-imatrix's own float32 order (tools/imatrix/ima
 ``IMatrixCollector::collect_imatrix``: ``e.values[j] += x*x`` row by row) is not reproduced by either.
 
 A job holds its chunks' partial sums until it returns (per chunk: the collected weights' input columns
-in float64, 1.2 MiB for SmolLM2-135M), so jobs are short ranges: by default two per worker.
+in float64, 1.1 MiB for SmolLM2-135M), so jobs are short ranges: by default two per worker.
 """
 
 from __future__ import annotations
