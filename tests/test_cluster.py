@@ -238,3 +238,15 @@ def test_unreachable_scheduler_is_one_line(tiny, tmp_path):
     assert res.exit_code == 1, res.output
     last = res.output.strip().splitlines()[-1]
     assert last.startswith("Error: cannot reach the Dask scheduler at tcp://127.0.0.1:1"), res.output
+
+
+def test_a_path_a_worker_cannot_see_is_refused(cluster, tmp_path):
+    from quantkit.pipelines.cluster import ClusterError, check_storage, connect
+
+    client = connect(cluster.scheduler_address)
+    try:
+        check_storage(client, [tmp_path])
+        with pytest.raises(ClusterError, match=r"cannot see .*nope: .* storage every worker sees"):
+            check_storage(client, [tmp_path, tmp_path / "nope"])
+    finally:
+        client.close()
