@@ -250,3 +250,8 @@ def test_a_path_a_worker_cannot_see_is_refused(cluster, tmp_path):
             check_storage(client, [tmp_path, tmp_path / "nope"])
     finally:
         client.close()
+
+
+def test_imatrix_cluster_without_a_collection_is_misuse(tmp_path):
+    res = run_cli(["imatrix", "--in-file", tmp_path / "a.gguf", "-o", tmp_path / "b.gguf", "--cluster", "tcp://x:1"])
+    assert res.exit_code == 2 and "--cluster splits a collection" in res.output

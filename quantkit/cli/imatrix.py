@@ -88,6 +88,8 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
     except ch.ChunkError as e:
         raise click.UsageError(str(e)) from None
 
+    if cluster is not None and ((files and text_file is None and not builtin_text) or show_statistics):
+        raise click.UsageError("--cluster splits a collection; combining, converting or statistics have none")
     if show_statistics:
         if len(files) != 1:
             raise click.UsageError("--show-statistics needs exactly one --in-file")
