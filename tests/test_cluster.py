@@ -194,10 +194,8 @@ def _one_process_sums(tiny: Path, opts, save):
     from quantkit.pipelines import chunks as ch
     from quantkit.pipelines import imatrix as im
     from quantkit.pipelines.cluster import worker_threads
-    from quantkit.pipelines.perplexity import open_model
-
     worker_threads()
-    model, tok, runner = open_model(tiny, 64, 64)
+    model, tok, runner = ch.open_for_chunks(tiny, 64, 64)
     with model:
         tokens = ch.tokenize(tok, ch.read_text(None, "calibration")[0], 64, "the built-in text")
         one = im.Accumulator(64)

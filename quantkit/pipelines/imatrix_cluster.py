@@ -40,11 +40,9 @@ def tokens_digest(tokens: np.ndarray) -> str:
 def _range_job(model_path: str, text_file: str | None, opts: CollectOptions, first: int, end: int,
                digest: str) -> list[ChunkPart]:
     """On a worker: chunks ``first .. end-1``, each kept apart."""
-    from quantkit.pipelines.perplexity import open_model
-
     cl.worker_threads()
     text, _ = ch.read_text(text_file, "calibration")
-    model, tok, runner = open_model(model_path, opts.n_ctx, opts.n_batch)
+    model, tok, runner = ch.open_for_chunks(model_path, opts.n_ctx, opts.n_batch)
     with model:
         tokens = ch.tokenize(tok, text, opts.n_ctx, text_file or "the built-in calibration text", opts.parse_special)
         if tokens_digest(tokens) != digest:
