@@ -233,7 +233,8 @@ def f32_to_half_bits(typingctx, x):
 # -- the first compile, made visible ----------------------------------------------------------------
 
 #: ggml type names inside a kernel's name (``rowdot_q__Q4_K_vnni_ser_...``, ``quantize_rows_q6_k``)
-_TYPE_IN_NAME = re.compile(r"(?<![a-z0-9])(i?q\d_(?:k|0|1|nl|xs)|bf16|f16)(?![a-z0-9])", re.IGNORECASE)
+_TYPE_IN_NAME = re.compile(r"(?<![a-z0-9])(i?q\d_(?:k|0|1|nl|xxs|xs|s|m)|tq\d_0|mxfp4|nvfp4|bf16|f16)(?![a-z0-9])",
+                           re.IGNORECASE)
 
 
 class CompileNotice:

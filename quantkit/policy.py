@@ -15,10 +15,11 @@ Entry points:
 * ``FILE_TYPES``, ``parse_ftype``, ``parse_ggml_type``, ``parse_tensor_type_arg``: the CLI vocabulary.
 * ``is_70b``, ``use_more_bits``: the two model-shape predicates the mixture rules use.
 
-Only the file types quantkit can write are accepted (F32/F16/BF16, the legacy and K-quants, IQ4_NL,
-IQ4_XS, COPY); the mixture rules for them are complete, including the Falcon variants. The rules that
-only concern the IQ1/IQ2/IQ3, TQ and MXFP4 file types are not implemented, and ``parse_ftype``
-rejects those names with a clear message.
+Every file type llama-quantize offers is planned (``FILE_TYPES``, in its order), with the mixture rules
+of each, including the Falcon variants and the importance-matrix requirement of the 1- and 2-bit IQ types;
+Q2_0 is refused in one line (``REFUSED_FTYPES``: gguf-py cannot write the type). Whether quantkit has a
+codec for every type a plan names is the quantize pipeline's check, not this module's: the rules are
+tested against llama-quantize's choices without any codec.
 """
 
 from __future__ import annotations
@@ -66,23 +67,23 @@ class FileType:
         return self.default is not None and is_quantized_type(self.default)
 
 
-#: the file types quantkit writes (their ids, names, default types and help text are the type table's)
-_WRITTEN = frozenset({"F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S", "Q3_K_S",
-                      "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "COPY"})
+#: llama.cpp file types quantkit refuses, and why (every other one is planned like llama-quantize does)
+REFUSED_FTYPES: dict[str, str] = {
+    "Q2_0": "gguf-py 0.19.0 (the newest on PyPI) has no GGML type Q2_0 (ggml type 42), so its GGUFWriter "
+            "cannot write it",
+    "NVFP4": "llama-quantize does not offer it (llama_ftype_get_default_type has no type for it)",
+}
 
-#: in llama-quantize's QUANT_OPTIONS order
+#: every file type llama-quantize offers, in its QUANT_OPTIONS order (ids, names, default types and help
+#: text are the type table's, formats/ggml_types.py), but the refused ones
 FILE_TYPES: tuple[FileType, ...] = tuple(
     FileType(f.name, f.id, None if f.default is None else Q[f.default], f.help)
-    for f in G.FILE_TYPES if f.name in _WRITTEN)
+    for f in G.FILE_TYPES if f.listed and f.name not in REFUSED_FTYPES)
 
 FTYPE_ALIASES: dict[str, str] = G.FTYPE_ALIASES
 
 _BY_NAME: dict[str, FileType] = {ft.name: ft for ft in FILE_TYPES}
 _BY_ID: dict[int, FileType] = {ft.ftype_id: ft for ft in FILE_TYPES if not ft.only_copy}
-
-# llama.cpp file types quantkit does not write, so that the error can say "not supported" rather
-# than "unknown".
-_UNSUPPORTED_FTYPES: dict[str, int] = {f.name: f.id for f in G.FILE_TYPES if f.name not in _WRITTEN}
 
 
 def parse_ftype(value: str | int | FileType) -> FileType:
@@ -95,16 +96,17 @@ def parse_ftype(value: str | int | FileType) -> FileType:
         ftype_id = int(text)
         if ftype_id in _BY_ID:
             return _BY_ID[ftype_id]
-        for name, uid in _UNSUPPORTED_FTYPES.items():
-            if uid == ftype_id:
-                raise PolicyError(f"ftype id {ftype_id} ({name}) is not supported by quantkit; supported: {known}")
+        refused = G.FILE_TYPE_BY_ID.get(ftype_id)
+        if refused is not None and refused.name in REFUSED_FTYPES:
+            raise PolicyError(f"ftype id {ftype_id} ({refused.name}) is not supported by quantkit: "
+                              f"{REFUSED_FTYPES[refused.name]}")
         raise PolicyError(f"unknown ftype id {ftype_id}; supported: {known}")
     key = text.upper()
     key = FTYPE_ALIASES.get(key, key)
     if key in _BY_NAME:
         return _BY_NAME[key]
-    if key in _UNSUPPORTED_FTYPES:
-        raise PolicyError(f"ftype {key} is not supported by quantkit; supported: {known}")
+    if key in REFUSED_FTYPES:
+        raise PolicyError(f"ftype {key} is not supported by quantkit: {REFUSED_FTYPES[key]}")
     raise PolicyError(f"unknown ftype {value!r}; supported: {known}")
 
 
@@ -451,6 +453,10 @@ class TypePlan:
         return out
 
 
+#: the file types whose own rules (rule D) replace the generic ones
+_IQ12_FTYPES = frozenset({"IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ2_S", "IQ2_M", "IQ1_M"})
+
+
 class _Mixture:
     """llama_tensor_get_type_impl with its running counters (quantize_state_impl)."""
 
@@ -487,12 +493,51 @@ class _Mixture:
         if category == OUTPUT or (category == TOKEN_EMBD and not self.has_output):
             if self.output_tensor_type is not None:
                 return self.output_tensor_type
-            if m.is_falcon or ne0 % block_size(t) != 0:
+            if ft == "MXFP4_MOE" or m.is_falcon or ne0 % block_size(t) != 0:
                 return Q.Q8_0
+            if ft in _IQ12_FTYPES or ft == "IQ3_XXS":
+                return Q.Q5_K
             return Q.Q6_K if t != Q.Q8_0 else t
 
-        # C. untied token_embd: every file type in scope keeps D
+        # B. MXFP4_MOE: the experts (3-D, ne[2] > 1) MXFP4, everything else Q8_0; no counter moves
+        if ft == "MXFP4_MOE":
+            experts = len(shape) > 2 and int(shape[2]) > 1
+            if m.arch == "bailingmoe3":
+                experts = experts and category in (FFN_UP, FFN_GATE, FFN_DOWN)
+            return Q.MXFP4 if experts else Q.Q8_0
+
+        # C. untied token_embd
         if category == TOKEN_EMBD:
+            if ft in ("IQ2_XXS", "IQ2_XS", "IQ1_S", "IQ1_M"):
+                return Q.Q2_K
+            if ft in ("IQ2_S", "IQ2_M", "IQ3_XXS"):
+                return Q.IQ3_S
+            if ft in ("TQ1_0", "TQ2_0", "Q2_0"):
+                return Q.Q4_K
+            return t
+
+        # D. the 1- and 2-bit IQ file types: their own rules (ffn_gate / ffn_up counters do not move)
+        if ft in _IQ12_FTYPES:
+            iq2_sm = ft in ("IQ2_S", "IQ2_M")
+            if category in V_LIKE:
+                self.i_attention_wv += 1
+                if m.n_gqa >= 4 or m.n_expert >= 4:
+                    return Q.Q4_K
+                return Q.IQ3_S if iq2_sm else Q.Q2_K
+            if category == K and m.n_expert == 8:
+                return Q.Q4_K
+            if category == FFN_DOWN:
+                i = self.i_ffn_down
+                self.i_ffn_down += 1
+                if i < m.n_layer // 8:
+                    return Q.IQ3_S if iq2_sm else Q.Q2_K
+                return t
+            if category == ATTN_OUT:
+                if m.n_expert == 8:
+                    return Q.Q5_K
+                if ft in ("IQ1_S", "IQ1_M"):
+                    return Q.IQ2_XXS
+                return Q.IQ3_S if iq2_sm else t
             return t
 
         # E. V-like
@@ -501,6 +546,12 @@ class _Mixture:
             if ft == "Q2_K":
                 t = Q.Q4_K if m.n_gqa >= 4 else Q.Q3_K
             elif ft == "Q2_K_S" and m.n_gqa >= 4:
+                t = Q.Q4_K
+            elif ft == "IQ3_XXS":
+                t = Q.Q4_K if m.n_gqa >= 4 else Q.IQ3_S if not self.has_imatrix else Q.IQ3_XXS
+            elif ft in ("IQ3_XS", "IQ3_S") and m.n_gqa >= 4:
+                t = Q.Q4_K
+            elif ft == "IQ3_M":
                 t = Q.Q4_K
             elif ft == "Q3_K_M":
                 t = Q.Q5_K if i < 2 else Q.Q4_K
@@ -521,9 +572,11 @@ class _Mixture:
 
         # F. attn_k, G. attn_q
         if category == K:
-            return Q.Q8_0 if m.n_expert == 8 else t
+            if m.n_expert == 8:
+                return Q.Q8_0
+            return {"IQ3_XS": Q.IQ3_XXS, "IQ3_XXS": Q.IQ2_S}.get(ft, t)
         if category == Q_:
-            return t
+            return {"IQ3_XS": Q.IQ3_XXS, "IQ3_XXS": Q.IQ2_S}.get(ft, t)
 
         # H. ffn_down
         if category == FFN_DOWN:
@@ -533,8 +586,12 @@ class _Mixture:
             elif ft == "Q2_K_S":
                 if i < n // 8:
                     t = Q.Q4_K
+            elif ft == "IQ3_XXS" and not self.has_imatrix:
+                t = Q.Q4_K if i < n // 8 else Q.Q3_K
             elif ft == "Q3_K_M":
                 t = Q.Q5_K if i < n // 16 else Q.Q4_K if (not m.is_falcon or use_more_bits(i, n)) else Q.Q3_K
+            elif ft == "IQ3_M" and (i < n // 8 or (m.n_expert == 8 and use_more_bits(i, n))):
+                t = Q.Q4_K
             elif ft == "Q3_K_L":
                 t = Q.Q4_K if m.is_falcon else Q.Q5_K
             elif ft == "Q4_K_M":
@@ -558,20 +615,22 @@ class _Mixture:
             if m.is_falcon:
                 return Q.Q4_K if ft == "Q3_K_L" else t
             if m.n_expert == 8:
-                if ft in ("Q2_K", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ4_XS"):
+                if ft in ("Q2_K", "IQ3_XS", "IQ3_XXS", "Q3_K_S", "Q3_K_M", "IQ4_NL", "Q4_K_S", "Q4_K_M", "IQ3_S",
+                          "IQ3_M", "IQ4_XS"):
                     return Q.Q5_K
                 return t
-            return {"Q2_K": Q.Q3_K, "Q3_K_M": Q.Q4_K, "Q3_K_L": Q.Q5_K}.get(ft, t)
+            return {"Q2_K": Q.Q3_K, "IQ3_XXS": Q.IQ3_S, "Q3_K_M": Q.Q4_K, "Q3_K_L": Q.Q5_K,
+                    "IQ3_M": Q.Q4_K}.get(ft, t)
 
-        # K. ffn_gate / ffn_up: nothing changes for these file types, but the layer is still
-        # resolved (an MoE name without 'blk.N.' is an error) and the counter advances.
-        if category == FFN_GATE:
-            self._layer(self.i_ffn_gate, name)
-            self.i_ffn_gate += 1
-            return t
-        if category == FFN_UP:
-            self._layer(self.i_ffn_up, name)
-            self.i_ffn_up += 1
+        # J. (attn_qkv's own rules are unreachable: rule E takes every V-like tensor first)
+        # K. ffn_gate / ffn_up: IQ3_XS gives the middle layers IQ3_XXS; the layer is resolved for every
+        # file type (an MoE name without 'blk.N.' is an error) and the counter advances.
+        if category in (FFN_GATE, FFN_UP):
+            counter = "i_ffn_gate" if category == FFN_GATE else "i_ffn_up"
+            i, n = self._layer(getattr(self, counter), name)
+            setattr(self, counter, getattr(self, counter) + 1)
+            if ft == "IQ3_XS" and n // 8 <= i < 7 * n // 8:
+                return Q.IQ3_XXS
             return t
 
         # L. everything else

@@ -51,3 +51,19 @@ def test_help_and_usage_errors_compile_nothing(name):
         out = subprocess.run([sys.executable, "-c", _PROBE, *args], capture_output=True, text=True, timeout=60)
         assert "HEAVY:\n" in out.stdout or out.stdout.strip().endswith("HEAVY:"), (args, out.stdout[-300:])
         assert "Traceback" not in out.stderr
+
+
+def test_quantize_help_lists_llama_quantizes_file_types():
+    """`quantkit quantize --help` lists the file types of `llama-quantize --help`, in its order, with the
+    same ids and descriptions (tests/data/golden/llama_quantize_types.txt is that section of the real
+    binary's --help, llama.cpp as vendored in llama-cpp-python 0.3.36)."""
+    from pathlib import Path
+
+    golden = Path(__file__).parent / "data" / "golden" / "llama_quantize_types.txt"
+    want = [" ".join(line.split()) for line in golden.read_text().splitlines() if line.strip()]
+    res = CliRunner().invoke(main, ["quantize", "--help"], terminal_width=200)
+    assert res.exit_code == 0
+    lines = res.output.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.strip().startswith("File types"))
+    got = [" ".join(line.split()) for line in lines[start + 1:start + 1 + len(want)]]
+    assert got == want

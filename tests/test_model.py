@@ -158,6 +158,16 @@ def test_model_errors(tmp_path, kw, message):
         Llama(path)
 
 
+def test_bench_runs_types_without_a_fast_kernel(tmp_path):
+    """`quantkit bench` (prefill and decode) on a model whose matrices are mostly Q8_K: the portable path."""
+    from conftest import run_cli
+
+    path = write_tiny(tmp_path / "portable.gguf", types=PORTABLE_TYPES)
+    res = run_cli(["bench", "-m", path, "-p", "16", "-n", "4", "-r", "1", "-t", "1"])
+    assert res.exit_code == 0, res.output
+    assert "pp16" in res.output and "tg4" in res.output
+
+
 def test_type_without_a_codec_is_refused_when_the_model_opens(tmp_path):
     """NVFP4 (a ggml type quantkit has no codec for): one line naming the tensor and type, before compute."""
     path = write_tiny(tmp_path / "nvfp4.gguf", types=dict(TYPES, ffn_up=T.NVFP4))

@@ -65,7 +65,8 @@ def _kwargs(opts: dict) -> dict:
 
 def test_golden_files_present():
     names = {p.stem for p in GOLDEN_FILES}
-    assert {"llama28_gqa2", "llama40_gqa5", "llama80_70b", "moe8", "tied16", "smollm2_135m", "odd100"} <= names
+    assert {"llama28_gqa2", "llama40_gqa5", "llama80_70b", "moe8", "tied16", "smollm2_135m", "odd100", "llama512",
+            "llama576"} <= names
 
 
 @pytest.mark.parametrize("doc,case", list(_golden_cases()))
@@ -494,24 +495,33 @@ def test_parse_ftype():
     assert parse_ftype("Q5_K").name == "Q5_K_M"
     assert parse_ftype(15).name == "Q4_K_M" and parse_ftype("7").name == "Q8_0" and parse_ftype(0).name == "F32"
     assert parse_ftype("copy").only_copy
+    assert parse_ftype("iq2_xxs").default == Q.IQ2_XXS and parse_ftype(19).name == "IQ2_XXS"
+    assert parse_ftype("IQ2_S").default == Q.IQ2_XS and parse_ftype("IQ2_M").default == Q.IQ2_S
+    assert parse_ftype("IQ3_XS").default == Q.IQ3_S and parse_ftype("IQ3_M").default == Q.IQ3_S
+    assert parse_ftype("MXFP4_MOE").default == Q.MXFP4 and parse_ftype(38).name == "MXFP4_MOE"
     with pytest.raises(PolicyError, match="unknown ftype 'Q9_K'"):
         parse_ftype("Q9_K")
-    with pytest.raises(PolicyError, match="IQ2_XXS is not supported"):
-        parse_ftype("iq2_xxs")
-    with pytest.raises(PolicyError, match="id 19 .IQ2_XXS. is not supported"):
-        parse_ftype(19)
+    with pytest.raises(PolicyError, match="Q2_0 is not supported by quantkit: gguf-py 0.19.0 .* has no GGML type Q2_0"):
+        parse_ftype("q2_0")
+    with pytest.raises(PolicyError, match=r"id 41 \(Q2_0\) is not supported"):
+        parse_ftype(41)
+    with pytest.raises(PolicyError, match="NVFP4 is not supported by quantkit: llama-quantize does not offer it"):
+        parse_ftype("nvfp4")
     with pytest.raises(QuantkitError, match="unknown ftype id 99"):
         parse_ftype(99)
 
 
 def test_file_type_table():
+    """Every file type llama-quantize offers (tools/quantize/quantize.cpp's QUANT_OPTIONS, aliases aside)
+    but Q2_0, which gguf-py cannot write."""
     names = [ft.name for ft in FILE_TYPES]
-    assert sorted(names) == sorted(["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q2_K_S",
-                                    "Q3_K_S", "Q3_K_M", "Q3_K_L", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K",
-                                    "IQ4_NL", "IQ4_XS", "COPY"])
+    assert names == ["Q1_0", "Q4_0", "Q4_1", "MXFP4_MOE", "Q5_0", "Q5_1", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M",
+                     "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "Q2_K", "Q2_K_S", "IQ3_XXS", "IQ3_S", "IQ3_M", "IQ3_XS",
+                     "Q3_K_S", "Q3_K_M", "Q3_K_L", "IQ4_NL", "IQ4_XS", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M",
+                     "Q6_K", "Q8_0", "F16", "BF16", "F32", "COPY"]
     ids = {ft.name: ft.ftype_id for ft in FILE_TYPES}
     assert ids["Q5_0"] == 8 and ids["Q8_0"] == 7 and ids["Q2_K_S"] == 21 and ids["BF16"] == 32
-    assert ids["IQ4_NL"] == 25 and ids["IQ4_XS"] == 30
+    assert ids["IQ4_NL"] == 25 and ids["IQ4_XS"] == 30 and ids["IQ1_M"] == 31 and ids["Q1_0"] == 40
     desc = {ft.name: ft.description for ft in FILE_TYPES}
     assert desc["Q4_K_M"] == "4.58G, +0.1754 ppl @ Llama-3-8B" and desc["COPY"] == "only copy tensors, no quantizing"
     assert parse_ftype("Q2_K_S").default == Q.Q2_K and parse_ftype("Q3_K_L").default == Q.Q3_K

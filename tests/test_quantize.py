@@ -352,3 +352,33 @@ def test_scale_overflow_refused_and_nothing_left(tmp_path):
     msg = one_line_error(run_cli(["quantize", str(src), str(tmp_path / "o.gguf"), "Q8_0"]))
     assert "blk.0.attn_q.weight: quantized data validation failed" in msg and "1 block(s)" in msg
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.gguf"]
+
+
+def test_type_without_a_codec_refused_before_any_work(tmp_path, f16_model, monkeypatch):
+    """A file type whose rules name a type quantkit has no codec for (here Q4_K, taken out of the registry
+    for the test): one line, before the first output byte."""
+    from gguf import GGMLQuantizationType as T
+
+    import quantkit.quants as Q
+
+    monkeypatch.delitem(Q.TRAITS, T.Q4_K)
+    out = tmp_path / "o.gguf"
+    msg = one_line_error(run_cli(["quantize", str(f16_model), str(out), "Q4_K_M"]))
+    assert "quantizing to Q4_K is not implemented yet in quantkit (no codec)" in msg
+    assert not out.exists() and not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize("ftype", ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "Q2_K_S"])
+def test_low_bit_file_types_need_an_imatrix(ftype, tmp_path, f16_model):
+    """llama-quantize refuses these without an importance matrix (tensor_requires_imatrix); so does quantkit,
+    in one line and before any work -- whether or not the codecs exist yet."""
+    out = tmp_path / "o.gguf"
+    msg = one_line_error(run_cli(["quantize", str(f16_model), str(out), ftype]))
+    assert "requires an importance matrix" in msg
+    assert not out.exists()
+
+
+def test_q2_0_refused_in_one_line(tmp_path, f16_model):
+    res = run_cli(["quantize", str(f16_model), str(tmp_path / "o.gguf"), "Q2_0"])
+    assert res.exit_code == 2 and "Traceback" not in res.output
+    assert "Q2_0 is not supported by quantkit: gguf-py 0.19.0" in res.output

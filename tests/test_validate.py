@@ -49,3 +49,38 @@ def test_count_invalid_q8_k_checks_its_float32_d():
     q[0, :4] = np.array([np.inf], "<f4").view(np.uint8)
     q[1, 292:296] = np.array([np.nan], "<f4").view(np.uint8)
     assert Q.count_invalid(q, "Q8_K") == 2
+
+
+def _blocks(name, n_blocks, seed=0):
+    from quantkit.formats.ggml_types import type_info
+
+    t = type_info(name)
+    return t, np.random.default_rng(seed).integers(0, 256, (2, n_blocks * t.type_size), dtype=np.uint8)
+
+
+@pytest.mark.parametrize("name", ["IQ2_XXS", "TQ1_0", "Q1_0", "MXFP4", "IQ1_M", "NVFP4"])
+def test_count_invalid_needs_only_the_type_table(name):
+    """Types without a codec are checked from the table's fields, as ggml_validate_row_data does: an fp16
+    d (IQ2_XXS, TQ1_0, Q1_0), an E8M0 exponent of 0xFF (MXFP4), IQ1_M's scale spread over the top nibbles
+    of its four scale words, nothing for NVFP4's UE4M3 bytes."""
+    t, rows = _blocks(name, 4)
+    ts = t.type_size
+    if t.check == "f16":
+        rows.reshape(2, 4, ts)[:, :, t.field("d") + 1] = 0  # small finite scales everywhere
+        rows[0, ts + t.field("d") + 1] = 0x7C  # block 1 of row 0: inf / NaN
+        rows[1, 3 * ts + t.field("d") + 1] = 0xFE
+        want = 2
+    elif t.check == "e8m0":
+        rows.reshape(2, 4, ts)[:, :, t.field("e")] = 0x7F
+        rows[1, 2 * ts + t.field("e")] = 0xFF
+        want = 1
+    elif t.check == "iq1_m":
+        sc = rows.reshape(2, 4, ts)[:, :, t.field("scales"):t.field("scales") + 8]
+        sc[:, :, 1::2] &= 0x0F  # scale nibbles 0: a zero fp16
+        # block 2 of row 1: exponent bits (0x7C00) all set -> nibbles 2 and 3 of the assembled half
+        rows[1, 2 * ts + t.field("scales") + 5] |= 0xC0
+        rows[1, 2 * ts + t.field("scales") + 7] |= 0x70
+        want = 1
+    else:
+        want = 0
+    assert Q.count_invalid(rows, name) == want

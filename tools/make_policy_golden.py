@@ -1,8 +1,10 @@
 """Golden per-tensor type tables from the real llama.cpp, for tests/test_policy.py.
 
-Run with the reference venv (llama-cpp-python), never with quantkit's:
+Run with a Python that has llama-cpp-python's package (or its source tree on PYTHONPATH, with
+LLAMA_CPP_LIB_PATH naming the folder of a libllama.so built from its vendored llama.cpp), numpy and
+gguf -- never with quantkit's environment:
 
-    /opt/llamaref/venv/bin/python tools/make_policy_golden.py [--workdir /tmp/policy_golden] [--only NAME]
+    python tools/make_policy_golden.py [--workdir /tmp/policy_golden] [--only NAME]
 
 For each model below it writes a tiny llama-architecture GGUF with gguf.GGUFWriter, runs
 ``llama_model_quantize`` for each case (ftype and options), reads the output's tensor types with
@@ -33,7 +35,9 @@ ROWS = 4  # ne1 of every 2-D tensor; the rules never look at it
 FTYPE_IDS = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q2_K": 10,
     "Q3_K_S": 11, "Q3_K_M": 12, "Q3_K_L": 13, "Q4_K_S": 14, "Q4_K_M": 15, "Q5_K_S": 16,
-    "Q5_K_M": 17, "Q6_K": 18, "Q2_K_S": 21, "IQ4_NL": 25, "IQ4_XS": 30, "BF16": 32,
+    "Q5_K_M": 17, "Q6_K": 18, "IQ2_XXS": 19, "IQ2_XS": 20, "Q2_K_S": 21, "IQ3_XS": 22, "IQ3_XXS": 23,
+    "IQ1_S": 24, "IQ4_NL": 25, "IQ3_S": 26, "IQ3_M": 27, "IQ2_S": 28, "IQ2_M": 29, "IQ4_XS": 30, "IQ1_M": 31,
+    "BF16": 32, "TQ1_0": 36, "TQ2_0": 37, "MXFP4_MOE": 38, "Q1_0": 40,
 }
 
 
@@ -123,6 +127,10 @@ MODELS = [
                 n_layer=30, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3, tied=True),
     llama_model("odd100", "8-layer llama, n_embd 100 (not a multiple of 32), n_ff 256, 4/4 heads",
                 n_layer=8, n_embd=100, n_ff=256, n_head=4, n_head_kv=4),
+    llama_model("llama512", "8-layer llama, n_embd 512, n_ff 1408 (not a multiple of 256), 8/2 heads (GQA 4)",
+                n_layer=8, n_embd=512, n_ff=1408, n_head=8, n_head_kv=2),
+    llama_model("llama576", "12-layer llama, n_embd 576 (not a multiple of 256 or 128), n_ff 1536, 9/3 heads, "
+                "untied", n_layer=12, n_embd=576, n_ff=1536, n_head=9, n_head_kv=3),
     llama_model("falcon32", "32-layer falcon (fused attn_qkv, no ffn_gate), 71/1 heads, n_embd 4544, n_ff 18176",
                 n_layer=32, n_embd=4544, n_ff=18176, n_head=71, n_head_kv=1, arch="falcon"),
 ]
@@ -155,24 +163,39 @@ OPTIONS = [
     ("Q3_K_M", {"leave_output_tensor": True, "output_tensor_type": "q8_0"}),
     ("COPY", {}),
 ]
+#: the 1- to 3-bit IQ, ternary, MXFP4 and Q1_0 file types (Q2_0 is left out: gguf-py 0.19.0 cannot read
+#: the output back). The IQ1/IQ2 ones, and Q2_K_S, need an imatrix; each is also tried without one.
+LOW_BIT = [
+    ("IQ2_XXS", {"imatrix": True}), ("IQ2_XS", {"imatrix": True}), ("IQ2_S", {"imatrix": True}),
+    ("IQ2_M", {"imatrix": True}), ("IQ1_S", {"imatrix": True}), ("IQ1_M", {"imatrix": True}),
+    ("IQ3_XXS", {}), ("IQ3_XXS", {"imatrix": True}), ("IQ3_XS", {}), ("IQ3_S", {}), ("IQ3_M", {}),
+    ("TQ1_0", {}), ("TQ2_0", {}), ("MXFP4_MOE", {}), ("Q1_0", {}),
+]
+REFUSED = [("IQ2_XXS", {}), ("IQ1_M", {}), ("IQ2_S", {"pure": True}), ("Q2_K_S", {})]
 CASES = {
-    "llama28_gqa2": COMMON + EXTRA + OPTIONS,
+    "llama28_gqa2": COMMON + EXTRA + OPTIONS + LOW_BIT + REFUSED + [
+        ("IQ2_XXS", {"imatrix": True, "pure": True}), ("IQ3_XS", {"tensor_types": [(r"attn_q", "q8_0")]}),
+        ("IQ3_M", {"output_tensor_type": "q8_0", "token_embedding_type": "iq4_nl"})],
+    "llama512": LOW_BIT + REFUSED,
+    "llama576": LOW_BIT + REFUSED,
     "llama40_gqa5": COMMON + [("Q2_K_S", {"imatrix": True}), ("IQ4_NL", {}), ("IQ4_XS", {"imatrix": True}),
-                              ("Q4_K_S", {}), ("Q5_K_M", {}), ("Q3_K_L", {})],
+                              ("Q4_K_S", {}), ("Q5_K_M", {}), ("Q3_K_L", {})] + LOW_BIT,
     "llama80_70b": COMMON + [("Q3_K_S", {}), ("Q4_K_S", {}), ("Q2_K_S", {"imatrix": True})],
     "moe8": COMMON + [("Q3_K_S", {}), ("Q4_K_S", {}), ("Q5_K_M", {}), ("Q5_0", {"imatrix": True}),
-                      ("Q4_K_M", {"tensor_types": [(r"blk\.0\.ffn_down", "q8_0")]})],
-    "moe4": [("Q4_K_M", {}), ("Q2_K", {}), ("Q3_K_M", {}), ("Q4_0", {"imatrix": True})],
-    "tied16": COMMON + [("Q4_K_M", {"output_tensor_type": "q5_k"}), ("Q4_K_M", {"pure": True}),
+                      ("Q4_K_M", {"tensor_types": [(r"blk\.0\.ffn_down", "q8_0")]})] + LOW_BIT,
+    "moe4": [("Q4_K_M", {}), ("Q2_K", {}), ("Q3_K_M", {}), ("Q4_0", {"imatrix": True}), ("MXFP4_MOE", {}),
+             ("IQ2_S", {"imatrix": True}), ("IQ3_M", {}), ("IQ1_S", {"imatrix": True})],
+    "tied16": COMMON + LOW_BIT + [("Q4_K_M", {"output_tensor_type": "q5_k"}), ("Q4_K_M", {"pure": True}),
                         ("Q4_K_M", {"token_embedding_type": "q4_0"}),
                         ("Q4_K_M", {"pure": True, "output_tensor_type": "q8_0"})],
-    "smollm2_135m": COMMON + [("Q4_K_S", {}), ("Q5_K_M", {}), ("Q3_K_L", {}), ("IQ4_XS", {}),
+    "smollm2_135m": COMMON + LOW_BIT + [("Q4_K_S", {}), ("Q5_K_M", {}), ("Q3_K_L", {}), ("IQ4_XS", {}),
                               ("Q4_K_M", {"pure": True}), ("Q4_K_M", {"output_tensor_type": "q6_k"}),
                               ("Q6_K", {"pure": True}),
                               ("Q4_K_M", {"tensor_types": [(r"attn_q", "iq4_xs"), (r"attn_k", "q5_k"),
                                                            (r"blk\.0\.", "q3_k")]}),
                               ("Q8_0", {"tensor_types": [(r"blk\.0\.attn_q", "q8_k")]})],  # error
-    "odd100": [("Q4_K_M", {}), ("Q4_K_M", {"output_tensor_type": "f16"}), ("Q8_0", {}),
+    "odd100": [("IQ2_XXS", {"imatrix": True}), ("IQ3_S", {}), ("TQ1_0", {}), ("MXFP4_MOE", {}), ("Q1_0", {}),
+               ("Q4_K_M", {}), ("Q4_K_M", {"output_tensor_type": "f16"}), ("Q8_0", {}),
                ("Q4_0", {"output_tensor_type": "f16"}), ("F16", {}),
                ("Q4_K_M", {"output_tensor_type": "f16", "tensor_types": [(r"attn_q", "q8_0")]}),
                ("Q4_K_M", {"output_tensor_type": "f16", "tensor_types": [
@@ -180,7 +203,7 @@ CASES = {
                    (r"blk\.1\.attn_q", "q4_1"), (r"blk\.1\.attn_k", "iq4_xs")]}),
                ("Q8_0", {"tensor_types": [(r"blk\.0\.attn_q", "q1_0")]})],  # no fallback: error
     "falcon32": [("Q4_K_M", {}), ("Q3_K_M", {}), ("Q3_K_L", {}), ("Q4_K_S", {}), ("Q2_K", {}), ("Q6_K", {}),
-                 ("Q5_K_M", {})],
+                 ("Q5_K_M", {}), ("IQ3_XXS", {}), ("IQ3_M", {}), ("IQ2_M", {"imatrix": True})],
 }
 
 

@@ -9,15 +9,22 @@ import click
 from quantkit.cli import main
 from quantkit.cli.options import threads_option
 
-EPILOG = """\b
-Positional arguments follow llama-quantize: INPUT [OUTPUT] TYPE [NTHREADS].
-OUTPUT defaults to ggml-model-<TYPE>.gguf beside INPUT; TYPE is a file type name (case-insensitive)
-or llama.cpp's integer id; NTHREADS <= 0 means all cores.
+def _epilog() -> str:
+    """The positional arguments, and the file types as llama-quantize --help lists them (the type table's)."""
+    from quantkit.formats.ggml_types import FILE_TYPE_BY_NAME, FTYPE_ALIASES, QUANT_OPTIONS
 
-\b
-File types: F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q2_K_S Q3_K_S Q3_K_M Q3_K_L Q4_K_S Q4_K_M
-            Q5_K_S Q5_K_M Q6_K IQ4_NL IQ4_XS COPY  (aliases Q3_K Q4_K Q5_K)
-"""
+    lines = []
+    for name in QUANT_OPTIONS:
+        f = FILE_TYPE_BY_NAME[FTYPE_ALIASES.get(name, name)]
+        num = f"{f.id:4d}  or  " if name != "COPY" else " " * 10
+        lines.append(f"{num}{name:<7s} : {f'alias for {f.name}' if name in FTYPE_ALIASES else f.help}")
+    return ("\b\nPositional arguments follow llama-quantize: INPUT [OUTPUT] TYPE [NTHREADS].\n"
+            "OUTPUT defaults to ggml-model-<TYPE>.gguf beside INPUT; TYPE is a file type name (case-insensitive)\n"
+            "or llama.cpp's integer id; NTHREADS <= 0 means all cores.\n\n\b\nFile types (llama-quantize's list; "
+            "Q2_0 is refused: gguf-py 0.19.0 cannot write its type):\n" + "\n".join(lines) + "\n")
+
+
+EPILOG = _epilog()
 
 
 def _split_positionals(args: tuple[str, ...], dry_run: bool):

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from quantkit.formats.ggml_types import block_size
 from quantkit.jit import bits_to_f32, njit, njit_parallel, prange
 from quantkit.quants.common import bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16, nearest_int
 
@@ -190,8 +191,10 @@ def round_half_rows(x, out, bf16):
 
 #: float activation kinds: 'F32' is x itself, 'F16' / 'BF16' x rounded to that type (as float32)
 FLOAT_KINDS = {"F32": None, "F16": round_f16_into, "BF16": round_bf16_into}
-#: activation kind -> (elements per d, elements per s)
-ACT_LAYOUT = {"Q8_0": (32, 32), "Q8_1": (32, 32), "Q8_K": (256, 16), "F32": (0, 0), "F16": (0, 0), "BF16": (0, 0)}
+#: activation kind -> (elements per d: the type's block, from the type table; elements per s: the block for
+#: Q8_0 / Q8_1, 16 for Q8_K's bsums)
+ACT_LAYOUT = {"Q8_0": (block_size("Q8_0"), block_size("Q8_0")), "Q8_1": (block_size("Q8_1"), block_size("Q8_1")),
+              "Q8_K": (block_size("Q8_K"), 16), "F32": (0, 0), "F16": (0, 0), "BF16": (0, 0)}
 #: activation kind -> dtype of s (Q8_1 keeps d * sum as float32, the others the integer sums)
 ACT_SUM_DTYPE = {"Q8_0": np.int32, "Q8_1": np.float32, "Q8_K": np.int32, "F32": np.int32}
 #: activation kind -> the njit quantizer (x, qs, d, s)
@@ -233,14 +236,14 @@ def _pack(qs: np.ndarray, qk: int, *fields) -> np.ndarray:
 
 def pack_q8_0(qs: np.ndarray, d: np.ndarray) -> np.ndarray:
     """Planar Q8_0 -> ggml's block_q8_0 bytes (n_tok, n_in/32*34): fp16 d, int8 qs[32]."""
-    return _pack(qs, 32, (d, "<f2"), (qs, "i1"))
+    return _pack(qs, block_size("Q8_0"), (d, "<f2"), (qs, "i1"))
 
 
 def pack_q8_1(qs: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Planar Q8_1 -> ggml's block_q8_1 bytes (n_tok, n_in/32*36): fp16 d, fp16 s, int8 qs[32]."""
-    return _pack(qs, 32, (d, "<f2"), (s, "<f2"), (qs, "i1"))
+    return _pack(qs, block_size("Q8_1"), (d, "<f2"), (s, "<f2"), (qs, "i1"))
 
 
 def pack_q8_k(qs: np.ndarray, d: np.ndarray, s: np.ndarray) -> np.ndarray:
     """Planar Q8_K -> ggml's block_q8_K bytes (n_tok, n_in/256*292): f32 d, int8 qs[256], int16 bsums[16]."""
-    return _pack(qs, 256, (d, "<f4"), (qs, "i1"), (s, "<i2"))
+    return _pack(qs, block_size("Q8_K"), (d, "<f4"), (qs, "i1"), (s, "<i2"))

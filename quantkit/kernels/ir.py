@@ -167,6 +167,10 @@ def _reduce(builder, v):
 
 _IQ4_U = tuple((v + 128) & 0xFF for v in KVALUES_IQ4NL)  # offset by 128 -> unsigned
 
+#: byte offsets inside a block of the fields the super-block emitters read (the type table's); Q5_K's
+#: d / dmin / scales sit where Q4_K's do
+_F = {n: type_info(n).offsets for n in ("Q2_K", "Q3_K", "Q4_K", "Q6_K", "IQ4_XS")}
+
 
 def _chunk_q8_0(b, var, p, k):  # qs[32] int8 -> q ^ 0x80 = q + 128
     return b.xor(_load(b, p, 0, V32I8), _splat(I8, 32, 0x80))
@@ -371,7 +375,7 @@ def _scaled_chunk_pairs(builder, chunk, wq, xb, scv, per, small):
 def _kmask_q4k(builder, wb):
     """Q4_K / Q5_K: the 12 scale bytes at wb+4 -> (scales <8 x i32>, mins <8 x i32>), as ggml's
     utmp / kmask shuffle (== get_scale_min_k4)."""
-    u0, u1, u2 = (_ld(builder, wb, 4 + 4 * i, I32) for i in range(3))
+    u0, u1, u2 = (_ld(builder, wb, _F["Q4_K"]["scales"] + 4 * i, I32) for i in range(3))
     k1, k2, k3 = (ir.Constant(I32, c) for c in (0x3F3F3F3F, 0x0F0F0F0F, 0x03030303))
     c4, c6 = ir.Constant(I32, 4), ir.Constant(I32, 6)
     m47 = builder.or_(builder.and_(builder.lshr(u2, c4), k2), builder.shl(builder.and_(builder.lshr(u1, c6), k3), c4))
@@ -387,7 +391,7 @@ def _kmask_q4k(builder, wb):
 
 def _q3k_scales(builder, wb):
     """Q3_K: the 12 scale bytes at wb+96 -> 16 signed scales <16 x i32> (6-bit, minus 32)."""
-    a0, a1, tmp = (_ld(builder, wb, 96 + 4 * i, I32) for i in range(3))
+    a0, a1, tmp = (_ld(builder, wb, _F["Q3_K"]["scales"] + 4 * i, I32) for i in range(3))
     k1, k2 = ir.Constant(I32, 0x03030303), ir.Constant(I32, 0x0F0F0F0F)
     c = lambda n: ir.Constant(I32, n)  # noqa: E731
     hi = lambda sh: builder.shl(builder.and_(builder.lshr(tmp, c(sh)) if sh else tmp, k1), c(4))  # noqa: E731
@@ -404,11 +408,11 @@ def _q3k_scales(builder, wb):
 
 def _iq4xs_scales(builder, wb):
     """IQ4_XS: scales_h (u16 at wb+2) and scales_l (4 bytes at wb+4) -> 8 signed scales <8 x i32>."""
-    sh = builder.zext(_ld(builder, wb, 2, I16), I32)
+    sh = builder.zext(_ld(builder, wb, _F["IQ4_XS"]["scales_h"], I16), I32)
     shv = builder.shuffle_vector(builder.insert_element(ir.Constant(V8I32, None), sh, ir.Constant(I32, 0)),
                                  ir.Constant(V8I32, None), ir.Constant(V8I32, [0] * 8))
     high = builder.shl(builder.and_(builder.lshr(shv, _vconst(range(0, 16, 2))), _vconst([3] * 8)), _vconst([4] * 8))
-    sl = _ld(builder, wb, 4, ir.VectorType(I8, 4))
+    sl = _ld(builder, wb, _F["IQ4_XS"]["scales_l"], ir.VectorType(I8, 4))
     sl8 = builder.zext(builder.shuffle_vector(sl, sl, _vconst([0, 0, 1, 1, 2, 2, 3, 3])), V8I32)
     low = builder.and_(builder.lshr(sl8, _vconst([0, 4] * 4)), _vconst([15] * 8))
     return builder.sub(builder.or_(low, high), _vconst([32] * 8))
@@ -481,20 +485,20 @@ def _emit_q4k_like(q_off, chunk):
         b = k.b
         sc, mn = _kmask_q4k(b, k.wb)
         ai = _scaled_chunks(b, k.v, chunk, _gep(b, k.wb, q_off), k.xb, sc, 32)
-        acc = _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM))
+        acc = _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["Q4_K"]["d"]), k.dx, flags=_FM))
         mins = b.mul(mn, _pairs16(b, k.bsums()))
-        acc = _fma_acc(b, acc, mins, b.fneg(b.fmul(_f16(b, k.wb, 2), k.dx, flags=_FM)))
+        acc = _fma_acc(b, acc, mins, b.fneg(b.fmul(_f16(b, k.wb, _F["Q4_K"]["dmin"]), k.dx, flags=_FM)))
         return acc, extra
     return emit
 
 
 def _emit_q6k(k, acc, extra):
     b = k.b
-    sc = b.sext(_ld(b, k.wb, 192, V16I8), ir.VectorType(I32, 16))
+    sc = b.sext(_ld(b, k.wb, _F["Q6_K"]["scales"], V16I8), ir.VectorType(I32, 16))
     ai = _scaled_chunks(b, k.v, _chunk_q6_k, k.wb, k.xb, sc, 16)
     off = _fold16(b, b.mul(sc, k.bsums()))
     ai = b.sub(ai, b.shl(off, _vconst([5] * 8)))  # - 32 * sum(sc * bsums)
-    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 208), k.dx, flags=_FM)), extra
+    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["Q6_K"]["d"]), k.dx, flags=_FM)), extra
 
 
 def _emit_q3k(k, acc, extra):
@@ -503,28 +507,28 @@ def _emit_q3k(k, acc, extra):
     ai = _scaled_chunks(b, k.v, _chunk_q3_k, k.wb, k.xb, sc, 16)
     off = _fold16(b, b.mul(sc, k.bsums()))
     ai = b.sub(ai, b.shl(off, _vconst([2] * 8)))  # - 4 * sum(sc * bsums)
-    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 108), k.dx, flags=_FM)), extra
+    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["Q3_K"]["d"]), k.dx, flags=_FM)), extra
 
 
 def _emit_q2k(k, acc, extra):
     b = k.b
-    v = _ld(b, k.wb, 0, V16I8)
+    v = _ld(b, k.wb, _F["Q2_K"]["scales"], V16I8)
     v16 = ir.VectorType(I32, 16)
     sc = b.zext(b.and_(v, _splat(I8, 16, 15)), v16)
     mn = b.zext(b.lshr(v, _splat(I8, 16, 4)), v16)
-    ai = _scaled_chunks(b, k.v, _chunk_q2_k, _gep(b, k.wb, 16), k.xb, sc, 16)
-    acc = _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 80), k.dx, flags=_FM))
+    ai = _scaled_chunks(b, k.v, _chunk_q2_k, _gep(b, k.wb, _F["Q2_K"]["qs"]), k.xb, sc, 16)
+    acc = _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["Q2_K"]["d"]), k.dx, flags=_FM))
     mins = _fold16(b, b.mul(mn, k.bsums()))
-    return _fma_acc(b, acc, mins, b.fneg(b.fmul(_f16(b, k.wb, 82), k.dx, flags=_FM))), extra
+    return _fma_acc(b, acc, mins, b.fneg(b.fmul(_f16(b, k.wb, _F["Q2_K"]["dmin"]), k.dx, flags=_FM))), extra
 
 
 def _emit_iq4xs(k, acc, extra):
     b = k.b
     sc = _iq4xs_scales(b, k.wb)
-    ai = _scaled_chunks(b, k.v, _chunk_iq4_xs, _gep(b, k.wb, 8), k.xb, sc, 32, small=False)
+    ai = _scaled_chunks(b, k.v, _chunk_iq4_xs, _gep(b, k.wb, _F["IQ4_XS"]["qs"]), k.xb, sc, 32, small=False)
     off = b.mul(sc, _pairs16(b, k.bsums()))
     ai = b.sub(ai, b.shl(off, _vconst([7] * 8)))  # - 128 * sum(sc * bsums)
-    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, 0), k.dx, flags=_FM)), extra
+    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["IQ4_XS"]["d"]), k.dx, flags=_FM)), extra
 
 
 def _spec(name, ns, emit):

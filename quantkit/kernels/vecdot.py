@@ -19,7 +19,8 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
-from quantkit.kernels.ir import IR_DIGEST, PREFETCH, ROW_SPECS, default_variant, ld_bf16, ld_f16, ld_f32, prefetch, row_dots
+from quantkit.kernels.ir import (IR_DIGEST, PREFETCH, ROW_SPECS, default_variant, ld_bf16, ld_f16, ld_f32, prefetch,
+                                 row_dots)
 from quantkit.quants import traits
 
 F = np.float32

@@ -381,13 +381,13 @@ def _quantize_row_x_1(x, y, qw, nmax, type_size):
 @njit_parallel
 def quantize_rows_q4_1(x, y, qw):
     for r in prange(x.shape[0]):
-        _quantize_row_x_1(x[r], y[r], qw, 15, 20)
+        _quantize_row_x_1(x[r], y[r], qw, 15, _Q4_1_TS)
 
 
 @njit_parallel
 def quantize_rows_q5_1(x, y, qw):
     for r in prange(x.shape[0]):
-        _quantize_row_x_1(x[r], y[r], qw, 31, 24)
+        _quantize_row_x_1(x[r], y[r], qw, 31, _Q5_1_TS)
 
 
 @njit
@@ -761,13 +761,13 @@ def _quantize_row_k32(x, y, qw, nmax, type_size):
 @njit_parallel
 def quantize_rows_q4_k(x, y, qw):
     for r in prange(x.shape[0]):
-        _quantize_row_k32(x[r], y[r], qw, 15, 144)
+        _quantize_row_k32(x[r], y[r], qw, 15, _Q4_K_TS)
 
 
 @njit_parallel
 def quantize_rows_q5_k(x, y, qw):
     for r in prange(x.shape[0]):
-        _quantize_row_k32(x[r], y[r], qw, 31, 176)
+        _quantize_row_k32(x[r], y[r], qw, 31, _Q5_K_TS)
 
 
 @njit

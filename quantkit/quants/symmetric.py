@@ -27,8 +27,8 @@ from gguf import GGMLQuantizationType as T
 from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
 from quantkit.jit import ld_u32
-from quantkit.quants.common import (GROUP_MAX_EPS, absmax_lanes, block_layout, c_f2i, get_f16, get_f32, ld_f16, nearest_int,
-                                    put_f16, put_f32, rt_len, take_columns)
+from quantkit.quants.common import (GROUP_MAX_EPS, absmax_lanes, block_layout, c_f2i, get_f16, get_f32, ld_f16,
+                                    nearest_int, put_f16, put_f32, rt_len, take_columns)
 
 QK4_0 = 32
 QK5_0 = 32

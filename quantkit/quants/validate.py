@@ -14,13 +14,15 @@ import numpy as np
 
 from quantkit.errors import QuantError
 from quantkit.jit import njit_parallel, prange
-from quantkit.quants.base import traits
+from quantkit.formats.ggml_types import type_info
+from quantkit.quants.base import resolve_type
 
 #: the exponent bits of the float types, as (element dtype, mask); all ones means NaN or Inf
 _EXP_MASK = {
     "F32": (np.uint32, 0x7F800000),
     "F16": (np.uint16, 0x7C00),
     "BF16": (np.uint16, 0x7F80),
+    "F64": (np.uint64, 0x7FF0000000000000),
 }
 
 
@@ -62,6 +64,26 @@ def _count_bad_fields(y, type_size, offsets, width, mask):
     return total
 
 
+@njit_parallel
+def _count_bad_iq1_m(y, type_size, off):
+    """IQ1_M blocks whose fp16 scale -- the top nibbles of the four uint16 words of ``scales`` at ``off``,
+    as ggml_validate_row_data assembles it -- is NaN/Inf."""
+    nblock = y.shape[1] // type_size
+    total = 0
+    for r in prange(y.shape[0]):
+        row = y[r]
+        c = 0
+        for b in range(nblock):
+            p = b * type_size + off
+            h = np.uint32(0)
+            for k in range(4):
+                w = np.uint32(row[p + 2 * k]) | (np.uint32(row[p + 2 * k + 1]) << np.uint32(8))
+                h |= ((w >> np.uint32(12)) & np.uint32(0xF)) << np.uint32(4 * k)
+            c += 1 if (h & np.uint32(0x7C00)) == np.uint32(0x7C00) else 0
+        total += c
+    return total
+
+
 #: ``check`` kind of the type table -> (field width in bytes, the mask whose bits all set mean invalid)
 _FIELD_CHECKS = {"f16": (2, 0x7C00), "f32": (4, 0x7F800000), "e8m0": (1, 0xFF)}
 
@@ -69,20 +91,23 @@ _FIELD_CHECKS = {"f16": (2, 0x7C00), "f32": (4, 0x7F800000), "e8m0": (1, 0xFF)}
 def count_invalid(rows: np.ndarray, qtype) -> int:
     """NaN/Inf in uint8 ``rows`` (n_rows, row_bytes) of ``qtype``: values for the float types, blocks
     with a non-finite scale for the quantized ones (the fields the type table's ``checked`` names). 0 means
-    ggml_validate_row_data accepts them."""
-    tr = traits(qtype)
-    info = tr.info
+    ggml_validate_row_data accepts them. Needs only the type table, not a codec."""
+    t = resolve_type(qtype)
+    try:
+        info = type_info(t)
+    except KeyError:
+        raise QuantError(f"unknown quantization type {qtype!r}") from None
     rows = np.asarray(rows)
-    if rows.dtype != np.uint8 or rows.ndim == 0 or rows.shape[-1] % tr.type_size:
-        raise QuantError(f"{tr.qtype.name}: expected uint8 rows of whole {tr.type_size}-byte blocks, got "
+    if rows.dtype != np.uint8 or rows.ndim == 0 or rows.shape[-1] % info.type_size:
+        raise QuantError(f"{info.name}: expected uint8 rows of whole {info.type_size}-byte blocks, got "
                          f"{rows.dtype} {rows.shape}")
     rows = rows.reshape(-1, rows.shape[-1])
     if not rows.size or info.check == "none":
         return 0
     if info.check == "values":
-        dtype, mask = _EXP_MASK[tr.qtype.name]
+        dtype, mask = _EXP_MASK[info.name]
         return int(_count_exp_all_ones(rows.view(dtype), mask))
-    if info.check not in _FIELD_CHECKS:
-        raise QuantError(f"{tr.qtype.name}: checking its blocks ({info.check}) is not implemented yet")
+    if info.check == "iq1_m":
+        return int(_count_bad_iq1_m(rows, info.type_size, info.field("scales")))
     width, mask = _FIELD_CHECKS[info.check]
-    return int(_count_bad_fields(rows, tr.type_size, np.asarray(info.check_offsets, dtype=np.int64), width, mask))
+    return int(_count_bad_fields(rows, info.type_size, np.asarray(info.check_offsets, dtype=np.int64), width, mask))
