@@ -166,10 +166,11 @@ def _quantkit(*args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="module")
 def one_process_imatrix(tiny, tmp_path_factory) -> tuple[Path, str]:
     """The reference: the same command in one process, run with kernels loaded from numba's cache, as
-    the workers' are. (Found here: on a cold cache, a run whose kernels were just compiled writes other
-    last bits than a run that loads them -- quantkit imatrix twice on a fresh NUMBA_CACHE_DIR differs
-    at byte 4405 of this model's file. A defect of its own, outside --cluster; hence the first run
-    below only fills the cache.)"""
+    the workers' are. (Found here: on a cold cache, a run whose kernels were just compiled wrote other
+    last bits than a run that loaded them, at byte 4405 of this model's file: numba caches object code,
+    so a caller compiled beside a freshly compiled fastmath callee inlined and vectorized its float sum
+    while one compiled against the cached callee called it. The softmax helpers are now inlined at
+    numba-IR level (model/decode.py); the first run below still only fills the cache.)"""
     d = tmp_path_factory.mktemp("im")
     for name in ("warm.gguf", "one.gguf"):
         res = _quantkit("imatrix", "-m", tiny, *IMATRIX_ARGS, "-o", d / name)

@@ -192,7 +192,7 @@ def deq_body(code, buf, off, rb, r, out):
 _F = np.float32
 
 
-@njit_fast
+@njit_fast(inline="always")
 def expf(x):
     """exp of a float32 (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial, relative
     error ~1e-7), in plain float ops so loops over it vectorize (numba's np.exp is a scalar libm call
@@ -211,7 +211,7 @@ def expf(x):
     return y * bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
 
 
-@njit_fast
+@njit_fast(inline="always")
 def max_f32(a, n):
     """max of a[:n] (n >= 1) of a 1-D float32 array. Eight running maxima (SLP makes them one vector):
     LLVM does not vectorize a single ``m = max(m, a[j])`` chain, a 4-cycle dependency per element
@@ -363,7 +363,7 @@ def kv_axpy(p, v, y, n):
         y[i] += p * LD_KV(v[i])  # noqa: F821
 
 
-@njit_fast
+@njit_fast(inline="always")
 def exp_shift_sum(s, n, mx):
     """s[:n] <- exp(s[:n] - mx); -> their float32 sum."""
     tot = np.float32(0.0)

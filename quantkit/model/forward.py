@@ -115,7 +115,7 @@ BLAS_ATTENTION_MIN_TOKENS = 32
 ATTN_BLOCK = 256
 
 
-@njit_fast
+@njit_fast(inline="always")
 def _softmax_row(row, lo, lim, scale):
     """row[lo:lim] <- softmax(scale * row[lo:lim]), the rest <- 0, in ggml's non-flash-attention op
     order (scale, max, exp, float32 sum, multiply by 1 / sum) -- deferring the division to the rows
