@@ -82,6 +82,8 @@ class QuantType:
     type_size: ClassVar[int]
     #: whether an importance matrix changes the bytes (ggml's quantize_X uses quant_weights)
     uses_imatrix: ClassVar[bool] = True
+    #: ggml_quantize_requires_imatrix: ggml_quantize_chunk asserts on a NULL imatrix for this type
+    requires_imatrix: ClassVar[bool] = False
     quantize_rows: ClassVar[Callable]
     dequantize_row: ClassVar[Callable]
     dequantize_rows: ClassVar[Callable]
@@ -136,6 +138,8 @@ class QuantType:
             return out.reshape(*data.shape[:-1], out.shape[-1])
         # a bad imatrix is the user's mistake even for a type whose bytes ignore it
         w = None if imatrix is None else cls._check_imatrix(imatrix, data.shape)
+        if w is None:
+            cls._check_needs_imatrix()
         if w is None or not cls.uses_imatrix:
             cls.quantize_rows(rows, out, _EMPTY_W)
         else:
@@ -152,7 +156,15 @@ class QuantType:
         """``quantize`` without its checks and allocation, for a caller streaming a tensor slab by slab that
         has already checked ``rows`` (float32, C-contiguous (n, n_per_row), finite) and ``weights``
         (float32 (n_per_row,) or None) and owns ``out`` (uint8 (n, row_bytes))."""
+        if weights is None:
+            cls._check_needs_imatrix()
         cls.quantize_rows(rows, out, _EMPTY_W if weights is None or not cls.uses_imatrix else weights)
+
+    @classmethod
+    def _check_needs_imatrix(cls) -> None:
+        if cls.requires_imatrix:
+            raise QuantError(f"{cls.qtype.name}: quantizing to this type needs an importance matrix "
+                             f"(ggml refuses without one)")
 
     @classmethod
     def dequantize_into(cls, data: np.ndarray, out: np.ndarray) -> None:
