@@ -31,7 +31,7 @@ from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.affine import _nint, make_qp_quants
 from quantkit.quants.base import QuantType
 from quantkit.quants.common import get_f16, put_f16
-from quantkit.quants.lattice import dequantizer, lattice_tables
+from quantkit.quants.lattice import dequantizer, quantizer
 
 F32 = np.float32
 QK_K = 256
@@ -462,29 +462,21 @@ def _dequantize_rows_iq2_s(y, x, grid):
 # registration
 # ---------------------------------------------------------------------------------------------
 
-def _quantizer(t: T, kernel):
-    def quantize_rows(x, y, qw):
-        tb = lattice_tables(t)
-        kernel(x, y, qw, tb.grid, tb.kmap, tb.neighbours)
-    quantize_rows.__name__ = f"quantize_rows_{t.name.lower()}"
-    return quantize_rows
-
-
 class IQ2_XXS(QuantType, qtype=T.IQ2_XXS):
     scale_fields = (0,)
     requires_imatrix = True
-    quantize_rows = staticmethod(_quantizer(T.IQ2_XXS, _quantize_rows_iq2_xxs))
+    quantize_rows = quantizer(T.IQ2_XXS, _quantize_rows_iq2_xxs)
     dequantize_rows = dequantizer(T.IQ2_XXS, _dequantize_rows_iq2_xxs)
 
 
 class IQ2_XS(QuantType, qtype=T.IQ2_XS):
     scale_fields = (0,)
     requires_imatrix = True
-    quantize_rows = staticmethod(_quantizer(T.IQ2_XS, _quantize_rows_iq2_xs))
+    quantize_rows = quantizer(T.IQ2_XS, _quantize_rows_iq2_xs)
     dequantize_rows = dequantizer(T.IQ2_XS, _dequantize_rows_iq2_xs)
 
 
 class IQ2_S(QuantType, qtype=T.IQ2_S):
     scale_fields = (0,)
-    quantize_rows = staticmethod(_quantizer(T.IQ2_S, _quantize_rows_iq2_s))
+    quantize_rows = quantizer(T.IQ2_S, _quantize_rows_iq2_s)
     dequantize_rows = dequantizer(T.IQ2_S, _dequantize_rows_iq2_s)

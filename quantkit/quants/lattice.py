@@ -125,6 +125,17 @@ def dequant_grid(qtype: T) -> np.ndarray:
     return g
 
 
+def quantizer(qtype: T, rows_kernel):
+    """A type's ``quantize_rows(x, y, qw)`` from its kernel ``rows_kernel(x, y, qw, grid, kmap, neighbours)``."""
+    t = T(qtype)
+
+    def quantize_rows(x, y, qw):
+        tb = lattice_tables(t)
+        rows_kernel(x, y, qw, tb.grid, tb.kmap, tb.neighbours)
+    quantize_rows.__name__ = f"quantize_rows_{t.name.lower()}"
+    return staticmethod(quantize_rows)
+
+
 def dequantizer(qtype: T, rows_kernel):
     """A type's ``dequantize_rows(y, x)`` from its kernel ``rows_kernel(y, x, grid)``.
 
