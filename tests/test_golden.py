@@ -168,7 +168,11 @@ def test_one_thread_equals_two_threads(t, path):
     xs = [g[f"x:{c}"] for c in _cases()]
     xs = [x for x in xs if x.shape[1] == 512 and x.shape[1] % tr.block_size == 0]
     x = np.concatenate(xs)  # every 512-wide case stacked: ~40 rows, so both threads get work
-    w = g[f"w:{_cases()[0]}"] if path == "imatrix" else None
+    check_one_vs_two_threads(t, x, g[f"w:{_cases()[0]}"] if path == "imatrix" else None)
+
+
+def check_one_vs_two_threads(t: str, x: np.ndarray, w: np.ndarray | None) -> None:
+    """Fails unless quantizing ``x`` with 1 and with 2 numba threads gives the same bytes."""
     before = numba.get_num_threads()
     try:
         numba.set_num_threads(1)
@@ -178,7 +182,7 @@ def test_one_thread_equals_two_threads(t, path):
     finally:
         numba.set_num_threads(before)
     if not np.array_equal(one, two):
-        pytest.fail("1 vs 2 threads: " + _describe_block_diff(t, two, one, tr.type_size))
+        pytest.fail("1 vs 2 threads: " + _describe_block_diff(t, two, one, Q.traits(t).type_size))
 
 
 # -- the bad-input promises of quantize ----------------------------------------------------------

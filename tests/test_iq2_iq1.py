@@ -15,7 +15,7 @@ import gguf
 import numba
 import numpy as np
 import pytest
-from test_golden import Golden, _bits, _describe_block_diff, _describe_float_diff
+from test_golden import Golden, _bits, _describe_block_diff, _describe_float_diff, check_one_vs_two_threads
 
 import quantkit.quants as Q
 from quantkit.errors import QuantError
@@ -98,31 +98,7 @@ def test_one_thread_equals_two_threads(t, path):
         pytest.skip("numba has fewer than 2 threads")
     g = golden()
     x = np.concatenate([g[f"x:{c}"] for c in g.meta["cases"] if g[f"x:{c}"].shape[1] == 512])
-    w = g[f"w:{g.meta['cases'][0]}"] if path == "imatrix" else None
-    before = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        one = Q.quantize(x, t, imatrix=w)
-        numba.set_num_threads(2)
-        two = Q.quantize(x, t, imatrix=w)
-    finally:
-        numba.set_num_threads(before)
-    if not np.array_equal(one, two):
-        pytest.fail("1 vs 2 threads: " + _describe_block_diff(t, two, one, Q.traits(t).type_size))
-
-
-@pytest.mark.parametrize("t", TYPES)
-def test_round_trip_of_random_bytes_matches_gguf_py(t):
-    """Every bit pattern decodes like gguf-py (finite fp16 scales, random indices, signs and scales)."""
-    tr = Q.traits(t)
-    y = np.random.default_rng(7).integers(0, 256, (6, 4 * tr.type_size), dtype=np.uint8)
-    blocks = y.reshape(-1, tr.type_size)
-    # keep the fp16 super-scale finite: clear the top bit of its exponent (IQ1_M spreads it over the
-    # top nibbles of its scale words; bit 14 is in the last one)
-    blocks[:, 55 if t == "IQ1_M" else 1] &= 0xBF
-    got = Q.dequantize(y, t)
-    ref = np.asarray(gguf.quants.dequantize(y, T[t]), dtype=np.float32).reshape(got.shape)
-    assert np.array_equal(_bits(got), _bits(ref))
+    check_one_vs_two_threads(t, x, g[f"w:{g.meta['cases'][0]}"] if path == "imatrix" else None)
 
 
 # -- the search tables ---------------------------------------------------------------------------
