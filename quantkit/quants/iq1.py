@@ -287,8 +287,6 @@ def _split_search_m(xb, weight, idx, px, pw):
     b1 = -1
     b2 = -1
     bk = -1
-    sqx = np.empty(4, dtype=F32)
-    sq2 = np.empty(4, dtype=F32)
     for i1 in range(n + 1):
         for i2 in range(i1, n + 1):
             sx0 = px[0, i1] + px[0, i2]
@@ -301,18 +299,12 @@ def _split_search_m(xb, weight, idx, px, pw):
             q2m0 = pw[0, n] * m2 * m2 + pw[0, i1] * cm1 + pw[0, i2] * cm2
             q2p1 = pw[1, n] * p2 * p2 + pw[1, i1] * cp1 + pw[1, i2] * cp2
             q2m1 = pw[1, n] * m2 * m2 + pw[1, i1] * cm1 + pw[1, i2] * cm2
-            sqx[0] = qxp0 + qxp1
-            sqx[1] = qxp0 + qxm1
-            sqx[2] = qxm0 + qxp1
-            sqx[3] = qxm0 + qxm1
-            sq2[0] = q2p0 + q2p1
-            sq2[1] = q2p0 + q2m1
-            sq2[2] = q2m0 + q2p1
-            sq2[3] = q2m0 + q2m1
-            for k in range(4):
-                if sq2[k] > F32(0.0) and sqx[k] * sqx[k] > best * sq2[k]:
-                    scale = sqx[k] / sq2[k]
-                    best = scale * sqx[k]
+            for k in range(4):  # the shift pairs in ggml's order
+                sqx = (qxp0 if k < 2 else qxm0) + (qxp1 if k % 2 == 0 else qxm1)
+                sq2 = (q2p0 if k < 2 else q2m0) + (q2p1 if k % 2 == 0 else q2m1)
+                if sq2 > F32(0.0) and sqx * sqx > best * sq2:
+                    scale = sqx / sq2
+                    best = scale * sqx
                     b1 = i1
                     b2 = i2
                     bk = k
@@ -326,12 +318,12 @@ def _levels_m(k):
 
 
 @njit
-def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw):
+def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw, blk_index):
     weight, L, idx, _, _, index, scales, shifts = w
     y[pos:pos + _M_BYTES] = 0
     sigma2 = _sigma2(xbl)
     max_scale = F32(0.0)
-    blk_index = np.zeros(32, dtype=np.int32)
+    blk_index[:] = 0
     for ib in range(16):
         xb = xbl[16 * ib:16 * ib + 16]
         _weights(xb, qw[16 * ib:16 * ib + 16] if use_qw else qw, use_qw, sigma2, weight)
@@ -407,10 +399,11 @@ def _quantize_rows_iq1_m(x, y, qw, grid, kmap, neighbours):
         w = _work(16, 16)
         px = np.empty((2, 17), dtype=F32)
         pw = np.empty((2, 17), dtype=F32)
+        blk_index = np.empty(32, dtype=np.int32)
         for ibl in range(nbl):
             q = qw[QK_K * ibl:QK_K * (ibl + 1)] if use_qw else qw
             _superblock_iq1_m(x[r, QK_K * ibl:QK_K * (ibl + 1)], q, use_qw, grid, kmap, neighbours, y[r],
-                              _M_BYTES * ibl, w, px, pw)
+                              _M_BYTES * ibl, w, px, pw, blk_index)
 
 
 # ---------------------------------------------------------------------------------------------
