@@ -11,7 +11,11 @@
 * ggml -- loaded with ctypes from llama-cpp-python's ``libggml-base.so`` (``--lib``, else the
   /opt/llamaref venv); skipped with a note when it cannot be found. Q8_K, which ggml_quantize_chunk
   does not handle, uses ``quantize_row_q8_K_ref``. ``==ggml`` says whether the bytes were identical.
-* ``qk2/ggml1`` -- quantkit-2-threads throughput divided by ggml-1-thread throughput.
+* ``qk1/ggml1`` -- quantkit-1-thread throughput divided by ggml's (the same thread count);
+  ``qk2/ggml1`` -- quantkit at 2 threads against ggml at 1.
+* ``--dist student-t`` draws the matrix from a Student-t (df 5, heavy-tailed like real weights)
+  instead of a normal; the lattice types (IQ2_*, IQ1_*) search more on it.
+* types that ggml quantizes only with an importance matrix (IQ2_XXS, IQ2_XS, IQ1_S) show only that path.
 """
 
 from __future__ import annotations
@@ -29,7 +33,8 @@ from pathlib import Path
 import numpy as np
 
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS"]
+         "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS",
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
 GGML_LIB_GLOB = "/opt/llamaref/venv/lib/python3*/site-packages/llama_cpp/lib/libggml-base.so"
 
 
@@ -99,6 +104,8 @@ def main(argv=None) -> int:
                     help="wall: elapsed time; cpu: the process's CPU time (user+sys of every thread), which "
                          "a busy machine disturbs less -- at 2 threads it is the work, not the speed-up")
     ap.add_argument("--cold", action="store_true", help="compile into an empty NUMBA_CACHE_DIR (true compile time)")
+    ap.add_argument("--dist", choices=["normal", "student-t"], default="normal",
+                    help="distribution of the matrix: normal, or Student-t with 5 degrees of freedom (x 0.02)")
     args = ap.parse_args(argv)
     if args.rows <= 0 or args.cols <= 0 or args.cols % 256:
         ap.error("--rows must be > 0 and --cols a positive multiple of 256")
@@ -128,17 +135,18 @@ def run(args) -> int:
 
     clock = CLOCKS[args.clock]
     rng = np.random.default_rng(0)
-    x = (rng.standard_normal((args.rows, args.cols)) * 0.02).astype(np.float32)
+    draw = rng.standard_normal if args.dist == "normal" else (lambda shape: rng.standard_t(5, shape))
+    x = (draw((args.rows, args.cols)) * 0.02).astype(np.float32)
     w = (rng.uniform(0.0, 2.0, args.cols) ** 2).astype(np.float32)
     tiny = x[:1].copy()
     n_el = x.size
 
-    print(f"matrix {args.rows}x{args.cols} float32 ({n_el / 1e6:.1f} M elements), best of {args.repeat}; "
+    print(f"matrix {args.rows}x{args.cols} float32 {args.dist} ({n_el / 1e6:.1f} M elements), best of {args.repeat}; "
           f"numba {numba.__version__}, threading layer {numba.config.THREADING_LAYER}, "
           f"NUMBA_CACHE_DIR={os.environ.get('NUMBA_CACHE_DIR', '(numba default)')}")
     print(ggml_note)
     hdr = (f"{'type':<7} {'path':<8} {'first call s':>12} {'qk 1t Mel/s':>12} {'qk 2t Mel/s':>12} "
-           f"{'ggml 1t Mel/s':>13} {'qk2/ggml1':>9} {'==ggml':>6}")
+           f"{'ggml 1t Mel/s':>13} {'qk1/ggml1':>9} {'qk2/ggml1':>9} {'==ggml':>6}")
     print(hdr)
     print("-" * len(hdr))
     before = numba.get_num_threads()
@@ -149,10 +157,10 @@ def run(args) -> int:
                 print(f"{name:<7} {'-':<8} not registered in quantkit.quants.TRAITS")
                 continue
             tr = Q.TRAITS[t]
-            paths = ["ref", "imatrix"] if tr.uses_imatrix else ["ref"]
+            paths = ["imatrix"] if tr.requires_imatrix else ["ref", "imatrix"] if tr.uses_imatrix else ["ref"]
             set_threads(1)
             t0 = time.perf_counter()
-            Q.quantize(tiny, name)
+            Q.quantize(tiny, name, imatrix=w if tr.requires_imatrix else None)
             first = time.perf_counter() - t0
             for p in paths:
                 wp = w if p == "imatrix" else None
@@ -172,6 +180,7 @@ def run(args) -> int:
                 print(f"{name:<7} {p:<8} {(f'{first:.2f}' if p == paths[0] else '(same)'):>12} "
                       f"{rates[1] / 1e6:>12.1f} {(f'{r2 / 1e6:.1f}' if r2 else 'n/a'):>12} "
                       f"{(f'{g_rate / 1e6:.1f}' if g_rate else '-'):>13} "
+                      f"{(f'{rates[1] / g_rate:.2f}' if g_rate else '-'):>9} "
                       f"{(f'{r2 / g_rate:.2f}' if r2 and g_rate else '-'):>9} "
                       f"{('-' if same is None else 'yes' if same else 'NO'):>6}", flush=True)
     finally:
