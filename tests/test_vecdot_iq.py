@@ -1,0 +1,67 @@
+"""The lattice types' row dots (kernels/vecdot_iq.py) against a float64 dot of what the bytes mean:
+gguf-py's dequantized weights times the dequantized Q8_K activations (``q * d``)."""
+
+from __future__ import annotations
+
+import gguf
+import numpy as np
+import pytest
+
+import quantkit.quants as Q
+from quantkit.kernels.activations import quantize_q8_k_into
+from quantkit.kernels.vecdot_iq import IQ_KERNEL_TRAITS, matvec_iq_kernel
+
+TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
+
+
+def _weights(t, n_out, n_in, seed):
+    rng = np.random.default_rng(seed)
+    w = (rng.standard_t(5, (n_out, n_in)) * 0.02).astype(np.float32)
+    w[1] = 0.0  # an all-zero row
+    return Q.quantize(w, t, imatrix=rng.uniform(0.1, 2.0, n_in).astype(np.float32))
+
+
+def _activations(n_tok, n_in, seed):
+    x = np.random.default_rng(seed).standard_normal((n_tok, n_in)).astype(np.float32)
+    x[0, :256] = 0.0  # a zero block of activations
+    xq = np.empty((n_tok, n_in), np.int8)
+    xd = np.empty((n_tok, n_in // 256), np.float32)
+    xs = np.empty((n_tok, n_in // 16), np.int32)
+    quantize_q8_k_into(x, xq, xd, xs)
+    return xq, xd, xs
+
+
+@pytest.mark.parametrize("t", TYPES)
+@pytest.mark.parametrize("n_in", [256, 1024])
+def test_rowdot_matches_float64_dot(t, n_in):
+    y = _weights(t, 6, n_in, 1)
+    xq, xd, xs = _activations(3, n_in, 2)
+    wf = np.asarray(gguf.quants.dequantize(y, gguf.GGMLQuantizationType[t]), dtype=np.float64)
+    af = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 256, axis=1)
+    rowdot = IQ_KERNEL_TRAITS[gguf.GGMLQuantizationType[t]][0]
+    sc = np.zeros(16, np.int32)
+    for r in range(y.shape[0]):
+        for k in range(xq.shape[0]):
+            got = rowdot(y[r], xq[k], xd[k], xs[k], sc)
+            want = float(wf[r] @ af[k])
+            scale = float(np.abs(wf[r]) @ np.abs(af[k]))
+            assert abs(got - want) <= 2e-6 * scale + 1e-30, (t, r, k, got, want)
+
+
+@pytest.mark.parametrize("t", TYPES)
+def test_matvec_equals_rowdots_and_decoder_equals_dequantize(t):
+    n_in = 512
+    y = _weights(t, 9, n_in, 3)
+    xq, xd, xs = _activations(2, n_in, 4)
+    rowdot, deq, kind = IQ_KERNEL_TRAITS[gguf.GGMLQuantizationType[t]]
+    assert kind == "Q8_K"
+    out = np.empty((2, y.shape[0]), np.float32)
+    matvec_iq_kernel(t)(y, xq, xd, xs, out, 4)
+    sc = np.zeros(16, np.int32)
+    want = np.array([[rowdot(y[r], xq[k], xd[k], xs[k], sc) for r in range(y.shape[0])] for k in range(2)],
+                    dtype=np.float32)
+    assert np.array_equal(out, want)
+    row = np.empty(n_in, np.float32)
+    for r in range(y.shape[0]):
+        deq(y[r], row)
+        assert np.array_equal(row.view(np.uint32), Q.dequantize(y[r:r + 1], t)[0].view(np.uint32))
