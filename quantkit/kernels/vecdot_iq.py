@@ -48,11 +48,6 @@ _G64_1 = _G_1.view(np.uint64).reshape(-1)
 _NEG64 = np.array([sum(0xFF << (8 * j) for j in range(8) if (m >> j) & 1) for m in range(256)], dtype=np.uint64)
 _ONES64 = np.uint64(0x0101010101010101)
 
-# float32 copies for the row decoders (quants' decode functions take the grid as an argument)
-_GF_XXS = _G_XXS.astype(F)
-_GF_XS = _G_XS.astype(F)
-_GF_S = _G_S.astype(F)
-_GF_1 = _G_1.astype(F)
 
 
 @njit_fast
@@ -190,45 +185,13 @@ def rowdot_iq1_m(wr, xq, xd, xs, sc):
     return sumf
 
 
-# -- row decoders (the dequantizing path) ---------------------------------------------------------
-
-@njit
-def deq_iq2_xxs(src, dst):
-    for i in range(dst.shape[0] // 256):
-        iq2.decode_iq2_xxs(src, 66 * i, _GF_XXS, dst, 256 * i)
-
-
-@njit
-def deq_iq2_xs(src, dst):
-    for i in range(dst.shape[0] // 256):
-        iq2.decode_iq2_xs(src, 74 * i, _GF_XS, dst, 256 * i)
-
-
-@njit
-def deq_iq2_s(src, dst):
-    for i in range(dst.shape[0] // 256):
-        iq2.decode_iq2_s(src, 82 * i, _GF_S, dst, 256 * i)
-
-
-@njit
-def deq_iq1_s(src, dst):
-    for i in range(dst.shape[0] // 256):
-        iq1.decode_iq1_s(src, 50 * i, _GF_1, dst, 256 * i)
-
-
-@njit
-def deq_iq1_m(src, dst):
-    for i in range(dst.shape[0] // 256):
-        iq1.decode_iq1_m(src, 56 * i, _GF_1, dst, 256 * i)
-
-
 #: weight type -> (row dot, row decoder, activation kind), as vecdot.KERNEL_TRAITS
 IQ_KERNEL_TRAITS = {
-    T.IQ2_XXS: (rowdot_iq2_xxs, deq_iq2_xxs, "Q8_K"),
-    T.IQ2_XS: (rowdot_iq2_xs, deq_iq2_xs, "Q8_K"),
-    T.IQ2_S: (rowdot_iq2_s, deq_iq2_s, "Q8_K"),
-    T.IQ1_S: (rowdot_iq1_s, deq_iq1_s, "Q8_K"),
-    T.IQ1_M: (rowdot_iq1_m, deq_iq1_m, "Q8_K"),
+    T.IQ2_XXS: (rowdot_iq2_xxs, iq2.dequantize_row_iq2_xxs, "Q8_K"),
+    T.IQ2_XS: (rowdot_iq2_xs, iq2.dequantize_row_iq2_xs, "Q8_K"),
+    T.IQ2_S: (rowdot_iq2_s, iq2.dequantize_row_iq2_s, "Q8_K"),
+    T.IQ1_S: (rowdot_iq1_s, iq1.dequantize_row_iq1_s, "Q8_K"),
+    T.IQ1_M: (rowdot_iq1_m, iq1.dequantize_row_iq1_m, "Q8_K"),
 }
 
 

@@ -26,10 +26,9 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit, njit_parallel, prange
-from quantkit.quants.affine import _nint
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16, get_f16, put_f16
-from quantkit.quants.lattice import dequantizer, quantizer
+from quantkit.quants.common import block_layout, fp16_to_fp32, fp32_to_fp16, get_f16, nearest_int, put_f16
+from quantkit.quants.lattice import dequant_grid, quantizer
 
 F32 = np.float32
 QK_K = 256
@@ -37,8 +36,11 @@ DELTA = F32(0.125)  # IQ1S_DELTA == IQ1M_DELTA (ggml-common.h)
 _GROUP_MAX_EPS_IQ1_S = F32(1e-12)
 _GROUP_MAX_EPS_IQ1_M = F32(1e-7)
 _FLT_MAX = F32(3.4028234663852886e38)
-_S_BYTES = 50
-_M_BYTES = 56
+# block sizes and field offsets, from the type table (formats/ggml_types.py)
+_S_BYTES, _S_QS, _S_QH = block_layout("IQ1_S", "qs", "qh")
+_M_BYTES, _M_QS, _M_QH, _M_SC = block_layout("IQ1_M", "qs", "qh", "scales")
+#: the grid as the dequantizers read it (values -1, 0, 1), float32 [2048, 8]
+_GRID = dequant_grid(T.IQ1_S)
 _X_P = np.array([-1.0 + 0.125, 0.125, 1.0 + 0.125], dtype=F32)  # levels with delta = +1/8
 _X_M = np.array([-1.0 - 0.125, -0.125, 1.0 - 0.125], dtype=F32)  # and with delta = -1/8
 
@@ -217,10 +219,10 @@ def _superblock_iq1_s(xbl, qw, grid, kmap, neighbours, y, pos, w):
                 scale = sumqx / sumq2
         h = 0
         for k in range(4):
-            y[pos + 2 + 4 * ib + k] = np.uint8(index[k] & 255)
+            y[pos + _S_QS + 4 * ib + k] = np.uint8(index[k] & 255)
             h |= (index[k] >> 8) << (3 * k)
-        y[pos + 34 + 2 * ib] = np.uint8(h & 0xFF)
-        y[pos + 35 + 2 * ib] = np.uint8(h >> 8)
+        y[pos + _S_QH + 2 * ib] = np.uint8(h & 0xFF)
+        y[pos + _S_QH + 1 + 2 * ib] = np.uint8(h >> 8)
         scales[ib] = scale
         shifts[ib] = shift
         max_scale = max_scale if max_scale > scale else scale
@@ -230,11 +232,11 @@ def _superblock_iq1_s(xbl, qw, grid, kmap, neighbours, y, pos, w):
     put_f16(y, pos, d * F32(1.125))
     inv = F32(1.0) / d
     for ib in range(8):
-        l = _nint(F32(0.5) * (inv * scales[ib] - F32(1.0)))
+        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
         l = 0 if l < 0 else (7 if l > 7 else l)
         if shifts[ib] == -1:
             l |= 8
-        y[pos + 35 + 2 * ib] |= np.uint8(l << 4)
+        y[pos + _S_QH + 1 + 2 * ib] |= np.uint8(l << 4)
 
 
 @njit
@@ -347,9 +349,9 @@ def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw
             sumqx, sumq2 = _refit(xb, weight, index, 2, grid, xx0, xx1)
             if sumqx > F32(0.0) and sumq2 > F32(0.0):
                 scale = sumqx / sumq2
-        y[pos + 2 * ib] = np.uint8(index[0] & 255)
-        y[pos + 2 * ib + 1] = np.uint8(index[1] & 255)
-        y[pos + 32 + ib] = np.uint8((index[0] >> 8) | ((index[1] >> 8) << 4))
+        y[pos + _M_QS + 2 * ib] = np.uint8(index[0] & 255)
+        y[pos + _M_QS + 2 * ib + 1] = np.uint8(index[1] & 255)
+        y[pos + _M_QH + ib] = np.uint8((index[0] >> 8) | ((index[1] >> 8) << 4))
         blk_index[2 * ib] = index[0]
         blk_index[2 * ib + 1] = index[1]
         scales[ib] = scale
@@ -364,10 +366,10 @@ def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw
     sumqx = F32(0.0)
     sumq2 = F32(0.0)
     for ib in range(16):
-        l = _nint(F32(0.5) * (inv * scales[ib] - F32(1.0)))
+        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
         l = 0 if l < 0 else (7 if l > 7 else l)
         sc[ib // 4] |= l << (3 * (ib % 4))
-        y[pos + 32 + ib] |= np.uint8((0x80 if shifts[ib] % 2 else 0) | (0x08 if shifts[ib] >= 2 else 0))
+        y[pos + _M_QH + ib] |= np.uint8((0x80 if shifts[ib] % 2 else 0) | (0x08 if shifts[ib] >= 2 else 0))
         xb = xbl[16 * ib:16 * ib + 16]
         _weights(xb, qw[16 * ib:16 * ib + 16] if use_qw else qw, use_qw, sigma2, weight)
         xx0, xx1 = _levels_m(shifts[ib])
@@ -387,8 +389,8 @@ def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw
     sc[2] |= (s & 0x0F00) << 4
     sc[3] |= s & 0xF000
     for i in range(4):
-        y[pos + 48 + 2 * i] = np.uint8(sc[i] & 0xFF)
-        y[pos + 49 + 2 * i] = np.uint8((sc[i] >> 8) & 0xFF)
+        y[pos + _M_SC + 2 * i] = np.uint8(sc[i] & 0xFF)
+        y[pos + _M_SC + 1 + 2 * i] = np.uint8((sc[i] >> 8) & 0xFF)
 
 
 @njit_parallel
@@ -417,16 +419,16 @@ def _put_group(out, o, dl, grid, gi, delta):
 
 
 @njit
-def decode_iq1_s(src, p, grid, out, o):
+def decode_iq1_s(src, p, out, o):
     """The 256 values of the IQ1_S super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
     d = get_f16(src, p)
     for ib in range(8):
-        qh = np.int32(src[p + 34 + 2 * ib]) | (np.int32(src[p + 35 + 2 * ib]) << 8)
+        qh = np.int32(src[p + _S_QH + 2 * ib]) | (np.int32(src[p + _S_QH + 1 + 2 * ib]) << 8)
         dl = d * F32(2 * ((qh >> 12) & 7) + 1)
         delta = -DELTA if qh & 0x8000 else DELTA
         for l in range(4):
-            gi = np.int32(src[p + 2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
-            _put_group(out, o + 32 * ib + 8 * l, dl, grid, gi, delta)
+            gi = np.int32(src[p + _S_QS + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
+            _put_group(out, o + 32 * ib + 8 * l, dl, _GRID, gi, delta)
 
 
 @njit
@@ -434,39 +436,39 @@ def iq1_m_scale(src, p):
     """IQ1_M's fp16 super-scale, spread over the top nibbles of its four scale words, as float32."""
     u = 0
     for i in range(4):
-        w = np.int32(src[p + 48 + 2 * i]) | (np.int32(src[p + 49 + 2 * i]) << 8)
+        w = np.int32(src[p + _M_SC + 2 * i]) | (np.int32(src[p + _M_SC + 1 + 2 * i]) << 8)
         u |= (w >> 12) << (4 * i)
     return fp16_to_fp32(np.uint16(u))
 
 
 @njit
-def decode_iq1_m(src, p, grid, out, o):
+def decode_iq1_m(src, p, out, o):
     """The 256 values of the IQ1_M super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
     d = iq1_m_scale(src, p)
     for ib in range(8):
-        sc = np.int32(src[p + 48 + 2 * (ib // 2)]) | (np.int32(src[p + 49 + 2 * (ib // 2)]) << 8)
+        sc = np.int32(src[p + _M_SC + 2 * (ib // 2)]) | (np.int32(src[p + _M_SC + 1 + 2 * (ib // 2)]) << 8)
         sh = 6 * (ib % 2)
         for l in range(4):
             half = l // 2  # groups 0, 1 use the first 16-block's scale, 2, 3 the second's
-            qh = np.int32(src[p + 32 + 2 * ib + half])
+            qh = np.int32(src[p + _M_QH + 2 * ib + half])
             hi = (qh >> (4 * (l % 2))) & 0xF
             dl = d * F32(2 * ((sc >> (sh + 3 * half)) & 7) + 1)
-            gi = np.int32(src[p + 4 * ib + l]) | ((hi & 7) << 8)
-            _put_group(out, o + 32 * ib + 8 * l, dl, grid, gi, -DELTA if hi & 8 else DELTA)
+            gi = np.int32(src[p + _M_QS + 4 * ib + l]) | ((hi & 7) << 8)
+            _put_group(out, o + 32 * ib + 8 * l, dl, _GRID, gi, -DELTA if hi & 8 else DELTA)
 
 
-@njit_parallel
-def _dequantize_rows_iq1_s(y, x, grid):
-    for r in prange(y.shape[0]):
-        for ibl in range(x.shape[1] // QK_K):
-            decode_iq1_s(y[r], _S_BYTES * ibl, grid, x[r], QK_K * ibl)
+@njit
+def dequantize_row_iq1_s(src, y):
+    """ggml's ``dequantize_row_iq1_s``: one row of IQ1_S bytes -> float32."""
+    for i in range(y.shape[0] // QK_K):
+        decode_iq1_s(src, _S_BYTES * i, y, QK_K * i)
 
 
-@njit_parallel
-def _dequantize_rows_iq1_m(y, x, grid):
-    for r in prange(y.shape[0]):
-        for ibl in range(x.shape[1] // QK_K):
-            decode_iq1_m(y[r], _M_BYTES * ibl, grid, x[r], QK_K * ibl)
+@njit
+def dequantize_row_iq1_m(src, y):
+    """ggml's ``dequantize_row_iq1_m``."""
+    for i in range(y.shape[0] // QK_K):
+        decode_iq1_m(src, _M_BYTES * i, y, QK_K * i)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -474,14 +476,11 @@ def _dequantize_rows_iq1_m(y, x, grid):
 # ---------------------------------------------------------------------------------------------
 
 class IQ1_S(QuantType, qtype=T.IQ1_S):
-    scale_fields = (0,)
     requires_imatrix = True
     quantize_rows = quantizer(T.IQ1_S, _quantize_rows_iq1_s)
-    dequantize_rows = dequantizer(T.IQ1_S, _dequantize_rows_iq1_s)
+    dequantize_row = dequantize_row_iq1_s
 
 
 class IQ1_M(QuantType, qtype=T.IQ1_M):
-    # the fp16 super-scale is spread over four nibbles (``iq1_m_scale``), not a field validation can read
-    scale_fields = ()
     quantize_rows = quantizer(T.IQ1_M, _quantize_rows_iq1_m)
-    dequantize_rows = dequantizer(T.IQ1_M, _dequantize_rows_iq1_m)
+    dequantize_row = dequantize_row_iq1_m

@@ -28,19 +28,24 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit, njit_parallel, prange
-from quantkit.quants.affine import _nint, make_qp_quants
+from quantkit.quants.affine import make_qp_quants
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16
-from quantkit.quants.lattice import dequantizer, quantizer
+from quantkit.quants.common import GROUP_MAX_EPS, block_layout, get_f16, nearest_int, put_f16
+from quantkit.quants.lattice import dequant_grid, quantizer
 
 F32 = np.float32
 QK_K = 256
-_GROUP_MAX_EPS = F32(1e-15)
 _GROUP_MAX_EPS_IQ2_S = F32(1e-8)
 _FLT_MAX = F32(3.4028234663852886e38)
-_XXS_BYTES = 66
-_XS_BYTES = 74
-_S_BYTES = 82
+# block sizes and field offsets, from the type table (formats/ggml_types.py)
+_XXS_BYTES, _XXS_QS = block_layout("IQ2_XXS", "qs")
+_XS_BYTES, _XS_QS, _XS_SC = block_layout("IQ2_XS", "qs", "scales")
+_S_BYTES, _S_QS, _S_QH, _S_SC = block_layout("IQ2_S", "qs", "qh", "scales")
+_S_SIGNS = _S_QS + QK_K // 8  # the second half of qs: 8 sign bits per group (ggml: ``qs + QK_K/8``)
+#: the grids as the dequantizers read them (values 8, 25, 43), float32 [points, 8]
+_GRID_XXS = dequant_grid(T.IQ2_XXS)
+_GRID_XS = dequant_grid(T.IQ2_XS)
+_GRID_S = dequant_grid(T.IQ2_S)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -77,7 +82,7 @@ def _round_group(xval, o, inv, kmap, L):
     the candidate's ``kmap`` entry (a grid index, or negative when off the grid)."""
     u = 0
     for i in range(8):
-        l = _nint(F32(0.5) * (inv * xval[o + i] - F32(1.0)))
+        l = nearest_int(F32(0.5) * (inv * xval[o + i] - F32(1.0)))
         l = 0 if l < 0 else (2 if l > 2 else l)
         L[o + i] = l
         u |= l << (2 * i)
@@ -233,7 +238,7 @@ def _superblock_iq2_xxs(xbl, qw, grid, kmap, neighbours, y, pos):
         xb = xbl[32 * ib:32 * ib + 32]
         _weights(xb, qw[32 * ib:32 * ib + 32], True, sigma2, weight, waux, 32)
         _signs(xb, weight, xval, 4, True, signs)
-        if _vmax(xval, 32) < _GROUP_MAX_EPS:
+        if _vmax(xval, 32) < GROUP_MAX_EPS:
             continue
         scale = make_qp_quants(4, xval, Lqp, weight)
         eff_max = scale * F32(3.0)
@@ -252,18 +257,18 @@ def _superblock_iq2_xxs(xbl, qw, grid, kmap, neighbours, y, pos):
         max_scale = max_scale if max_scale > scale else scale
     if max_scale == F32(0.0):
         put_f16(y, pos, F32(0.0))
-        y[pos + 2:pos + _XXS_BYTES] = 0
+        y[pos + _XXS_QS:pos + _XXS_BYTES] = 0
         return
     d = max_scale / F32(31.0)
     put_f16(y, pos, d)
     inv = F32(1.0) / d
     for ib in range(8):
-        l = _nint(F32(0.5) * (inv * scales[ib] - F32(1.0)))
+        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
         l = 0 if l < 0 else (15 if l > 15 else l)
         q2[2 * ib + 1] |= np.uint32(l) << np.uint32(28)
     for j in range(16):
         for b in range(4):
-            y[pos + 2 + 4 * j + b] = np.uint8((q2[j] >> np.uint32(8 * b)) & np.uint32(0xFF))
+            y[pos + _XXS_QS + 4 * j + b] = np.uint8((q2[j] >> np.uint32(8 * b)) & np.uint32(0xFF))
 
 
 @njit_parallel
@@ -286,7 +291,7 @@ def _superblock_16(xbl, qw, use_qw, is_s, grid, kmap, neighbours, scales, idx, s
     the largest block scale."""
     weight, waux, xval, L, Laux, on_grid, on_aux, signs = _scratch(2)
     sigma2 = _sigma2(xbl, is_s)
-    eps = _GROUP_MAX_EPS_IQ2_S if is_s else _GROUP_MAX_EPS
+    eps = _GROUP_MAX_EPS_IQ2_S if is_s else GROUP_MAX_EPS
     max_scale = F32(0.0)
     for ib in range(16):
         xb = xbl[16 * ib:16 * ib + 16]
@@ -318,7 +323,7 @@ def _superblock_16(xbl, qw, use_qw, is_s, grid, kmap, neighbours, scales, idx, s
 def _put_scales16(y, at, scales, inv):
     """4-bit ``nearest_int((inv * scale - 1) / 2)`` per block of 16, two per byte (low nibble first)."""
     for ib in range(16):
-        l = _nint(F32(0.5) * (inv * scales[ib] - F32(1.0)))
+        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
         l = 0 if l < 0 else (15 if l > 15 else l)
         if ib % 2 == 0:
             y[at + ib // 2] = np.uint8(l)
@@ -345,9 +350,9 @@ def _quantize_rows_iq2_xs(x, y, qw, grid, kmap, neighbours):
             put_f16(yr, pos, d)
             for j in range(32):
                 v = idx[j] | (sgn[j] << 9)
-                yr[pos + 2 + 2 * j] = np.uint8(v & 0xFF)
-                yr[pos + 3 + 2 * j] = np.uint8(v >> 8)
-            _put_scales16(yr, pos + 66, scales, F32(1.0) / d)
+                yr[pos + _XS_QS + 2 * j] = np.uint8(v & 0xFF)
+                yr[pos + _XS_QS + 1 + 2 * j] = np.uint8(v >> 8)
+            _put_scales16(yr, pos + _XS_SC, scales, F32(1.0) / d)
 
 
 @njit_parallel
@@ -371,10 +376,10 @@ def _quantize_rows_iq2_s(x, y, qw, grid, kmap, neighbours):
             d = max_scale / F32(31.0)
             put_f16(yr, pos, d * F32(0.9875))
             for j in range(32):
-                yr[pos + 2 + j] = np.uint8(idx[j] & 0xFF)
-                yr[pos + 66 + j // 4] |= np.uint8((idx[j] >> 8) << (2 * (j % 4)))
-                yr[pos + 34 + j] = np.uint8(sgn[j] & 0xFF)
-            _put_scales16(yr, pos + 74, scales, F32(1.0) / d)
+                yr[pos + _S_QS + j] = np.uint8(idx[j] & 0xFF)
+                yr[pos + _S_QH + j // 4] |= np.uint8((idx[j] >> 8) << (2 * (j % 4)))
+                yr[pos + _S_SIGNS + j] = np.uint8(sgn[j] & 0xFF)
+            _put_scales16(yr, pos + _S_SC, scales, F32(1.0) / d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -399,63 +404,64 @@ def _even_signs(s7):
 
 
 @njit
-def decode_iq2_xxs(src, p, grid, out, o):
+def decode_iq2_xxs(src, p, out, o):
     """The 256 values of the IQ2_XXS super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
     d = get_f16(src, p)
     for ib in range(8):
-        a = p + 2 + 8 * ib
+        a = p + _XXS_QS + 8 * ib
         aux1 = (np.uint32(src[a + 4]) | (np.uint32(src[a + 5]) << np.uint32(8))
                 | (np.uint32(src[a + 6]) << np.uint32(16)) | (np.uint32(src[a + 7]) << np.uint32(24)))
         db = d * (F32(0.5) + F32(aux1 >> np.uint32(28))) * F32(0.25)
         for l in range(4):
             s = _even_signs(np.int32((aux1 >> np.uint32(7 * l)) & np.uint32(127)))
-            _put_group(out, o + 32 * ib + 8 * l, db, grid, np.int32(src[a + l]), s)
+            _put_group(out, o + 32 * ib + 8 * l, db, _GRID_XXS, np.int32(src[a + l]), s)
 
 
 @njit
-def decode_iq2_xs(src, p, grid, out, o):
+def decode_iq2_xs(src, p, out, o):
     """The 256 values of the IQ2_XS super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
     d = get_f16(src, p)
     for ib in range(8):
-        sc = np.int32(src[p + 66 + ib])
+        sc = np.int32(src[p + _XS_SC + ib])
         for l in range(4):
             db = d * (F32(0.5) + F32((sc >> (4 * (l // 2))) & 0xF)) * F32(0.25)
-            v = np.int32(src[p + 2 + 8 * ib + 2 * l]) | (np.int32(src[p + 3 + 8 * ib + 2 * l]) << 8)
-            _put_group(out, o + 32 * ib + 8 * l, db, grid, v & 511, _even_signs(v >> 9))
+            a = p + _XS_QS + 8 * ib + 2 * l
+            v = np.int32(src[a]) | (np.int32(src[a + 1]) << 8)
+            _put_group(out, o + 32 * ib + 8 * l, db, _GRID_XS, v & 511, _even_signs(v >> 9))
 
 
 @njit
-def decode_iq2_s(src, p, grid, out, o):
+def decode_iq2_s(src, p, out, o):
     """The 256 values of the IQ2_S super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
     d = get_f16(src, p)
     for ib in range(8):
-        sc = np.int32(src[p + 74 + ib])
-        qh = np.int32(src[p + 66 + ib])
+        sc = np.int32(src[p + _S_SC + ib])
+        qh = np.int32(src[p + _S_QH + ib])
         for l in range(4):
             db = d * (F32(0.5) + F32((sc >> (4 * (l // 2))) & 0xF)) * F32(0.25)
-            gi = np.int32(src[p + 2 + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300)
-            _put_group(out, o + 32 * ib + 8 * l, db, grid, gi, np.int32(src[p + 34 + 4 * ib + l]))
+            gi = np.int32(src[p + _S_QS + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300)
+            _put_group(out, o + 32 * ib + 8 * l, db, _GRID_S, gi, np.int32(src[p + _S_SIGNS + 4 * ib + l]))
 
 
-@njit_parallel
-def _dequantize_rows_iq2_xxs(y, x, grid):
-    for r in prange(y.shape[0]):
-        for ibl in range(x.shape[1] // QK_K):
-            decode_iq2_xxs(y[r], _XXS_BYTES * ibl, grid, x[r], QK_K * ibl)
+@njit
+def dequantize_row_iq2_xxs(src, y):
+    """ggml's ``dequantize_row_iq2_xxs``: one row of IQ2_XXS bytes -> float32."""
+    for i in range(y.shape[0] // QK_K):
+        decode_iq2_xxs(src, _XXS_BYTES * i, y, QK_K * i)
 
 
-@njit_parallel
-def _dequantize_rows_iq2_xs(y, x, grid):
-    for r in prange(y.shape[0]):
-        for ibl in range(x.shape[1] // QK_K):
-            decode_iq2_xs(y[r], _XS_BYTES * ibl, grid, x[r], QK_K * ibl)
+@njit
+def dequantize_row_iq2_xs(src, y):
+    """ggml's ``dequantize_row_iq2_xs``."""
+    for i in range(y.shape[0] // QK_K):
+        decode_iq2_xs(src, _XS_BYTES * i, y, QK_K * i)
 
 
-@njit_parallel
-def _dequantize_rows_iq2_s(y, x, grid):
-    for r in prange(y.shape[0]):
-        for ibl in range(x.shape[1] // QK_K):
-            decode_iq2_s(y[r], _S_BYTES * ibl, grid, x[r], QK_K * ibl)
+@njit
+def dequantize_row_iq2_s(src, y):
+    """ggml's ``dequantize_row_iq2_s``."""
+    for i in range(y.shape[0] // QK_K):
+        decode_iq2_s(src, _S_BYTES * i, y, QK_K * i)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -463,20 +469,17 @@ def _dequantize_rows_iq2_s(y, x, grid):
 # ---------------------------------------------------------------------------------------------
 
 class IQ2_XXS(QuantType, qtype=T.IQ2_XXS):
-    scale_fields = (0,)
     requires_imatrix = True
     quantize_rows = quantizer(T.IQ2_XXS, _quantize_rows_iq2_xxs)
-    dequantize_rows = dequantizer(T.IQ2_XXS, _dequantize_rows_iq2_xxs)
+    dequantize_row = dequantize_row_iq2_xxs
 
 
 class IQ2_XS(QuantType, qtype=T.IQ2_XS):
-    scale_fields = (0,)
     requires_imatrix = True
     quantize_rows = quantizer(T.IQ2_XS, _quantize_rows_iq2_xs)
-    dequantize_rows = dequantizer(T.IQ2_XS, _dequantize_rows_iq2_xs)
+    dequantize_row = dequantize_row_iq2_xs
 
 
 class IQ2_S(QuantType, qtype=T.IQ2_S):
-    scale_fields = (0,)
     quantize_rows = quantizer(T.IQ2_S, _quantize_rows_iq2_s)
-    dequantize_rows = dequantizer(T.IQ2_S, _dequantize_rows_iq2_s)
+    dequantize_row = dequantize_row_iq2_s

@@ -134,16 +134,3 @@ def quantizer(qtype: T, rows_kernel):
         rows_kernel(x, y, qw, tb.grid, tb.kmap, tb.neighbours)
     quantize_rows.__name__ = f"quantize_rows_{t.name.lower()}"
     return staticmethod(quantize_rows)
-
-
-def dequantizer(qtype: T, rows_kernel):
-    """A type's ``dequantize_rows(y, x)`` from its kernel ``rows_kernel(y, x, grid)``.
-
-    (Each type has its own small parallel driver over its super-block decoder: numba does not cache a
-    kernel that takes the decoder as an argument, so a shared driver would recompile every run.)"""
-    t = T(qtype)
-
-    def dequantize_rows(y, x):
-        rows_kernel(y, x, dequant_grid(t))
-    dequantize_rows.__name__ = f"dequantize_rows_{t.name.lower()}"
-    return staticmethod(dequantize_rows)
