@@ -46,6 +46,9 @@ def make_weights(t, n_out, n_in, seed=0):
         if len(f16_fields(t)) == 2 and pos == f16_fields(t)[1]:
             d = np.abs(d)  # dmin
         raw[:, :, pos:pos + 2] = d.astype(np.float16).view(np.uint8).reshape(n_out, nb, 2)
+    if type_info(t).check == "iq1_m":  # its fp16 scale is the scale words' top nibbles: keep it finite and small
+        sc = type_info(t).field("scales")
+        raw[:, :, sc + 7] = (raw[:, :, sc + 7] & 0x0F) | 0x10  # bits 12-15: sign 0, exponent 0b001xx
     return raw.reshape(n_out, nb * ts)
 
 

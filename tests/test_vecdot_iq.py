@@ -1,5 +1,6 @@
 """The lattice types' row dots (kernels/vecdot_iq.py) against a float64 dot of what the bytes mean:
-gguf-py's dequantized weights times the dequantized Q8_K activations (``q * d``)."""
+gguf-py's dequantized weights times the dequantized Q8_K activations (``q * d``); and the GEMV built on
+them (``kernels.matvec_kernel``) against the row dots, serial and parallel."""
 
 from __future__ import annotations
 
@@ -7,9 +8,10 @@ import gguf
 import numpy as np
 import pytest
 
+import quantkit.kernels as K
 import quantkit.quants as Q
 from quantkit.kernels.activations import quantize_q8_k_into
-from quantkit.kernels.vecdot_iq import IQ_KERNEL_TRAITS, matvec_iq_kernel
+from quantkit.kernels.vecdot_iq import IQ_ROWDOTS
 
 TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
 
@@ -38,7 +40,7 @@ def test_rowdot_matches_float64_dot(t, n_in):
     xq, xd, xs = _activations(3, n_in, 2)
     wf = np.asarray(gguf.quants.dequantize(y, gguf.GGMLQuantizationType[t]), dtype=np.float64)
     af = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 256, axis=1)
-    rowdot = IQ_KERNEL_TRAITS[gguf.GGMLQuantizationType[t]][0]
+    rowdot = IQ_ROWDOTS[gguf.GGMLQuantizationType[t]]
     sc = np.zeros(16, np.int32)
     for r in range(y.shape[0]):
         for k in range(xq.shape[0]):
@@ -49,19 +51,16 @@ def test_rowdot_matches_float64_dot(t, n_in):
 
 
 @pytest.mark.parametrize("t", TYPES)
-def test_matvec_equals_rowdots_and_decoder_equals_dequantize(t):
+def test_matvec_uses_the_row_dots(t):
     n_in = 512
+    tt = gguf.GGMLQuantizationType[t]
     y = _weights(t, 9, n_in, 3)
     xq, xd, xs = _activations(2, n_in, 4)
-    rowdot, deq, kind = IQ_KERNEL_TRAITS[gguf.GGMLQuantizationType[t]]
-    assert kind == "Q8_K"
-    out = np.empty((2, y.shape[0]), np.float32)
-    matvec_iq_kernel(t)(y, xq, xd, xs, out, 4)
+    assert tt in K.WEIGHT_TYPES and K.activation_kind(tt) == "Q8_K"
     sc = np.zeros(16, np.int32)
-    want = np.array([[rowdot(y[r], xq[k], xd[k], xs[k], sc) for r in range(y.shape[0])] for k in range(2)],
+    want = np.array([[IQ_ROWDOTS[tt](y[r], xq[k], xd[k], xs[k], sc) for r in range(y.shape[0])] for k in range(2)],
                     dtype=np.float32)
-    assert np.array_equal(out, want)
-    row = np.empty(n_in, np.float32)
-    for r in range(y.shape[0]):
-        deq(y[r], row)
-        assert np.array_equal(row.view(np.uint32), Q.dequantize(y[r:r + 1], t)[0].view(np.uint32))
+    for parallel in (False, True):
+        out = np.empty((2, y.shape[0]), np.float32)
+        K.matvec_kernel(tt, parallel=parallel)(y, xq, xd, xs, out, 4)
+        assert np.array_equal(out, want)

@@ -21,6 +21,7 @@ from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
 from quantkit.kernels.ir import (IR_DIGEST, PREFETCH, ROW_SPECS, default_variant, ld_bf16, ld_f16, ld_f32, prefetch,
                                  row_dots)
+from quantkit.kernels.vecdot_iq import IQ_ROWDOTS
 from quantkit.quants import traits
 
 F = np.float32
@@ -191,7 +192,8 @@ def get_rows_body(w, ids, out):
 #: weight type -> its fast row dot body: the float types' loops, and one IR intrinsic (ir.ROW_SPECS) for
 #: each quantized type that has one. The activations are the type's vec_dot type (the type table's). A type
 #: with a codec but no entry here runs on ``rowdot_deq`` with float32 activations.
-KERNEL_TRAITS = {T.F32: rowdot_f32, T.F16: rowdot_f16, T.BF16: rowdot_bf16, **{T[n]: rowdot_ir for n in ROW_SPECS}}
+KERNEL_TRAITS = {T.F32: rowdot_f32, T.F16: rowdot_f16, T.BF16: rowdot_bf16, **{T[n]: rowdot_ir for n in ROW_SPECS},
+                 **IQ_ROWDOTS}
 
 _DOTS: dict[tuple, dict] = {}
 
@@ -226,6 +228,8 @@ def rowdot_kernel(wtype, variant: str | None = None):
     if body is None:
         info = type_info(t)
         return build(rowdot_deq, f"{t.name}_deq", False, DEQ=deq_kernel(t), TS=info.type_size, BS=info.block_size)
+    if t in IQ_ROWDOTS:  # compiled numba row dots (vecdot_iq.py), the same for every variant
+        return body
     if t in (T.F32, T.F16, T.BF16):
         return build(body, "f", False, NEXT_ROW=build(prefetch_next_row, "f", False))
     return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
@@ -236,7 +240,7 @@ def rowdot2_kernel(wtype, variant: str | None = None):
     dots of two consecutive rows (``wr2`` = their 2 * row_bytes bytes), each equal to ``rowdot``'s."""
     variant = variant or default_variant()
     t = T(wtype)
-    if t in (T.F32, T.F16, T.BF16) or t not in KERNEL_TRAITS:
+    if t in (T.F32, T.F16, T.BF16) or t in IQ_ROWDOTS or t not in KERNEL_TRAITS:
         return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant))
     return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=_rows(variant, 2)[t.name])
 

@@ -7,9 +7,10 @@ per super-block one int32 sum of grid value * sign * activation, weighted by the
 scales, then one float multiply-add with ``fp16(d) * y.d``. IQ1's shift ``delta = +-1/8`` enters through
 the activations' 16-sums (``bsums``) for IQ1_S and through per-group sums for IQ1_M, as ggml does.
 
-The grids (quants/grids.py, via gguf-py) and an 8-lane sign table are module constants, so numba
-bakes them into the compiled code. ``row_decoder(t)`` is the row decoder of each type
-(``deq(src_row_u8, dst_row_f32)``) with the same constants, for the dequantizing fallback path.
+The grids (quants/grids.py, via gguf-py) are module constants, one uint64 per point, so numba bakes them
+into the compiled code; a group of 8 is one 64-bit load, its signs applied with a byte-mask table
+(``_signed``), and its dot with 8 activations one IR intrinsic (``_dot8``: sign-extend, multiply,
+add-reduce -- a numba loop would widen every product to int64).
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from numba.extending import intrinsic
 
 from quantkit.jit import njit, njit_fast
 from quantkit.kernels.ir import _byte_ptr, _decl, _load, ld_f16
-from quantkit.quants import iq1, iq2, resolve_type
 from quantkit.quants.common import fp16_to_fp32
 from quantkit.quants.grids import grid_values
 
@@ -185,21 +185,12 @@ def rowdot_iq1_m(wr, xq, xd, xs, sc):
     return sumf
 
 
-#: weight type -> (row dot, row decoder, activation kind), as vecdot.KERNEL_TRAITS
-IQ_KERNEL_TRAITS = {
-    T.IQ2_XXS: (rowdot_iq2_xxs, iq2.dequantize_row_iq2_xxs, "Q8_K"),
-    T.IQ2_XS: (rowdot_iq2_xs, iq2.dequantize_row_iq2_xs, "Q8_K"),
-    T.IQ2_S: (rowdot_iq2_s, iq2.dequantize_row_iq2_s, "Q8_K"),
-    T.IQ1_S: (rowdot_iq1_s, iq1.dequantize_row_iq1_s, "Q8_K"),
-    T.IQ1_M: (rowdot_iq1_m, iq1.dequantize_row_iq1_m, "Q8_K"),
+#: weight type -> its row dot (vecdot.KERNEL_TRAITS takes them in; the activations are the type table's
+#: vec_dot_type, Q8_K, and the row decoder of the portable path is the codec's ``dequantize_row``)
+IQ_ROWDOTS = {
+    T.IQ2_XXS: rowdot_iq2_xxs,
+    T.IQ2_XS: rowdot_iq2_xs,
+    T.IQ2_S: rowdot_iq2_s,
+    T.IQ1_S: rowdot_iq1_s,
+    T.IQ1_M: rowdot_iq1_m,
 }
-
-
-def matvec_iq_kernel(wtype, parallel: bool = True):
-    """``matvec(w, xq, xd, xs, out, chunk)`` of a lattice type: vecdot's GEMV body with its row dot."""
-    from quantkit.kernels.vecdot import build, matvec_body, rowdot2_split
-
-    t = resolve_type(wtype)
-    rd = IQ_KERNEL_TRAITS[t][0]
-    rd2 = build(rowdot2_split, f"{t.name}_iq", False, ROWDOT=rd)
-    return build(matvec_body, f"{t.name}_iq", parallel, ROWDOT=rd, ROWDOT2=rd2)
