@@ -31,13 +31,8 @@ from gguf import GGML_QUANT_SIZES  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from quantkit import kernels as K  # noqa: E402
+from quantkit.formats.ggml_types import type_info  # noqa: E402
 from quantkit.jit import njit_fast_parallel, prange, set_threads  # noqa: E402
-
-F16_FIELDS = {
-    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.IQ4_NL: (0,),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_XS: (0,),
-}
-
 
 def random_weights(t, n_out, n_in, rng):
     """Valid random bytes of type t (speed does not depend on the values)."""
@@ -51,8 +46,12 @@ def random_weights(t, n_out, n_in, rng):
     bs, ts = GGML_QUANT_SIZES[t]
     nb = n_in // bs
     raw = rng.integers(0, 256, size=(n_out, nb, ts), dtype=np.uint8)
-    for pos in F16_FIELDS[t]:
-        raw[:, :, pos:pos + 2] = np.full((n_out, nb), 0.01, np.float16).view(np.uint8).reshape(n_out, nb, 2)
+    info = type_info(t)
+    if info.check == "f16":  # the scale fields the type table names
+        for pos in info.check_offsets:
+            raw[:, :, pos:pos + 2] = np.full((n_out, nb), 0.01, np.float16).view(np.uint8).reshape(n_out, nb, 2)
+    elif info.check == "iq1_m":  # the fp16 scale spread over the scale words' top nibbles: keep it finite
+        raw[:, :, info.field("scales") + 7] = (raw[:, :, info.field("scales") + 7] & 0x0F) | 0x10
     return raw.reshape(n_out, nb * ts)
 
 
@@ -93,7 +92,9 @@ def ggml_vec_dot_rate(t, nbytes, rng, reps, lib=None):
 
     cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
     tr = cpu.ggml_get_type_traits_cpu(int(t)).contents
-    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tr.from_float)
+    # the activations in the vec_dot type, by that type's from_float (IQ2_XXS ... have none of their own)
+    act = cpu.ggml_get_type_traits_cpu(int(tr.vec_dot_type)).contents
+    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(act.from_float or tr.from_float)
     vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)(tr.vec_dot)
     bs, ts = GGML_QUANT_SIZES[t]
