@@ -26,9 +26,10 @@ def warm_codecs(types: Iterable | None = None, on_type: Callable[[str], None] | 
         tr = traits(t)
         if on_type:
             on_type(tr.qtype.name)
-        dequantize(quantize(x, tr.qtype), tr.qtype)
+        if not tr.requires_imatrix:  # ggml has no reference path for IQ2_XXS, IQ2_XS, IQ1_S
+            dequantize(quantize(x, tr.qtype), tr.qtype)
         if tr.uses_imatrix:
-            quantize(x, tr.qtype, imatrix=w)
+            dequantize(quantize(x, tr.qtype, imatrix=w), tr.qtype)
         done.append(tr.qtype.name)
     return done
 
