@@ -44,6 +44,9 @@ Log = Callable[[str], None]
 
 #: types that are never a tensor's storage type (ggml's activation-only Q8_K)
 _NOT_STORAGE = frozenset({Q.Q8_K})
+#: storage types the allocator does not choose (yet): the lattice types (IQ2_*, IQ1_*), three of which
+#: cannot be made without importance weights, which a tensor missing from the imatrix does not have
+_NOT_CANDIDATES = _NOT_STORAGE | {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M}
 #: the probe's bits per weight: the candidate nearest to it perturbs a class in the sensitivity pass
 PROBE_BPW = 4.5
 #: rows per tensor whose errors are measured (evenly spaced; scaled to the whole tensor)
@@ -107,7 +110,7 @@ def candidate_types(ne0: int, only: Sequence[GGMLQuantizationType] = ()) -> list
     """Every storage type quantkit can write (or those of ``only``) whose block fits a row of ``ne0``."""
     from quantkit.quants import TRAITS
 
-    return allowed_types(ne0, [t for t in TRAITS if t not in _NOT_STORAGE and (not only or t in only)])
+    return allowed_types(ne0, [t for t in TRAITS if t not in _NOT_CANDIDATES and (not only or t in only)])
 
 
 def pattern_for(name: str) -> str:
