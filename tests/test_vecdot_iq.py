@@ -64,3 +64,28 @@ def test_matvec_uses_the_row_dots(t):
         out = np.empty((2, y.shape[0]), np.float32)
         K.matvec_kernel(tt, parallel=parallel)(y, xq, xd, xs, out, 4)
         assert np.array_equal(out, want)
+
+
+def test_tiny_model_with_lattice_tensors_matches_the_float64_reference(tmp_path):
+    """A tiny llama whose projections are IQ2_S / IQ1_M (the two ggml can make without an imatrix): token
+    by token decode (the row dots) and a batch (the prefill) against the float64 reference forward on the
+    same dequantized weights."""
+    from test_model import TOKENS, write_tiny
+
+    from quantkit.model.forward import Runner
+    from quantkit.model.llama import Llama
+    from quantkit.model.reference import reference_logits
+
+    T = gguf.GGMLQuantizationType
+    types = {"token_embd": T.Q8_0, "attn_q": T.IQ2_S, "attn_k": T.IQ1_M, "attn_v": T.IQ2_S,
+             "attn_output": T.IQ1_M, "ffn_gate": T.IQ2_S, "ffn_up": T.IQ1_M, "ffn_down": T.IQ2_S, "output": T.Q8_0}
+    path = write_tiny(tmp_path / "iq.gguf", types=types)
+    with Llama(path) as m:
+        assert m.blk[0].attn_q.type == T.IQ2_S and m.blk[1].ffn_up.type == T.IQ1_M
+        ref = reference_logits(m, TOKENS)
+        scale = float(np.abs(ref).max())
+        batch = Runner(m, 64).forward(TOKENS, 0, logits="all")
+        r = Runner(m, 64)
+        steps = np.concatenate([r.forward([t]) for t in TOKENS])
+        for got in (batch, steps):
+            assert float(np.abs(got - ref).max()) <= 0.05 * scale
