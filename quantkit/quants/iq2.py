@@ -370,15 +370,15 @@ def _quantize_rows_iq2_s(x, y, qw, grid, kmap, neighbours):
             max_scale = _superblock_16(x[r, QK_K * ibl:QK_K * (ibl + 1)], q, use_qw, True, grid, kmap, neighbours,
                                        scales, idx, sgn)
             yr[pos:pos + _S_BYTES] = 0
-            if max_scale == F32(0.0):
-                continue
-            # grid indices and signs are written whatever the scale, as ggml does
-            d = max_scale / F32(31.0)
-            put_f16(yr, pos, d * F32(0.9875))
+            # ggml writes the grid indices and signs in its block loop, before it looks at max_scale
             for j in range(32):
                 yr[pos + _S_QS + j] = np.uint8(idx[j] & 0xFF)
                 yr[pos + _S_QH + j // 4] |= np.uint8((idx[j] >> 8) << (2 * (j % 4)))
                 yr[pos + _S_SIGNS + j] = np.uint8(sgn[j] & 0xFF)
+            if max_scale == F32(0.0):
+                continue
+            d = max_scale / F32(31.0)
+            put_f16(yr, pos, d * F32(0.9875))
             _put_scales16(yr, pos + _S_SC, scales, F32(1.0) / d)
 
 
