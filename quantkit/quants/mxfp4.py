@@ -1,0 +1,97 @@
+"""MXFP4: the OCP microscaling FP4 format -- 32 values share one E8M0 exponent byte, each value is an
+E2M1 float (4 bits: sign + {0, 0.5, 1, 1.5, 2, 3, 4, 6}).
+
+Block (17 bytes): ``e`` (uint8 biased exponent), ``qs[16]``: value j in the low nibble of byte j,
+value j + 16 in the high nibble. ggml keeps the E2M1 values doubled as int8 (``kvalues_mxfp4``: 0, 1, 2,
+3, 4, 6, 8, 12 and their negatives) and halves the scale instead (``GGML_E8M0_TO_FP32_HALF(e)`` =
+2**(e - 128)).
+
+Bit-exact with ggml's ``quantize_row_mxfp4_ref`` (``quantize_mxfp4`` ignores ``quant_weights``):
+``e = floorf(log2f(amax)) - 2 + 127`` (0 for an all-zero block), then each value takes the first table
+entry with the smallest ``|kvalue * d - x|``; and with ``dequantize_row_mxfp4``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from quantkit.jit import bits_to_f32, njit, njit_parallel, prange
+from quantkit.quants.base import QuantType
+from quantkit.quants.symmetric import c_f2i
+
+QK_MXFP4 = 32
+_BYTES = 17
+
+#: ggml's kvalues_mxfp4: the E2M1 values times two, indexed by the 4-bit code (the same list as gguf-py's)
+KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
+_KV_F32 = KVALUES_MXFP4.astype(np.float32)
+
+
+@njit
+def e8m0_to_fp32_half(e):
+    """``GGML_E8M0_TO_FP32_HALF``: 2**(e - 128) built from its bits (subnormal for e < 2)."""
+    e = np.uint32(e)
+    if e < 2:
+        return bits_to_f32(np.uint32(0x00200000) << e)
+    return bits_to_f32((e - np.uint32(1)) << np.uint32(23))
+
+
+@njit
+def _best_index(x, d):
+    kv = _KV_F32
+    best = 0
+    best_err = np.abs(kv[0] * d - x)
+    for i in range(1, 16):
+        err = np.abs(kv[i] * d - x)
+        if err < best_err:
+            best = i
+            best_err = err
+    return best
+
+
+@njit
+def quantize_block_mxfp4(x, y, pos):
+    amax = np.float32(0.0)
+    for j in range(QK_MXFP4):
+        a = np.abs(x[j])
+        if amax < a:
+            amax = a
+    e = 0
+    if amax > np.float32(0.0):
+        # (uint8_t) of a float: x86 converts to int32 and keeps the low byte
+        e = c_f2i(np.float32(np.floor(np.log2(amax))) - np.float32(2.0) + np.float32(127.0)) & 0xFF
+    d = e8m0_to_fp32_half(e)
+    y[pos] = np.uint8(e)
+    for j in range(QK_MXFP4 // 2):
+        y[pos + 1 + j] = np.uint8(_best_index(x[j], d) | (_best_index(x[j + 16], d) << 4))
+
+
+@njit_parallel
+def quantize_rows_mxfp4(x, y, qw):
+    for r in prange(x.shape[0]):
+        for ib in range(x.shape[1] // QK_MXFP4):
+            quantize_block_mxfp4(x[r, QK_MXFP4 * ib:QK_MXFP4 * (ib + 1)], y[r], _BYTES * ib)
+
+
+@njit_parallel
+def dequantize_rows_mxfp4(y, x):
+    kv = _KV_F32
+    for r in prange(y.shape[0]):
+        src = y[r]
+        out = x[r]
+        for ib in range(x.shape[1] // QK_MXFP4):
+            p = _BYTES * ib
+            d = e8m0_to_fp32_half(src[p])
+            for j in range(16):
+                b = src[p + 1 + j]
+                out[32 * ib + j] = kv[b & 0xF] * d
+                out[32 * ib + 16 + j] = kv[b >> 4] * d
+
+
+class MXFP4(QuantType, qtype=T.MXFP4):
+    uses_imatrix = False
+    #: no fp16 scale; ggml_validate_row_data rejects e == 0xFF, which no finite input produces
+    scale_fields = ()
+    quantize_rows = quantize_rows_mxfp4
+    dequantize_rows = dequantize_rows_mxfp4

@@ -1,0 +1,155 @@
+"""TQ1_0 and TQ2_0: ternary weights (BitNet b1.58, TriLMs) -- every value is -1, 0 or +1 times one fp16
+scale per 256, the block's absolute maximum.
+
+Bit-exact with ggml's ``quantize_row_tq1_0_ref`` / ``quantize_row_tq2_0_ref`` (``quantize_tq1_0`` and
+``quantize_tq2_0`` ignore ``quant_weights``, so ``uses_imatrix = False``) and ``dequantize_row_tq*_0``:
+
+* a trit is ``lroundf(x / amax) + 1`` in {0, 1, 2} (ties away from zero);
+* TQ2_0 (66 bytes: qs[64], d): 2 bits per trit; byte ``32*j + m`` holds values ``128*j + m + 32*n``
+  at bits ``2n`` for n = 0..3;
+* TQ1_0 (54 bytes: qs[48], qh[4], d): five trits per byte as a base-3 number (first value most
+  significant) scaled to a byte by ``ceil(q * 256 / 243)``, so a trit is read back as the top base-3
+  digit of ``byte * 3**n`` (mod 256): ``((byte * 3**n) & 255) * 3 >> 8``. qs[0:32] hold values 0..159
+  (byte m: m + 32*n), qs[32:48] values 160..239 (byte m: 160 + m + 16*n), and qh[4] the last 16, four
+  trits per byte (byte j: 240 + j + 4*n) with a zero fifth trit.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from gguf import GGMLQuantizationType as T
+
+from quantkit.jit import njit, njit_parallel, prange
+from quantkit.quants.base import QuantType
+from quantkit.quants.common import get_f16, put_f16
+from quantkit.quants.symmetric import c_roundf
+
+QK_K = 256
+_TQ1_BYTES = 54
+_TQ2_BYTES = 66
+
+
+@njit
+def _absmax_inv(x):
+    """The block's absolute maximum (ggml's ``MAX`` loop) and its inverse (0 for an all-zero block)."""
+    amax = np.float32(0.0)
+    for j in range(x.shape[0]):
+        a = np.abs(x[j])
+        amax = amax if amax > a else a
+    return amax, (np.float32(1.0) / amax if amax != np.float32(0.0) else np.float32(0.0))
+
+
+@njit
+def _trit(v, inv):
+    """``lroundf(v * inv) + 1``."""
+    return np.int32(c_roundf(np.float32(v * inv))) + 1
+
+
+@njit
+def _pack5(x, inv, first, stride):
+    """Five trits ``x[first + stride*n]`` (n = 0..4) as one byte, ggml's ceiling scaling."""
+    q = 0
+    for n in range(5):
+        q = q * 3 + _trit(x[first + stride * n], inv)
+    return np.uint8((q * 256 + 242) // 243)
+
+
+@njit
+def quantize_block_tq1_0(x, y, pos):
+    amax, inv = _absmax_inv(x)
+    for m in range(32):
+        y[pos + m] = _pack5(x, inv, m, 32)
+    for m in range(16):
+        y[pos + 32 + m] = _pack5(x, inv, 160 + m, 16)
+    for j in range(4):
+        q = 0
+        for n in range(4):
+            q = q * 3 + _trit(x[240 + j + 4 * n], inv)
+        y[pos + 48 + j] = np.uint8((q * 3 * 256 + 242) // 243)
+    put_f16(y, pos + 52, amax)
+
+
+@njit
+def quantize_block_tq2_0(x, y, pos):
+    amax, inv = _absmax_inv(x)
+    for j in range(2):
+        for m in range(32):
+            q = 0
+            for n in range(4):
+                q |= (_trit(x[128 * j + m + 32 * n], inv) & 3) << (2 * n)
+            y[pos + 32 * j + m] = np.uint8(q)
+    put_f16(y, pos + 64, amax)
+
+
+@njit
+def _unpack_trit(b, n):
+    """Trit ``n`` (0 = most significant) of a TQ1_0 byte, as -1, 0 or 1."""
+    p = 1
+    for _ in range(n):
+        p *= 3
+    q = (np.int32(b) * p) & 255
+    return np.float32(((q * 3) >> 8) - 1)
+
+
+@njit
+def dequantize_block_tq1_0(src, pos, out, o):
+    d = get_f16(src, pos + 52)
+    for n in range(5):
+        for m in range(32):
+            out[o + 32 * n + m] = _unpack_trit(src[pos + m], n) * d
+        for m in range(16):
+            out[o + 160 + 16 * n + m] = _unpack_trit(src[pos + 32 + m], n) * d
+    for n in range(4):
+        for j in range(4):
+            out[o + 240 + 4 * n + j] = _unpack_trit(src[pos + 48 + j], n) * d
+
+
+@njit
+def dequantize_block_tq2_0(src, pos, out, o):
+    d = get_f16(src, pos + 64)
+    for j in range(2):
+        for n in range(4):
+            for m in range(32):
+                out[o + 128 * j + 32 * n + m] = np.float32(((np.int32(src[pos + 32 * j + m]) >> (2 * n)) & 3) - 1) * d
+
+
+@njit_parallel
+def quantize_rows_tq1_0(x, y, qw):
+    for r in prange(x.shape[0]):
+        for ib in range(x.shape[1] // QK_K):
+            quantize_block_tq1_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ1_BYTES * ib)
+
+
+@njit_parallel
+def quantize_rows_tq2_0(x, y, qw):
+    for r in prange(x.shape[0]):
+        for ib in range(x.shape[1] // QK_K):
+            quantize_block_tq2_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ2_BYTES * ib)
+
+
+@njit_parallel
+def dequantize_rows_tq1_0(y, x):
+    for r in prange(y.shape[0]):
+        for ib in range(x.shape[1] // QK_K):
+            dequantize_block_tq1_0(y[r], _TQ1_BYTES * ib, x[r], QK_K * ib)
+
+
+@njit_parallel
+def dequantize_rows_tq2_0(y, x):
+    for r in prange(y.shape[0]):
+        for ib in range(x.shape[1] // QK_K):
+            dequantize_block_tq2_0(y[r], _TQ2_BYTES * ib, x[r], QK_K * ib)
+
+
+class TQ1_0(QuantType, qtype=T.TQ1_0):
+    uses_imatrix = False
+    scale_fields = (52,)
+    quantize_rows = quantize_rows_tq1_0
+    dequantize_rows = dequantize_rows_tq1_0
+
+
+class TQ2_0(QuantType, qtype=T.TQ2_0):
+    uses_imatrix = False
+    scale_fields = (64,)
+    quantize_rows = quantize_rows_tq2_0
+    dequantize_rows = dequantize_rows_tq2_0
