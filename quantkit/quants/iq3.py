@@ -63,6 +63,21 @@ def _grid_values(name: str) -> np.ndarray:
     return np.asarray(cls.grid, dtype=np.float32).reshape(cls.grid_shape)
 
 
+#: ggml's iq3xxs_grid / iq3s_grid (the dequantization values of each point), float32 [256 | 512, 4]
+GRID_IQ3_XXS = _grid_values("IQ3_XXS")
+GRID_IQ3_S = _grid_values("IQ3_S")
+
+
+@njit
+def parity7(s):
+    """The eighth sign bit IQ3_XXS (and IQ2) leave implicit: the parity of the seven stored ones
+    (ggml's ``ksigns_iq2xs[s] >> 7``)."""
+    p = 0
+    for b in range(7):
+        p ^= (s >> b) & 1
+    return p
+
+
 class Iq3Tables:
     """What ``iq3xs_init_impl`` builds for a grid, as arrays the kernels take.
 
@@ -76,7 +91,7 @@ class Iq3Tables:
     """
 
     def __init__(self, name: str):
-        self.dq = _grid_values(name)
+        self.dq = {"IQ3_XXS": GRID_IQ3_XXS, "IQ3_S": GRID_IQ3_S}[name]
         n = self.dq.shape[0]
         levels = np.searchsorted(np.asarray(getattr(gguf.quants, name).grid_map, dtype=np.float32), self.dq)
         self.q = (2 * levels + 1).astype(np.int8)
@@ -349,62 +364,62 @@ def _put_group8(out, o, db, grid, g1, g2, signs):
         out[o + 4 + j] = -v2 if (signs >> (j + 4)) & 1 else v2
 
 
-@njit_parallel
-def _dequantize_rows_xxs(y, x, grid):
-    for r in prange(y.shape[0]):
-        src = y[r]
-        out = x[r]
-        for ibl in range(x.shape[1] // QK_K):
-            p = _XXS_BYTES * ibl
-            d = get_f16(src, p)
-            for ib in range(8):
-                a = p + 2 + 64 + 4 * ib
-                aux = (np.uint32(src[a]) | (np.uint32(src[a + 1]) << np.uint32(8))
-                       | (np.uint32(src[a + 2]) << np.uint32(16)) | (np.uint32(src[a + 3]) << np.uint32(24)))
-                db = d * (np.float32(0.5) + np.float32(aux >> np.uint32(28))) * np.float32(0.5)
-                for l in range(4):
-                    s7 = np.int32((aux >> np.uint32(7 * l)) & np.uint32(127))
-                    par = 0
-                    for b in range(7):
-                        par ^= (s7 >> b) & 1
-                    qs = p + 2 + 8 * ib + 2 * l
-                    _put_group8(out, QK_K * ibl + 32 * ib + 8 * l, db, grid, src[qs], src[qs + 1], s7 | (par << 7))
+@njit
+def deq_iq3_xxs(src, y):
+    """One row's bytes -> float32 (``dequantize_row_iq3_xxs``); shared with the kernels layer."""
+    grid = GRID_IQ3_XXS
+    for ibl in range(y.shape[0] // QK_K):
+        p = _XXS_BYTES * ibl
+        d = get_f16(src, p)
+        for ib in range(8):
+            a = p + 2 + 64 + 4 * ib
+            aux = (np.uint32(src[a]) | (np.uint32(src[a + 1]) << np.uint32(8))
+                   | (np.uint32(src[a + 2]) << np.uint32(16)) | (np.uint32(src[a + 3]) << np.uint32(24)))
+            db = d * (np.float32(0.5) + np.float32(aux >> np.uint32(28))) * np.float32(0.5)
+            for l in range(4):
+                s7 = np.int32((aux >> np.uint32(7 * l)) & np.uint32(127))
+                qs = p + 2 + 8 * ib + 2 * l
+                _put_group8(y, QK_K * ibl + 32 * ib + 8 * l, db, grid, src[qs], src[qs + 1], s7 | (parity7(s7) << 7))
+
+
+@njit
+def deq_iq3_s(src, y):
+    """One row's bytes -> float32 (``dequantize_row_iq3_s``); shared with the kernels layer."""
+    grid = GRID_IQ3_S
+    for ibl in range(y.shape[0] // QK_K):
+        p = _S_BYTES * ibl
+        d = get_f16(src, p)
+        for ib in range(8):
+            sc = (np.int32(src[p + 2 + 64 + 8 + 32 + ib // 2]) >> (4 * (ib % 2))) & 15
+            db = d * np.float32(1 + 2 * sc)
+            qh = np.int32(src[p + 2 + 64 + ib])
+            for l in range(4):
+                qs = p + 2 + 8 * ib + 2 * l
+                g1 = np.int32(src[qs]) | (((qh >> (2 * l)) & 1) << 8)
+                g2 = np.int32(src[qs + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
+                _put_group8(y, QK_K * ibl + 32 * ib + 8 * l, db, grid, g1, g2,
+                            np.int32(src[p + 2 + 64 + 8 + 4 * ib + l]))
 
 
 @njit_parallel
-def _dequantize_rows_s(y, x, grid):
+def dequantize_rows_iq3_xxs(y, x):
     for r in prange(y.shape[0]):
-        src = y[r]
-        out = x[r]
-        for ibl in range(x.shape[1] // QK_K):
-            p = _S_BYTES * ibl
-            d = get_f16(src, p)
-            for ib in range(8):
-                sc = (np.int32(src[p + 2 + 64 + 8 + 32 + ib // 2]) >> (4 * (ib % 2))) & 15
-                db = d * np.float32(1 + 2 * sc)
-                qh = np.int32(src[p + 2 + 64 + ib])
-                for l in range(4):
-                    qs = p + 2 + 8 * ib + 2 * l
-                    g1 = np.int32(src[qs]) | (((qh >> (2 * l)) & 1) << 8)
-                    g2 = np.int32(src[qs + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
-                    _put_group8(out, QK_K * ibl + 32 * ib + 8 * l, db, grid, g1, g2,
-                                np.int32(src[p + 2 + 64 + 8 + 4 * ib + l]))
+        deq_iq3_xxs(y[r], x[r])
 
 
-def _dequantizer(name: str, kernel):
-    def dequantize_rows(y, x):
-        kernel(y, x, tables(name).dq)
-    dequantize_rows.__name__ = f"dequantize_rows_{name.lower()}"
-    return dequantize_rows
+@njit_parallel
+def dequantize_rows_iq3_s(y, x):
+    for r in prange(y.shape[0]):
+        deq_iq3_s(y[r], x[r])
 
 
 class IQ3_XXS(QuantType, qtype=T.IQ3_XXS):
     scale_fields = (0,)
     quantize_rows = staticmethod(_quantizer("IQ3_XXS", True))
-    dequantize_rows = staticmethod(_dequantizer("IQ3_XXS", _dequantize_rows_xxs))
+    dequantize_rows = dequantize_rows_iq3_xxs
 
 
 class IQ3_S(QuantType, qtype=T.IQ3_S):
     scale_fields = (0,)
     quantize_rows = staticmethod(_quantizer("IQ3_S", False))
-    dequantize_rows = staticmethod(_dequantizer("IQ3_S", _dequantize_rows_s))
+    dequantize_rows = dequantize_rows_iq3_s

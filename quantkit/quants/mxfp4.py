@@ -79,19 +79,23 @@ def quantize_rows_mxfp4(x, y, qw):
             quantize_block_mxfp4(x[r, QK_MXFP4 * ib:QK_MXFP4 * (ib + 1)], y[r], _BYTES * ib, best, best_err)
 
 
+@njit
+def deq_mxfp4(src, y):
+    """One row's bytes -> float32 (``dequantize_row_mxfp4``); shared with the kernels layer."""
+    kv = _KV_F32
+    for ib in range(y.shape[0] // QK_MXFP4):
+        p = _BYTES * ib
+        d = e8m0_to_fp32_half(src[p])
+        for j in range(16):
+            b = src[p + 1 + j]
+            y[32 * ib + j] = kv[b & 0xF] * d
+            y[32 * ib + 16 + j] = kv[b >> 4] * d
+
+
 @njit_parallel
 def dequantize_rows_mxfp4(y, x):
-    kv = _KV_F32
     for r in prange(y.shape[0]):
-        src = y[r]
-        out = x[r]
-        for ib in range(x.shape[1] // QK_MXFP4):
-            p = _BYTES * ib
-            d = e8m0_to_fp32_half(src[p])
-            for j in range(16):
-                b = src[p + 1 + j]
-                out[32 * ib + j] = kv[b & 0xF] * d
-                out[32 * ib + 16 + j] = kv[b >> 4] * d
+        deq_mxfp4(y[r], x[r])
 
 
 class MXFP4(QuantType, qtype=T.MXFP4):

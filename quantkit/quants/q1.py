@@ -41,16 +41,20 @@ def quantize_rows_q1_0(x, y, qw):
             quantize_block_q1_0(x[r, QK1_0 * ib:QK1_0 * (ib + 1)], y[r], _BYTES * ib)
 
 
+@njit
+def deq_q1_0(src, y):
+    """One row's bytes -> float32 (``dequantize_row_q1_0``); shared with the kernels layer."""
+    for ib in range(y.shape[0] // QK1_0):
+        p = _BYTES * ib
+        d = get_f16(src, p)
+        for j in range(QK1_0):
+            y[QK1_0 * ib + j] = d if (src[p + 2 + j // 8] >> (j % 8)) & 1 else -d
+
+
 @njit_parallel
 def dequantize_rows_q1_0(y, x):
     for r in prange(y.shape[0]):
-        src = y[r]
-        out = x[r]
-        for ib in range(x.shape[1] // QK1_0):
-            p = _BYTES * ib
-            d = get_f16(src, p)
-            for j in range(QK1_0):
-                out[QK1_0 * ib + j] = d if (src[p + 2 + j // 8] >> (j % 8)) & 1 else -d
+        deq_q1_0(y[r], x[r])
 
 
 class Q1_0(QuantType, qtype=T.Q1_0):

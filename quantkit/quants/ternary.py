@@ -92,7 +92,21 @@ def _unpack_trit(b, n):
 
 
 @njit
-def dequantize_block_tq1_0(src, pos, out, o):
+def deq_tq1_0(src, y):
+    """One row's bytes -> float32 (``dequantize_row_tq1_0``); shared with the kernels layer."""
+    for ib in range(y.shape[0] // QK_K):
+        _deq_block_tq1_0(src, _TQ1_BYTES * ib, y, QK_K * ib)
+
+
+@njit
+def deq_tq2_0(src, y):
+    """One row's bytes -> float32 (``dequantize_row_tq2_0``); shared with the kernels layer."""
+    for ib in range(y.shape[0] // QK_K):
+        _deq_block_tq2_0(src, _TQ2_BYTES * ib, y, QK_K * ib)
+
+
+@njit
+def _deq_block_tq1_0(src, pos, out, o):
     d = get_f16(src, pos + 52)
     for n in range(5):
         for m in range(32):
@@ -105,7 +119,7 @@ def dequantize_block_tq1_0(src, pos, out, o):
 
 
 @njit
-def dequantize_block_tq2_0(src, pos, out, o):
+def _deq_block_tq2_0(src, pos, out, o):
     d = get_f16(src, pos + 64)
     for j in range(2):
         for n in range(4):
@@ -130,15 +144,13 @@ def quantize_rows_tq2_0(x, y, qw):
 @njit_parallel
 def dequantize_rows_tq1_0(y, x):
     for r in prange(y.shape[0]):
-        for ib in range(x.shape[1] // QK_K):
-            dequantize_block_tq1_0(y[r], _TQ1_BYTES * ib, x[r], QK_K * ib)
+        deq_tq1_0(y[r], x[r])
 
 
 @njit_parallel
 def dequantize_rows_tq2_0(y, x):
     for r in prange(y.shape[0]):
-        for ib in range(x.shape[1] // QK_K):
-            dequantize_block_tq2_0(y[r], _TQ2_BYTES * ib, x[r], QK_K * ib)
+        deq_tq2_0(y[r], x[r])
 
 
 class TQ1_0(QuantType, qtype=T.TQ1_0):
