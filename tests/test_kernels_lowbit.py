@@ -9,7 +9,9 @@ import pytest
 
 import quantkit.quants as Q
 from quantkit.kernels.activations import ACT_LAYOUT, quantize_activations
-from quantkit.kernels.lowbit import ROWDOTS
+from quantkit.kernels.ir import HAS_VNNI, row_dots
+from quantkit.kernels.lowbit import ROWDOTS, SPECS
+from quantkit.kernels.vecdot import build, rowdot_ir
 
 N_IN = 1024
 
@@ -23,10 +25,27 @@ def _operands(t: str, kind: str, rows: np.ndarray, seed: int):
     return w, (qs[0], d[0], s[0]), Q.dequantize(w, t).astype(np.float64), a
 
 
-@pytest.mark.parametrize("t", sorted(ROWDOTS))
+def _impls():
+    out = [pytest.param(t, "numba", id=f"{t}-numba") for t in sorted(ROWDOTS)]
+    for v in ("vnni", "generic"):
+        out += [pytest.param(t, v, id=f"{t}-{v}",
+                             marks=pytest.mark.skipif(v == "vnni" and not HAS_VNNI, reason="no AVX-VNNI"))
+                for t in sorted(SPECS)]
+    return out
+
+
+def _rowdot(t: str, impl: str):
+    """The numba row dot, or the IR one (ir.ROW_SPECS entry from lowbit.SPECS) of a variant."""
+    if impl == "numba":
+        return ROWDOTS[t][0]
+    return build(rowdot_ir, f"{t}_{impl}_test", False, ROW=row_dots(impl)[t])
+
+
+@pytest.mark.parametrize("t,impl", _impls())
 @pytest.mark.parametrize("case", ["student_t", "normal", "zeros_and_outliers"])
-def test_rowdot_equals_float64_dot_of_dequantized(t, case):
-    fn, kind = ROWDOTS[t]
+def test_rowdot_equals_float64_dot_of_dequantized(t, impl, case):
+    kind = ROWDOTS[t][1]
+    fn = _rowdot(t, impl)
     assert Q.traits(t).qtype.name == t
     g = np.random.default_rng(7)
     if case == "student_t":
@@ -43,5 +62,7 @@ def test_rowdot_equals_float64_dot_of_dequantized(t, case):
         got = fn(w[r], xq, xd, xs, sc)
         terms = wd[r] * a
         want = terms.sum()
-        tol = 2e-6 * np.abs(terms).sum() + 1e-30  # one wrong value of 1024 would be ~1e-3 of the sum
+        # numba: one float product per block; IR: one per lane of 8, taken before an offset (128 * sum(q)
+        # for MXFP4) cancels, so up to ~1e-5. One wrong value of 1024 would be ~1e-3 of the sum.
+        tol = (2e-6 if impl == "numba" else 2e-5) * np.abs(terms).sum() + 1e-30
         assert abs(float(got) - want) <= tol, (t, r, float(got), want, tol)

@@ -16,13 +16,31 @@ unused here). Integer sums per block (exact), then one float multiply-add per bl
 
 Like ggml's, these sums are exact in the integer parts; only the per-block float products round, so a
 row dot equals the float64 dot of the dequantized operands to float32 rounding (tests/test_kernels_lowbit.py).
+
+Two forms. ``rowdot_X`` above are plain numba (numba types integer arithmetic as int64, so they run
+scalar or in 64-bit lanes: ~0.5-2 GB/s); they are the readable statement of each dot and the reference
+the fast form is tested against. ``SPECS`` are the same dots as per-block LLVM-IR emitters for ir.py's
+whole-row loop (``ir.ROW_SPECS``: u8 x s8 chunks through ``vpdpbusd``), registered on import:
+
+* TQ2_0 reuses Q2_K's 2-bit chunk loader (the same ``qs`` layout), TQ1_0 decodes trits with byte
+  multiplies (``(b * 3**n mod 256) * 3 >> 8``), both subtract ``sum(q)`` from the bsums;
+* MXFP4 looks its nibbles up in ``E + 128`` (``vpshufb``) and subtracts ``128 * sum(q)``;
+* IQ3_XXS / IQ3_S gather eight 4-byte grid points per 32 values from a constant table (as ggml's AVX2
+  dot does with ``_mm256_set_epi32``), apply the signs to the activations and scale each 32-chunk by
+  ``2s + 1``.
+
+Q1_0 (128 values per block against four Q8_0 scales) does not fit the one-activation-scale-per-block
+loop and keeps its numba dot.
 """
 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba.core import cgutils
 
 from quantkit.jit import njit_fast
+from quantkit.kernels import ir as K
 from quantkit.quants.common import get_f16
 from quantkit.quants.iq3 import GRID_IQ3_S, GRID_IQ3_XXS, parity7
 from quantkit.quants.mxfp4 import KVALUES_MXFP4, e8m0_to_fp32_half
@@ -180,3 +198,160 @@ ROWDOTS = {
     "IQ3_XXS": (rowdot_iq3_xxs, "Q8_K"),
     "IQ3_S": (rowdot_iq3_s, "Q8_K"),
 }
+
+
+# -- LLVM-IR block emitters for ir.py's row loop ---------------------------------------------------
+# Each: (blk, acc <8 x float>, extra float) -> (acc, extra), as ir.py's own emitters.
+
+_V16I32 = ir.VectorType(K.I32, 16)
+_V8I8 = ir.VectorType(K.I8, 8)
+
+
+def _scale(b, blk, off):
+    """d_w (fp16 at ``off``) * d_a, the block's float scale."""
+    return b.fmul(K._f16(b, blk.wb, off), blk.dx, flags=K._FM)
+
+
+def _minus_bsums(b, blk, ai):
+    """ai - sum of the block's 16 activation bsums (spread over the lanes; only the lane total counts)."""
+    return b.sub(ai, K._fold16(b, blk.bsums()))
+
+
+def _emit_tq2_0(blk, acc, extra):
+    b = blk.b
+    ai = None
+    for c in range(8):  # chunk c: elements 128 * (c // 4) + 32 * (c % 4) + m, Q2_K's qs layout
+        ai = K._dot(b, blk.v, ai, K._chunk_q2_k(b, blk.v, blk.wb, c), K._ld(b, blk.xb, 32 * c, K.V32I8))
+    return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, 64)), extra
+
+
+def _trits(b, v, pow3):
+    """Trits (0..2) of TQ1_0 bytes ``v`` (<n x i8>) at the positions of weight ``pow3`` (one int or one
+    per lane): the top base-3 digit of ``v * pow3 mod 256``."""
+    n = v.type.count
+    m = pow3 if isinstance(pow3, (list, tuple)) else [pow3] * n
+    q = b.zext(b.mul(v, K._vconst(m, K.I8)), ir.VectorType(K.I16, n))
+    t = b.lshr(b.mul(q, K._vconst([3] * n, K.I16)), K._vconst([8] * n, K.I16))
+    return b.trunc(t, ir.VectorType(K.I8, n))
+
+
+def _emit_tq1_0(blk, acc, extra):
+    b = blk.b
+    v32 = K._ld(b, blk.wb, 0, K.V32I8)   # qs[0:32]: elements 32n + m
+    v16 = K._ld(b, blk.wb, 32, K.V16I8)  # qs[32:48]: elements 160 + 16n + m
+    qh = K._ld(b, blk.wb, 48, ir.VectorType(K.I8, 4))  # qh[4]: elements 240 + 4n + j
+    qh16 = b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4))
+    chunks = [_trits(b, v32, 3 ** n) for n in range(5)]
+    chunks.append(K._concat16(b, _trits(b, v16, 1), _trits(b, v16, 3)))
+    chunks.append(K._concat16(b, _trits(b, v16, 9), _trits(b, v16, 27)))
+    chunks.append(K._concat16(b, _trits(b, v16, 81), _trits(b, qh16, [1] * 4 + [3] * 4 + [9] * 4 + [27] * 4)))
+    ai = None
+    for c in range(8):
+        ai = K._dot(b, blk.v, ai, chunks[c], K._ld(b, blk.xb, 32 * c, K.V32I8))
+    return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, 52)), extra
+
+
+_MXFP4_U = tuple((int(v) + 128) & 0xFF for v in KVALUES_MXFP4)  # offset by 128 -> unsigned
+
+
+def _emit_mxfp4(blk, acc, extra):
+    b = blk.b
+    e = b.zext(K._ld(b, blk.wb, 0, K.I8), K.I32)
+    small = b.icmp_unsigned("<", e, ir.Constant(K.I32, 2))
+    sub = b.sub(b.select(small, ir.Constant(K.I32, 1), e), ir.Constant(K.I32, 1))
+    bits = b.select(small, b.shl(ir.Constant(K.I32, 0x00200000), e), b.shl(sub, ir.Constant(K.I32, 23)))
+    scale = b.fmul(blk.dx, b.bitcast(bits, K.F32T), flags=K._FM)  # d_a * GGML_E8M0_TO_FP32_HALF(e)
+    xsum = K._ld(b, blk.sb, 0, K.I32)
+    neg = b.sub(ir.Constant(K.I32, 0), b.shl(xsum, ir.Constant(K.I32, 7)))
+    init = b.insert_element(ir.Constant(K.V8I32, None), neg, ir.Constant(K.I32, 0))
+    u = K._lut16(b, blk.v, K._nibbles16(b, blk.wb, 1), _MXFP4_U)
+    t = K._dot(b, blk.v, init, u, K._ld(b, blk.xb, 0, K.V32I8))
+    return K._fma_acc(b, acc, t, scale), extra
+
+
+def _grid_table(b, name, grid):
+    """The grid as a constant [n x i32] global (each point's four byte values, little endian)."""
+    words = [int(w) for w in np.ascontiguousarray(grid.astype(np.uint8)).view("<u4").ravel()]
+    arr = ir.ArrayType(K.I32, len(words))
+    gv = b.module.globals.get(name)
+    if gv is None:
+        gv = cgutils.global_constant(b.module, name, ir.Constant(arr, words))
+    return gv
+
+
+def _gather8(b, variant, table, idx):
+    """<8 x i32> of table[idx[i]] for eight i32 indices: ``vpgatherdd`` (AVX2) in the vnni variant,
+    eight loads elsewhere."""
+    if variant == "vnni":
+        fn = K._decl(b.module, "llvm.x86.avx2.gather.d.d.256", K.V8I32,
+                     [K.V8I32, K.I8.as_pointer(), K.V8I32, K.V8I32, K.I8])
+        base = b.bitcast(table, K.I8.as_pointer())
+        ones = ir.Constant(K.V8I32, [-1] * 8)
+        return b.call(fn, [ir.Constant(K.V8I32, None), base, idx, ones, ir.Constant(K.I8, 4)])
+    out = ir.Constant(K.V8I32, None)
+    zero = ir.Constant(K.I32, 0)
+    for i in range(8):
+        j = b.extract_element(idx, ir.Constant(K.I32, i))
+        out = b.insert_element(out, b.load(b.gep(table, [zero, j])), ir.Constant(K.I32, i))
+    return out
+
+
+def _signed_chunk_dot(b, blk, grid_words, signs32, c):
+    """Chunk c: grid bytes (u8) . activations with bit j of ``signs32`` negating activation j."""
+    x = K._ld(b, blk.xb, 32 * c, K.V32I8)
+    neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
+    xs = b.select(neg, b.sub(ir.Constant(K.V32I8, None), x), x)
+    return K._dot(b, blk.v, None, b.bitcast(grid_words, K.V32I8), xs)
+
+
+def _emit_iq3_xxs(blk, acc, extra):
+    b = blk.b
+    table = _grid_table(b, "quantkit_iq3xxs_grid", GRID_IQ3_XXS)
+    ctpop = K._decl(b.module, "llvm.ctpop.i32", K.I32, [K.I32])
+    ai = ir.Constant(K.V8I32, None)
+    for c in range(8):
+        aux = K._ld(b, blk.wb, 66 + 4 * c, K.I32)
+        idx = b.zext(K._ld(b, blk.wb, 2 + 8 * c, _V8I8), K.V8I32)
+        mask = ir.Constant(K.I32, 0)
+        for l in range(4):
+            s7 = b.and_(b.lshr(aux, ir.Constant(K.I32, 7 * l)), ir.Constant(K.I32, 127))
+            par = b.and_(b.call(ctpop, [s7]), ir.Constant(K.I32, 1))
+            s8 = b.or_(s7, b.shl(par, ir.Constant(K.I32, 7)))
+            mask = b.or_(mask, b.shl(s8, ir.Constant(K.I32, 8 * l)))
+        t = _signed_chunk_dot(b, blk, _gather8(b, blk.v, table, idx), mask, c)
+        ls = b.add(b.shl(b.lshr(aux, ir.Constant(K.I32, 28)), ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
+        ai = b.add(ai, b.mul(t, K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), ls,
+                                                             ir.Constant(K.I32, 0)), [0] * 8)))
+    scale = b.fmul(_scale(b, blk, 0), ir.Constant(K.F32T, 0.25), flags=K._FM)
+    return K._fma_acc(b, acc, ai, scale), extra
+
+
+def _emit_iq3_s(blk, acc, extra):
+    b = blk.b
+    table = _grid_table(b, "quantkit_iq3s_grid", GRID_IQ3_S)
+    ai = ir.Constant(K.V8I32, None)
+    for c in range(8):
+        lo = b.zext(K._ld(b, blk.wb, 2 + 8 * c, _V8I8), K.V8I32)
+        qh = b.zext(K._ld(b, blk.wb, 66 + c, K.I8), K.I32)
+        qhv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), qh, ir.Constant(K.I32, 0)), [0] * 8)
+        hi = b.shl(b.and_(b.lshr(qhv, K._vconst(range(8))), K._vconst([1] * 8)), K._vconst([8] * 8))
+        signs = K._ld(b, blk.wb, 74 + 4 * c, K.I32)
+        t = _signed_chunk_dot(b, blk, _gather8(b, blk.v, table, b.or_(lo, hi)), signs, c)
+        sc = b.zext(K._ld(b, blk.wb, 106 + c // 2, K.I8), K.I32)
+        s4 = b.and_(b.lshr(sc, ir.Constant(K.I32, 4 * (c % 2))), ir.Constant(K.I32, 15))
+        ls = b.add(b.shl(s4, ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
+        ai = b.add(ai, b.mul(t, K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), ls,
+                                                             ir.Constant(K.I32, 0)), [0] * 8)))
+    return K._fma_acc(b, acc, ai, _scale(b, blk, 0)), extra
+
+
+#: type name -> (block bytes, elements per block, activation sums per block, emitter), as ir.ROW_SPECS
+SPECS = {
+    "TQ1_0": (54, 256, 16, _emit_tq1_0),
+    "TQ2_0": (66, 256, 16, _emit_tq2_0),
+    "MXFP4": (17, 32, 1, _emit_mxfp4),
+    "IQ3_XXS": (98, 256, 16, _emit_iq3_xxs),
+    "IQ3_S": (110, 256, 16, _emit_iq3_s),
+}
+K.ROW_SPECS.update(SPECS)
+
