@@ -99,22 +99,21 @@ class Iq3Tables:
         self.kmap = np.full(4096, -1, dtype=np.int32)
         self.kmap[codes] = np.arange(n, dtype=np.int32)
         nwant = 2 if n == 256 else 3
-        allcodes = np.arange(4096)
-        pos = 2 * ((allcodes[:, None] >> np.array([0, 3, 6, 9])) & 7) + 1
-        d2 = ((pos[:, None, :] - self.q[None, :, :].astype(np.int64)) ** 2).sum(axis=2)  # [4096, n]
-        lists = []
+        off = np.flatnonzero(self.kmap < 0)  # codes off the grid
+        pos = 2 * ((off[:, None] >> np.array([0, 3, 6, 9])) & 7) + 1
+        q = self.q.astype(np.int32)
+        d2 = (pos * pos).sum(1)[:, None] + (q * q).sum(1)[None, :] - 2 * pos.astype(np.int32) @ q.T  # [n_off, n]
+        limit = d2.min(axis=1)  # after the loop: the nwant-th smallest distinct distance of each code
+        for _ in range(nwant - 1):
+            nxt = np.where(d2 > limit[:, None], d2, np.iinfo(np.int32).max).min(axis=1)
+            limit = np.where(nxt == np.iinfo(np.int32).max, limit, nxt)
+        row, j = np.nonzero(d2 <= limit[:, None])
+        order = np.lexsort((j, d2[row, j], row))  # per code: by distance, then index (ggml's qsort)
         counts = np.zeros(4096, dtype=np.int32)
-        idx = np.arange(n)
-        for u in np.flatnonzero(self.kmap < 0):
-            order = np.lexsort((idx, d2[u]))
-            dist = d2[u][order]
-            kept = np.unique(dist)[:nwant]
-            sel = order[dist <= kept[-1]]
-            lists.append(sel)
-            counts[u] = sel.size
+        counts[off] = np.bincount(row, minlength=off.size)
         self.nstart = np.zeros(4097, dtype=np.int32)
         np.cumsum(counts, out=self.nstart[1:])
-        self.nbr = np.concatenate(lists).astype(np.int32)
+        self.nbr = j[order].astype(np.int32)
 
 
 @functools.cache
