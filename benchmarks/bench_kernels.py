@@ -93,7 +93,9 @@ def ggml_vec_dot_rate(t, nbytes, rng, reps, lib=None):
 
     cpu.ggml_get_type_traits_cpu.restype = ctypes.POINTER(Traits)
     tr = cpu.ggml_get_type_traits_cpu(int(t)).contents
-    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(tr.from_float)
+    # the activations are converted by the vec_dot type's from_float (the weight type's may be NULL: TQ1_0)
+    act = cpu.ggml_get_type_traits_cpu(tr.vec_dot_type).contents
+    from_float = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64)(act.from_float)
     vec_dot = ctypes.CFUNCTYPE(None, ctypes.c_int, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p,
                                ctypes.c_size_t, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int)(tr.vec_dot)
     bs, ts = GGML_QUANT_SIZES[t]

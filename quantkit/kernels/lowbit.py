@@ -25,9 +25,9 @@ whole-row loop (``ir.ROW_SPECS``: u8 x s8 chunks through ``vpdpbusd``), register
 * TQ2_0 reuses Q2_K's 2-bit chunk loader (the same ``qs`` layout), TQ1_0 decodes trits with byte
   multiplies (``(b * 3**n mod 256) * 3 >> 8``), both subtract ``sum(q)`` from the bsums;
 * MXFP4 looks its nibbles up in ``E + 128`` (``vpshufb``) and subtracts ``128 * sum(q)``;
-* IQ3_XXS / IQ3_S gather eight 4-byte grid points per 32 values from a constant table (as ggml's AVX2
+* IQ3_XXS / IQ3_S load eight 4-byte grid points per 32 values from a constant table (as ggml's AVX2
   dot does with ``_mm256_set_epi32``), apply the signs to the activations and scale each 32-chunk by
-  ``2s + 1``.
+  ``2s + 1`` (``vpmaddubsw`` + ``vpdpwssd``).
 
 Q1_0 (128 values per block against four Q8_0 scales) does not fit the one-activation-scale-per-block
 loop and keeps its numba dot.
@@ -279,15 +279,9 @@ def _grid_table(b, name, grid):
     return gv
 
 
-def _gather8(b, variant, table, idx):
-    """<8 x i32> of table[idx[i]] for eight i32 indices: ``vpgatherdd`` (AVX2) in the vnni variant,
-    eight loads elsewhere."""
-    if variant == "vnni":
-        fn = K._decl(b.module, "llvm.x86.avx2.gather.d.d.256", K.V8I32,
-                     [K.V8I32, K.I8.as_pointer(), K.V8I32, K.V8I32, K.I8])
-        base = b.bitcast(table, K.I8.as_pointer())
-        ones = ir.Constant(K.V8I32, [-1] * 8)
-        return b.call(fn, [ir.Constant(K.V8I32, None), base, idx, ones, ir.Constant(K.I8, 4)])
+def _gather8(b, table, idx):
+    """<8 x i32> of table[idx[i]] for eight i32 indices: eight loads (measured 20 % faster per core than
+    AVX2's ``vpgatherdd`` for IQ3_XXS on the Zen 5 test machine, as ggml's AVX2 dot also does)."""
     out = ir.Constant(K.V8I32, None)
     zero = ir.Constant(K.I32, 0)
     for i in range(8):
@@ -296,32 +290,51 @@ def _gather8(b, variant, table, idx):
     return out
 
 
-def _signed_chunk_dot(b, blk, grid_words, signs32, c):
-    """Chunk c: grid bytes (u8) . activations with bit j of ``signs32`` negating activation j."""
+def _signed_chunk_dot(b, blk, acc, grid_words, signs32, c, ls):
+    """acc + ls * (chunk c's grid bytes (u8) . activations, bit j of ``signs32`` negating activation j).
+    vnni: ``vpmaddubsw`` then ``vpdpwssd`` with ``ls`` (grid values < 64, so the pairs fit int16), as
+    ir.py's ``_scaled_chunks``; elsewhere a u8 x s8 dot times ``ls``."""
     x = K._ld(b, blk.xb, 32 * c, K.V32I8)
     neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
     xs = b.select(neg, b.sub(ir.Constant(K.V32I8, None), x), x)
-    return K._dot(b, blk.v, None, b.bitcast(grid_words, K.V32I8), xs)
+    u = b.bitcast(grid_words, K.V32I8)
+    if blk.v == "vnni":
+        mad = K._decl(b.module, "llvm.x86.avx2.pmadd.ub.sw", K.V16I16, [K.V32I8, K.V32I8])
+        dpw = K._decl(b.module, "llvm.x86.avx512.vpdpwssd.256", K.V8I32, [K.V8I32, K.V8I32, K.V8I32])
+        l16 = b.trunc(ls, K.I16)
+        lv = b.insert_element(ir.Constant(K.V16I16, None), l16, ir.Constant(K.I32, 0))
+        lv = b.shuffle_vector(lv, lv, K._vconst([0] * 16))
+        p16 = b.call(mad, [u, xs])
+        return b.call(dpw, [acc, b.bitcast(p16, K.V8I32), b.bitcast(lv, K.V8I32)])
+    t = K._dot(b, blk.v, None, u, xs)
+    lv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), ls, ir.Constant(K.I32, 0)), [0] * 8)
+    return b.add(acc, b.mul(t, lv))
+
+
+def _xxs_signs(b, aux):
+    """IQ3_XXS's four 7-bit sign groups (bits 0..27 of ``aux``) -> the 32 sign bits, each byte's eighth
+    bit the parity of its seven (ggml's ``ksigns_iq2xs``): spread the groups to bytes, then fold each
+    byte's parity into its bit 0 with three shift-xors (bits never cross a byte there)."""
+    c = lambda v: ir.Constant(K.I32, v)  # noqa: E731
+    m = b.and_(aux, c(0x7F))
+    for l in (1, 2, 3):
+        m = b.or_(m, b.and_(b.shl(aux, c(l)), c(0x7F << (8 * l))))
+    p = b.xor(m, b.lshr(m, c(4)))
+    p = b.xor(p, b.lshr(p, c(2)))
+    p = b.xor(p, b.lshr(p, c(1)))
+    return b.or_(m, b.shl(b.and_(p, c(0x01010101)), c(7)))
 
 
 def _emit_iq3_xxs(blk, acc, extra):
     b = blk.b
     table = _grid_table(b, "quantkit_iq3xxs_grid", GRID_IQ3_XXS)
-    ctpop = K._decl(b.module, "llvm.ctpop.i32", K.I32, [K.I32])
     ai = ir.Constant(K.V8I32, None)
     for c in range(8):
         aux = K._ld(b, blk.wb, 66 + 4 * c, K.I32)
         idx = b.zext(K._ld(b, blk.wb, 2 + 8 * c, _V8I8), K.V8I32)
-        mask = ir.Constant(K.I32, 0)
-        for l in range(4):
-            s7 = b.and_(b.lshr(aux, ir.Constant(K.I32, 7 * l)), ir.Constant(K.I32, 127))
-            par = b.and_(b.call(ctpop, [s7]), ir.Constant(K.I32, 1))
-            s8 = b.or_(s7, b.shl(par, ir.Constant(K.I32, 7)))
-            mask = b.or_(mask, b.shl(s8, ir.Constant(K.I32, 8 * l)))
-        t = _signed_chunk_dot(b, blk, _gather8(b, blk.v, table, idx), mask, c)
+        mask = _xxs_signs(b, aux)
         ls = b.add(b.shl(b.lshr(aux, ir.Constant(K.I32, 28)), ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
-        ai = b.add(ai, b.mul(t, K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), ls,
-                                                             ir.Constant(K.I32, 0)), [0] * 8)))
+        ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, idx), mask, c, ls)
     scale = b.fmul(_scale(b, blk, 0), ir.Constant(K.F32T, 0.25), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
 
@@ -336,12 +349,10 @@ def _emit_iq3_s(blk, acc, extra):
         qhv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), qh, ir.Constant(K.I32, 0)), [0] * 8)
         hi = b.shl(b.and_(b.lshr(qhv, K._vconst(range(8))), K._vconst([1] * 8)), K._vconst([8] * 8))
         signs = K._ld(b, blk.wb, 74 + 4 * c, K.I32)
-        t = _signed_chunk_dot(b, blk, _gather8(b, blk.v, table, b.or_(lo, hi)), signs, c)
         sc = b.zext(K._ld(b, blk.wb, 106 + c // 2, K.I8), K.I32)
         s4 = b.and_(b.lshr(sc, ir.Constant(K.I32, 4 * (c % 2))), ir.Constant(K.I32, 15))
         ls = b.add(b.shl(s4, ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
-        ai = b.add(ai, b.mul(t, K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), ls,
-                                                             ir.Constant(K.I32, 0)), [0] * 8)))
+        ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, b.or_(lo, hi)), signs, c, ls)
     return K._fma_acc(b, acc, ai, _scale(b, blk, 0)), extra
 
 
