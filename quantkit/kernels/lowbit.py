@@ -29,15 +29,17 @@ whole-row loop (``ir.ROW_SPECS``: u8 x s8 chunks through ``vpdpbusd``), register
   dot does with ``_mm256_set_epi32``), apply the signs to the activations and scale each 32-chunk by
   ``2s + 1`` (``vpmaddubsw`` + ``vpdpwssd``).
 
-Q1_0 (128 values per block against four Q8_0 scales) does not fit the one-activation-scale-per-block
-loop and keeps its numba dot.
+Q1_0 (128 values per block against four Q8_0 scales) does not fit that one-activation-scale-per-block
+loop: its numba dot takes each 32-value bit mask through one small IR intrinsic (``_bits_dot32``).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
+from numba import types
 from numba.core import cgutils
+from numba.extending import intrinsic
 
 from quantkit.jit import njit_fast
 from quantkit.kernels import ir as K
@@ -119,6 +121,23 @@ def rowdot_mxfp4(wr, xq, xd, xs, sc):
     return sumf
 
 
+@intrinsic
+def _bits_dot32(typingctx, wr, woff, xq, xoff):
+    """sum of the int8 ``xq[xoff:xoff+32]`` whose bit is set in the 32-bit mask at byte ``woff`` of
+    ``wr`` (bit j of the little-endian word for value j), as one u8 x s8 chunk dot (vpdpbusd)."""
+    sig = types.int32(wr, woff, xq, xoff)
+
+    def codegen(context, builder, signature, args):
+        ta = signature.args
+        wp = K._byte_ptr(context, builder, ta[0], args[0], args[1], ta[1])
+        xp = K._byte_ptr(context, builder, ta[2], args[2], args[3], ta[3])
+        bits = K._bits_to_bytes(builder, builder.load(builder.bitcast(wp, K.I32.as_pointer()), align=1), 0)
+        x = builder.load(builder.bitcast(xp, K.V32I8.as_pointer()), align=1)
+        return K._reduce(builder, K._dot(builder, "vnni" if K.HAS_VNNI else "generic", None, bits, x))
+
+    return sig, codegen
+
+
 @njit_fast
 def rowdot_q1_0(wr, xq, xd, xs, sc):
     sumf = F(0.0)
@@ -126,11 +145,8 @@ def rowdot_q1_0(wr, xq, xd, xs, sc):
         p = 18 * ib
         sumi = F(0.0)
         for k in range(4):
-            o = 128 * ib + 32 * k
-            acc = 0
-            for j in range(32):
-                acc += ((np.int32(wr[p + 2 + 4 * k + j // 8]) >> (j % 8)) & 1) * np.int32(xq[o + j])
-            sumi += xd[4 * ib + k] * F(2 * acc - xs[4 * ib + k])
+            acc = _bits_dot32(wr, p + 2 + 4 * k, xq, 128 * ib + 32 * k)  # sum of q where the bit is set
+            sumi += xd[4 * ib + k] * F(2 * acc - xs[4 * ib + k])  # sum(+-q) = 2 * that - sum(q)
         sumf += get_f16(wr, p) * sumi
     return sumf
 
