@@ -10,8 +10,8 @@ of ``ggml_quantize_chunk`` with ``quant_weights`` NULL or the case's weights), `
 (ggml's ``to_float`` of those bytes) and a JSON ``meta`` with provenance and the dedup ``aliases``.
 The cases are make_golden.py's eleven plus a few for these types' own edges: 1024-wide rows,
 block maxima at and next to powers of two (MXFP4's shared exponent comes from ``floorf(log2f(amax))``),
-values at exact halves of the block maximum (``lroundf`` ties in TQ1_0 / TQ2_0) and signed zeros
-(Q1_0 stores ``x >= 0``).
+values at exact halves of the block maximum (``lroundf`` ties in TQ1_0 / TQ2_0), signed zeros
+(Q1_0 stores ``x >= 0``) and float32 subnormals.
 """
 
 from __future__ import annotations
@@ -73,6 +73,12 @@ def extra_cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
     h[2] = np.where(h[2] == 0, -0.0, h[2])
     h[3, 128:256] = -0.0
     out["halves_signed_zero"] = h
+
+    # float32 subnormals: block maxima below 2**-126 (and below 2**-128, where 1/amax is inf)
+    s = np.random.default_rng(24).standard_normal((2, 512))
+    s[0] *= 1e-39
+    s[1] *= 1e-41
+    out["subnormal"] = s
 
     cases = {}
     for i, (name, a) in enumerate(out.items()):

@@ -22,7 +22,6 @@ from gguf import GGMLQuantizationType as T
 from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
 from quantkit.quants.common import get_f16, put_f16
-from quantkit.quants.symmetric import c_roundf
 
 QK_K = 256
 _TQ1_BYTES = 54
@@ -40,44 +39,51 @@ def _absmax_inv(x):
 
 
 @njit
-def _trit(v, inv):
-    """``lroundf(v * inv) + 1``."""
-    return np.int32(c_roundf(np.float32(v * inv))) + 1
+def _trits(x, inv, t):
+    """``t[j] = lroundf(x[j] * inv) + 1`` for a block. While ``inv`` is finite, ``|x * inv| <= 1`` up to
+    rounding, so the rounding is two comparisons and the loop vectorizes. ``inv`` is inf only for a
+    block whose maximum is below 2**-128: there every ``x * inv`` is +-inf or NaN, for which x86's
+    ``lroundf`` returns LONG_MIN, and ggml's ``int xi = lroundf(..) + 1`` keeps its low 32 bits (0) + 1."""
+    if np.isfinite(inv):
+        for j in range(x.shape[0]):
+            v = np.float32(x[j] * inv)
+            t[j] = 1 + np.int32(v >= np.float32(0.5)) - np.int32(v <= np.float32(-0.5))
+    else:
+        for j in range(x.shape[0]):
+            t[j] = 1
 
 
 @njit
-def _pack5(x, inv, first, stride):
-    """Five trits ``x[first + stride*n]`` (n = 0..4) as one byte, ggml's ceiling scaling."""
-    q = 0
-    for n in range(5):
-        q = q * 3 + _trit(x[first + stride * n], inv)
-    return np.uint8((q * 256 + 242) // 243)
+def _pack5(t, first, stride, n, y, pos):
+    """Bytes ``y[pos + m]`` (m < n) from the five trits ``t[first + m + stride * k]`` (k = 0..4, first
+    most significant) as ggml's ceiling-scaled base-3 number."""
+    for m in range(n):
+        q = (((t[first + m] * 3 + t[first + m + stride]) * 3 + t[first + m + 2 * stride]) * 3
+             + t[first + m + 3 * stride]) * 3 + t[first + m + 4 * stride]
+        y[pos + m] = np.uint8((q * 256 + 242) // 243)
 
 
 @njit
-def quantize_block_tq1_0(x, y, pos):
+def quantize_block_tq1_0(x, y, pos, t):
     amax, inv = _absmax_inv(x)
-    for m in range(32):
-        y[pos + m] = _pack5(x, inv, m, 32)
-    for m in range(16):
-        y[pos + 32 + m] = _pack5(x, inv, 160 + m, 16)
-    for j in range(4):
-        q = 0
-        for n in range(4):
-            q = q * 3 + _trit(x[240 + j + 4 * n], inv)
-        y[pos + 48 + j] = np.uint8((q * 3 * 256 + 242) // 243)
+    _trits(x, inv, t)
+    _pack5(t, 0, 32, 32, y, pos)
+    _pack5(t, 160, 16, 16, y, pos + 32)
+    for j in range(4):  # four trits and a zero fifth
+        q = (((t[240 + j] * 3 + t[244 + j]) * 3 + t[248 + j]) * 3 + t[252 + j]) * 3
+        y[pos + 48 + j] = np.uint8((q * 256 + 242) // 243)
     put_f16(y, pos + 52, amax)
 
 
 @njit
-def quantize_block_tq2_0(x, y, pos):
+def quantize_block_tq2_0(x, y, pos, t):
     amax, inv = _absmax_inv(x)
+    _trits(x, inv, t)
     for j in range(2):
         for m in range(32):
-            q = 0
-            for n in range(4):
-                q |= (_trit(x[128 * j + m + 32 * n], inv) & 3) << (2 * n)
-            y[pos + 32 * j + m] = np.uint8(q)
+            o = 128 * j + m
+            y[pos + 32 * j + m] = np.uint8((t[o] & 3) | ((t[o + 32] & 3) << 2) | ((t[o + 64] & 3) << 4)
+                                           | ((t[o + 96] & 3) << 6))
     put_f16(y, pos + 64, amax)
 
 
@@ -130,15 +136,17 @@ def _deq_block_tq2_0(src, pos, out, o):
 @njit_parallel
 def quantize_rows_tq1_0(x, y, qw):
     for r in prange(x.shape[0]):
+        t = np.empty(QK_K, dtype=np.int32)
         for ib in range(x.shape[1] // QK_K):
-            quantize_block_tq1_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ1_BYTES * ib)
+            quantize_block_tq1_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ1_BYTES * ib, t)
 
 
 @njit_parallel
 def quantize_rows_tq2_0(x, y, qw):
     for r in prange(x.shape[0]):
+        t = np.empty(QK_K, dtype=np.int32)
         for ib in range(x.shape[1] // QK_K):
-            quantize_block_tq2_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ2_BYTES * ib)
+            quantize_block_tq2_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ2_BYTES * ib, t)
 
 
 @njit_parallel
