@@ -80,16 +80,26 @@ def quantize_rows_mxfp4(x, y, qw):
 
 
 @njit
+def _e2m1x2(c):
+    """``kvalues_mxfp4[c]`` computed, not looked up (so the decoder's loop vectorizes): magnitude code
+    m = c & 7 is m for m < 4, else (2 + (m & 1)) << ((m >> 1) - 1); bit 3 is the sign (an integer 0,
+    so code 8 is +0 like the table's)."""
+    m = np.int32(c) & 7
+    v = m if m < 4 else (2 + (m & 1)) << ((m >> 1) - 1)
+    return np.float32(-v if c & 8 else v)
+
+
+@njit
 def deq_mxfp4(src, y):
     """One row's bytes -> float32 (``dequantize_row_mxfp4``); shared with the kernels layer."""
-    kv = _KV_F32
     for ib in range(y.shape[0] // QK_MXFP4):
         p = _BYTES * ib
+        o = QK_MXFP4 * ib
         d = e8m0_to_fp32_half(src[p])
         for j in range(16):
-            b = src[p + 1 + j]
-            y[32 * ib + j] = kv[b & 0xF] * d
-            y[32 * ib + 16 + j] = kv[b >> 4] * d
+            b = np.int32(src[p + 1 + j])
+            y[o + j] = _e2m1x2(b & 0xF) * d
+            y[o + 16 + j] = _e2m1x2(b >> 4) * d
 
 
 @njit_parallel
