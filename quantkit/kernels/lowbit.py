@@ -41,13 +41,20 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quantkit.jit import njit_fast
+from quantkit.jit import byte_ptr, njit_fast
 from quantkit.kernels import ir as K
-from quantkit.quants.common import get_f16
+from quantkit.quants.common import block_layout, get_f16
 from quantkit.quants.iq3 import GRID_IQ3_S, GRID_IQ3_XXS, parity7
 from quantkit.quants.mxfp4 import KVALUES_MXFP4, e8m0_to_fp32_half
 
 F = np.float32
+_TQ1_TS, _TQ1_QS, _TQ1_QH, _TQ1_D = block_layout("TQ1_0", "qs", "qh", "d")
+_TQ2_TS, _TQ2_QS, _TQ2_D = block_layout("TQ2_0", "qs", "d")
+_MX_TS, _MX_E, _MX_QS = block_layout("MXFP4", "e", "qs")
+_Q1_TS, _Q1_D, _Q1_QS = block_layout("Q1_0", "d", "qs")
+_XXS_TS, _XXS_D, _XXS_QS = block_layout("IQ3_XXS", "d", "qs")
+_XXS_SAS = _XXS_QS + 64  # IQ3_XXS: the uint32 signs-and-scale words, the last 32 bytes of qs
+_S_TS, _S_D, _S_QS, _S_QH, _S_SIGNS, _S_SCALES = block_layout("IQ3_S", "d", "qs", "qh", "signs", "scales")
 _KV_MXFP4 = KVALUES_MXFP4.astype(np.int32)
 _G3XXS = GRID_IQ3_XXS.astype(np.int32)
 _G3S = GRID_IQ3_S.astype(np.int32)
@@ -66,15 +73,15 @@ def _bsum256(xs, ib):
 def rowdot_tq2_0(wr, xq, xd, xs, sc):
     sumf = F(0.0)
     for ib in range(xq.shape[0] // 256):
-        p = 66 * ib
+        p = _TQ2_TS * ib
         o = 256 * ib
         acc = 0
         for j in range(2):
             for n in range(4):
                 for m in range(32):
-                    acc += ((np.int32(wr[p + 32 * j + m]) >> (2 * n)) & 3) * np.int32(xq[o + 128 * j + 32 * n + m])
+                    acc += ((np.int32(wr[p + _TQ2_QS + 32 * j + m]) >> (2 * n)) & 3) * np.int32(xq[o + 128 * j + 32 * n + m])
         sumi = acc - _bsum256(xs, ib)
-        sumf += F(sumi) * (xd[ib] * get_f16(wr, p + 64))
+        sumf += F(sumi) * (xd[ib] * get_f16(wr, p + _TQ2_D))
     return sumf
 
 
@@ -88,7 +95,7 @@ def _trit(b, p3):
 def rowdot_tq1_0(wr, xq, xd, xs, sc):
     sumf = F(0.0)
     for ib in range(xq.shape[0] // 256):
-        p = 54 * ib
+        p = _TQ1_TS * ib
         o = 256 * ib
         acc = 0
         p3 = 1
@@ -96,13 +103,13 @@ def rowdot_tq1_0(wr, xq, xd, xs, sc):
             for m in range(32):
                 acc += _trit(wr[p + m], p3) * np.int32(xq[o + 32 * n + m])
             for m in range(16):
-                acc += _trit(wr[p + 32 + m], p3) * np.int32(xq[o + 160 + 16 * n + m])
+                acc += _trit(wr[p + _TQ1_QS + 32 + m], p3) * np.int32(xq[o + 160 + 16 * n + m])
             if n < 4:
                 for j in range(4):
-                    acc += _trit(wr[p + 48 + j], p3) * np.int32(xq[o + 240 + 4 * n + j])
+                    acc += _trit(wr[p + _TQ1_QH + j], p3) * np.int32(xq[o + 240 + 4 * n + j])
             p3 *= 3
         sumi = acc - _bsum256(xs, ib)
-        sumf += F(sumi) * (get_f16(wr, p + 52) * xd[ib])
+        sumf += F(sumi) * (get_f16(wr, p + _TQ1_D) * xd[ib])
     return sumf
 
 
@@ -111,13 +118,13 @@ def rowdot_mxfp4(wr, xq, xd, xs, sc):
     kv = _KV_MXFP4
     sumf = F(0.0)
     for ib in range(xq.shape[0] // 32):
-        p = 17 * ib
+        p = _MX_TS * ib
         o = 32 * ib
         acc = 0
         for j in range(16):
-            b = np.int32(wr[p + 1 + j])
+            b = np.int32(wr[p + _MX_QS + j])
             acc += kv[b & 15] * np.int32(xq[o + j]) + kv[b >> 4] * np.int32(xq[o + 16 + j])
-        sumf += (xd[ib] * e8m0_to_fp32_half(wr[p])) * F(acc)
+        sumf += (xd[ib] * e8m0_to_fp32_half(wr[p + _MX_E])) * F(acc)
     return sumf
 
 
@@ -129,8 +136,8 @@ def _bits_dot32(typingctx, wr, woff, xq, xoff):
 
     def codegen(context, builder, signature, args):
         ta = signature.args
-        wp = K._byte_ptr(context, builder, ta[0], args[0], args[1], ta[1])
-        xp = K._byte_ptr(context, builder, ta[2], args[2], args[3], ta[3])
+        wp = byte_ptr(context, builder, ta[0], args[0], args[1], ta[1])
+        xp = byte_ptr(context, builder, ta[2], args[2], args[3], ta[3])
         bits = K._bits_to_bytes(builder, builder.load(builder.bitcast(wp, K.I32.as_pointer()), align=1), 0)
         x = builder.load(builder.bitcast(xp, K.V32I8.as_pointer()), align=1)
         return K._reduce(builder, K._dot(builder, "vnni" if K.HAS_VNNI else "generic", None, bits, x))
@@ -142,12 +149,12 @@ def _bits_dot32(typingctx, wr, woff, xq, xoff):
 def rowdot_q1_0(wr, xq, xd, xs, sc):
     sumf = F(0.0)
     for ib in range(xq.shape[0] // 128):
-        p = 18 * ib
+        p = _Q1_TS * ib
         sumi = F(0.0)
         for k in range(4):
-            acc = _bits_dot32(wr, p + 2 + 4 * k, xq, 128 * ib + 32 * k)  # sum of q where the bit is set
+            acc = _bits_dot32(wr, p + _Q1_QS + 4 * k, xq, 128 * ib + 32 * k)  # sum of q where the bit is set
             sumi += xd[4 * ib + k] * F(2 * acc - xs[4 * ib + k])  # sum(+-q) = 2 * that - sum(q)
-        sumf += get_f16(wr, p) * sumi
+        sumf += get_f16(wr, p + _Q1_D) * sumi
     return sumf
 
 
@@ -168,20 +175,20 @@ def _signed_dot8(grid, g1, g2, signs, xq, o):
 def rowdot_iq3_xxs(wr, xq, xd, xs, sc):
     sumf = F(0.0)
     for ibl in range(xq.shape[0] // 256):
-        p = 98 * ibl
+        p = _XXS_TS * ibl
         bsum = 0
         for ib in range(8):
-            a = p + 66 + 4 * ib
+            a = p + _XXS_SAS + 4 * ib
             aux = (np.int64(wr[a]) | (np.int64(wr[a + 1]) << 8) | (np.int64(wr[a + 2]) << 16)
                    | (np.int64(wr[a + 3]) << 24))
             sumi = 0
             for l in range(4):
                 s7 = np.int32((aux >> (7 * l)) & 127)
-                q = p + 2 + 8 * ib + 2 * l
+                q = p + _XXS_QS + 8 * ib + 2 * l
                 sumi += _signed_dot8(_G3XXS, wr[q], wr[q + 1], s7 | (parity7(s7) << 7), xq,
                                      256 * ibl + 32 * ib + 8 * l)
             bsum += sumi * np.int32(2 * (aux >> 28) + 1)
-        sumf += (get_f16(wr, p) * xd[ibl]) * F(bsum)
+        sumf += (get_f16(wr, p + _XXS_D) * xd[ibl]) * F(bsum)
     return F(0.25) * sumf
 
 
@@ -189,19 +196,19 @@ def rowdot_iq3_xxs(wr, xq, xd, xs, sc):
 def rowdot_iq3_s(wr, xq, xd, xs, sc):
     sumf = F(0.0)
     for ibl in range(xq.shape[0] // 256):
-        p = 110 * ibl
+        p = _S_TS * ibl
         bsum = 0
         for ib in range(8):
-            ls = 2 * ((np.int32(wr[p + 106 + ib // 2]) >> (4 * (ib % 2))) & 15) + 1
-            qh = np.int32(wr[p + 66 + ib])
+            ls = 2 * ((np.int32(wr[p + _S_SCALES + ib // 2]) >> (4 * (ib % 2))) & 15) + 1
+            qh = np.int32(wr[p + _S_QH + ib])
             sumi = 0
             for l in range(4):
-                q = p + 2 + 8 * ib + 2 * l
+                q = p + _S_QS + 8 * ib + 2 * l
                 g1 = np.int32(wr[q]) | (((qh >> (2 * l)) & 1) << 8)
                 g2 = np.int32(wr[q + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
-                sumi += _signed_dot8(_G3S, g1, g2, np.int32(wr[p + 74 + 4 * ib + l]), xq, 256 * ibl + 32 * ib + 8 * l)
+                sumi += _signed_dot8(_G3S, g1, g2, np.int32(wr[p + _S_SIGNS + 4 * ib + l]), xq, 256 * ibl + 32 * ib + 8 * l)
             bsum += sumi * ls
-        sumf += (get_f16(wr, p) * xd[ibl]) * F(bsum)
+        sumf += (get_f16(wr, p + _S_D) * xd[ibl]) * F(bsum)
     return sumf
 
 
@@ -237,8 +244,8 @@ def _emit_tq2_0(blk, acc, extra):
     b = blk.b
     ai = None
     for c in range(8):  # chunk c: elements 128 * (c // 4) + 32 * (c % 4) + m, Q2_K's qs layout
-        ai = K._dot(b, blk.v, ai, K._chunk_q2_k(b, blk.v, blk.wb, c), K._ld(b, blk.xb, 32 * c, K.V32I8))
-    return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, 64)), extra
+        ai = K._dot(b, blk.v, ai, K._chunk_q2_k(b, blk.v, K._gep(b, blk.wb, _TQ2_QS), c), K._ld(b, blk.xb, 32 * c, K.V32I8))
+    return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ2_D)), extra
 
 
 def _trits(b, v, pow3):
@@ -253,9 +260,9 @@ def _trits(b, v, pow3):
 
 def _emit_tq1_0(blk, acc, extra):
     b = blk.b
-    v32 = K._ld(b, blk.wb, 0, K.V32I8)   # qs[0:32]: elements 32n + m
-    v16 = K._ld(b, blk.wb, 32, K.V16I8)  # qs[32:48]: elements 160 + 16n + m
-    qh = K._ld(b, blk.wb, 48, ir.VectorType(K.I8, 4))  # qh[4]: elements 240 + 4n + j
+    v32 = K._ld(b, blk.wb, _TQ1_QS, K.V32I8)   # qs[0:32]: elements 32n + m
+    v16 = K._ld(b, blk.wb, _TQ1_QS + 32, K.V16I8)  # qs[32:48]: elements 160 + 16n + m
+    qh = K._ld(b, blk.wb, _TQ1_QH, ir.VectorType(K.I8, 4))  # qh[4]: elements 240 + 4n + j
     qh16 = b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4))
     chunks = [_trits(b, v32, 3 ** n) for n in range(5)]
     chunks.append(K._concat16(b, _trits(b, v16, 1), _trits(b, v16, 3)))
@@ -264,7 +271,7 @@ def _emit_tq1_0(blk, acc, extra):
     ai = None
     for c in range(8):
         ai = K._dot(b, blk.v, ai, chunks[c], K._ld(b, blk.xb, 32 * c, K.V32I8))
-    return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, 52)), extra
+    return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ1_D)), extra
 
 
 _MXFP4_U = tuple((int(v) + 128) & 0xFF for v in KVALUES_MXFP4)  # offset by 128 -> unsigned
@@ -272,7 +279,7 @@ _MXFP4_U = tuple((int(v) + 128) & 0xFF for v in KVALUES_MXFP4)  # offset by 128 
 
 def _emit_mxfp4(blk, acc, extra):
     b = blk.b
-    e = b.zext(K._ld(b, blk.wb, 0, K.I8), K.I32)
+    e = b.zext(K._ld(b, blk.wb, _MX_E, K.I8), K.I32)
     small = b.icmp_unsigned("<", e, ir.Constant(K.I32, 2))
     sub = b.sub(b.select(small, ir.Constant(K.I32, 1), e), ir.Constant(K.I32, 1))
     bits = b.select(small, b.shl(ir.Constant(K.I32, 0x00200000), e), b.shl(sub, ir.Constant(K.I32, 23)))
@@ -280,7 +287,7 @@ def _emit_mxfp4(blk, acc, extra):
     xsum = K._ld(b, blk.sb, 0, K.I32)
     neg = b.sub(ir.Constant(K.I32, 0), b.shl(xsum, ir.Constant(K.I32, 7)))
     init = b.insert_element(ir.Constant(K.V8I32, None), neg, ir.Constant(K.I32, 0))
-    u = K._lut16(b, blk.v, K._nibbles16(b, blk.wb, 1), _MXFP4_U)
+    u = K._lut16(b, blk.v, K._nibbles16(b, blk.wb, _MX_QS), _MXFP4_U)
     t = K._dot(b, blk.v, init, u, K._ld(b, blk.xb, 0, K.V32I8))
     return K._fma_acc(b, acc, t, scale), extra
 
@@ -346,12 +353,12 @@ def _emit_iq3_xxs(blk, acc, extra):
     table = _grid_table(b, "quantkit_iq3xxs_grid", GRID_IQ3_XXS)
     ai = ir.Constant(K.V8I32, None)
     for c in range(8):
-        aux = K._ld(b, blk.wb, 66 + 4 * c, K.I32)
-        idx = b.zext(K._ld(b, blk.wb, 2 + 8 * c, _V8I8), K.V8I32)
+        aux = K._ld(b, blk.wb, _XXS_SAS + 4 * c, K.I32)
+        idx = b.zext(K._ld(b, blk.wb, _XXS_QS + 8 * c, _V8I8), K.V8I32)
         mask = _xxs_signs(b, aux)
         ls = b.add(b.shl(b.lshr(aux, ir.Constant(K.I32, 28)), ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
         ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, idx), mask, c, ls)
-    scale = b.fmul(_scale(b, blk, 0), ir.Constant(K.F32T, 0.25), flags=K._FM)
+    scale = b.fmul(_scale(b, blk, _XXS_D), ir.Constant(K.F32T, 0.25), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
 
 
@@ -360,25 +367,28 @@ def _emit_iq3_s(blk, acc, extra):
     table = _grid_table(b, "quantkit_iq3s_grid", GRID_IQ3_S)
     ai = ir.Constant(K.V8I32, None)
     for c in range(8):
-        lo = b.zext(K._ld(b, blk.wb, 2 + 8 * c, _V8I8), K.V8I32)
-        qh = b.zext(K._ld(b, blk.wb, 66 + c, K.I8), K.I32)
+        lo = b.zext(K._ld(b, blk.wb, _S_QS + 8 * c, _V8I8), K.V8I32)
+        qh = b.zext(K._ld(b, blk.wb, _S_QH + c, K.I8), K.I32)
         qhv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), qh, ir.Constant(K.I32, 0)), [0] * 8)
         hi = b.shl(b.and_(b.lshr(qhv, K._vconst(range(8))), K._vconst([1] * 8)), K._vconst([8] * 8))
-        signs = K._ld(b, blk.wb, 74 + 4 * c, K.I32)
-        sc = b.zext(K._ld(b, blk.wb, 106 + c // 2, K.I8), K.I32)
+        signs = K._ld(b, blk.wb, _S_SIGNS + 4 * c, K.I32)
+        sc = b.zext(K._ld(b, blk.wb, _S_SCALES + c // 2, K.I8), K.I32)
         s4 = b.and_(b.lshr(sc, ir.Constant(K.I32, 4 * (c % 2))), ir.Constant(K.I32, 15))
         ls = b.add(b.shl(s4, ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
         ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, b.or_(lo, hi)), signs, c, ls)
-    return K._fma_acc(b, acc, ai, _scale(b, blk, 0)), extra
+    return K._fma_acc(b, acc, ai, _scale(b, blk, _S_D)), extra
 
 
 #: type name -> (block bytes, elements per block, activation sums per block, emitter), as ir.ROW_SPECS
 SPECS = {
-    "TQ1_0": (54, 256, 16, _emit_tq1_0),
-    "TQ2_0": (66, 256, 16, _emit_tq2_0),
-    "MXFP4": (17, 32, 1, _emit_mxfp4),
-    "IQ3_XXS": (98, 256, 16, _emit_iq3_xxs),
-    "IQ3_S": (110, 256, 16, _emit_iq3_s),
+    "TQ1_0": (_TQ1_TS, 256, 16, _emit_tq1_0),
+    "TQ2_0": (_TQ2_TS, 256, 16, _emit_tq2_0),
+    "MXFP4": (_MX_TS, 32, 1, _emit_mxfp4),
+    "IQ3_XXS": (_XXS_TS, 256, 16, _emit_iq3_xxs),
+    "IQ3_S": (_S_TS, 256, 16, _emit_iq3_s),
 }
 K.ROW_SPECS.update(SPECS)
+
+#: types whose fast row dot is the numba one above (vecdot.KERNEL_TRAITS uses it as it is)
+NUMBA_DOTS = {"Q1_0": rowdot_q1_0}
 

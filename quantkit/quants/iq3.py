@@ -42,12 +42,12 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16
-from quantkit.quants.symmetric import c_nearest_int
+from quantkit.quants.common import block_layout, get_f16, nearest_int, put_f16
 
 QK_K = 256
-_XXS_BYTES = 98
-_S_BYTES = 110
+_XXS_BYTES, _XXS_D, _XXS_QS = block_layout("IQ3_XXS", "d", "qs")
+_XXS_SAS = _XXS_QS + QK_K // 4  # the uint32 signs-and-scale words: the last 32 bytes of qs
+_S_BYTES, _S_D, _S_QS, _S_QH, _S_SIGNS, _S_SCALES = block_layout("IQ3_S", "d", "qs", "qh", "signs", "scales")
 _GROUP_MAX_EPS_IQ3_XXS = np.float32(1e-8)
 _FLT_MAX = np.float32(3.4028234663852886e38)
 
@@ -149,7 +149,7 @@ def _round_group(xval, off, inv):
     """Levels ``clamp(nearest_int((inv * x - 1) / 2), 0, 7)`` of four values, as a 12-bit code."""
     u = 0
     for i in range(4):
-        l = c_nearest_int(np.float32(0.5) * (inv * xval[off + i] - np.float32(1.0)))
+        l = nearest_int(np.float32(0.5) * (inv * xval[off + i] - np.float32(1.0)))
         u |= max(0, min(7, l)) << (3 * i)
     return u
 
@@ -261,7 +261,7 @@ def _group_index(L, k, kmap):
 
 @njit
 def _scale_nibble(inv_d, scale):
-    return max(0, min(15, c_nearest_int(np.float32(0.5) * (inv_d * scale - np.float32(1.0)))))
+    return max(0, min(15, nearest_int(np.float32(0.5) * (inv_d * scale - np.float32(1.0)))))
 
 
 @njit
@@ -292,8 +292,8 @@ def _quantize_row(x, y, qw, use_qw, xxs, q, kmap, nstart, nbr):
         xbl = x[QK_K * ibl:QK_K * (ibl + 1)]
         sigma2 = _sigma2(xbl)
         max_scale = np.float32(0.0)
-        qs = pos + 2  # IQ3_S: where the next non-zero block's indices go
-        sg = pos + 2 + 64 + 8
+        qs = pos + _S_QS  # IQ3_S: where the next non-zero block's indices go
+        sg = pos + _S_SIGNS
         for ib in range(8):
             scale, skipped = _search_block(xbl[32 * ib:32 * ib + 32], qw, QK_K * ibl + 32 * ib, use_qw, sigma2,
                                            xxs, q, kmap, nstart, nbr, weight, waux, xval, L, Laux, signs,
@@ -305,10 +305,10 @@ def _quantize_row(x, y, qw, use_qw, xxs, q, kmap, nstart, nbr):
             for k in range(8):
                 g = _group_index(L, k, kmap)
                 if xxs:
-                    y[pos + 2 + 8 * ib + k] = np.uint8(g)
+                    y[pos + _XXS_QS + 8 * ib + k] = np.uint8(g)
                 else:
                     y[qs + k] = np.uint8(g & 255)
-                    y[pos + 2 + 64 + ib] |= np.uint8((g >> 8) << k)
+                    y[pos + _S_QH + ib] |= np.uint8((g >> 8) << k)
             if xxs:
                 sas[ib] = np.uint32(signs[0] | (signs[1] << 7) | (signs[2] << 14) | (signs[3] << 21))
             else:
@@ -322,16 +322,16 @@ def _quantize_row(x, y, qw, use_qw, xxs, q, kmap, nstart, nbr):
                 y[pos + j] = 0
             continue
         d = max_scale / np.float32(31.0)
-        put_f16(y, pos, d * (np.float32(1.0125) if xxs else np.float32(1.033)))
+        put_f16(y, pos + (_XXS_D if xxs else _S_D), d * (np.float32(1.0125) if xxs else np.float32(1.033)))
         inv_d = np.float32(1.0) / d
         if xxs:
             for ib in range(8):
                 v = sas[ib] | (np.uint32(_scale_nibble(inv_d, scales[ib])) << np.uint32(28))
                 for b in range(4):
-                    y[pos + 2 + 64 + 4 * ib + b] = np.uint8((v >> np.uint32(8 * b)) & np.uint32(255))
+                    y[pos + _XXS_SAS + 4 * ib + b] = np.uint8((v >> np.uint32(8 * b)) & np.uint32(255))
         else:
             for ib in range(0, 8, 2):
-                y[pos + 2 + 64 + 8 + 32 + ib // 2] = np.uint8(
+                y[pos + _S_SCALES + ib // 2] = np.uint8(
                     _scale_nibble(inv_d, scales[ib]) | (_scale_nibble(inv_d, scales[ib + 1]) << 4))
 
 
@@ -364,61 +364,47 @@ def _put_group8(out, o, db, grid, g1, g2, signs):
 
 
 @njit
-def deq_iq3_xxs(src, y):
-    """One row's bytes -> float32 (``dequantize_row_iq3_xxs``); shared with the kernels layer."""
+def dequantize_row_iq3_xxs(src, y):
+    """One row's bytes -> float32, as ggml's ``dequantize_row_iq3_xxs``."""
     grid = GRID_IQ3_XXS
     for ibl in range(y.shape[0] // QK_K):
         p = _XXS_BYTES * ibl
-        d = get_f16(src, p)
+        d = get_f16(src, p + _XXS_D)
         for ib in range(8):
-            a = p + 2 + 64 + 4 * ib
+            a = p + _XXS_SAS + 4 * ib
             aux = (np.uint32(src[a]) | (np.uint32(src[a + 1]) << np.uint32(8))
                    | (np.uint32(src[a + 2]) << np.uint32(16)) | (np.uint32(src[a + 3]) << np.uint32(24)))
             db = d * (np.float32(0.5) + np.float32(aux >> np.uint32(28))) * np.float32(0.5)
             for l in range(4):
                 s7 = np.int32((aux >> np.uint32(7 * l)) & np.uint32(127))
-                qs = p + 2 + 8 * ib + 2 * l
+                qs = p + _XXS_QS + 8 * ib + 2 * l
                 _put_group8(y, QK_K * ibl + 32 * ib + 8 * l, db, grid, src[qs], src[qs + 1], s7 | (parity7(s7) << 7))
 
 
 @njit
-def deq_iq3_s(src, y):
-    """One row's bytes -> float32 (``dequantize_row_iq3_s``); shared with the kernels layer."""
+def dequantize_row_iq3_s(src, y):
+    """One row's bytes -> float32, as ggml's ``dequantize_row_iq3_s``."""
     grid = GRID_IQ3_S
     for ibl in range(y.shape[0] // QK_K):
         p = _S_BYTES * ibl
-        d = get_f16(src, p)
+        d = get_f16(src, p + _S_D)
         for ib in range(8):
-            sc = (np.int32(src[p + 2 + 64 + 8 + 32 + ib // 2]) >> (4 * (ib % 2))) & 15
+            sc = (np.int32(src[p + _S_SCALES + ib // 2]) >> (4 * (ib % 2))) & 15
             db = d * np.float32(1 + 2 * sc)
-            qh = np.int32(src[p + 2 + 64 + ib])
+            qh = np.int32(src[p + _S_QH + ib])
             for l in range(4):
-                qs = p + 2 + 8 * ib + 2 * l
+                qs = p + _S_QS + 8 * ib + 2 * l
                 g1 = np.int32(src[qs]) | (((qh >> (2 * l)) & 1) << 8)
                 g2 = np.int32(src[qs + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
                 _put_group8(y, QK_K * ibl + 32 * ib + 8 * l, db, grid, g1, g2,
-                            np.int32(src[p + 2 + 64 + 8 + 4 * ib + l]))
-
-
-@njit_parallel
-def dequantize_rows_iq3_xxs(y, x):
-    for r in prange(y.shape[0]):
-        deq_iq3_xxs(y[r], x[r])
-
-
-@njit_parallel
-def dequantize_rows_iq3_s(y, x):
-    for r in prange(y.shape[0]):
-        deq_iq3_s(y[r], x[r])
+                            np.int32(src[p + _S_SIGNS + 4 * ib + l]))
 
 
 class IQ3_XXS(QuantType, qtype=T.IQ3_XXS):
-    scale_fields = (0,)
     quantize_rows = staticmethod(_quantizer("IQ3_XXS", True))
-    dequantize_rows = dequantize_rows_iq3_xxs
+    dequantize_row = dequantize_row_iq3_xxs
 
 
 class IQ3_S(QuantType, qtype=T.IQ3_S):
-    scale_fields = (0,)
     quantize_rows = staticmethod(_quantizer("IQ3_S", False))
-    dequantize_rows = dequantize_rows_iq3_s
+    dequantize_row = dequantize_row_iq3_s

@@ -18,10 +18,10 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import bits_to_f32, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.symmetric import c_f2i
+from quantkit.quants.common import block_layout, c_f2i
 
 QK_MXFP4 = 32
-_BYTES = 17
+_BYTES, _E, _QS = block_layout("MXFP4", "e", "qs")
 
 #: ggml's kvalues_mxfp4: the E2M1 values times two, indexed by the 4-bit code (the same list as gguf-py's)
 KVALUES_MXFP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], dtype=np.int8)
@@ -64,10 +64,10 @@ def quantize_block_mxfp4(x, y, pos, best, best_err):
     if amax > np.float32(0.0):
         # (uint8_t) of a float: x86 converts to int32 and keeps the low byte
         e = c_f2i(np.float32(np.floor(np.log2(amax))) - np.float32(2.0) + np.float32(127.0)) & 0xFF
-    y[pos] = np.uint8(e)
+    y[pos + _E] = np.uint8(e)
     _best_indices(x, e8m0_to_fp32_half(e), best, best_err)
     for j in range(QK_MXFP4 // 2):
-        y[pos + 1 + j] = np.uint8(best[j] | (best[j + 16] << 4))
+        y[pos + _QS + j] = np.uint8(best[j] | (best[j + 16] << 4))
 
 
 @njit_parallel
@@ -90,27 +90,19 @@ def _e2m1x2(c):
 
 
 @njit
-def deq_mxfp4(src, y):
-    """One row's bytes -> float32 (``dequantize_row_mxfp4``); shared with the kernels layer."""
+def dequantize_row_mxfp4(src, y):
+    """One row's bytes -> float32, as ggml's ``dequantize_row_mxfp4``."""
     for ib in range(y.shape[0] // QK_MXFP4):
         p = _BYTES * ib
         o = QK_MXFP4 * ib
-        d = e8m0_to_fp32_half(src[p])
+        d = e8m0_to_fp32_half(src[p + _E])
         for j in range(16):
-            b = np.int32(src[p + 1 + j])
+            b = np.int32(src[p + _QS + j])
             y[o + j] = _e2m1x2(b & 0xF) * d
             y[o + 16 + j] = _e2m1x2(b >> 4) * d
 
 
-@njit_parallel
-def dequantize_rows_mxfp4(y, x):
-    for r in prange(y.shape[0]):
-        deq_mxfp4(y[r], x[r])
-
-
 class MXFP4(QuantType, qtype=T.MXFP4):
     uses_imatrix = False
-    #: no fp16 scale; ggml_validate_row_data rejects e == 0xFF, which no finite input produces
-    scale_fields = ()
     quantize_rows = quantize_rows_mxfp4
-    dequantize_rows = dequantize_rows_mxfp4
+    dequantize_row = dequantize_row_mxfp4

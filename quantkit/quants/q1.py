@@ -15,10 +15,10 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16
+from quantkit.quants.common import block_layout, get_f16, put_f16
 
 QK1_0 = 128
-_BYTES = 18
+_BYTES, _D, _QS = block_layout("Q1_0", "d", "qs")
 
 
 @njit
@@ -26,12 +26,12 @@ def quantize_block_q1_0(x, y, pos):
     s = np.float32(0.0)
     for j in range(QK1_0):
         s += np.abs(x[j])
-    put_f16(y, pos, s / np.float32(QK1_0))
+    put_f16(y, pos + _D, s / np.float32(QK1_0))
     for b in range(QK1_0 // 8):
         q = 0
         for i in range(8):
             q |= (1 if x[8 * b + i] >= np.float32(0.0) else 0) << i
-        y[pos + 2 + b] = np.uint8(q)
+        y[pos + _QS + b] = np.uint8(q)
 
 
 @njit_parallel
@@ -42,23 +42,16 @@ def quantize_rows_q1_0(x, y, qw):
 
 
 @njit
-def deq_q1_0(src, y):
-    """One row's bytes -> float32 (``dequantize_row_q1_0``); shared with the kernels layer."""
+def dequantize_row_q1_0(src, y):
+    """One row's bytes -> float32, as ggml's ``dequantize_row_q1_0``."""
     for ib in range(y.shape[0] // QK1_0):
         p = _BYTES * ib
-        d = get_f16(src, p)
+        d = get_f16(src, p + _D)
         for j in range(QK1_0):
-            y[QK1_0 * ib + j] = d if (src[p + 2 + j // 8] >> (j % 8)) & 1 else -d
-
-
-@njit_parallel
-def dequantize_rows_q1_0(y, x):
-    for r in prange(y.shape[0]):
-        deq_q1_0(y[r], x[r])
+            y[QK1_0 * ib + j] = d if (src[p + _QS + j // 8] >> (j % 8)) & 1 else -d
 
 
 class Q1_0(QuantType, qtype=T.Q1_0):
     uses_imatrix = False
-    scale_fields = (0,)
     quantize_rows = quantize_rows_q1_0
-    dequantize_rows = dequantize_rows_q1_0
+    dequantize_row = dequantize_row_q1_0

@@ -21,11 +21,11 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import get_f16, put_f16
+from quantkit.quants.common import block_layout, get_f16, put_f16
 
 QK_K = 256
-_TQ1_BYTES = 54
-_TQ2_BYTES = 66
+_TQ1_BYTES, _TQ1_QS, _TQ1_QH, _TQ1_D = block_layout("TQ1_0", "qs", "qh", "d")
+_TQ2_BYTES, _TQ2_QS, _TQ2_D = block_layout("TQ2_0", "qs", "d")
 
 
 @njit
@@ -67,12 +67,12 @@ def _pack5(t, first, stride, n, y, pos):
 def quantize_block_tq1_0(x, y, pos, t):
     amax, inv = _absmax_inv(x)
     _trits(x, inv, t)
-    _pack5(t, 0, 32, 32, y, pos)
-    _pack5(t, 160, 16, 16, y, pos + 32)
+    _pack5(t, 0, 32, 32, y, pos + _TQ1_QS)
+    _pack5(t, 160, 16, 16, y, pos + _TQ1_QS + 32)
     for j in range(4):  # four trits and a zero fifth
         q = (((t[240 + j] * 3 + t[244 + j]) * 3 + t[248 + j]) * 3 + t[252 + j]) * 3
-        y[pos + 48 + j] = np.uint8((q * 256 + 242) // 243)
-    put_f16(y, pos + 52, amax)
+        y[pos + _TQ1_QH + j] = np.uint8((q * 256 + 242) // 243)
+    put_f16(y, pos + _TQ1_D, amax)
 
 
 @njit
@@ -82,9 +82,9 @@ def quantize_block_tq2_0(x, y, pos, t):
     for j in range(2):
         for m in range(32):
             o = 128 * j + m
-            y[pos + 32 * j + m] = np.uint8((t[o] & 3) | ((t[o + 32] & 3) << 2) | ((t[o + 64] & 3) << 4)
+            y[pos + _TQ2_QS + 32 * j + m] = np.uint8((t[o] & 3) | ((t[o + 32] & 3) << 2) | ((t[o + 64] & 3) << 4)
                                            | ((t[o + 96] & 3) << 6))
-    put_f16(y, pos + 64, amax)
+    put_f16(y, pos + _TQ2_D, amax)
 
 
 @njit
@@ -98,23 +98,23 @@ def _t(b, p3):
 # core, TQ1_0: 0.4 -> 2.6, against loops over the bit position; measured).
 @njit
 def _deq_block_tq1_0(ss, yy):
-    d = get_f16(ss, 52)
+    d = get_f16(ss, _TQ1_D)
     for m in range(32):
-        b = np.int32(ss[m])
+        b = np.int32(ss[_TQ1_QS + m])
         yy[m] = _t(b, 1) * d
         yy[32 + m] = _t(b, 3) * d
         yy[64 + m] = _t(b, 9) * d
         yy[96 + m] = _t(b, 27) * d
         yy[128 + m] = _t(b, 81) * d
     for m in range(16):
-        b = np.int32(ss[32 + m])
+        b = np.int32(ss[_TQ1_QS + 32 + m])
         yy[160 + m] = _t(b, 1) * d
         yy[176 + m] = _t(b, 3) * d
         yy[192 + m] = _t(b, 9) * d
         yy[208 + m] = _t(b, 27) * d
         yy[224 + m] = _t(b, 81) * d
     for j in range(4):
-        b = np.int32(ss[48 + j])
+        b = np.int32(ss[_TQ1_QH + j])
         yy[240 + j] = _t(b, 1) * d
         yy[244 + j] = _t(b, 3) * d
         yy[248 + j] = _t(b, 9) * d
@@ -123,10 +123,10 @@ def _deq_block_tq1_0(ss, yy):
 
 @njit
 def _deq_block_tq2_0(ss, yy):
-    d = get_f16(ss, 64)
+    d = get_f16(ss, _TQ2_D)
     for j in range(2):
         for m in range(32):
-            b = np.int32(ss[32 * j + m])
+            b = np.int32(ss[_TQ2_QS + 32 * j + m])
             yy[128 * j + m] = np.float32((b & 3) - 1) * d
             yy[128 * j + 32 + m] = np.float32(((b >> 2) & 3) - 1) * d
             yy[128 * j + 64 + m] = np.float32(((b >> 4) & 3) - 1) * d
@@ -134,15 +134,15 @@ def _deq_block_tq2_0(ss, yy):
 
 
 @njit
-def deq_tq1_0(src, y):
-    """One row's bytes -> float32 (``dequantize_row_tq1_0``); shared with the kernels layer."""
+def dequantize_row_tq1_0(src, y):
+    """One row's bytes -> float32, as ggml's ``dequantize_row_tq1_0``."""
     for ib in range(y.shape[0] // QK_K):
         _deq_block_tq1_0(src[_TQ1_BYTES * ib:_TQ1_BYTES * (ib + 1)], y[QK_K * ib:QK_K * (ib + 1)])
 
 
 @njit
-def deq_tq2_0(src, y):
-    """One row's bytes -> float32 (``dequantize_row_tq2_0``); shared with the kernels layer."""
+def dequantize_row_tq2_0(src, y):
+    """One row's bytes -> float32, as ggml's ``dequantize_row_tq2_0``."""
     for ib in range(y.shape[0] // QK_K):
         _deq_block_tq2_0(src[_TQ2_BYTES * ib:_TQ2_BYTES * (ib + 1)], y[QK_K * ib:QK_K * (ib + 1)])
 
@@ -163,27 +163,13 @@ def quantize_rows_tq2_0(x, y, qw):
             quantize_block_tq2_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ2_BYTES * ib, t)
 
 
-@njit_parallel
-def dequantize_rows_tq1_0(y, x):
-    for r in prange(y.shape[0]):
-        deq_tq1_0(y[r], x[r])
-
-
-@njit_parallel
-def dequantize_rows_tq2_0(y, x):
-    for r in prange(y.shape[0]):
-        deq_tq2_0(y[r], x[r])
-
-
 class TQ1_0(QuantType, qtype=T.TQ1_0):
     uses_imatrix = False
-    scale_fields = (52,)
     quantize_rows = quantize_rows_tq1_0
-    dequantize_rows = dequantize_rows_tq1_0
+    dequantize_row = dequantize_row_tq1_0
 
 
 class TQ2_0(QuantType, qtype=T.TQ2_0):
     uses_imatrix = False
-    scale_fields = (64,)
     quantize_rows = quantize_rows_tq2_0
-    dequantize_rows = dequantize_rows_tq2_0
+    dequantize_row = dequantize_row_tq2_0
