@@ -31,13 +31,8 @@ from gguf import GGML_QUANT_SIZES  # noqa: E402
 from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from quantkit import kernels as K  # noqa: E402
+from quantkit.formats.ggml_types import type_info  # noqa: E402
 from quantkit.jit import njit_fast_parallel, prange, set_threads  # noqa: E402
-
-F16_FIELDS = {
-    T.Q4_0: (0,), T.Q4_1: (0, 2), T.Q5_0: (0,), T.Q5_1: (0, 2), T.Q8_0: (0,), T.IQ4_NL: (0,),
-    T.Q2_K: (80, 82), T.Q3_K: (108,), T.Q4_K: (0, 2), T.Q5_K: (0, 2), T.Q6_K: (208,), T.IQ4_XS: (0,),
-}
-
 
 def random_weights(t, n_out, n_in, rng):
     """Valid random bytes of type t (speed does not depend on the values)."""
@@ -51,8 +46,12 @@ def random_weights(t, n_out, n_in, rng):
     bs, ts = GGML_QUANT_SIZES[t]
     nb = n_in // bs
     raw = rng.integers(0, 256, size=(n_out, nb, ts), dtype=np.uint8)
-    for pos in F16_FIELDS[t]:
-        raw[:, :, pos:pos + 2] = np.full((n_out, nb), 0.01, np.float16).view(np.uint8).reshape(n_out, nb, 2)
+    info = type_info(t)  # the scale fields, from the type table: fp16 0.01, or an E8M0 exponent 2**-1
+    for pos in info.check_offsets:
+        if info.check == "e8m0":
+            raw[:, :, pos] = 127
+        else:
+            raw[:, :, pos:pos + 2] = np.full((n_out, nb), 0.01, np.float16).view(np.uint8).reshape(n_out, nb, 2)
     return raw.reshape(n_out, nb * ts)
 
 
