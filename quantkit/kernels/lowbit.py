@@ -335,10 +335,11 @@ def _signed_chunk_dot(b, blk, acc, grid_words, signs32, c, ls):
 
 
 def _xxs_signs(b, aux):
-    """IQ3_XXS's four 7-bit sign groups (bits 0..27 of ``aux``) -> the 32 sign bits, each byte's eighth
-    bit the parity of its seven (ggml's ``ksigns_iq2xs``): spread the groups to bytes, then fold each
-    byte's parity into its bit 0 with three shift-xors (bits never cross a byte there)."""
-    c = lambda v: ir.Constant(K.I32, v)  # noqa: E731
+    """IQ3_XXS's four 7-bit sign groups (bits 0..27 of each lane of ``aux``, <8 x i32>: the eight
+    sub-blocks at once) -> their 32 sign bits, each byte's eighth bit the parity of its seven (ggml's
+    ``ksigns_iq2xs``): spread the groups to bytes, then fold each byte's parity into its bit 0 with three
+    shift-xors (bits never cross a byte there)."""
+    c = lambda v: K._vconst([v] * 8)  # noqa: E731
     m = b.and_(aux, c(0x7F))
     for l in (1, 2, 3):
         m = b.or_(m, b.and_(b.shl(aux, c(l)), c(0x7F << (8 * l))))
@@ -352,11 +353,13 @@ def _emit_iq3_xxs(blk, acc, extra):
     b = blk.b
     table = _grid_table(b, "quantkit_iq3xxs_grid", GRID_IQ3_XXS)
     ai = ir.Constant(K.V8I32, None)
+    aux = K._ld(b, blk.wb, _XXS_SAS, K.V8I32)  # the eight sub-blocks' words, decoded in one go
+    masks = _xxs_signs(b, aux)
+    lss = b.add(b.shl(b.lshr(aux, K._vconst([28] * 8)), K._vconst([1] * 8)), K._vconst([1] * 8))
     for c in range(8):
-        aux = K._ld(b, blk.wb, _XXS_SAS + 4 * c, K.I32)
         idx = b.zext(K._ld(b, blk.wb, _XXS_QS + 8 * c, _V8I8), K.V8I32)
-        mask = _xxs_signs(b, aux)
-        ls = b.add(b.shl(b.lshr(aux, ir.Constant(K.I32, 28)), ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
+        mask = b.extract_element(masks, ir.Constant(K.I32, c))
+        ls = b.extract_element(lss, ir.Constant(K.I32, c))
         ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, idx), mask, c, ls)
     scale = b.fmul(_scale(b, blk, _XXS_D), ir.Constant(K.F32T, 0.25), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
