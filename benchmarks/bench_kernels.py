@@ -46,11 +46,13 @@ def random_weights(t, n_out, n_in, rng):
     bs, ts = GGML_QUANT_SIZES[t]
     nb = n_in // bs
     raw = rng.integers(0, 256, size=(n_out, nb, ts), dtype=np.uint8)
-    info = type_info(t)
-    if info.check == "f16":  # the scale fields the type table names
-        for pos in info.check_offsets:
+    info = type_info(t)  # the scale fields, from the type table: fp16 0.01, or an E8M0 exponent 2**-1
+    for pos in info.check_offsets:
+        if info.check == "e8m0":
+            raw[:, :, pos] = 127
+        else:
             raw[:, :, pos:pos + 2] = np.full((n_out, nb), 0.01, np.float16).view(np.uint8).reshape(n_out, nb, 2)
-    elif info.check == "iq1_m":  # the fp16 scale spread over the scale words' top nibbles: keep it finite
+    if info.check == "iq1_m":  # the fp16 scale spread over the scale words' top nibbles: keep it finite
         raw[:, :, info.field("scales") + 7] = (raw[:, :, info.field("scales") + 7] & 0x0F) | 0x10
     return raw.reshape(n_out, nb * ts)
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
-"""Quantization throughput: quantkit at 1 and 2 numba threads against ggml's single-threaded
-``ggml_quantize_chunk``, per type and path (``ref``: no imatrix, ``imatrix``: with weights).
+"""Quantization throughput: quantkit at 1 and 2 numba threads against ggml's ``ggml_quantize_chunk``
+at 1 and 2 threads, per type and path (``ref``: no imatrix, ``imatrix``: with weights).
 
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_quantize.py [--rows 512]
 
@@ -11,10 +11,10 @@
 * ggml -- loaded with ctypes from llama-cpp-python's ``libggml-base.so`` (``--lib``, else the
   /opt/llamaref venv); skipped with a note when it cannot be found. Q8_K, which ggml_quantize_chunk
   does not handle, uses ``quantize_row_q8_K_ref``. ``==ggml`` says whether the bytes were identical.
-* ``qk1/ggml1`` -- quantkit-1-thread throughput divided by ggml's (the same thread count);
-  ``qk2/ggml1`` -- quantkit at 2 threads against ggml at 1.
-* ``--dist student-t`` draws the matrix from a Student-t (df 5, heavy-tailed like real weights)
-  instead of a normal; the lattice types (IQ2_*, IQ1_*) search more on it.
+  At 2 threads ggml is called from two Python threads on the two halves of the rows (ctypes releases
+  the GIL), as llama-quantize splits a tensor's rows over its threads.
+* ``qk2/ggml1``, ``qk2/ggml2`` -- quantkit-2-threads throughput divided by ggml's at 1 and 2 threads.
+* ``--dist student_t`` -- heavy-tailed weights (Student-t, 4 degrees of freedom) instead of normal ones.
 * types that ggml quantizes only with an importance matrix (IQ2_XXS, IQ2_XS, IQ1_S) show only that path.
 """
 
@@ -28,13 +28,14 @@ import shutil
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
 
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS",
-         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
+         "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "IQ3_XXS", "IQ3_S"]
 GGML_LIB_GLOB = "/opt/llamaref/venv/lib/python3*/site-packages/llama_cpp/lib/libggml-base.so"
 
 
@@ -62,6 +63,13 @@ class Ggml:
             return
         self.lib.ggml_quantize_chunk(type_id, x.ctypes.data, out.ctypes.data, 0, nrow, n,
                                      None if w is None else w.ctypes.data)
+
+    def quantize_threads(self, name: str, type_id: int, x: np.ndarray, w, out: np.ndarray, pool) -> None:
+        """The rows split in halves over the two threads of ``pool``."""
+        h = x.shape[0] // 2
+        jobs = [pool.submit(self.quantize, name, type_id, x[a:b], w, out[a:b]) for a, b in ((0, h), (h, x.shape[0]))]
+        for j in jobs:
+            j.result()
 
     def row_size(self, type_id: int, n: int) -> int:
         return self.lib.ggml_row_size(type_id, n)
@@ -103,9 +111,9 @@ def main(argv=None) -> int:
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: elapsed time; cpu: the process's CPU time (user+sys of every thread), which "
                          "a busy machine disturbs less -- at 2 threads it is the work, not the speed-up")
+    ap.add_argument("--dist", choices=("normal", "student_t"), default="normal",
+                    help="weights: normal (default) or heavy-tailed Student-t (4 degrees of freedom), both * 0.02")
     ap.add_argument("--cold", action="store_true", help="compile into an empty NUMBA_CACHE_DIR (true compile time)")
-    ap.add_argument("--dist", choices=["normal", "student-t"], default="normal",
-                    help="distribution of the matrix: normal, or Student-t with 5 degrees of freedom (x 0.02)")
     args = ap.parse_args(argv)
     if args.rows <= 0 or args.cols <= 0 or args.cols % 256:
         ap.error("--rows must be > 0 and --cols a positive multiple of 256")
@@ -135,8 +143,10 @@ def run(args) -> int:
 
     clock = CLOCKS[args.clock]
     rng = np.random.default_rng(0)
-    draw = rng.standard_normal if args.dist == "normal" else (lambda shape: rng.standard_t(5, shape))
-    x = (draw((args.rows, args.cols)) * 0.02).astype(np.float32)
+    if args.dist == "student_t":
+        x = (rng.standard_t(4, (args.rows, args.cols)) * 0.02).astype(np.float32)
+    else:
+        x = (rng.standard_normal((args.rows, args.cols)) * 0.02).astype(np.float32)
     w = (rng.uniform(0.0, 2.0, args.cols) ** 2).astype(np.float32)
     tiny = x[:1].copy()
     n_el = x.size
@@ -146,7 +156,7 @@ def run(args) -> int:
           f"NUMBA_CACHE_DIR={os.environ.get('NUMBA_CACHE_DIR', '(numba default)')}")
     print(ggml_note)
     hdr = (f"{'type':<7} {'path':<8} {'first call s':>12} {'qk 1t Mel/s':>12} {'qk 2t Mel/s':>12} "
-           f"{'ggml 1t Mel/s':>13} {'qk1/ggml1':>9} {'qk2/ggml1':>9} {'==ggml':>6}")
+           f"{'ggml 1t Mel/s':>13} {'ggml 2t Mel/s':>13} {'qk2/ggml1':>9} {'qk2/ggml2':>9} {'==ggml':>6}")
     print(hdr)
     print("-" * len(hdr))
     before = numba.get_num_threads()
@@ -170,18 +180,23 @@ def run(args) -> int:
                     set_threads(nt)
                     got = Q.quantize(x, name, imatrix=wp)  # warm (allocations, thread pool)
                     rates[nt] = n_el / best_of(args.repeat, lambda: Q.quantize(x, name, imatrix=wp), clock)
-                g_rate = same = None
+                g_rate = g_rate2 = same = None
                 if ggml is not None and not (p == "imatrix" and name in ggml.ROW_REF_ONLY):
                     ref = np.empty((args.rows, ggml.row_size(int(t), args.cols)), np.uint8)
                     ggml.quantize(name, int(t), x, wp, ref)
                     g_rate = n_el / best_of(args.repeat, lambda: ggml.quantize(name, int(t), x, wp, ref), clock)
                     same = bool(np.array_equal(got, ref))
+                    if 2 in thread_counts and name not in ggml.ROW_REF_ONLY:
+                        with ThreadPoolExecutor(2) as pool:
+                            g_rate2 = n_el / best_of(
+                                args.repeat, lambda: ggml.quantize_threads(name, int(t), x, wp, ref, pool), clock)
                 r2 = rates.get(2)
                 print(f"{name:<7} {p:<8} {(f'{first:.2f}' if p == paths[0] else '(same)'):>12} "
                       f"{rates[1] / 1e6:>12.1f} {(f'{r2 / 1e6:.1f}' if r2 else 'n/a'):>12} "
                       f"{(f'{g_rate / 1e6:.1f}' if g_rate else '-'):>13} "
-                      f"{(f'{rates[1] / g_rate:.2f}' if g_rate else '-'):>9} "
+                      f"{(f'{g_rate2 / 1e6:.1f}' if g_rate2 else '-'):>13} "
                       f"{(f'{r2 / g_rate:.2f}' if r2 and g_rate else '-'):>9} "
+                      f"{(f'{r2 / g_rate2:.2f}' if r2 and g_rate2 else '-'):>9} "
                       f"{('-' if same is None else 'yes' if same else 'NO'):>6}", flush=True)
     finally:
         numba.set_num_threads(before)

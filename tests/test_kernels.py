@@ -36,7 +36,7 @@ def make_weights(t, n_out, n_in, seed=0):
         return x.view(np.uint8)
     if t == T.F16:
         return x.astype(np.float16).view(np.uint8)
-    if t == T.BF16 or t in LEGACY:
+    if t == T.BF16 or t in LEGACY or t == T.MXFP4:  # MXFP4: random exponent bytes would overflow
         return np.ascontiguousarray(gq.quantize(x, t))
     bs, ts = GGML_QUANT_SIZES[t]
     nb = n_in // bs
@@ -52,9 +52,18 @@ def make_weights(t, n_out, n_in, seed=0):
     return raw.reshape(n_out, nb * ts)
 
 
+def ref_dequantize(w, t):
+    """gguf-py's dequantization, or quantkit's where gguf-py has none (Q1_0 in gguf 0.19; checked against
+    ggml's to_float in test_golden_lowbit.py)."""
+    try:
+        return gq.dequantize(w, t)
+    except NotImplementedError:
+        return Q.dequantize(w, t)
+
+
 def n_in_for(t, wide=False):
     bs = GGML_QUANT_SIZES[t][0]
-    if bs == 256:
+    if bs in (128, 256):
         return 768 if wide else 512
     return 576
 
@@ -89,7 +98,7 @@ def test_matmul_vs_float64(t, n_tok):
     n_out = 37  # not a multiple of CHUNK_ROWS
     w = make_weights(t, n_out, n_in, seed=n_tok)
     x = np.random.default_rng(1).standard_normal((n_tok, n_in)).astype(np.float32)
-    ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+    ref = x.astype(np.float64) @ ref_dequantize(w, t).astype(np.float64).T
     y = K.matmul(w, t, x)
     assert y.shape == (n_tok, n_out) and y.dtype == np.float32
     path = "prefill" if n_tok >= K.PREFILL_MIN_TOKENS else "decode"
@@ -103,7 +112,7 @@ def test_variants_agree(t, variant):
     n_in = n_in_for(t)
     w = make_weights(t, 21, n_in, seed=5)
     x = np.random.default_rng(2).standard_normal((2, n_in)).astype(np.float32)
-    ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+    ref = x.astype(np.float64) @ ref_dequantize(w, t).astype(np.float64).T
     kind = K.activation_kind(t, variant)
     out = np.empty((2, 21), np.float32)
     K.matvec_kernel(t, variant)(w, *K.quantize_activations(x, kind), out, 4)
@@ -123,7 +132,7 @@ def test_integer_dot_exact(t, variant):
     qs, d, s = K.quantize_activations(x, kind)
     per = 256 if kind == "Q8_K" else 32
     xdeq = (qs.astype(np.float64).reshape(1, -1, per) * d.astype(np.float64)[:, :, None]).reshape(1, -1)
-    ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T
+    ref = xdeq @ ref_dequantize(w, t).astype(np.float64).T
     if kind == "Q8_1":  # ggml's min term uses the stored fp16 s in place of d * sum(qs)
         bs = 20 if t == T.Q4_1 else 24
         m = w.reshape(5, -1, bs)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)
@@ -152,7 +161,7 @@ def test_get_rows_exact(t):
     n_in = n_in_for(t)
     w = make_weights(t, 33, n_in, seed=6)
     ids = np.array([0, 32, 7, 7, 12])
-    ref = gq.dequantize(w, t)[ids]
+    ref = ref_dequantize(w, t)[ids]
     np.testing.assert_array_equal(K.get_rows(w, t, ids), ref)
 
 
@@ -237,7 +246,7 @@ def test_env_switches_variant(monkeypatch, env, want):
         n_in = n_in_for(t)
         w = make_weights(t, 19, n_in, seed=11)
         x = np.random.default_rng(12).standard_normal((2, n_in)).astype(np.float32)
-        ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+        ref = x.astype(np.float64) @ ref_dequantize(w, t).astype(np.float64).T
         assert rel_err(K.matmul(w, t, x), ref) < (2e-6 if want == "plain" else 0.02)
 
 
@@ -250,7 +259,7 @@ def test_opt_in_512_bit_pairs():
     code = """
 import numpy as np, sys
 sys.path.insert(0, %r)
-from test_kernels import make_weights, rel_err
+from test_kernels import make_weights, ref_dequantize, rel_err
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 from quantkit import kernels as K
@@ -260,7 +269,7 @@ for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL):
     for n_in in (576, 608):
         w = make_weights(t, 9, n_in, seed=3)
         x = np.random.default_rng(4).standard_normal((2, n_in)).astype(np.float32)
-        ref = x.astype(np.float64) @ gq.dequantize(w, t).astype(np.float64).T
+        ref = x.astype(np.float64) @ ref_dequantize(w, t).astype(np.float64).T
         assert rel_err(K.matmul(w, t, x), ref) < 0.02, t
 print("ok")
 """ % str(__import__("pathlib").Path(__file__).parent)

@@ -32,7 +32,8 @@ def test_count_invalid_matches_decoding(qtype, with_imatrix):
         blocks = vals.reshape(-1, tr.block_size)
         want = int(np.count_nonzero(~np.isfinite(blocks).all(axis=1)))
     assert Q.count_invalid(q, qtype) == want
-    if qtype.name not in ("F32", "BF16"):  # those hold 3e9 exactly enough: nothing to find
+    # F32 / BF16 hold 3e9 exactly enough, and an E8M0 exponent (MXFP4) any finite scale: nothing to find
+    if qtype.name not in ("F32", "BF16") and tr.info.check != "e8m0":
         assert want > 0
     assert Q.count_invalid(q[[0, 2, 3]], qtype) == 0
 

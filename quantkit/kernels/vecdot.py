@@ -19,6 +19,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
+from quantkit.kernels import lowbit
 from quantkit.kernels.ir import (IR_DIGEST, PREFETCH, ROW_SPECS, default_variant, ld_bf16, ld_f16, ld_f32, prefetch,
                                  row_dots)
 from quantkit.kernels.vecdot_iq import IQ_ROWDOTS
@@ -192,8 +193,11 @@ def get_rows_body(w, ids, out):
 #: weight type -> its fast row dot body: the float types' loops, and one IR intrinsic (ir.ROW_SPECS) for
 #: each quantized type that has one. The activations are the type's vec_dot type (the type table's). A type
 #: with a codec but no entry here runs on ``rowdot_deq`` with float32 activations.
+#: kernels/lowbit.py adds its IR entries to ROW_SPECS on import (TQ1_0, TQ2_0, MXFP4, IQ3_XXS, IQ3_S) and
+#: has a numba row dot for Q1_0 (``NUMBA_DOTS``); kernels/vecdot_iq.py has numba row dots for the lattice
+#: types (``IQ_ROWDOTS``): bodies used as they are, the same for every variant.
 KERNEL_TRAITS = {T.F32: rowdot_f32, T.F16: rowdot_f16, T.BF16: rowdot_bf16, **{T[n]: rowdot_ir for n in ROW_SPECS},
-                 **IQ_ROWDOTS}
+                 **{T[n]: fn for n, fn in lowbit.NUMBA_DOTS.items()}, **IQ_ROWDOTS}
 
 _DOTS: dict[tuple, dict] = {}
 
@@ -228,10 +232,10 @@ def rowdot_kernel(wtype, variant: str | None = None):
     if body is None:
         info = type_info(t)
         return build(rowdot_deq, f"{t.name}_deq", False, DEQ=deq_kernel(t), TS=info.type_size, BS=info.block_size)
-    if t in IQ_ROWDOTS:  # compiled numba row dots (vecdot_iq.py), the same for every variant
-        return body
     if t in (T.F32, T.F16, T.BF16):
         return build(body, "f", False, NEXT_ROW=build(prefetch_next_row, "f", False))
+    if t.name not in ROW_SPECS:  # a compiled numba row dot (lowbit.NUMBA_DOTS, vecdot_iq.IQ_ROWDOTS)
+        return body
     return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
 
 
@@ -240,7 +244,7 @@ def rowdot2_kernel(wtype, variant: str | None = None):
     dots of two consecutive rows (``wr2`` = their 2 * row_bytes bytes), each equal to ``rowdot``'s."""
     variant = variant or default_variant()
     t = T(wtype)
-    if t in (T.F32, T.F16, T.BF16) or t in IQ_ROWDOTS or t not in KERNEL_TRAITS:
+    if t in (T.F32, T.F16, T.BF16) or t.name not in ROW_SPECS:
         return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant))
     return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=_rows(variant, 2)[t.name])
 
