@@ -1,8 +1,9 @@
 """Whole files against llama-quantize: a tiny qwen3 model (tests/archmodels.py) whose every layer matrix
-takes TQ1_0, TQ2_0, MXFP4, Q1_0, IQ3_XXS or IQ3_S (``--tensor-type 'blk\\..*=TYPE'``), with and without an
-importance matrix, must come out byte for byte as llama-quantize wrote it (sha256 in
+takes one of the types of issue #15 (``--tensor-type 'blk\\..*=TYPE'``), with and without an importance
+matrix, and each new file type (IQ2_XXS .. IQ3_M, TQ1_0, TQ2_0, Q1_0, MXFP4_MOE, Q2_K_S: llama.cpp's
+per-tensor mixes) with one, must come out byte for byte as llama-quantize wrote it (sha256 in
 tests/data/lowbit/files.json, made by tools/make_lowbit_file_golden.py); IQ3_XXS without an imatrix is
-refused by both."""
+refused by both (as are the others that need one)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_file_equals_llama_quantize(case, model, tmp_path):
     want = GOLD["cases"][case]
     out = tmp_path / "out.gguf"
     # from the data directory, so the imatrix path recorded in the metadata is llama-quantize's
-    r = run_cli(["quantize", *want["args"], model, out, GOLD["file_type"], 1], cwd=DATA)
+    r = run_cli(["quantize", *want["args"], model, out, want.get("file_type", GOLD["file_type"]), 1], cwd=DATA)
     if want["returncode"]:
         assert r.exit_code != 0 and not out.exists()
         assert "requires an importance matrix" in r.output, r.output

@@ -1,6 +1,8 @@
 #!/usr/bin/env python3
-"""Golden whole files for TQ1_0, TQ2_0, MXFP4, Q1_0, IQ3_XXS, IQ3_S: what llama-quantize writes when every
-block matrix of a tiny model takes one of these types, with and without an importance matrix.
+"""Golden whole files for the types of issue #15: what llama-quantize writes when every block matrix of a
+tiny model takes one of TQ1_0, TQ2_0, MXFP4, Q1_0, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M
+(``--tensor-type``), with and without an importance matrix, and what it writes for each of the new file
+types (``FILE_TYPES``: llama.cpp's own per-tensor mix, ``llama_tensor_get_type``) with the imatrix.
 
     python tools/make_lowbit_file_golden.py --bin <llama.cpp>/build/bin
 
@@ -35,7 +37,10 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from archmodels import write_model  # noqa: E402
 
 OUT = HERE.parent / "tests" / "data" / "lowbit"
-TYPES = ["tq1_0", "tq2_0", "mxfp4", "q1_0", "iq3_xxs", "iq3_s"]
+TYPES = ["tq1_0", "tq2_0", "mxfp4", "q1_0", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m"]
+#: llama-quantize's file types added with these codecs, each run with the imatrix and no overrides
+FILE_TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ2_M", "IQ1_S", "IQ1_M", "IQ3_XXS", "IQ3_XS", "IQ3_S", "IQ3_M",
+              "TQ1_0", "TQ2_0", "Q1_0", "MXFP4_MOE", "Q2_K_S"]
 ARCH, SEED = "qwen3", 1
 
 
@@ -43,14 +48,15 @@ def sha256(p: Path) -> str:
     return hashlib.sha256(p.read_bytes()).hexdigest()
 
 
-def cases() -> list[tuple[str, str, bool]]:
-    """(case name, type, with imatrix)."""
-    return [(f"{t}-{'imatrix' if im else 'ref'}", t, im) for t in TYPES for im in (False, True)]
+def cases() -> list[tuple[str, str | None, bool, str]]:
+    """(case name, tensor type or None, with imatrix, file type)."""
+    return ([(f"{t}-{'imatrix' if im else 'ref'}", t, im, "Q8_0") for t in TYPES for im in (False, True)]
+            + [(f"ftype-{f.lower()}", None, True, f) for f in FILE_TYPES])
 
 
-def quantize_args(t: str, imatrix: Path | None) -> list[str]:
+def quantize_args(t: str | None, imatrix: Path | None) -> list[str]:
     """The options both llama-quantize and quantkit quantize get (before INPUT OUTPUT TYPE NTHREADS)."""
-    return (["--imatrix", str(imatrix)] if imatrix else []) + ["--tensor-type", f"blk\\..*={t}"]
+    return (["--imatrix", str(imatrix)] if imatrix else []) + (["--tensor-type", f"blk\\..*={t}"] if t else [])
 
 
 def main(argv=None) -> int:
@@ -69,13 +75,14 @@ def main(argv=None) -> int:
         subprocess.run([str(args.bin / "llama-imatrix"), "-m", str(model), "-f", str(text), "-o", str(imat),
                         "-c", "64", "--chunks", "4", "-t", "1"], check=True, capture_output=True)
         res = {}
-        for name, t, im in cases():
+        for name, t, im, ftype in cases():
             out = td / f"{name}.gguf"
             # run in OUT with the imatrix's bare name: llama-quantize records that path in the file's metadata
             cmd = [str(args.bin / "llama-quantize"), *quantize_args(t, Path(imat.name) if im else None), str(model),
-                   str(out), "Q8_0", "1"]
+                   str(out), ftype, "1"]
             r = subprocess.run(cmd, capture_output=True, text=True, cwd=OUT)
-            entry = {"args": quantize_args(t, Path(imat.name) if im else None), "returncode": r.returncode}
+            entry = {"args": quantize_args(t, Path(imat.name) if im else None), "file_type": ftype,
+                     "returncode": r.returncode}
             if r.returncode == 0:
                 entry["sha256"] = sha256(out)
             else:
