@@ -706,10 +706,10 @@ class DecodeStep:
         replaces the map for decoding, so the resident weight bytes stay one copy."""
         m = self._model
         pbuf = _huge_empty(self.x8_bytes)
-        embd = m.token_embd.name
         for w, o in self._x8_todo:
             pack_x8(w.data, w.type, pbuf[o:o + w.data.nbytes])
-            if not self.copied and w.name != embd and m.gguf.has_tensor(w.name):
+            # also when the output is tied to the embedding: the lookup faults back one row per token
+            if not self.copied and m.gguf.has_tensor(w.name):
                 m.gguf.release(m.gguf.tensor(w.name))
         self.pbuf, self._x8_todo = pbuf, []
 
