@@ -10,7 +10,9 @@ that model's matrices: a ring of copies of one layer's seven matrices (q, k, v, 
 least --ring-mib MiB, so every GEMV reads its weights from DRAM as a decode step does), one 1-token
 GEMV per matrix in ring order through ``matvec_kernel`` (the row dots the decode step uses), with the
 activations quantized beforehand. GB/s = weight bytes / wall time of a whole ring pass (best and median
-of --reps), at 1 and 2 threads, beside the bandwidth measured in the same run.
+of --reps), at 1 and 2 threads, beside the bandwidth measured in the same run. ``--x8`` adds a row per
+type that has an 8-row interleaved kernel (``kernels.pack_x8``, the layout the decode step prepares
+at load), its passes interleaved with the plain layout's in each repetition (A/B in the same run).
 
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_kernels.py [--types Q4_K,Q8_0]
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_kernels.py --shape llama-3.1-8b
@@ -195,37 +197,52 @@ def gemv_shape(args, types, rng):
         layer = [random_weights(t, o, i, rng) for o, i in mats]
         nbytes = sum(w.nbytes for w in layer)
         copies = max(2, -(-(args.ring_mib << 20) // nbytes))
-        big = np.empty(nbytes * copies, np.uint8)  # one allocation: numpy advises huge pages for it
-        ring, off = [], 0
-        for _ in range(copies):
-            for w in layer:
-                v = big[off:off + w.nbytes].reshape(w.shape)
-                v[:] = w
-                ring.append(v)
-                off += w.nbytes
-        del layer
-        mv = K.matvec_kernel(t)
         kind = K.activation_kind(t)
         acts = {}
-        for w in ring[:len(mats)]:
+        for w in layer:
             n_in = w.shape[1] // ts * bs
             if n_in not in acts:
                 acts[n_in] = K.quantize_activations(rng.standard_normal((1, n_in), dtype=np.float32), kind)
-        outs = {w.shape[0]: np.empty((1, w.shape[0]), np.float32) for w in ring[:len(mats)]}
-        calls = [(w, acts[w.shape[1] // ts * bs], outs[w.shape[0]]) for w in ring]
+        outs = {w.shape[0]: np.empty((1, w.shape[0]), np.float32) for w in layer}
+        # layouts timed A/B in turn within each repetition: the rows as in the file, and (where this CPU
+        # has the kernel and --x8) the 8-row interleaved copy the decode step makes (kernels.pack_x8)
+        layouts = {"rows": (K.matvec_kernel(t), lambda w: w)}
+        if args.x8 and t in K.x8_types() and K.default_variant() == "vnni":
+            layouts["x8"] = (K.matvec_x8_kernel(t), lambda w: K.pack_x8(w, t))
+        passes = {}
+        for name, (mv, prep) in layouts.items():
+            big = np.empty(nbytes * copies, np.uint8)  # one allocation: numpy advises huge pages for it
+            calls, off = [], 0
+            for _ in range(copies):
+                for w in layer:
+                    p = prep(w)
+                    v = big[off:off + p.nbytes].reshape(p.shape)
+                    v[:] = p
+                    calls.append((v, acts[w.shape[1] // ts * bs], outs[w.shape[0]]))
+                    off += p.nbytes
 
-        def one_pass():
-            for w, a, o in calls:
-                mv(w, a[0], a[1], a[2], o, 16)
+            def one_pass(mv=mv, calls=calls):
+                for w, a, o in calls:
+                    mv(w, a[0], a[1], a[2], o, 16)
 
-        cells = []
+            passes[name] = (one_pass, big)
+        del layer
+        cells = {name: [] for name in passes}
         for n in (1, 2):
             set_threads(n)
-            one_pass()
-            best, med, cpu = rates(big.nbytes, wall_and_cpu(one_pass, args.reps), n)
-            cells.append(f"{best:.1f} / {med:.1f} | {cpu:.1f} | {cpu / bw[n][2]:.0%} / {best / bw[n][0]:.0%}")
-        print(f"| {t.name} | {nbytes / 2**20:.1f} | {copies} | {' | '.join(cells)} |", flush=True)
-        del calls, ring, big
+            samples = {name: [] for name in passes}
+            for name, (fn, _) in passes.items():
+                fn()
+            for _ in range(args.reps):
+                for name, (fn, _) in passes.items():
+                    samples[name] += wall_and_cpu(fn, 1)
+            for name, (fn, big) in passes.items():
+                best, med, cpu = rates(big.nbytes, samples[name], n)
+                cells[name].append(f"{best:.1f} / {med:.1f} | {cpu:.1f} | {cpu / bw[n][2]:.0%} / {best / bw[n][0]:.0%}")
+        for name in passes:
+            label = t.name if name == "rows" else f"{t.name} {name}"
+            print(f"| {label} | {nbytes / 2**20:.1f} | {copies} | {' | '.join(cells[name])} |", flush=True)
+        del passes
 
 
 def main():
@@ -239,6 +256,8 @@ def main():
     ap.add_argument("--shape", default="", help="a make_model.py shape name (e.g. llama-3.2-1b): time the "
                     "decode GEMVs on its layer's matrices read from DRAM (module docstring)")
     ap.add_argument("--ring-mib", type=int, default=512, help="--shape: total weight bytes of the ring (MiB)")
+    ap.add_argument("--x8", action="store_true", help="--shape: also time the 8-row interleaved layout "
+                    "(kernels.pack_x8) of the types that have it, A/B with the rows in file order")
     ap.add_argument("--ggml", action="store_true",
                     help="also time ggml's own vec_dot per core (needs llama-cpp-python, or --ggml-lib)")
     ap.add_argument("--ggml-lib", default="", help="directory holding libggml-base.so and libggml-cpu.so "

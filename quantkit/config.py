@@ -33,6 +33,10 @@ SWITCHES = (
            "software prefetch distance in bytes in the row dots; 0 turns it off"),
     Switch("QUANTKIT_GEMM", "1", "call",
            "0: batches of quantized weights run on dequantize + BLAS instead of the integer GEMM (AVX512-VNNI)"),
+    Switch("QUANTKIT_X8_PREFETCH", "4096", "import",
+           "software prefetch distance in bytes in the 8-row interleaved (x8) decode dots; 0 turns it off"),
+    Switch("QUANTKIT_X8", "1", "call",
+           "0: the compiled decode step reads every matrix in the file's layout (no 8-row interleaved copy)"),
     Switch("QUANTKIT_COPY_WEIGHTS", "0", "call",
            "1: the compiled decode step gets its own huge-page copy of the weights when they fit in RAM"),
     Switch("QUANTKIT_COMPILE_NOTICE", "0 (the command line sets 1)", "call",
@@ -77,6 +81,15 @@ def k512() -> bool:
 def prefetch_distance() -> int:
     """Bytes ahead; an empty value means 0 (off)."""
     return int(_get("QUANTKIT_PREFETCH", "2048") or 0)
+
+
+def x8_prefetch_distance() -> int:
+    """Bytes ahead in the x8 loops (one stream carries 8 rows); an empty value means 0 (off)."""
+    return int(_get("QUANTKIT_X8_PREFETCH", "4096") or 0)
+
+
+def x8() -> bool:
+    return _on("QUANTKIT_X8", "1")
 
 
 def integer_gemm() -> bool:

@@ -417,3 +417,86 @@ def test_type_without_a_codec_is_one_line_before_compute():
         with pytest.raises(QuantError, match="NVFP4") as ei:
             call()
         assert "\n" not in str(ei.value)
+
+
+# -- the 8-row interleaved (x8) layout of the decode step (AVX512-VNNI CPUs) ---------------------------
+
+X8 = K.x8_types()
+needs_x8 = pytest.mark.skipif(not X8, reason="no 512-bit VNNI: no x8 kernels")
+
+
+#: the x8 layout as ir.py's comment states it: per type, the block's header fields (offset, bytes,
+#: element bytes) and its quant bytes (start, end)
+X8_HEADERS = {T.Q8_0: (((0, 2, 2),), (2, 34)), T.Q4_0: (((0, 2, 2),), (2, 18)),
+              T.Q4_K: (((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144)),
+              T.Q6_K: (((192, 16, 1), (208, 2, 2)), (0, 192)),
+              T.IQ4_XS: (((0, 2, 2), (2, 2, 2), (4, 4, 4)), (8, 136))}
+
+
+@needs_x8
+def test_x8_types_known():
+    assert set(X8) <= set(X8_HEADERS)
+
+
+@needs_x8
+@pytest.mark.parametrize("t", X8, ids=lambda t: t.name)
+def test_pack_x8_layout(t):
+    """Byte range [a, a + n) of a row's block -> [8a, 8a + 8n) of the 8-row group's block: header
+    element k of row r at 8a + (8k + r) * e, quant slice j (bytes 8j..8j+7) of row r at 8a + 64j + 8r
+    (ir.py's x8 layout), written out here byte by byte."""
+    bs, ts = GGML_QUANT_SIZES[t]
+    fields, (q0, q1) = X8_HEADERS[t]
+    w = make_weights(t, 16, 3 * bs, seed=2)
+    got = K.pack_x8(w, t)
+    want = np.zeros((2, 8 * w.shape[1]), np.uint8)
+    for g in range(2):
+        for i in range(3):
+            base = i * 8 * ts
+            for r in range(8):
+                row = w[8 * g + r, i * ts:(i + 1) * ts]
+                for a, size, e in fields:
+                    for k in range(size // e):
+                        o = base + 8 * a + (8 * k + r) * e
+                        want[g, o:o + e] = row[a + k * e:a + (k + 1) * e]
+                for j in range((q1 - q0) // 8):
+                    o = base + 8 * q0 + 64 * j + 8 * r
+                    want[g, o:o + 8] = row[q0 + 8 * j:q0 + 8 * j + 8]
+    np.testing.assert_array_equal(got, want)
+    with pytest.raises(ValueError):
+        K.pack_x8(w[:12], t)
+
+
+@needs_x8
+@pytest.mark.parametrize("t", X8, ids=lambda t: t.name)
+def test_x8_dot_exact(t):
+    """The x8 GEMV equals the exact sum of dequantized weight x dequantized activation up to float32
+    accumulation (as test_integer_dot_exact), and the file-rows GEMV up to summation order."""
+    n_in, n_out = 2048, 48
+    w = make_weights(t, n_out, n_in, seed=11)
+    x = np.random.default_rng(5).standard_normal((2, n_in)).astype(np.float32)
+    x[:, ::97] *= 30  # outliers, as real activations have
+    kind = K.activation_kind(t)
+    qs, d, s = K.quantize_activations(x, kind)
+    per = 256 if kind == "Q8_K" else 32
+    xdeq = (qs.astype(np.float64).reshape(2, -1, per) * d.astype(np.float64)[:, :, None]).reshape(2, -1)
+    ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T
+    got = np.empty((2, n_out), np.float32)
+    K.matvec_x8_kernel(t)(K.pack_x8(w, t), qs, d, s, got, 16)
+    np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
+    rows = np.empty((2, n_out), np.float32)
+    K.matvec_kernel(t, "vnni")(w, qs, d, s, rows, 16)
+    np.testing.assert_allclose(got, rows, rtol=0, atol=2e-6 * np.abs(ref).max())
+
+
+@needs_x8
+@pytest.mark.parametrize("t", X8, ids=lambda t: t.name)
+def test_x8_threads_identical(t):
+    n_in = n_in_for(t)
+    w = K.pack_x8(make_weights(t, 64, n_in, seed=3), t)
+    x = np.random.default_rng(6).standard_normal((1, n_in)).astype(np.float32)
+    qs, d, s = K.quantize_activations(x, K.activation_kind(t))
+    out = [np.empty((1, 64), np.float32) for _ in range(2)]
+    for n, o in zip((1, 2), out):
+        set_threads(n)
+        K.matvec_x8_kernel(t)(w, qs, d, s, o, 16)
+    np.testing.assert_array_equal(out[0], out[1])

@@ -20,6 +20,15 @@ For each model, ``golden.json`` (Q4_1) or ``golden-<TYPE>.json``:
 * ``self``: llama.cpp against itself -- the same N_EVAL positions evaluated one token at a time instead
   of in one batch: how often its top-1 agrees and the mean |logit difference|. This is the rounding
   noise of the model under llama.cpp's own arithmetic (docs/run.md).
+* ``spread`` (per prompt): llama.cpp's margin for its own greedy token (its logit minus the best other
+  one; negative = that configuration would pick another token) at each step, fed the same tokens,
+  under its other attention configurations (SPREAD_CONFIGS: flash attention off with the f16 cache,
+  and with an f32 cache), and ``gap_min``, the least of the default gap and those margins per step:
+  how close llama.cpp itself comes to the other choice when only its attention arithmetic changes.
+
+``--spread`` adds ``spread`` to the golden files already in tests/data/run without rewriting the rest
+(after checking the model's sha256 and that the default configuration reproduces the stored greedy
+tokens), so data made on another machine is kept as it was.
 
 Only ids and small floats are stored, never full logits.
 
@@ -51,6 +60,9 @@ N_GREEDY = 32
 N_CTX = 1024
 N_EVAL = 400
 FTYPES = {"F16": 1, "Q8_0": 7, "Q4_K_M": 15}   # llama_ftype values
+GGML_F32, GGML_F16 = 0, 1
+#: llama.cpp's other attention arithmetic: (flash_attn_type, KV cache type); the default is (auto = on, f16)
+SPREAD_CONFIGS = {"flash_attn_off": (0, GGML_F16), "flash_attn_off_kv_f32": (0, GGML_F32)}
 
 
 def bundled_model() -> Path:
@@ -83,7 +95,7 @@ def sha256(path: Path) -> str:
 class Ref:
     """A llama.cpp model and context; ``eval(ids, all_logits)`` appends ids to the KV cache."""
 
-    def __init__(self, path: Path):
+    def __init__(self, path: Path, flash_attn: int | None = None, type_kv: int | None = None):
         mp = L.llama_model_default_params()
         mp.use_extra_bufts = False
         self.model = L.llama_model_load_from_file(str(path).encode(), mp)
@@ -96,6 +108,10 @@ class Ref:
         cp.n_batch = N_CTX
         cp.n_ubatch = 512
         cp.n_threads = cp.n_threads_batch = 2
+        if flash_attn is not None:
+            cp.flash_attn_type = flash_attn
+        if type_kv is not None:
+            cp.type_k = cp.type_v = type_kv
         self.ctx = L.llama_init_from_model(self.model, cp)
         self.n_past = 0
 
@@ -140,6 +156,36 @@ def top2(scores: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return order[:, 0], scores[rows, order[:, 0]] - scores[rows, order[:, 1]]
 
 
+def margins(ref: Ref, ids: list[int], greedy: list[int]) -> list[float]:
+    """Fed the prompt then ``greedy`` one token at a time: at each step, greedy's token's logit minus
+    the best other one."""
+    ref.reset()
+    logits = ref.eval(ids)
+    out = []
+    for t in greedy:
+        row = logits[-1].copy()
+        mine = row[t]
+        row[t] = -np.inf
+        out.append(round(float(mine - row.max()), 4))
+        logits = ref.eval([t])
+    return out
+
+
+def spread_for(model: Path, prompts: list[dict]) -> list[dict]:
+    """``spread`` of each prompt (module docstring), in the order of ``prompts``."""
+    per = {}
+    for name, (fa, kv) in SPREAD_CONFIGS.items():
+        ref = Ref(model, fa, kv)
+        per[name] = [margins(ref, p["ids"], p["greedy"]) for p in prompts]
+        ref.close()
+    out = []
+    for i, p in enumerate(prompts):
+        m = {name: per[name][i] for name in SPREAD_CONFIGS}
+        gap_min = [round(min(v), 4) for v in zip(p["gap"], *m.values())]
+        out.append({**m, "gap_min": gap_min})
+    return out
+
+
 def golden_for(model: Path, eval_text: str, texts) -> dict:
     ref = Ref(model)
     prompts = []
@@ -155,6 +201,8 @@ def golden_for(model: Path, eval_text: str, texts) -> dict:
             logits = ref.eval([out[-1]])
         prompts.append({"text": text, "ids": ids, "greedy": out, "gap": gaps})
         print(f"{model.name} {text!r}: {out}", file=sys.stderr)
+    for p, sp in zip(prompts, spread_for(model, prompts)):
+        p["spread"] = sp
 
     ids = ref.tokenize(eval_text[: 8 * N_EVAL])[:N_EVAL]
     ref.reset()
@@ -185,8 +233,29 @@ def golden_for(model: Path, eval_text: str, texts) -> dict:
     }
 
 
+def add_spread(out: Path, model: Path) -> None:
+    """``--spread``: add ``spread`` to an existing golden file, keeping everything else as it is."""
+    golden = json.loads(out.read_text(encoding="utf-8"))
+    if golden["sha256"] != sha256(model):
+        raise SystemExit(f"{model}: not the model {out.name} was made from")
+    ref = Ref(model)
+    for p in golden["prompts"]:
+        got = margins(ref, p["ids"], p["greedy"])
+        if min(got) <= 0:
+            raise SystemExit(f"{out.name}: llama.cpp's default configuration here does not reproduce {p['text']!r}")
+        print(f"{out.name} {p['text']!r}: default margins here vs stored gaps: max diff "
+              f"{max(abs(a - b) for a, b in zip(got, p['gap'])):.4f}", file=sys.stderr)
+    ref.close()
+    for p, sp in zip(golden["prompts"], spread_for(model, golden["prompts"])):
+        p["spread"] = sp
+    out.write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
+    print(f"added spread to {out}", file=sys.stderr)
+
+
 def main() -> None:
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp")
+    args = [a for a in sys.argv[1:] if a != "--spread"]
+    spread_only = len(args) < len(sys.argv) - 1
+    work = Path(args[0]) if args else Path("/tmp")
     L.llama_backend_init()
     spec = importlib.util.spec_from_file_location("texts", HERE.parent / "quantkit" / "formats" / "texts.py")
     texts = importlib.util.module_from_spec(spec)
@@ -203,6 +272,9 @@ def main() -> None:
 
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for name, path in models.items():
+        if spread_only:
+            add_spread(OUT_DIR / ("golden.json" if name == "Q4_1" else f"golden-{name}.json"), path)
+            continue
         golden = golden_for(path, eval_text, texts)
         out = OUT_DIR / ("golden.json" if name == "Q4_1" else f"golden-{name}.json")
         out.write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")

@@ -8,6 +8,8 @@ Public API (see docs/kernels.md):
 * ``blas_limit()``                  -- context manager limiting BLAS to that count for a caller's products
 * ``VEC_DOT_TYPE``                  -- weight type -> the activation type ggml's CPU backend uses (type table)
 * numba-callable: ``matvec_kernel(wtype)`` -> ``matvec(w, xq, xd, xs, out, chunk)``;
+  ``matvec_x8_kernel(wtype)`` the same for weights in the 8-row interleaved layout (``pack_x8``, the
+  types ``x8_types()``: AVX512-VNNI CPUs);
   ``quantize_activations`` / ``empty_activations`` and ``activation_kind(wtype)`` for its inputs.
 """
 
@@ -23,7 +25,7 @@ from quantkit.kernels.activations import (empty_activations, pack_q8_0, pack_q8_
 from quantkit.kernels.ir import HAS_F16, HAS_VNNI, VARIANTS, default_variant
 from quantkit.kernels.mul_mat import CHUNK_ROWS, GEMM_MIN_TOKENS, PREFILL_MIN_TOKENS, TILE_ROWS, blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_kernel, gemv_kernel, matvec_kernel,
-                                     rowdot_kernel)
+                                     matvec_x8_kernel, pack_x8, rowdot_kernel, x8_types)
 
 #: ggml-cpu's type_traits_cpu[...].vec_dot_type (the type table's): what the activations are converted to.
 #: quantkit follows it: for F16 / BF16 weights the float32 activations are rounded to that type in the row dot.
@@ -38,5 +40,5 @@ __all__ = [
     "WEIGHT_TYPES", "activation_kind", "default_variant", "deq_kernel", "empty_activations", "get_rows",
     "get_threads", "matmul", "matvec_kernel", "pack_q8_0", "pack_q8_1", "pack_q8_k", "quantize_activations",
     "quantize_q8_01_into", "quantize_q8_0_into", "quantize_q8_1_into", "quantize_q8_k_into", "rowdot_kernel", "set_threads",
-    "gemv_kernel", "blas_limit",
+    "gemv_kernel", "blas_limit", "matvec_x8_kernel", "pack_x8", "x8_types",
 ]

@@ -58,6 +58,8 @@ PAIRS_512 = config.pairs_512()
 #: prefetchers alone left the loads exposed (SmolLM2 Q4_1, 1 thread: 20.5 -> 14.5 CPU-ms per token
 #: with 2048; 1024 and 4096 were slower, and so were prefetcht1 and prefetchnta).
 PREFETCH = config.prefetch_distance()
+#: the same for the 8-row interleaved (x8) loops, whose one stream carries 8 rows (``QUANTKIT_X8_PREFETCH``)
+X8_PREFETCH = config.x8_prefetch_distance()
 
 
 def _digest() -> str:
@@ -74,7 +76,7 @@ def _digest() -> str:
 
 
 IR_DIGEST = _digest() + ("_512" if PAIRS_512 else "") + (f"_pf{PREFETCH}" if PREFETCH != 2048 else "") + (
-    "" if config.k512() else "_k256")
+    f"_xpf{X8_PREFETCH}" if X8_PREFETCH != 4096 else "") + ("" if config.k512() else "_k256")
 
 
 def default_variant() -> str:
@@ -680,3 +682,247 @@ def prefetch(typingctx, a, off):
         return context.get_dummy_value()
 
     return sig, codegen
+# -- 8-row interleaved ("x8") layout: one activation block serves 8 rows ------------------------------
+#
+# ggml's repacked CPU path (ggml-cpu/repack.cpp, block_q4_0x8 / block_q4_Kx8 ...) lays the blocks of 8
+# consecutive rows side by side, so a 512-bit vpdpbusd multiplies 8 bytes of each of the 8 rows with one
+# 8-byte activation group broadcast to all of them. Our x8 layout, per group of 8 rows and block index
+# i (``pack_x8`` in vecdot.py writes it), every byte range [a, a + n) of the row's block becomes
+# [8a, 8a + 8n) of the group's block: a header field (X8_SPECS: fp16 scales, sub-block scales) of
+# e-byte elements holds element k of row r at 8a + (8k + r) * e (so the 8 rows' values of one element
+# are one vector load); the quant bytes are 64-byte slices, slice j holding bytes 8j..8j+7 of each row's
+# quants (row r at 8r). Only bytes move: the copy is as large as the file's matrix.
+#
+# Lanes 2r and 2r+1 of a 16-lane vpdpbusd result belong to row r (``_pairs16`` adds them). Per block
+# the emitters give the same integer dot (and sub-block scale / min / offset terms) as the 1-row loop
+# and multiply-add them with the same float scale, once per row: the x8 result differs from the 1-row
+# one only in the order the float terms are summed.
+
+V16I32 = ir.VectorType(I32, 16)
+V64I8 = ir.VectorType(I8, 64)
+V8F16 = ir.VectorType(ir.HalfType(), 8)
+
+
+def _bcast8(builder, xb, off):
+    """The 8 activation bytes at xb+off repeated 8 times -> <64 x i8> (vpbroadcastq)."""
+    q = _ld(builder, xb, off, I64)
+    v = builder.insert_element(ir.Constant(ir.VectorType(I64, 8), None), q, ir.Constant(I32, 0))
+    v = builder.shuffle_vector(v, v, _vconst([0] * 8))
+    return builder.bitcast(v, V64I8)
+
+
+def _bcast(builder, x, vty):
+    v = builder.insert_element(ir.Constant(vty, None), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, vty.count), [0] * vty.count))
+
+
+def _x8_f16(b, gb, off):
+    """The 8 rows' fp16 field at group-block offset ``off`` -> <8 x float>."""
+    return b.fpext(_ld(b, gb, off, V8F16), V8F32)
+
+
+def _x8_dot(b, dpb, acc, u, xb, off):
+    """acc + vpdpbusd(u (8 bytes per row), activations xb[off:off+8] broadcast)."""
+    return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
+
+
+class _X8:
+    """What an x8 emitter gets: builder, vpdpbusd, group-block pointer, this block's activations
+    (quants, float scale, int32 sums pointer)."""
+
+    def __init__(self, b, dpb, gb, xb, dx, sb):
+        self.b, self.dpb, self.gb, self.xb, self.dx, self.sb = b, dpb, gb, xb, dx, sb
+
+    def dxv(self):
+        return _bcast(self.b, self.dx, V8F32)
+
+    def xsum(self, i):
+        return self.b.load(self.b.gep(self.sb, [ir.Constant(I64, i)]))
+
+
+# Each emitter: (k: _X8) -> [(<8 x i32> per-row integer, <8 x float> per-row scale)], summed as
+# acc += float(integer) * scale.
+
+def _x8_legacy(q_off, offset, nibbles):
+    def emit(k):
+        b = k.b
+        zero = ir.Constant(V16I32, None)
+        acc = zero
+        if nibbles:  # Q4_0: 2 slices; low nibbles elements 8j.., high 16+8j..
+            for j in range(2):
+                v = _ld(b, k.gb, q_off + 64 * j, V64I8)
+                acc = _x8_dot(b, k.dpb, acc, b.and_(v, _splat(I8, 64, 15)), k.xb, 8 * j)
+                acc = _x8_dot(b, k.dpb, acc, b.lshr(v, _splat(I8, 64, 4)), k.xb, 16 + 8 * j)
+        else:  # Q8_0: 4 slices of int8, made unsigned by + 128
+            for j in range(4):
+                u = b.xor(_ld(b, k.gb, q_off + 64 * j, V64I8), _splat(I8, 64, 0x80))
+                acc = _x8_dot(b, k.dpb, acc, u, k.xb, 8 * j)
+        t8 = _pairs16(b, acc)
+        neg = b.shl(k.xsum(0), ir.Constant(I32, offset.bit_length() - 1))
+        t8 = b.sub(t8, _bcast(b, neg, V8I32))
+        return [(t8, b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
+    return emit
+
+
+def _x8_q4_k(k):
+    """Q4_K: header d (0), dmin (16), the 12 scale bytes as three u32 elements (32, 64, 96); quants
+    from 128: pair p of sub-blocks (2p low nibbles, 2p+1 high) in slices 4p..4p+3."""
+    b = k.b
+    u0, u1, u2 = (_ld(b, k.gb, 32 + 32 * i, V8I32) for i in range(3))
+    c = lambda n: _splat(I32, 8, n)  # noqa: E731
+    k1, k2, k3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+    m47 = b.or_(b.and_(b.lshr(u2, c(4)), k2), b.shl(b.and_(b.lshr(u1, c(6)), k3), c(4)))
+    m03 = b.and_(u1, k1)
+    s47 = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c(6)), k3), c(4)))
+    s03 = b.and_(u0, k1)
+
+    def byte(w, q):
+        return b.and_(b.lshr(w, c(8 * q)) if q else w, c(0xFF))
+
+    isum = msum = None
+    for p in range(4):
+        lo = hi = ir.Constant(V16I32, None)
+        for j in range(4):
+            v = _ld(b, k.gb, 128 + 64 * (4 * p + j), V64I8)
+            lo = _x8_dot(b, k.dpb, lo, b.and_(v, _splat(I8, 64, 15)), k.xb, 64 * p + 8 * j)
+            hi = _x8_dot(b, k.dpb, hi, b.lshr(v, _splat(I8, 64, 4)), k.xb, 64 * p + 32 + 8 * j)
+        for sub, dot in ((2 * p, lo), (2 * p + 1, hi)):
+            sc = byte(s03, sub) if sub < 4 else byte(s47, sub - 4)
+            mn = byte(m03, sub) if sub < 4 else byte(m47, sub - 4)
+            t = b.mul(_pairs16(b, dot), sc)
+            xs = b.add(k.xsum(2 * sub), k.xsum(2 * sub + 1))
+            m = b.mul(mn, _bcast(b, xs, V8I32))
+            isum = t if isum is None else b.add(isum, t)
+            msum = m if msum is None else b.add(msum, m)
+    dxv = k.dxv()
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 0), dxv, flags=_FM)),
+            (msum, b.fneg(b.fmul(_x8_f16(b, k.gb, 16), dxv, flags=_FM)))]
+
+
+def _x8_q6_k(k):
+    """Q6_K: quants ql (0..1023: 8 x 128 bytes) and qh (1024..1535), then the 16 int8 scales (1536,
+    element g of row r at 1536 + 8g + r) and d (1664). Per 16 elements: 2 slices, one scale."""
+    b = k.b
+    isum = off = None
+    for g in range(16):
+        n, rest = divmod(g, 8)
+        i, h = divmod(rest, 2)  # chunk i of half n, its 16-element half h
+        dot = ir.Constant(V16I32, None)
+        for j in (2 * h, 2 * h + 1):
+            ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * j, V64I8)
+            lo = b.and_(ql, _splat(I8, 64, 15)) if i < 2 else b.lshr(ql, _splat(I8, 64, 4))
+            qh = _ld(b, k.gb, 1024 + 256 * n + 64 * j, V64I8)
+            hb = b.and_(b.lshr(qh, _splat(I8, 64, 2 * i)) if i else qh, _splat(I8, 64, 3))
+            dot = _x8_dot(b, k.dpb, dot, b.or_(lo, b.shl(hb, _splat(I8, 64, 4))), k.xb, 128 * n + 32 * i + 8 * j)
+        sc = b.sext(_ld(b, k.gb, 1536 + 8 * g, ir.VectorType(I8, 8)), V8I32)
+        t = b.mul(_pairs16(b, dot), sc)
+        o = b.mul(sc, _bcast(b, k.xsum(g), V8I32))
+        isum = t if isum is None else b.add(isum, t)
+        off = o if off is None else b.add(off, o)
+    isum = b.sub(isum, b.shl(off, _splat(I32, 8, 5)))  # - 32 * sum(sc * bsums)
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 1664), k.dxv(), flags=_FM))]
+
+
+def _x8_iq4_xs(k):
+    """IQ4_XS: header d (0), scales_h (16, u16 elements), scales_l (32, u32 elements); quants from 64:
+    chunk c (32 elements) in slices 2c, 2c+1 (slice 2c+h: low nibbles elements 8h.., high 16+8h..),
+    table values + 128 through a 512-bit pshufb."""
+    b = k.b
+    sh = b.zext(_ld(b, k.gb, 16, ir.VectorType(I16, 8)), V8I32)
+    sl = _ld(b, k.gb, 32, V8I32)
+    c = lambda n: _splat(I32, 8, n)  # noqa: E731
+    lut = _decl(b.module, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
+    table = ir.Constant(V64I8, list(_IQ4_U) * 4)
+    isum = off = None
+    for ch in range(8):
+        dot = ir.Constant(V16I32, None)
+        for h in range(2):
+            v = _ld(b, k.gb, 64 + 64 * (2 * ch + h), V64I8)
+            lo = b.call(lut, [table, b.and_(v, _splat(I8, 64, 15))])
+            hi = b.call(lut, [table, b.lshr(v, _splat(I8, 64, 4))])
+            dot = _x8_dot(b, k.dpb, dot, lo, k.xb, 32 * ch + 8 * h)
+            dot = _x8_dot(b, k.dpb, dot, hi, k.xb, 32 * ch + 16 + 8 * h)
+        low = b.and_(b.lshr(sl, c(4 * ch)) if ch else sl, c(15))
+        high = b.shl(b.and_(b.lshr(sh, c(2 * ch)) if ch else sh, c(3)), c(4))
+        sc = b.sub(b.or_(low, high), c(32))
+        t = b.mul(_pairs16(b, dot), sc)
+        o = b.mul(sc, _bcast(b, b.add(k.xsum(2 * ch), k.xsum(2 * ch + 1)), V8I32))
+        isum = t if isum is None else b.add(isum, t)
+        off = o if off is None else b.add(off, o)
+    isum = b.sub(isum, b.shl(off, c(7)))  # - 128 * sum(sc * bsums)
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
+
+
+#: type name -> (block bytes of one row, elements per block, activation sums per block, header fields
+#: ((offset, bytes, element bytes) in the row's block), quant bytes (start, end), emitter)
+X8_SPECS = {
+    "Q8_0": (34, 32, 1, ((0, 2, 2),), (2, 34), _x8_legacy(16, 128, False)),
+    "Q4_0": (18, 32, 1, ((0, 2, 2),), (2, 18), _x8_legacy(16, 8, True)),
+    "Q4_K": (144, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144), _x8_q4_k),
+    "Q6_K": (210, 256, 16, ((192, 16, 1), (208, 2, 2)), (0, 192), _x8_q6_k),
+    "IQ4_XS": (136, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 4, 4)), (8, 136), _x8_iq4_xs),
+}
+#: rows per interleaved group
+X8_ROWS = 8
+#: the x8 kernels need 512-bit VNNI (AVX512-VNNI + BW)
+HAS_X8 = HAS_VNNI512
+
+
+def _row_dot_x8(name):
+    ts, qk, ns, _, _, emit = X8_SPECS[name]
+    gts = X8_ROWS * ts
+    unroll = 4 if qk == 32 else 2
+
+    def impl(typingctx, wg, xq, xd, xs):
+        sig = types.UniTuple(types.float32, X8_ROWS)(wg, xq, xd, xs)
+
+        def codegen(context, builder, signature, args):
+            b = builder
+            ta = signature.args
+            zero = context.get_constant(types.intp, 0)
+            wp = _byte_ptr(context, b, ta[0], args[0], zero, types.intp)
+            xp = _byte_ptr(context, b, ta[1], args[1], zero, types.intp)
+            dp = b.bitcast(_byte_ptr(context, b, ta[2], args[2], zero, types.intp), F32T.as_pointer())
+            sp = b.bitcast(_byte_ptr(context, b, ta[3], args[3], zero, types.intp), I32.as_pointer())
+            nb = cgutils.unpack_tuple(b, context.make_array(ta[2])(context, b, args[2]).shape)[0]
+            dpb = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
+            pf = _decl(b.module, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+            accps = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(unroll)]
+
+            def one(i, u):
+                k = _X8(b, dpb, b.gep(wp, [b.mul(i, ir.Constant(i.type, gts))]),
+                        b.gep(xp, [b.mul(i, ir.Constant(i.type, qk))]), b.load(b.gep(dp, [i])),
+                        b.gep(sp, [b.mul(i, ir.Constant(i.type, ns))]))
+                acc = b.load(accps[u])
+                for iv, sv in emit(k):
+                    acc = b.fadd(acc, b.fmul(b.sitofp(iv, V8F32), sv, flags=_FM), flags=_FM)
+                b.store(acc, accps[u])
+
+            cu = ir.Constant(nb.type, unroll)
+            nmain = b.mul(b.sdiv(nb, cu), cu)
+            with cgutils.for_range_slice(b, ir.Constant(nb.type, 0), nmain, cu) as (i, _):
+                if X8_PREFETCH:
+                    base = b.gep(wp, [b.mul(i, ir.Constant(i.type, gts))])
+                    for j in range(0, unroll * gts, 64):
+                        b.call(pf, [b.gep(base, [ir.Constant(I64, X8_PREFETCH + j)]),
+                                    ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+                for u in range(unroll):
+                    one(b.add(i, ir.Constant(i.type, u)), u)
+            with cgutils.for_range(b, nb, start=nmain) as loop:
+                one(loop.index, 0)
+            accs = [b.load(a) for a in accps]
+            while len(accs) > 1:
+                accs = [b.fadd(accs[i], accs[i + 1], flags=_FM) for i in range(0, len(accs), 2)]
+            res = [b.extract_element(accs[0], ir.Constant(I32, r)) for r in range(X8_ROWS)]
+            return context.make_tuple(b, signature.return_type, res)
+
+        return sig, codegen
+
+    impl.__name__ = f"row_{name.lower()}_x8"
+    return intrinsic(impl)
+
+
+def row_dots_x8() -> dict:
+    """``{type name: ROWX8 intrinsic}``: ``ROWX8(wg, xq, xd, xs) -> 8 x float32``, the dots of the 8 rows
+    of one x8 group (``wg``: its nb * 8 * block bytes) with one token's activations (vnni, 512-bit)."""
+    return {name: _row_dot_x8(name) for name in X8_SPECS}

@@ -20,8 +20,8 @@ from gguf import GGMLQuantizationType as T
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
 from quantkit.kernels import lowbit
-from quantkit.kernels.ir import (IR_DIGEST, PREFETCH, ROW_SPECS, default_variant, ld_bf16, ld_f16, ld_f32, prefetch,
-                                 row_dots)
+from quantkit.kernels.ir import (HAS_X8, IR_DIGEST, PREFETCH, ROW_SPECS, X8_ROWS, X8_SPECS, default_variant, ld_bf16,
+                                 ld_f16, ld_f32, prefetch, row_dots, row_dots_x8)
 from quantkit.kernels.vecdot_iq import IQ_ROWDOTS
 from quantkit.quants import traits
 
@@ -129,6 +129,21 @@ def matvec_body(w, xq, xd, xs, out, chunk):
             wr = w[r]
             for t in range(n_tok):
                 out[t, r] = ROWDOT(wr, xq[t], xd[t], xs[t], sc)  # noqa: F821
+
+
+def matvec_x8_body(wp, xq, xd, xs, out, chunk):
+    """``matvec_body`` for weights in the 8-row interleaved layout (``pack_x8``): wp uint8
+    (n_out / 8, 8 * row_bytes); prange over chunks of ``chunk`` rows (a multiple of 8)."""
+    n_g = wp.shape[0]
+    n_tok = xq.shape[0]
+    gpc = max(chunk // 8, 1)
+    n_chunks = (n_g + gpc - 1) // gpc
+    for c in prange(n_chunks):
+        for g in range(c * gpc, min((c + 1) * gpc, n_g)):
+            for t in range(n_tok):
+                r = ROWX8(wp[g], xq[t], xd[t], xs[t])  # noqa: F821
+                for i in range(8):
+                    out[t, 8 * g + i] = r[i]
 
 
 def matvec_plain_body(w, xq, xd, xs, out, chunk):
@@ -258,6 +273,52 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
         return build(matvec_plain_body, f"{t.name}_plain", parallel, DEQ=deq_kernel(t))
     return build(matvec_body, f"{t.name}_{variant}", parallel, ROWDOT=rowdot_kernel(t, variant),
                  ROWDOT2=rowdot2_kernel(t, variant))
+
+
+# -- the 8-row interleaved layout (ir.X8_SPECS) ----------------------------------------------------
+
+def x8_types() -> tuple:
+    """The weight types with an x8 kernel on this CPU (none without 512-bit VNNI)."""
+    return tuple(T[name] for name in X8_SPECS) if HAS_X8 else ()
+
+
+def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
+    """w uint8 (n_rows, row_bytes) of an x8 type, n_rows a multiple of 8 -> its x8 layout (ir.py):
+    uint8 (n_rows / 8, 8 * row_bytes); per group and block index, the header fields with the 8 rows'
+    values of each element side by side and the quants in 64-byte slices of 8 bytes per row. Into
+    ``out`` (any uint8 array of that size) if given."""
+    ts, _, _, fields, (q0, q1), _ = X8_SPECS[T(wtype).name]
+    n, rb = w.shape
+    if n % X8_ROWS or rb % ts:
+        raise ValueError(f"pack_x8: {n} rows of {rb} bytes do not make {X8_ROWS}-row groups of {ts}-byte blocks")
+    ng, nb, qb = n // X8_ROWS, rb // ts, q1 - q0
+    if out is None:
+        out = np.empty(n * rb, np.uint8)
+    o = out.reshape(ng, nb, X8_ROWS * ts)
+    g = np.asarray(w).reshape(ng, X8_ROWS, nb, ts)
+    R = X8_ROWS
+    for i in range(ng):  # one group at a time: no whole-matrix temporaries
+        gi = g[i]
+        for off, size, el in fields:  # (rows, nb, elements, el) -> (nb, elements, rows, el)
+            f = gi[:, :, off:off + size].reshape(R, nb, size // el, el).transpose(1, 2, 0, 3)
+            o[i, :, R * off:R * (off + size)] = f.reshape(nb, R * size)
+        q = gi[:, :, q0:q1].reshape(R, nb, qb // 8, 8).transpose(1, 2, 0, 3)
+        o[i, :, R * q0:R * q1] = q.reshape(nb, R * qb)
+    return out.reshape(ng, R * rb)
+
+
+def rowx8_kernel(wtype):
+    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an x8 type (ir.row_dots_x8)."""
+    if "x8" not in _DOTS:
+        _DOTS["x8"] = row_dots_x8()
+    return _DOTS["x8"][T(wtype).name]
+
+
+def matvec_x8_kernel(wtype, parallel: bool = True):
+    """The compiled ``matvec(wp, xq, xd, xs, out, chunk)`` for ``pack_x8`` weights of ``wtype``
+    (activations as ``activation_kind(wtype)``)."""
+    t = T(wtype)
+    return build(matvec_x8_body, f"{t.name}_x8", parallel, ROWX8=rowx8_kernel(t))
 
 
 def gemv_kernel(wtype, variant: str | None = None):

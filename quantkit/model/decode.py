@@ -53,7 +53,7 @@ from quantkit.jit import bits_to_f32, njit_fast, prange
 from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
                               rowdot_kernel)
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
-from quantkit.kernels.vecdot import build, rowdot2_kernel
+from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, rowdot2_kernel, rowx8_kernel, x8_types
 from quantkit.model.arch import GLU_KINDS
 from quantkit.model.llama import Llama, Weight
 from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
@@ -132,9 +132,22 @@ URow2 = {"Q8_0": urow2_q8_0, "Q8_1": urow2_q8_1, "Q8_K": urow2_q8_k, "F32": urow
          "BF16": urow2_bf16}
 
 
-def run_rows(buf, off, rb, r0, r1, a, out, o0, sc):
+def urowx8_q8_0(wg, a):
+    return ROWX8(wg, a[1][0], a[2][0], a[3][0])  # noqa: F821
+
+
+def urowx8_q8_k(wg, a):
+    return ROWX8(wg, a[5][0], a[6][0], a[7][0])  # noqa: F821
+
+
+#: the x8 layout's row-group dot per activation kind -> 8 x float32
+URowX8 = {"Q8_0": urowx8_q8_0, "Q8_K": urowx8_q8_k}
+
+
+def run_rows(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
     """out[o0 + r] = (row r of the matrix at buf[off:]) . a for r in r0..r1-1: rows in pairs (ROW2
-    shares the activation loads between them; each sum is the same as ROW's), then a last one."""
+    shares the activation loads between them; each sum is the same as ROW's), then a last one.
+    (``pbuf``, the x8 buffer, is not read: one signature for both layouts.)"""
     r = np.int64(r0)  # a prange index may be unsigned: uint64 + int64 would give float64
     while r + 1 < r1:
         s0, s1 = ROW2(buf[off + r * rb:off + (r + 2) * rb], a, sc)  # noqa: F821
@@ -145,25 +158,38 @@ def run_rows(buf, off, rb, r0, r1, a, out, o0, sc):
         out[o0 + r] = ROW(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
 
 
-def rows_body(code, buf, off, rb, r0, r1, a, out, o0, sc):
-    """out[o0 + r] = (row r of the matrix at buf[off:], rb bytes a row) . a, for r in r0..r1-1.
-    One branch per type slot (RUN0..RUN7 bound per type set); unused slots repeat slot 0."""
+def run_rows_x8(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
+    """``run_rows`` for a matrix in the x8 layout at pbuf[off:] (``rb`` = bytes of one 8-row group);
+    r0 is a multiple of 8 (chunks are CHUNK rows) and so is the matrix's row count."""
+    g = np.int64(r0) // X8_ROWS
+    g1 = (np.int64(r1) + X8_ROWS - 1) // X8_ROWS
+    while g < g1:
+        r = ROWX8(pbuf[off + g * rb:off + (g + 1) * rb], a)  # noqa: F821
+        for i in range(X8_ROWS):
+            out[o0 + g * X8_ROWS + i] = r[i]
+        g += 1
+
+
+def rows_body(code, buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
+    """out[o0 + r] = (row r of the matrix at buf[off:], rb bytes a row) . a, for r in r0..r1-1 (slots of
+    the x8 layout: the matrix at pbuf[off:], rb bytes a row group). One branch per slot (RUN0..RUN7
+    bound per slot set); unused slots repeat slot 0."""
     if code == 0:
-        RUN0(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN0(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 1:
-        RUN1(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN1(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 2:
-        RUN2(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN2(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 3:
-        RUN3(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN3(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 4:
-        RUN4(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN4(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 5:
-        RUN5(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN5(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 6:
-        RUN6(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN6(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     else:
-        RUN7(buf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+        RUN7(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
 
 
 def deq_body(code, buf, off, rb, r, out):
@@ -402,11 +428,11 @@ def attend_kernel(kv_f16: bool):
 
 # -- the step ---------------------------------------------------------------------------------------
 
-def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
+def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
               aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, dims, eps, scale, lay, bias, qk_norm, post_norm,
               gelu_tab, embd_scale):
     """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
-    ``want``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
+    ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
     dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms);
     need[l] = activation kinds of the four inputs of layer l (attn, attn_output, ffn, ffn_down),
     need[n_layer, 0] the output's; lay[l] = (RoPE table of cos / sin, sliding window or 0);
@@ -447,7 +473,7 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
                 j, c0, o0 = 2, c - cq - ck, Q + KV
             r0 = c0 * CHUNK
             r1 = min(r0 + CHUNK, w[j, 2])
-            ROWS(w[j, 3], buf, w[j, 0], w[j, 1], r0, r1, aE, qkv, o0, sc)  # noqa: F821
+            ROWS(w[j, 3], buf, pbuf, w[j, 0], w[j, 1], r0, r1, aE, qkv, o0, sc)  # noqa: F821
         bl = bias[l]
         has_b = bl.shape[0] != 0
         qkv_q = qkv[:Q]
@@ -472,7 +498,7 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
         co = (w[3, 2] + CHUNK - 1) // CHUNK
         for c in prange(co):
             r0 = c * CHUNK
-            ROWS(w[3, 3], buf, w[3, 0], w[3, 1], r0, min(r0 + CHUNK, w[3, 2]), aQ, xb2, 0, sc)  # noqa: F821
+            ROWS(w[3, 3], buf, pbuf, w[3, 0], w[3, 1], r0, min(r0 + CHUNK, w[3, 2]), aQ, xb2, 0, sc)  # noqa: F821
         if has_post:
             rmsnorm1(xb2, post_norm[l, 0], eps, xb2)
         for i in range(E):
@@ -484,14 +510,14 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
         for c in prange(cf):
             r0 = c * CHUNK
             r1 = min(r0 + CHUNK, w[4, 2])
-            ROWS(w[4, 3], buf, w[4, 0], w[4, 1], r0, r1, aE, hg, 0, sc)  # noqa: F821
-            ROWS(w[5, 3], buf, w[5, 0], w[5, 1], r0, r1, aE, hu, 0, sc)  # noqa: F821
+            ROWS(w[4, 3], buf, pbuf, w[4, 0], w[4, 1], r0, r1, aE, hg, 0, sc)  # noqa: F821
+            ROWS(w[5, 3], buf, pbuf, w[5, 0], w[5, 1], r0, r1, aE, hu, 0, sc)  # noqa: F821
             glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
         quantize_needed(need[l, 3], aF)
         cd = (w[6, 2] + CHUNK - 1) // CHUNK
         for c in prange(cd):
             r0 = c * CHUNK
-            ROWS(w[6, 3], buf, w[6, 0], w[6, 1], r0, min(r0 + CHUNK, w[6, 2]), aF, xb2, 0, sc)  # noqa: F821
+            ROWS(w[6, 3], buf, pbuf, w[6, 0], w[6, 1], r0, min(r0 + CHUNK, w[6, 2]), aF, xb2, 0, sc)  # noqa: F821
         if has_post:
             rmsnorm1(xb2, post_norm[l, 1], eps, xb2)
         for i in range(E):
@@ -502,7 +528,7 @@ def step_body(tok, pos, want, buf, wt, ot, et, attn_norm, ffn_norm, out_norm, co
         cl = (ot[2] + CHUNK - 1) // CHUNK
         for c in prange(cl):
             r0 = c * CHUNK
-            ROWS(ot[3], buf, ot[0], ot[1], r0, min(r0 + CHUNK, ot[2]), aE, logits, 0, sc)  # noqa: F821
+            ROWS(ot[3], buf, pbuf, ot[0], ot[1], r0, min(r0 + CHUNK, ot[2]), aE, logits, 0, sc)  # noqa: F821
 
 
 # -- building it for a model ------------------------------------------------------------------------
@@ -519,11 +545,10 @@ def _copy_weights(nbytes: int) -> bool:
     return nbytes <= RAM_COPY_FRACTION * avail
 
 
-def _huge_copy(src: np.ndarray) -> np.ndarray:
-    """``src``'s bytes in a fresh anonymous mapping, 2 MiB-aligned, advised MADV_HUGEPAGE (where the
+def _huge_empty(n: int) -> np.ndarray:
+    """n bytes (zeros) of a fresh anonymous mapping, 2 MiB-aligned, advised MADV_HUGEPAGE (where the
     OS has it); the returned array keeps the mapping alive."""
     align = 2 << 20
-    n = src.nbytes
     mm = mmap.mmap(-1, n + align, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)  # shared would be shmem
     if hasattr(mm, "madvise") and hasattr(mmap, "MADV_HUGEPAGE"):
         try:
@@ -532,9 +557,20 @@ def _huge_copy(src: np.ndarray) -> np.ndarray:
             pass
     whole = np.frombuffer(mm, np.uint8)
     start = (-whole.ctypes.data) % align
-    out = whole[start:start + n]
+    return whole[start:start + n]
+
+
+def _huge_copy(src: np.ndarray) -> np.ndarray:
+    """``src``'s bytes in a ``_huge_empty`` buffer."""
+    out = _huge_empty(src.nbytes)
     out[:] = src
     return out
+
+
+def use_x8(variant: str) -> bool:
+    """Whether the decode step reads the x8 types' matrices from an 8-row interleaved copy: the vnni
+    variant on a CPU with 512-bit VNNI, unless ``QUANTKIT_X8=0``."""
+    return variant == "vnni" and bool(x8_types()) and config.x8()
 
 
 def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[int], bool]:
@@ -559,17 +595,22 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
     return np.concatenate(parts), [int(o) for o in offs], True
 
 
-def step_kernel(types: tuple, variant: str, kv_f16: bool):
-    """The compiled step for a type set (a tuple of GGML types, slot order) and KV cache kind."""
-    tag = "_".join(t.name for t in types) + f"_{variant}_{'kv16' if kv_f16 else 'kv32'}"
+def step_kernel(slots: tuple, variant: str, kv_f16: bool):
+    """The compiled step for a slot set (a tuple of (GGML type, x8 layout?) in slot order) and KV
+    cache kind."""
+    tag = "_".join(t.name + ("x8" if x8 else "") for t, x8 in slots) + f"_{variant}_{'kv16' if kv_f16 else 'kv32'}"
     rows, deqs = {}, {}
     for k in range(SLOTS):
-        t = types[k] if k < len(types) else types[0]
+        t, x8 = slots[k] if k < len(slots) else slots[0]
         kind = activation_kind(t, variant)
         tv = f"{t.name}_{variant}"
-        row1 = build(URow[kind], tv, False, ROWDOT=rowdot_kernel(t, variant))
-        row2 = build(URow2[kind], tv, False, ROWDOT2=rowdot2_kernel(t, variant))
-        rows[f"RUN{k}"] = build(run_rows, tv, False, ROW=row1, ROW2=row2)
+        if x8:
+            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8", False,
+                                    ROWX8=build(URowX8[kind], f"{t.name}_x8", False, ROWX8=rowx8_kernel(t)))
+        else:
+            row1 = build(URow[kind], tv, False, ROWDOT=rowdot_kernel(t, variant))
+            row2 = build(URow2[kind], tv, False, ROWDOT2=rowdot2_kernel(t, variant))
+            rows[f"RUN{k}"] = build(run_rows, tv, False, ROW=row1, ROW2=row2)
         deqs[f"DEQ{k}"] = deq_kernel(t)
     rows_fn = build(rows_body, tag, False, **rows)
     deq_fn = build(deq_body, tag, False, **deqs)
@@ -588,21 +629,40 @@ class DecodeStep:
         mats = [getattr(b, name) for b in model.blk for name in MATS]
         weights = mats + [model.output, model.token_embd]
         types = tuple(sorted({w.type for w in weights}, key=int))
-        if len(types) > SLOTS:
+        # the products of an x8 type with whole 8-row groups read an interleaved copy (not the embedding,
+        # which is looked up by row from the map)
+        xt = set(x8_types()) if use_x8(variant) else set()
+        packed = [w.type in xt and w.data.shape[0] % X8_ROWS == 0 for w in weights[:-1]] + [False]
+        slots = tuple(sorted({(w.type, p) for w, p in zip(weights, packed)}, key=lambda k: (int(k[0]), k[1])))
+        if len(slots) > SLOTS >= len(types):  # no slot left for an x8 layout: the file's rows then
+            packed = [False] * len(weights)
+            slots = tuple((t, False) for t in types)
+        if len(slots) > SLOTS:
             raise ModelError(f"{len(types)} distinct matrix types; the compiled step handles {SLOTS}")
-        self.types = types
+        self.types, self.slots = types, slots
         buf, offs, copied = _flat_buffer(model, weights)
         self.buf = buf
         #: whether ``buf`` is a copy (not the file's map); ``views`` maps each matrix's name to its bytes
         #: in ``buf``, shaped as its ``data``, so the batch path can read the same copy
         self.copied = copied
         self.views = {w.name: buf[o:o + w.data.nbytes].reshape(w.data.shape) for w, o in zip(weights, offs)}
-        code = {t: i for i, t in enumerate(types)}
+        code = {k: i for i, k in enumerate(slots)}
+        # x8 copies: offsets in ``pbuf`` (64-byte aligned); made at the first ``run`` (``_make_x8``), so
+        # a Runner used only for batches (perplexity, imatrix) never holds them
+        self._model, self._x8_todo, self.x8_bytes = model, [], 0
+        self.pbuf = np.zeros(64, np.uint8)
+        for w, p in zip(weights, packed):
+            if p:
+                self._x8_todo.append((w, self.x8_bytes))
+                self.x8_bytes += -(-w.data.nbytes // 64) * 64
 
-        def row(w: Weight, off: int):
-            return [off, w.data.shape[1], w.data.shape[0], code[w.type]]
+        def row(w: Weight, off: int, p: bool, po: int):
+            if p:
+                return [po, w.data.shape[1] * X8_ROWS, w.data.shape[0], code[w.type, True]]
+            return [off, w.data.shape[1], w.data.shape[0], code[w.type, False]]
 
-        tab = np.array([row(w, o) for w, o in zip(weights, offs)], np.int64)
+        pos = iter(o for _, o in self._x8_todo)
+        tab = np.array([row(w, o, p, next(pos) if p else 0) for w, o, p in zip(weights, offs, packed)], np.int64)
         self.wt = np.ascontiguousarray(tab[:len(mats)].reshape(c.n_layer, len(MATS), 4))
         self.ot = np.ascontiguousarray(tab[len(mats)])
         self.et = np.ascontiguousarray(tab[len(mats) + 1])
@@ -638,11 +698,26 @@ class DecodeStep:
         self.post_norm = _stack(model, ("post_attention_norm", "post_ffw_norm"), c.n_embd)
         self.gelu_tab = gelu_table() if a.glu == "gelu" else np.zeros(1, np.float32)
         self.embd_scale = np.float32(c.embd_scale)
-        self.fn = step_kernel(types, variant, kv_f16)
+        self.fn = step_kernel(slots, variant, kv_f16)
+
+    def _make_x8(self) -> None:
+        """Fill ``pbuf`` with the x8 layout of the matrices that use it, then drop their file pages from
+        this process (the batch path reads them back from the map when it runs): the interleaved copy
+        replaces the map for decoding, so the resident weight bytes stay one copy."""
+        m = self._model
+        pbuf = _huge_empty(self.x8_bytes)
+        for w, o in self._x8_todo:
+            pack_x8(w.data, w.type, pbuf[o:o + w.data.nbytes])
+            # also when the output is tied to the embedding: the lookup faults back one row per token
+            if not self.copied and m.gguf.has_tensor(w.name):
+                m.gguf.release(m.gguf.tensor(w.name))
+        self.pbuf, self._x8_todo = pbuf, []
 
     def run(self, tok: int, pos: int, kc, vc, cos, sin, lay, scores, logits, want: bool) -> None:
         """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``lay`` (n_layer, 2): as ``step_body``'s."""
-        self.fn(tok, pos, want, self.buf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
+        if self._x8_todo:
+            self._make_x8()
+        self.fn(tok, pos, want, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
                 self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
                 self.hg, self.hu, scores, logits, self.sc, self.dims, self.eps, self.scale, lay, self.bias,
                 self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale)
