@@ -9,7 +9,7 @@ For each model (the bundled SmolLM2-135M-Instruct Q4_1, plus every -m), at one t
   (warmup, repetitions, random tokens; numba compile time is reported apart, never in t/s).
 * llama.cpp: the ``llama-bench`` binary when found (--llama-bench, $LLAMA_BENCH, PATH, or llama.cpp's
   build tree under /opt/llamaref), run as ``llama-bench -m FILE -p P -n N -t T -r R -o json`` with its
-  defaults (the repacked path) and with ``--repack 0``; the faster is reported and named (a configuration
+  defaults (the repacked path) and with ``--repack 0``; for pp and for tg the faster is reported and named (a configuration
   that crashes -- some builds segfault with repacked AMX buffers -- is skipped). Each model's llama.cpp
   runs follow quantkit's run of the same model, so the two are measured close together in time. Without the binary, llama-cpp-python's ``Llama`` in a subprocess
   of /opt/llamaref/venv (--llama-python) times the same pp/tg loops through the low-level API (random
@@ -41,7 +41,7 @@ import textwrap  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-DEFAULT_LLAMA_BENCH = "/opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench"
+DEFAULT_LLAMA_BENCH = "/opt/llamaref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench"
 DEFAULT_LLAMA_PYTHON = "/opt/llamaref/venv/bin/python"
 
 
@@ -116,8 +116,8 @@ def find_llama_bench(arg: str | None) -> str | None:
 
 def run_llama_bench(exe: str, model: str, a) -> tuple[dict[str, float], str]:
     """llama-bench with its defaults (the repacked CPU path where the CPU has it) and with ``--repack 0``
-    (``--llama-modes``); -> the faster configuration's {pp, tg} (by tg, else pp) and a note naming it and
-    the other's figures."""
+    (``--llama-modes``); -> {pp, tg}, each from the configuration that was faster at it, and a note naming
+    them with every configuration's figures."""
     cmd = [exe, "-m", model, "-p", str(a.n_prompt), "-n", str(a.n_gen), "-t", str(a.threads), "-r", str(a.reps),
            "-o", "json"]
     runs = {}
@@ -135,10 +135,16 @@ def run_llama_bench(exe: str, model: str, a) -> tuple[dict[str, float], str]:
     if not runs:
         return {}, "llama-bench failed"
     names = {"default": "defaults", "repack0": "--repack 0"}
-    best = max(runs, key=lambda k: (runs[k].get("tg", 0.0), runs[k].get("pp", 0.0)))
+    best, notes = {}, []
+    for metric in ("pp", "tg"):          # llama.cpp's best configuration for each metric, named
+        have = [k for k in runs if runs[k].get(metric)]
+        if have:
+            k = max(have, key=lambda k: runs[k][metric])
+            best[metric] = runs[k][metric]
+            notes.append(f"{metric}: {names[k]}")
     others = "; ".join(f"{names[k]}: " + ", ".join(f"{t} {v:.2f}" for t, v in sorted(r.items()))
-                       for k, r in runs.items() if k != best)
-    return runs[best], f"llama-bench {names[best]}" + (f" (faster than {others})" if others else "")
+                       for k, r in runs.items())
+    return best, f"llama-bench best ({', '.join(notes)}; {others})"
 
 
 LLAMA_CPP_PYTHON_SCRIPT = textwrap.dedent("""
