@@ -293,44 +293,53 @@ def _emit_mxfp4(blk, acc, extra):
 
 
 def _grid_table(b, name, grid):
-    """The grid as a constant [n x i32] global (each point's four byte values, little endian)."""
-    words = [int(w) for w in np.ascontiguousarray(grid.astype(np.uint8)).view("<u4").ravel()]
-    arr = ir.ArrayType(K.I32, len(words))
+    """The grid as a constant global of one little-endian word per point (its 4 or 8 byte values: i32 or
+    i64), so a group's values are one scalar load."""
+    width = grid.shape[1]
+    ty = ir.IntType(8 * width)
+    words = [int(w) for w in np.ascontiguousarray(grid.astype(np.uint8)).view(f"<u{width}").ravel()]
+    arr = ir.ArrayType(ty, len(words))
     gv = b.module.globals.get(name)
     if gv is None:
         gv = cgutils.global_constant(b.module, name, ir.Constant(arr, words))
     return gv
 
 
-def _gather8(b, table, idx):
-    """<8 x i32> of table[idx[i]] for eight i32 indices: eight loads (measured 20 % faster per core than
-    AVX2's ``vpgatherdd`` for IQ3_XXS on the Zen 5 test machine, as ggml's AVX2 dot also does)."""
-    out = ir.Constant(K.V8I32, None)
+def _gather(b, table, idx, lanes):
+    """<n x word> of table[i] for the i32 elements ``lanes`` of the index vector ``idx``: scalar loads
+    (measured 20 % faster per core than AVX2's ``vpgatherdd`` for IQ3_XXS on the Zen 5 test machine, as
+    ggml's AVX2 dots also do with ``_mm256_set_epi32`` / ``_mm256_set_epi64x``)."""
+    vty = ir.VectorType(table.type.pointee.element, len(lanes))
+    out = ir.Constant(vty, None)
     zero = ir.Constant(K.I32, 0)
-    for i in range(8):
+    for n, i in enumerate(lanes):
         j = b.extract_element(idx, ir.Constant(K.I32, i))
-        out = b.insert_element(out, b.load(b.gep(table, [zero, j])), ir.Constant(K.I32, i))
+        out = b.insert_element(out, b.load(b.gep(table, [zero, j])), ir.Constant(K.I32, n))
     return out
 
 
 def _signed_chunk_dot(b, blk, acc, grid_words, signs32, c, ls):
-    """acc + ls * (chunk c's grid bytes (u8) . activations, bit j of ``signs32`` negating activation j).
-    vnni: ``vpmaddubsw`` then ``vpdpwssd`` with ``ls`` (grid values < 64, so the pairs fit int16), as
-    ir.py's ``_scaled_chunks``; elsewhere a u8 x s8 dot times ``ls``."""
+    """acc + ls * (chunk c's unsigned weight bytes ``grid_words`` (any 32-byte vector) . activations),
+    bit j of ``signs32`` (or None) negating activation j. ``ls``: one i32 scale for the 32 values, or a
+    pair (first 16, last 16). vnni: ``vpmaddubsw`` then ``vpdpwssd`` with the scales (weights < 64, so
+    the pairs fit int16), as ir.py's ``_scaled_chunks``; elsewhere a u8 x s8 dot times the scales."""
     x = K._ld(b, blk.xb, 32 * c, K.V32I8)
-    neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
-    xs = b.select(neg, b.sub(ir.Constant(K.V32I8, None), x), x)
+    if signs32 is not None:
+        neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
+        x = b.select(neg, b.sub(ir.Constant(K.V32I8, None), x), x)
     u = b.bitcast(grid_words, K.V32I8)
+    lo, hi = ls if isinstance(ls, tuple) else (ls, ls)
     if blk.v == "vnni":
         mad = K._decl(b.module, "llvm.x86.avx2.pmadd.ub.sw", K.V16I16, [K.V32I8, K.V32I8])
         dpw = K._decl(b.module, "llvm.x86.avx512.vpdpwssd.256", K.V8I32, [K.V8I32, K.V8I32, K.V8I32])
-        l16 = b.trunc(ls, K.I16)
-        lv = b.insert_element(ir.Constant(K.V16I16, None), l16, ir.Constant(K.I32, 0))
-        lv = b.shuffle_vector(lv, lv, K._vconst([0] * 16))
-        p16 = b.call(mad, [u, xs])
+        lv = b.insert_element(ir.Constant(K.V16I16, None), b.trunc(lo, K.I16), ir.Constant(K.I32, 0))
+        lv = b.insert_element(lv, b.trunc(hi, K.I16), ir.Constant(K.I32, 1))
+        lv = b.shuffle_vector(lv, lv, K._vconst([0] * 8 + [1] * 8))
+        p16 = b.call(mad, [u, x])
         return b.call(dpw, [acc, b.bitcast(p16, K.V8I32), b.bitcast(lv, K.V8I32)])
-    t = K._dot(b, blk.v, None, u, xs)
-    lv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), ls, ir.Constant(K.I32, 0)), [0] * 8)
+    t = K._dot(b, blk.v, None, u, x)
+    lv = b.insert_element(ir.Constant(K.V8I32, None), lo, ir.Constant(K.I32, 0))
+    lv = K._shuf(b, b.insert_element(lv, hi, ir.Constant(K.I32, 1)), [0] * 4 + [1] * 4)
     return b.add(acc, b.mul(t, lv))
 
 
@@ -360,7 +369,7 @@ def _emit_iq3_xxs(blk, acc, extra):
         idx = b.zext(K._ld(b, blk.wb, _XXS_QS + 8 * c, _V8I8), K.V8I32)
         mask = b.extract_element(masks, ir.Constant(K.I32, c))
         ls = b.extract_element(lss, ir.Constant(K.I32, c))
-        ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, idx), mask, c, ls)
+        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, idx, range(8)), mask, c, ls)
     scale = b.fmul(_scale(b, blk, _XXS_D), ir.Constant(K.F32T, 0.25), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
 
@@ -378,7 +387,7 @@ def _emit_iq3_s(blk, acc, extra):
         sc = b.zext(K._ld(b, blk.wb, _S_SCALES + c // 2, K.I8), K.I32)
         s4 = b.and_(b.lshr(sc, ir.Constant(K.I32, 4 * (c % 2))), ir.Constant(K.I32, 15))
         ls = b.add(b.shl(s4, ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
-        ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, b.or_(lo, hi)), signs, c, ls)
+        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, b.or_(lo, hi), range(8)), signs, c, ls)
     return K._fma_acc(b, acc, ai, _scale(b, blk, _S_D)), extra
 
 
