@@ -54,6 +54,21 @@ def _rowdot(t, variant):
     return build(rowdot_ir, f"{t}_{variant}_test", False, ROW=row_dots(variant)[t])
 
 
+@pytest.mark.parametrize("t", ["IQ2_S", "IQ1_S", "IQ1_M"])
+def test_without_bmi2_the_same_dot(t, monkeypatch):
+    """The grid indices packed with shifts where the CPU has no BMI2 ``pdep`` (lowbit._pdep): the same
+    bits as with it."""
+    import quantkit.kernels.ir as I
+
+    y = _random_bytes(t, 4, 512, 5)
+    xq, xd, xs = _activations(2, 512, 6)
+    sc = np.zeros(16, np.int32)
+    want = [_rowdot(t, "generic")(y[r], xq[1], xd[1], xs[1], sc) for r in range(4)]
+    monkeypatch.setattr(I, "HAS_BMI2", False)
+    fn = build(rowdot_ir, f"{t}_generic_nobmi2_test", False, ROW=row_dots("generic")[t])
+    assert [fn(y[r], xq[1], xd[1], xs[1], sc) for r in range(4)] == want
+
+
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("t", TYPES)
 @pytest.mark.parametrize("n_in,source", [(256, "quantized"), (1024, "quantized"), (1280, "random")])

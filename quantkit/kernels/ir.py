@@ -47,6 +47,8 @@ HAS_VNNI = IS_X86 and (("avx512vnni" in _FEATURES and "avx512vl" in _FEATURES) o
 HAS_VNNI512 = IS_X86 and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATURES
 #: hardware half -> float (``fpext half``): F16C on x86; native elsewhere
 HAS_F16 = (not IS_X86) or "f16c" in _FEATURES
+#: BMI2's pdep (the lattice types' grid indices, kernels/lowbit.py)
+HAS_BMI2 = IS_X86 and "bmi2" in _FEATURES
 
 VARIANTS = ("vnni", "generic", "plain")
 #: opt-in (QUANTKIT_512=1): 32-element blocks two at a time with a 512-bit vpdpbusd where the CPU has

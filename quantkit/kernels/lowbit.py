@@ -57,7 +57,6 @@ _S_TS, _S_D, _S_QS, _S_QH, _S_SIGNS, _S_SCALES = block_layout("IQ3_S", "d", "qs"
 # -- LLVM-IR block emitters for ir.py's row loop ---------------------------------------------------
 # Each: (blk, acc <8 x float>, extra float) -> (acc, extra), as ir.py's own emitters.
 
-_V8I8 = ir.VectorType(K.I8, 8)
 
 
 def _scale(b, blk, off):
@@ -135,17 +134,46 @@ def _grid_table(b, name, grid):
     return gv
 
 
-def _gather(b, table, idx, lanes):
-    """<n x word> of table[i] for the i32 elements ``lanes`` of the index vector ``idx``: scalar loads
-    (measured 20 % faster per core than AVX2's ``vpgatherdd`` for IQ3_XXS on the Zen 5 test machine, as
-    ggml's AVX2 dots also do with ``_mm256_set_epi32`` / ``_mm256_set_epi64x``)."""
-    vty = ir.VectorType(table.type.pointee.element, len(lanes))
-    out = ir.Constant(vty, None)
+def _gather(b, table, idx):
+    """<n x word> of table[i] for the n scalar integer indices ``idx``: scalar loads (measured 20 % faster
+    per core than AVX2's ``vpgatherdd`` for IQ3_XXS on the Zen 5 test machine, as ggml's AVX2 dots also do
+    with ``_mm256_set_epi32`` / ``_mm256_set_epi64x``)."""
+    out = ir.Constant(ir.VectorType(table.type.pointee.element, len(idx)), None)
     zero = ir.Constant(K.I32, 0)
-    for n, i in enumerate(lanes):
-        j = b.extract_element(idx, ir.Constant(K.I32, i))
+    for n, j in enumerate(idx):
         out = b.insert_element(out, b.load(b.gep(table, [zero, j])), ir.Constant(K.I32, n))
     return out
+
+
+def _pdep(b, x, mask):
+    """Deposit the low bits of integer ``x`` into the set bits of the constant 64-bit ``mask`` (BMI2's
+    ``pdep``, as ggml's IQ1 dots pack four grid indices; elsewhere one shift-and per run of mask bits)."""
+    x = b.zext(x, K.I64) if x.type.width < 64 else x
+    if K.HAS_BMI2:
+        fn = K._decl(b.module, "llvm.x86.bmi.pdep.64", K.I64, [K.I64, K.I64])
+        return b.call(fn, [x, ir.Constant(K.I64, mask)])
+    out, src, pos = None, 0, 0
+    while mask >> pos:
+        if not (mask >> pos) & 1:
+            pos += 1
+            continue
+        n = 0
+        while (mask >> (pos + n)) & 1:
+            n += 1
+        t = b.and_(b.lshr(x, ir.Constant(K.I64, src)) if src else x, ir.Constant(K.I64, (1 << n) - 1))
+        t = b.shl(t, ir.Constant(K.I64, pos)) if pos else t
+        out = t if out is None else b.or_(out, t)
+        src, pos = src + n, pos + n
+    return out
+
+
+def _fields(b, word, bits, n, keep=None):
+    """The n ``bits``-wide fields of the integer ``word`` (low first), each masked to ``keep`` bits (default
+    all) -> n i64 indices. Extracting grid indices in scalar registers: from a vector they took a
+    ``vpextrd`` each, the bottleneck of the lattice dots (IQ2_S 0.87 -> 1.15x ggml per core)."""
+    word = b.zext(word, K.I64) if word.type.width < 64 else word
+    m = ir.Constant(K.I64, (1 << (keep or bits)) - 1)
+    return [b.and_(b.lshr(word, ir.Constant(K.I64, bits * i)) if i else word, m) for i in range(n)]
 
 
 def _signed_chunk_dot(b, blk, acc, grid_words, signs32, c, ls):
@@ -196,10 +224,10 @@ def _emit_iq3_xxs(blk, acc, extra):
     masks = _xxs_signs(b, aux)
     lss = b.add(b.shl(b.lshr(aux, K._vconst([28] * 8)), K._vconst([1] * 8)), K._vconst([1] * 8))
     for c in range(8):
-        idx = b.zext(K._ld(b, blk.wb, _XXS_QS + 8 * c, _V8I8), K.V8I32)
+        idx = _fields(b, K._ld(b, blk.wb, _XXS_QS + 8 * c, K.I64), 8, 8)
         mask = b.extract_element(masks, ir.Constant(K.I32, c))
         ls = b.extract_element(lss, ir.Constant(K.I32, c))
-        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, idx, range(8)), mask, c, ls)
+        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, idx), mask, c, ls)
     scale = b.fmul(_scale(b, blk, _XXS_D), ir.Constant(K.F32T, 0.25), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
 
@@ -209,15 +237,17 @@ def _emit_iq3_s(blk, acc, extra):
     table = _grid_table(b, "quantkit_iq3s_grid", GRID_IQ3_S)
     ai = ir.Constant(K.V8I32, None)
     for c in range(8):
-        lo = b.zext(K._ld(b, blk.wb, _S_QS + 8 * c, _V8I8), K.V8I32)
-        qh = b.zext(K._ld(b, blk.wb, _S_QH + c, K.I8), K.I32)
-        qhv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), qh, ir.Constant(K.I32, 0)), [0] * 8)
-        hi = b.shl(b.and_(b.lshr(qhv, K._vconst(range(8))), K._vconst([1] * 8)), K._vconst([8] * 8))
+        qh = K._ld(b, blk.wb, _S_QH + c, K.I8)
+        idx = []
+        for h in range(2):  # four 9-bit indices per 16-bit field: qs byte | qh bit << 8
+            lo = _pdep(b, K._ld(b, blk.wb, _S_QS + 8 * c + 4 * h, K.I32), 0x00FF00FF00FF00FF)
+            hi = _pdep(b, b.lshr(qh, ir.Constant(K.I8, 4 * h)) if h else qh, 0x0100010001000100)
+            idx += _fields(b, b.or_(lo, hi), 16, 4)
         signs = K._ld(b, blk.wb, _S_SIGNS + 4 * c, K.I32)
         sc = b.zext(K._ld(b, blk.wb, _S_SCALES + c // 2, K.I8), K.I32)
         s4 = b.and_(b.lshr(sc, ir.Constant(K.I32, 4 * (c % 2))), ir.Constant(K.I32, 15))
         ls = b.add(b.shl(s4, ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
-        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, b.or_(lo, hi), range(8)), signs, c, ls)
+        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, idx), signs, c, ls)
     return K._fma_acc(b, acc, ai, _scale(b, blk, _S_D)), extra
 
 

@@ -14,10 +14,11 @@ multiply-add with ``fp16(d) * y.d`` (times 1/8).
 * Signs: IQ2_XXS / IQ2_XS store 7 bits per group and the 8th is their parity (``ksigns_iq2xs``),
   computed here with shift-xors; IQ2_S stores the 8 bits.
 * IQ1_S / IQ1_M: grid values g in {-1, 0, 1} and a shift ``delta = +-1/8`` per 32 (IQ1_S) or per group
-  of 8 (IQ1_M). The table holds ``8 (g + 1)``; adding ``8 + sign(delta)`` to a group's bytes gives the
-  unsigned ``u = 8 g + sign(delta) + 16``, so one u8 x s8 chunk dot yields ``8 sum(g q) + sum(sign(delta)
-  q) + 16 sum(q)``, the last removed through the activations' ``bsums``: ggml's ``sumi + 1/8 * sumi1``
-  times 8, all in integers; the float scale carries the 1/8.
+  of 8 (IQ1_M). The delta's sign bit is a 12th index bit into a 4096-word table of the unsigned
+  ``u = 8 g + sign(delta) + 16`` (32 KiB; IQ1_M 0.77 -> 0.89x ggml per core against adding the delta's
+  bytes per chunk), so one u8 x s8 chunk dot yields ``8 sum(g q) + sum(sign(delta) q) + 16 sum(q)``, the
+  last removed through the activations' ``bsums``: ggml's ``sumi + 1/8 * sumi1`` times 8, all in
+  integers; the float scale carries the 1/8.
 
 Exact in the integer parts like ggml's; only the per-lane float products round, so a row dot equals the
 float64 dot of the dequantized operands to float32 rounding (tests/test_vecdot_iq.py).
@@ -30,7 +31,7 @@ from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 
 from quantkit.kernels import ir as K
-from quantkit.kernels.lowbit import _gather, _grid_table, _scale, _signed_chunk_dot, _xxs_signs
+from quantkit.kernels.lowbit import _fields, _gather, _grid_table, _pdep, _scale, _signed_chunk_dot, _xxs_signs
 from quantkit.quants.common import block_layout
 from quantkit.quants.grids import grid_values
 
@@ -43,24 +44,22 @@ _, _1M_QS, _1M_QH, _1M_SC = block_layout("IQ1_M", "qs", "qh", "scales")
 _V8I8 = ir.VectorType(K.I8, 8)
 _V16I32 = ir.VectorType(K.I32, 16)
 _V32I16 = ir.VectorType(K.I16, 32)
-#: IQ1's table: 8 * (g + 1) per grid value g in {-1, 0, 1}
-_G1_SHIFTED = 8 * (grid_values(T.IQ1_S) + 1)
+#: IQ1's table of 4096 words: index bit 11 the delta's sign (set: -1), bits 0..10 the grid point; each
+#: grid value g stored as ``8 g + sign(delta) + 16`` (in 7..25)
+_G1_DELTA = np.concatenate([8 * grid_values(T.IQ1_S) + 17, 8 * grid_values(T.IQ1_S) + 15])
 
 
 def _c(v, n=8, ty=K.I32):
     return K._vconst([v] * n, ty)
 
 
-def _chunks(b, blk, table, idx, signs, scales, add=None):
-    """Sum over the 8 chunks of a super-block: chunk c's four grid words (indices ``idx`` lanes 4c..4c+3,
-    <32 x i32>), its sign mask (i32 element c of ``signs`` <8 x i32>, or None), its scales (``scales(c)``:
-    an i32 or a pair per 16), ``add(c)`` (a <32 x i8> added to its weight bytes, or None). -> <8 x i32>;
-    two accumulator chains (the vpdpwssd latency)."""
+def _chunks(b, blk, table, idx, signs, scales):
+    """Sum over the 8 chunks of a super-block: chunk c's four grid words (``idx(c)``: four scalar indices),
+    its sign mask (i32 element c of ``signs`` <8 x i32>, or None), its scales (``scales(c)``: an i32 or a
+    pair per 16). -> <8 x i32>; two accumulator chains (the vpdpwssd latency)."""
     accs = [ir.Constant(K.V8I32, None)] * 2
     for c in range(8):
-        u = b.bitcast(_gather(b, table, idx, range(4 * c, 4 * c + 4)), K.V32I8)
-        if add is not None:
-            u = b.add(u, add(c))
+        u = b.bitcast(_gather(b, table, idx(c)), K.V32I8)
         s = None if signs is None else b.extract_element(signs, ir.Constant(K.I32, c))
         accs[c % 2] = _signed_chunk_dot(b, blk, accs[c % 2], u, s, c, scales(c))
     return b.add(accs[0], accs[1])
@@ -92,9 +91,9 @@ def _emit_iq2_xxs(blk, acc, extra):
     table = _grid_table(b, "quantkit_iq2xxs_grid", grid_values(T.IQ2_XXS))
     q = K._ld(b, blk.wb, _XXS_QS, _V16I32)
     aux = K._shuf(b, q, range(1, 16, 2))
-    idx = b.zext(b.bitcast(K._shuf(b, q, range(0, 16, 2)), K.V32I8), K.V32I32)
     lss = b.add(b.shl(b.lshr(aux, _c(28)), _c(1)), _c(1))
-    ai = _chunks(b, blk, table, idx, _xxs_signs(b, aux), lambda c: _lane(b, lss, c))
+    ai = _chunks(b, blk, table, lambda c: _fields(b, K._ld(b, blk.wb, _XXS_QS + 8 * c, K.I32), 8, 4),
+                 _xxs_signs(b, aux), lambda c: _lane(b, lss, c))
     return _finish(blk, acc, ai, _XXS_D), extra
 
 
@@ -103,14 +102,14 @@ def _emit_iq2_xs(blk, acc, extra):
     b = blk.b
     table = _grid_table(b, "quantkit_iq2xs_grid", grid_values(T.IQ2_XS))
     v = K._ld(b, blk.wb, _XS_QS, _V32I16)
-    idx = b.zext(b.and_(v, _c(511, 32, K.I16)), K.V32I32)
     s7 = b.lshr(v, _c(9, 32, K.I16))
     p = s7
     for sh in (4, 2, 1):  # parity of the 7 bits into bit 0
         p = b.xor(p, b.lshr(p, _c(sh, 32, K.I16)))
     m = b.or_(s7, b.shl(b.and_(p, _c(1, 32, K.I16)), _c(7, 32, K.I16)))
     signs = b.bitcast(b.trunc(m, K.V32I8), K.V8I32)
-    ai = _chunks(b, blk, table, idx, signs, _nibble_scales(b, blk, _XS_SC))
+    ai = _chunks(b, blk, table, lambda c: _fields(b, K._ld(b, blk.wb, _XS_QS + 8 * c, K.I64), 16, 4, keep=9),
+                 signs, _nibble_scales(b, blk, _XS_SC))
     return _finish(blk, acc, ai, _XS_D), extra
 
 
@@ -118,20 +117,15 @@ def _emit_iq2_s(blk, acc, extra):
     """Per group g of 8: grid index qs[g] | 2 bits of qh[g / 4] << 8, the 8 sign bits in qs[32 + g]."""
     b = blk.b
     table = _grid_table(b, "quantkit_iq2s_grid", grid_values(T.IQ2_S))
-    lo = b.zext(K._ld(b, blk.wb, _S_QS, K.V32I8), K.V32I32)
-    qh = K._shuf(b, b.zext(K._ld(b, blk.wb, _S_QH, _V8I8), K.V8I32), [g // 4 for g in range(32)])
-    hi = b.shl(b.and_(b.lshr(qh, K._vconst([2 * (g % 4) for g in range(32)])), _c(3, 32)), _c(8, 32))
+
+    def idx(c):
+        lo = _pdep(b, K._ld(b, blk.wb, _S_QS + 4 * c, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, K._ld(b, blk.wb, _S_QH + c, K.I8), 0x0300030003000300)
+        return _fields(b, b.or_(lo, hi), 16, 4)
+
     signs = K._ld(b, blk.wb, _S_QS + 32, K.V8I32)
-    ai = _chunks(b, blk, table, b.or_(lo, hi), signs, _nibble_scales(b, blk, _S_SC))
+    ai = _chunks(b, blk, table, idx, signs, _nibble_scales(b, blk, _S_SC))
     return _finish(blk, acc, ai, _S_D), extra
-
-
-def _delta_bytes(b, neg, groups):
-    """<32 x i8> of ``8 + sign(delta)`` (7 where the i1 ``neg`` lane of a group is set, else 9), each
-    group's value over its 8 bytes (``groups``: the group of each of the 32 bytes)."""
-    n = neg.type.count
-    d = b.select(neg, _c(7, n, K.I8), _c(9, n, K.I8))
-    return b.shuffle_vector(d, d, K._vconst(groups))
 
 
 def _minus_16_sums(b, blk, ai, ls16):
@@ -143,15 +137,18 @@ def _emit_iq1_s(blk, acc, extra):
     """Per 32: four grid index bytes, and a uint16 qh: 3 index bits per group, the scale (bits 12..14),
     the delta's sign (bit 15)."""
     b = blk.b
-    table = _grid_table(b, "quantkit_iq1s_grid8", _G1_SHIFTED)
+    table = _grid_table(b, "quantkit_iq1_grid_delta", _G1_DELTA)
+
+    def idx(c):
+        qh = K._ld(b, blk.wb, _1S_QH + 2 * c, K.I16)
+        lo = _pdep(b, K._ld(b, blk.wb, _1S_QS + 4 * c, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, qh, 0x0700070007000700)  # 3 bits per group
+        delta = b.mul(b.zext(b.lshr(qh, ir.Constant(K.I16, 15)), K.I64), ir.Constant(K.I64, 0x0800080008000800))
+        return _fields(b, b.or_(b.or_(lo, hi), delta), 16, 4)
+
     qh = b.zext(K._ld(b, blk.wb, _1S_QH, ir.VectorType(K.I16, 8)), K.V8I32)
-    qh32 = K._shuf(b, qh, [g // 4 for g in range(32)])
-    hi = b.shl(b.and_(b.lshr(qh32, K._vconst([3 * (g % 4) for g in range(32)])), _c(7, 32)), _c(8, 32))
-    idx = b.or_(b.zext(K._ld(b, blk.wb, _1S_QS, K.V32I8), K.V32I32), hi)
     ls = b.add(b.shl(b.and_(b.lshr(qh, _c(12)), _c(7)), _c(1)), _c(1))
-    neg = b.icmp_unsigned("!=", b.and_(qh, _c(0x8000)), _c(0))
-    ai = _chunks(b, blk, table, idx, None, lambda c: _lane(b, ls, c),
-                 lambda c: _delta_bytes(b, neg, [c] * 32))
+    ai = _chunks(b, blk, table, idx, None, lambda c: _lane(b, ls, c))
     ai = _minus_16_sums(b, blk, ai, K._shuf(b, ls, [g // 2 for g in range(16)]))
     return _finish(blk, acc, ai, _1S_D), extra
 
@@ -172,19 +169,21 @@ def _iq1m_d(b, sc):
 
 def _emit_iq1_m(blk, acc, extra):
     """Per group g of 8: grid index qs[g] | 3 bits of the nibble g % 2 of qh[g / 2] << 8, the delta's
-    sign the nibble's bit 3; per 16 a 3-bit scale in the four scale words (whose top nibbles are d)."""
+    sign the nibble's bit 3 (so the nibble is index bits 8..11 of ``_G1_DELTA``); per 16 a 3-bit scale
+    in the four scale words (whose top nibbles are d)."""
     b = blk.b
-    table = _grid_table(b, "quantkit_iq1s_grid8", _G1_SHIFTED)
-    qh = K._shuf(b, b.zext(K._ld(b, blk.wb, _1M_QH, K.V16I8), _V16I32), [g // 2 for g in range(32)])
-    nib = b.and_(b.lshr(qh, K._vconst([4 * (g % 2) for g in range(32)])), _c(15, 32))
-    idx = b.or_(b.zext(K._ld(b, blk.wb, _1M_QS, K.V32I8), K.V32I32), b.shl(b.and_(nib, _c(7, 32)), _c(8, 32)))
-    neg = b.icmp_unsigned("!=", b.and_(nib, _c(8, 32)), _c(0, 32))
+    table = _grid_table(b, "quantkit_iq1_grid_delta", _G1_DELTA)
+
+    def idx(c):
+        lo = _pdep(b, K._ld(b, blk.wb, _1M_QS + 4 * c, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, K._ld(b, blk.wb, _1M_QH + 2 * c, K.I16), 0x0F000F000F000F00)
+        return _fields(b, b.or_(lo, hi), 16, 4)
+
     sc = b.zext(K._ld(b, blk.wb, _1M_SC, ir.VectorType(K.I16, 4)), ir.VectorType(K.I32, 4))
     sc16 = K._shuf(b, sc, [j // 4 for j in range(16)])
     ls = b.add(b.shl(b.and_(b.lshr(sc16, K._vconst([3 * (j % 4) for j in range(16)])), _c(7, 16)), _c(1, 16)),
                _c(1, 16))
-    ai = _chunks(b, blk, table, idx, None, lambda c: (_lane(b, ls, 2 * c), _lane(b, ls, 2 * c + 1)),
-                 lambda c: _delta_bytes(b, neg, [4 * c + j // 8 for j in range(32)]))
+    ai = _chunks(b, blk, table, idx, None, lambda c: (_lane(b, ls, 2 * c), _lane(b, ls, 2 * c + 1)))
     ai = _minus_16_sums(b, blk, ai, ls)
     scale = b.fmul(b.fmul(_iq1m_d(b, sc), blk.dx, flags=K._FM), ir.Constant(K.F32T, 0.125), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
