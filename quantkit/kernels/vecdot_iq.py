@@ -143,7 +143,8 @@ def _emit_iq1_s(blk, acc, extra):
         qh = K._ld(b, blk.wb, _1S_QH + 2 * c, K.I16)
         lo = _pdep(b, K._ld(b, blk.wb, _1S_QS + 4 * c, K.I32), 0x00FF00FF00FF00FF)
         hi = _pdep(b, qh, 0x0700070007000700)  # 3 bits per group
-        delta = b.mul(b.zext(b.lshr(qh, ir.Constant(K.I16, 15)), K.I64), ir.Constant(K.I64, 0x0800080008000800))
+        neg = b.ashr(b.sext(qh, K.I64), ir.Constant(K.I64, 15))  # all ones where the delta is negative
+        delta = b.and_(neg, ir.Constant(K.I64, 0x0800080008000800))
         return _fields(b, b.or_(b.or_(lo, hi), delta), 16, 4)
 
     qh = b.zext(K._ld(b, blk.wb, _1S_QH, ir.VectorType(K.I16, 8)), K.V8I32)
