@@ -55,9 +55,9 @@ def _rowdot(t, variant):
 
 
 @pytest.mark.parametrize("t", ["IQ2_S", "IQ1_S", "IQ1_M"])
-def test_without_bmi2_the_same_dot(t, monkeypatch):
-    """The grid indices packed with shifts where the CPU has no BMI2 ``pdep`` (lowbit._pdep): the same
-    bits as with it."""
+def test_without_bmi2_and_f16c_the_same_dot(t, monkeypatch):
+    """The grid indices packed with shifts where the CPU has no BMI2 ``pdep`` (lowbit._pdep), and fp16
+    scales converted with integer operations where it has no F16C: the same bits as with them."""
     import quantkit.kernels.ir as I
 
     y = _random_bytes(t, 4, 512, 5)
@@ -65,7 +65,8 @@ def test_without_bmi2_the_same_dot(t, monkeypatch):
     sc = np.zeros(16, np.int32)
     want = [_rowdot(t, "generic")(y[r], xq[1], xd[1], xs[1], sc) for r in range(4)]
     monkeypatch.setattr(I, "HAS_BMI2", False)
-    fn = build(rowdot_ir, f"{t}_generic_nobmi2_test", False, ROW=row_dots("generic")[t])
+    monkeypatch.setattr(I, "HAS_F16", False)
+    fn = build(rowdot_ir, f"{t}_generic_nobmi2_nof16_test", False, ROW=row_dots("generic")[t])
     assert [fn(y[r], xq[1], xd[1], xs[1], sc) for r in range(4)] == want
 
 

@@ -8,7 +8,9 @@ multiply-add with ``fp16(d) * y.d`` (times 1/8).
 
 * A group of 8 weights is one 64-bit word of a constant grid table (quants/grids.py, the grids gguf-py
   and ggml share); a 32-value chunk is four scalar loads, as ggml's AVX2 dots do with
-  ``_mm256_set_epi64x``. The grid values are positive (IQ2: 8..43), so a chunk is ``vpmaddubsw`` with
+  ``_mm256_set_epi64x``, their indices computed in scalar registers (lowbit.py's ``_pdep`` / ``_fields``:
+  four to an i64, as ggml's IQ1 dots with BMI2; from a vector they took a ``vpextrd`` each, the
+  bottleneck). The grid values are positive (IQ2: 8..43), so a chunk is ``vpmaddubsw`` with
   the activations -- their signs flipped by the weights' sign mask (``_mm256_sign_epi8`` in ggml) --
   then ``vpdpwssd`` with the scales (lowbit.py's ``_signed_chunk_dot``).
 * Signs: IQ2_XXS / IQ2_XS store 7 bits per group and the 8th is their parity (``ksigns_iq2xs``),
@@ -29,6 +31,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
+from numba.core import cgutils
 
 from quantkit.kernels import ir as K
 from quantkit.kernels.lowbit import _fields, _gather, _grid_table, _pdep, _scale, _signed_chunk_dot, _xxs_signs
@@ -163,7 +166,7 @@ def _iq1m_d(b, sc):
     h = b.bitcast(b.trunc(u, K.I16), ir.HalfType())
     if K.HAS_F16:
         return b.fpext(h, K.F32T)
-    slot = b.alloca(ir.HalfType())  # ir.py's portable fp16 load
+    slot = cgutils.alloca_once(b, ir.HalfType())  # ir.py's portable fp16 load
     b.store(h, slot)
     return K._f16(b, b.bitcast(slot, K.I8.as_pointer()), 0)
 
