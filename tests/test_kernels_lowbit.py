@@ -9,8 +9,9 @@ import pytest
 
 import quantkit.quants as Q
 from quantkit.kernels.activations import ACT_LAYOUT, quantize_activations
+from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.ir import HAS_VNNI, row_dots
-from quantkit.kernels.lowbit import ROWDOTS, SPECS
+from quantkit.kernels.lowbit import SPECS, row_q1_0
 from quantkit.kernels.vecdot import build, rowdot_ir
 
 N_IN = 1024
@@ -26,25 +27,20 @@ def _operands(t: str, kind: str, rows: np.ndarray, seed: int):
 
 
 def _impls():
-    out = [pytest.param(t, "numba", id=f"{t}-numba") for t in sorted(ROWDOTS)]
-    for v in ("vnni", "generic"):
-        out += [pytest.param(t, v, id=f"{t}-{v}",
-                             marks=pytest.mark.skipif(v == "vnni" and not HAS_VNNI, reason="no AVX-VNNI"))
-                for t in sorted(SPECS)]
-    return out
+    return [pytest.param(t, v, id=f"{t}-{v}", marks=pytest.mark.skipif(v == "vnni" and not HAS_VNNI, reason="no AVX-VNNI"))
+            for v in ("vnni", "generic") for t in sorted([*SPECS, "Q1_0"])]
 
 
 def _rowdot(t: str, impl: str):
-    """The numba row dot, or the IR one (ir.ROW_SPECS entry from lowbit.SPECS) of a variant."""
-    if impl == "numba":
-        return ROWDOTS[t][0]
-    return build(rowdot_ir, f"{t}_{impl}_test", False, ROW=row_dots(impl)[t])
+    """The IR row dot of a variant: ir.ROW_SPECS's entry (from lowbit.SPECS), or Q1_0's own loop."""
+    row = row_q1_0(impl) if t == "Q1_0" else row_dots(impl)[t]
+    return build(rowdot_ir, f"{t}_{impl}_test", False, ROW=row)
 
 
 @pytest.mark.parametrize("t,impl", _impls())
 @pytest.mark.parametrize("case", ["student_t", "normal", "zeros_and_outliers"])
 def test_rowdot_equals_float64_dot_of_dequantized(t, impl, case):
-    kind = ROWDOTS[t][1]
+    kind = type_info(t).vec_dot_type
     fn = _rowdot(t, impl)
     assert Q.traits(t).qtype.name == t
     g = np.random.default_rng(7)
@@ -62,7 +58,7 @@ def test_rowdot_equals_float64_dot_of_dequantized(t, impl, case):
         got = fn(w[r], xq, xd, xs, sc)
         terms = wd[r] * a
         want = terms.sum()
-        # numba: one float product per block; IR: one per lane of 8, taken before an offset (128 * sum(q)
-        # for MXFP4) cancels, so up to ~1e-5. One wrong value of 1024 would be ~1e-3 of the sum.
-        tol = (2e-6 if impl == "numba" else 2e-5) * np.abs(terms).sum() + 1e-30
+        # one float product per lane of 8, taken before an offset (128 * sum(q) for MXFP4) cancels, so up
+        # to ~1e-5. One wrong value of 1024 would be ~1e-3 of the sum.
+        tol = 2e-5 * np.abs(terms).sum() + 1e-30
         assert abs(float(got) - want) <= tol, (t, r, float(got), want, tol)

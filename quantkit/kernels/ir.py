@@ -47,6 +47,8 @@ HAS_VNNI = IS_X86 and (("avx512vnni" in _FEATURES and "avx512vl" in _FEATURES) o
 HAS_VNNI512 = IS_X86 and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATURES
 #: hardware half -> float (``fpext half``): F16C on x86; native elsewhere
 HAS_F16 = (not IS_X86) or "f16c" in _FEATURES
+#: BMI2's pdep (the lattice types' grid indices, kernels/lowbit.py)
+HAS_BMI2 = IS_X86 and "bmi2" in _FEATURES
 
 VARIANTS = ("vnni", "generic", "plain")
 #: opt-in (QUANTKIT_512=1): 32-element blocks two at a time with a 512-bit vpdpbusd where the CPU has
@@ -494,22 +496,22 @@ def _emit_q4k_like(q_off, chunk):
     return emit
 
 
-def _emit_q6k(k, acc, extra):
-    b = k.b
-    sc = b.sext(_ld(b, k.wb, _F["Q6_K"]["scales"], V16I8), ir.VectorType(I32, 16))
-    ai = _scaled_chunks(b, k.v, _chunk_q6_k, k.wb, k.xb, sc, 16)
-    off = _fold16(b, b.mul(sc, k.bsums()))
-    ai = b.sub(ai, b.shl(off, _vconst([5] * 8)))  # - 32 * sum(sc * bsums)
-    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["Q6_K"]["d"]), k.dx, flags=_FM)), extra
+def _q6k_scales(builder, wb):
+    """Q6_K: the 16 int8 scales -> <16 x i32>."""
+    return builder.sext(_ld(builder, wb, _F["Q6_K"]["scales"], V16I8), ir.VectorType(I32, 16))
 
 
-def _emit_q3k(k, acc, extra):
-    b = k.b
-    sc = _q3k_scales(b, k.wb)
-    ai = _scaled_chunks(b, k.v, _chunk_q3_k, k.wb, k.xb, sc, 16)
-    off = _fold16(b, b.mul(sc, k.bsums()))
-    ai = b.sub(ai, b.shl(off, _vconst([2] * 8)))  # - 4 * sum(sc * bsums)
-    return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["Q3_K"]["d"]), k.dx, flags=_FM)), extra
+def _emit_offset_k(name, scales, chunk, shift):
+    """Q3_K / Q6_K: 16 signed scales per super-block, unsigned chunks of ``value + 2**shift`` (4, 32); the
+    offset comes off as ``2**shift * sum(sc * bsums)``."""
+    def emit(k, acc, extra):
+        b = k.b
+        sc = scales(b, k.wb)
+        ai = _scaled_chunks(b, k.v, chunk, k.wb, k.xb, sc, 16)
+        off = _fold16(b, b.mul(sc, k.bsums()))
+        ai = b.sub(ai, b.shl(off, _vconst([shift] * 8)))
+        return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F[name]["d"]), k.dx, flags=_FM)), extra
+    return emit
 
 
 def _emit_q2k(k, acc, extra):
@@ -556,10 +558,10 @@ ROW_SPECS = {
     "Q5_1": _legacy_spec("Q5_1", _chunk_q5_0, 0),
     "IQ4_NL": _legacy_spec("IQ4_NL", _chunk_iq4_nl, 128),
     "Q2_K": _spec("Q2_K", 16, _emit_q2k),
-    "Q3_K": _spec("Q3_K", 16, _emit_q3k),
+    "Q3_K": _spec("Q3_K", 16, _emit_offset_k("Q3_K", _q3k_scales, _chunk_q3_k, 2)),
     "Q4_K": _spec("Q4_K", 16, _emit_q4k_like(type_info("Q4_K").field("qs"), _chunk_q4_k)),
     "Q5_K": _spec("Q5_K", 16, _emit_q4k_like(type_info("Q5_K").field("qh"), _chunk_q5_k)),
-    "Q6_K": _spec("Q6_K", 16, _emit_q6k),
+    "Q6_K": _spec("Q6_K", 16, _emit_offset_k("Q6_K", _q6k_scales, _chunk_q6_k, 5)),
     "IQ4_XS": _spec("IQ4_XS", 16, _emit_iq4xs),
 }
 

@@ -1,26 +1,23 @@
 """Row dots for TQ1_0, TQ2_0, MXFP4, Q1_0, IQ3_XXS and IQ3_S weights, as ggml-cpu's ``vec_dot_X_Y``.
 
-Same contract as vecdot.py's row dots: ``rowdot_X(wr, xq, xd, xs, sc) -> float32`` takes one weight
-row's bytes ``wr`` (1-D uint8) and one token's planar activations of the type's vec_dot type
-(activations.py: ``xq`` int8 quants, ``xd`` float32 block scales, ``xs`` int32 group sums; ``sc`` is
-unused here). Integer sums per block (exact), then one float multiply-add per block in ggml's order:
+LLVM-IR, as ir.py's row dots: one weight row's bytes against one token's planar activations of the type's
+vec_dot type (activations.py: ``xq`` int8 quants, ``xd`` float32 block scales, ``xs`` int32 group sums).
+Integer sums per block (exact), then a float multiply-add per block (per lane of 8) in ggml's terms:
 
 * TQ1_0 / TQ2_0 . Q8_K (``ggml_vec_dot_tq1_0_q8_K``, ``_tq2_0_q8_K``): ``sum((t - 1) * q)``, computed as
-  ``sum(t * q) - sum(q)`` with ``sum(q)`` from the activation's bsums; ``sumf += sumi * (d_w * d_a)``;
-* MXFP4 . Q8_0 (``ggml_vec_dot_mxfp4_q8_0``): ``sumf += (d_a * 2^(e-128)) * sum(E[i] * q)``;
-* Q1_0 . Q8_0 (``ggml_vec_dot_q1_0_q8_0``): per 32 values ``sum(+-q) = 2 * sum(bit * q) - sum(q)``,
-  ``sumi += d_a * that``, then ``sumf += d_w * sumi`` per 128;
+  ``sum(t * q) - sum(q)`` with ``sum(q)`` from the activation's bsums; times ``d_w * d_a``;
+* MXFP4 . Q8_0 (``ggml_vec_dot_mxfp4_q8_0``): ``(d_a * 2^(e-128)) * sum(E[i] * q)``;
+* Q1_0 . Q8_0 (``ggml_vec_dot_q1_0_q8_0``): per 32 values ``sum(+-q) = 2 * sum(bit * q) - sum(q)``, times
+  ``d_w * d_a`` of those 32;
 * IQ3_XXS / IQ3_S . Q8_K (``ggml_vec_dot_iq3_xxs_q8_K``, ``_iq3_s_q8_K``): signed grid values times
-  the quants, times the odd sub-block scale ``2s + 1`` as integers, ``sumf += (d_w * d_a) * bsum``;
-  IQ3_XXS's total times 0.25.
+  the quants, times the odd sub-block scale ``2s + 1`` as integers, times ``d_w * d_a``; IQ3_XXS's
+  total times 0.25.
 
-Like ggml's, these sums are exact in the integer parts; only the per-block float products round, so a
-row dot equals the float64 dot of the dequantized operands to float32 rounding (tests/test_kernels_lowbit.py).
+Only the per-lane float products round, so a row dot equals the float64 dot of the dequantized operands to
+float32 rounding (tests/test_kernels_lowbit.py).
 
-Two forms. ``rowdot_X`` above are plain numba (numba types integer arithmetic as int64, so they run
-scalar or in 64-bit lanes: ~0.5-2 GB/s); they are the readable statement of each dot and the reference
-the fast form is tested against. ``SPECS`` are the same dots as per-block LLVM-IR emitters for ir.py's
-whole-row loop (``ir.ROW_SPECS``: u8 x s8 chunks through ``vpdpbusd``), registered on import:
+``SPECS`` are per-block emitters for ir.py's whole-row loop (``ir.ROW_SPECS``: u8 x s8 chunks through
+``vpdpbusd``), registered on import:
 
 * TQ2_0 reuses Q2_K's 2-bit chunk loader (the same ``qs`` layout), TQ1_0 decodes trits with byte
   multiplies (``(b * 3**n mod 256) * 3 >> 8``), both subtract ``sum(q)`` from the bsums;
@@ -30,7 +27,8 @@ whole-row loop (``ir.ROW_SPECS``: u8 x s8 chunks through ``vpdpbusd``), register
   ``2s + 1`` (``vpmaddubsw`` + ``vpdpwssd``).
 
 Q1_0 (128 values per block against four Q8_0 scales) does not fit that one-activation-scale-per-block
-loop: its numba dot takes each 32-value bit mask through one small IR intrinsic (``_bits_dot32``).
+loop: ``row_q1_0`` is its own IR row loop (each 32-bit mask -> 0/2 bytes, one ``vpdpbusd`` per 32 values
+started from ``-sum(q)``), used through ``NUMBA_DOTS``.
 """
 
 from __future__ import annotations
@@ -43,11 +41,10 @@ from numba.extending import intrinsic
 
 from quantkit.jit import byte_ptr, njit_fast
 from quantkit.kernels import ir as K
-from quantkit.quants.common import block_layout, get_f16
-from quantkit.quants.iq3 import GRID_IQ3_S, GRID_IQ3_XXS, parity7
-from quantkit.quants.mxfp4 import KVALUES_MXFP4, e8m0_to_fp32_half
+from quantkit.quants.common import block_layout
+from quantkit.quants.iq3 import GRID_IQ3_S, GRID_IQ3_XXS
+from quantkit.quants.mxfp4 import KVALUES_MXFP4
 
-F = np.float32
 _TQ1_TS, _TQ1_QS, _TQ1_QH, _TQ1_D = block_layout("TQ1_0", "qs", "qh", "d")
 _TQ2_TS, _TQ2_QS, _TQ2_D = block_layout("TQ2_0", "qs", "d")
 _MX_TS, _MX_E, _MX_QS = block_layout("MXFP4", "e", "qs")
@@ -55,179 +52,11 @@ _Q1_TS, _Q1_D, _Q1_QS = block_layout("Q1_0", "d", "qs")
 _XXS_TS, _XXS_D, _XXS_QS = block_layout("IQ3_XXS", "d", "qs")
 _XXS_SAS = _XXS_QS + 64  # IQ3_XXS: the uint32 signs-and-scale words, the last 32 bytes of qs
 _S_TS, _S_D, _S_QS, _S_QH, _S_SIGNS, _S_SCALES = block_layout("IQ3_S", "d", "qs", "qh", "signs", "scales")
-_KV_MXFP4 = KVALUES_MXFP4.astype(np.int32)
-_G3XXS = GRID_IQ3_XXS.astype(np.int32)
-_G3S = GRID_IQ3_S.astype(np.int32)
-
-
-@njit_fast
-def _bsum256(xs, ib):
-    """Sum of the 256 activation quants of block ``ib`` (its 16 bsums)."""
-    s = 0
-    for g in range(16):
-        s += xs[16 * ib + g]
-    return s
-
-
-@njit_fast
-def rowdot_tq2_0(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for ib in range(xq.shape[0] // 256):
-        p = _TQ2_TS * ib
-        o = 256 * ib
-        acc = 0
-        for j in range(2):
-            for n in range(4):
-                for m in range(32):
-                    acc += ((np.int32(wr[p + _TQ2_QS + 32 * j + m]) >> (2 * n)) & 3) * np.int32(xq[o + 128 * j + 32 * n + m])
-        sumi = acc - _bsum256(xs, ib)
-        sumf += F(sumi) * (xd[ib] * get_f16(wr, p + _TQ2_D))
-    return sumf
-
-
-@njit_fast
-def _trit(b, p3):
-    """Trit of a TQ1_0 byte (0..2) whose position has weight ``p3`` = 3**n."""
-    return (((np.int32(b) * p3) & 255) * 3) >> 8
-
-
-@njit_fast
-def rowdot_tq1_0(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for ib in range(xq.shape[0] // 256):
-        p = _TQ1_TS * ib
-        o = 256 * ib
-        acc = 0
-        p3 = 1
-        for n in range(5):
-            for m in range(32):
-                acc += _trit(wr[p + m], p3) * np.int32(xq[o + 32 * n + m])
-            for m in range(16):
-                acc += _trit(wr[p + _TQ1_QS + 32 + m], p3) * np.int32(xq[o + 160 + 16 * n + m])
-            if n < 4:
-                for j in range(4):
-                    acc += _trit(wr[p + _TQ1_QH + j], p3) * np.int32(xq[o + 240 + 4 * n + j])
-            p3 *= 3
-        sumi = acc - _bsum256(xs, ib)
-        sumf += F(sumi) * (get_f16(wr, p + _TQ1_D) * xd[ib])
-    return sumf
-
-
-@njit_fast
-def rowdot_mxfp4(wr, xq, xd, xs, sc):
-    kv = _KV_MXFP4
-    sumf = F(0.0)
-    for ib in range(xq.shape[0] // 32):
-        p = _MX_TS * ib
-        o = 32 * ib
-        acc = 0
-        for j in range(16):
-            b = np.int32(wr[p + _MX_QS + j])
-            acc += kv[b & 15] * np.int32(xq[o + j]) + kv[b >> 4] * np.int32(xq[o + 16 + j])
-        sumf += (xd[ib] * e8m0_to_fp32_half(wr[p + _MX_E])) * F(acc)
-    return sumf
-
-
-@intrinsic
-def _bits_dot32(typingctx, wr, woff, xq, xoff):
-    """sum of the int8 ``xq[xoff:xoff+32]`` whose bit is set in the 32-bit mask at byte ``woff`` of
-    ``wr`` (bit j of the little-endian word for value j), as one u8 x s8 chunk dot (vpdpbusd)."""
-    sig = types.int32(wr, woff, xq, xoff)
-
-    def codegen(context, builder, signature, args):
-        ta = signature.args
-        wp = byte_ptr(context, builder, ta[0], args[0], args[1], ta[1])
-        xp = byte_ptr(context, builder, ta[2], args[2], args[3], ta[3])
-        bits = K._bits_to_bytes(builder, builder.load(builder.bitcast(wp, K.I32.as_pointer()), align=1), 0)
-        x = builder.load(builder.bitcast(xp, K.V32I8.as_pointer()), align=1)
-        return K._reduce(builder, K._dot(builder, "vnni" if K.HAS_VNNI else "generic", None, bits, x))
-
-    return sig, codegen
-
-
-@njit_fast
-def rowdot_q1_0(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for ib in range(xq.shape[0] // 128):
-        p = _Q1_TS * ib
-        sumi = F(0.0)
-        for k in range(4):
-            acc = _bits_dot32(wr, p + _Q1_QS + 4 * k, xq, 128 * ib + 32 * k)  # sum of q where the bit is set
-            sumi += xd[4 * ib + k] * F(2 * acc - xs[4 * ib + k])  # sum(+-q) = 2 * that - sum(q)
-        sumf += get_f16(wr, p + _Q1_D) * sumi
-    return sumf
-
-
-@njit_fast
-def _signed_dot8(grid, g1, g2, signs, xq, o):
-    """sum over 8 values of +-grid * q: points g1, g2 (4 values each), sign bit j negates value j."""
-    acc = 0
-    for j in range(4):
-        v1 = grid[g1, j] * np.int32(xq[o + j])
-        v2 = grid[g2, j] * np.int32(xq[o + 4 + j])
-        s1 = (signs >> j) & 1
-        s2 = (signs >> (j + 4)) & 1
-        acc += ((v1 ^ -s1) + s1) + ((v2 ^ -s2) + s2)
-    return acc
-
-
-@njit_fast
-def rowdot_iq3_xxs(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for ibl in range(xq.shape[0] // 256):
-        p = _XXS_TS * ibl
-        bsum = 0
-        for ib in range(8):
-            a = p + _XXS_SAS + 4 * ib
-            aux = (np.int64(wr[a]) | (np.int64(wr[a + 1]) << 8) | (np.int64(wr[a + 2]) << 16)
-                   | (np.int64(wr[a + 3]) << 24))
-            sumi = 0
-            for l in range(4):
-                s7 = np.int32((aux >> (7 * l)) & 127)
-                q = p + _XXS_QS + 8 * ib + 2 * l
-                sumi += _signed_dot8(_G3XXS, wr[q], wr[q + 1], s7 | (parity7(s7) << 7), xq,
-                                     256 * ibl + 32 * ib + 8 * l)
-            bsum += sumi * np.int32(2 * (aux >> 28) + 1)
-        sumf += (get_f16(wr, p + _XXS_D) * xd[ibl]) * F(bsum)
-    return F(0.25) * sumf
-
-
-@njit_fast
-def rowdot_iq3_s(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for ibl in range(xq.shape[0] // 256):
-        p = _S_TS * ibl
-        bsum = 0
-        for ib in range(8):
-            ls = 2 * ((np.int32(wr[p + _S_SCALES + ib // 2]) >> (4 * (ib % 2))) & 15) + 1
-            qh = np.int32(wr[p + _S_QH + ib])
-            sumi = 0
-            for l in range(4):
-                q = p + _S_QS + 8 * ib + 2 * l
-                g1 = np.int32(wr[q]) | (((qh >> (2 * l)) & 1) << 8)
-                g2 = np.int32(wr[q + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
-                sumi += _signed_dot8(_G3S, g1, g2, np.int32(wr[p + _S_SIGNS + 4 * ib + l]), xq, 256 * ibl + 32 * ib + 8 * l)
-            bsum += sumi * ls
-        sumf += (get_f16(wr, p + _S_D) * xd[ibl]) * F(bsum)
-    return sumf
-
-
-#: weight type name -> (row dot, activation kind = ggml's vec_dot_type)
-ROWDOTS = {
-    "TQ1_0": (rowdot_tq1_0, "Q8_K"),
-    "TQ2_0": (rowdot_tq2_0, "Q8_K"),
-    "MXFP4": (rowdot_mxfp4, "Q8_0"),
-    "Q1_0": (rowdot_q1_0, "Q8_0"),
-    "IQ3_XXS": (rowdot_iq3_xxs, "Q8_K"),
-    "IQ3_S": (rowdot_iq3_s, "Q8_K"),
-}
 
 
 # -- LLVM-IR block emitters for ir.py's row loop ---------------------------------------------------
 # Each: (blk, acc <8 x float>, extra float) -> (acc, extra), as ir.py's own emitters.
 
-_V16I32 = ir.VectorType(K.I32, 16)
-_V8I8 = ir.VectorType(K.I8, 8)
 
 
 def _scale(b, blk, off):
@@ -293,44 +122,82 @@ def _emit_mxfp4(blk, acc, extra):
 
 
 def _grid_table(b, name, grid):
-    """The grid as a constant [n x i32] global (each point's four byte values, little endian)."""
-    words = [int(w) for w in np.ascontiguousarray(grid.astype(np.uint8)).view("<u4").ravel()]
-    arr = ir.ArrayType(K.I32, len(words))
+    """The grid as a constant global of one little-endian word per point (its 4 or 8 byte values: i32 or
+    i64), so a group's values are one scalar load."""
+    width = grid.shape[1]
+    ty = ir.IntType(8 * width)
+    words = [int(w) for w in np.ascontiguousarray(grid.astype(np.uint8)).view(f"<u{width}").ravel()]
+    arr = ir.ArrayType(ty, len(words))
     gv = b.module.globals.get(name)
     if gv is None:
         gv = cgutils.global_constant(b.module, name, ir.Constant(arr, words))
     return gv
 
 
-def _gather8(b, table, idx):
-    """<8 x i32> of table[idx[i]] for eight i32 indices: eight loads (measured 20 % faster per core than
-    AVX2's ``vpgatherdd`` for IQ3_XXS on the Zen 5 test machine, as ggml's AVX2 dot also does)."""
-    out = ir.Constant(K.V8I32, None)
+def _gather(b, table, idx):
+    """<n x word> of table[i] for the n scalar integer indices ``idx``: scalar loads (measured 20 % faster
+    per core than AVX2's ``vpgatherdd`` for IQ3_XXS on the Zen 5 test machine, as ggml's AVX2 dots also do
+    with ``_mm256_set_epi32`` / ``_mm256_set_epi64x``)."""
+    out = ir.Constant(ir.VectorType(table.type.pointee.element, len(idx)), None)
     zero = ir.Constant(K.I32, 0)
-    for i in range(8):
-        j = b.extract_element(idx, ir.Constant(K.I32, i))
-        out = b.insert_element(out, b.load(b.gep(table, [zero, j])), ir.Constant(K.I32, i))
+    for n, j in enumerate(idx):
+        out = b.insert_element(out, b.load(b.gep(table, [zero, j])), ir.Constant(K.I32, n))
     return out
 
 
+def _pdep(b, x, mask):
+    """Deposit the low bits of integer ``x`` into the set bits of the constant 64-bit ``mask`` (BMI2's
+    ``pdep``, as ggml's IQ1 dots pack four grid indices; elsewhere one shift-and per run of mask bits)."""
+    x = b.zext(x, K.I64) if x.type.width < 64 else x
+    if K.HAS_BMI2:
+        fn = K._decl(b.module, "llvm.x86.bmi.pdep.64", K.I64, [K.I64, K.I64])
+        return b.call(fn, [x, ir.Constant(K.I64, mask)])
+    out, src, pos = None, 0, 0
+    while mask >> pos:
+        if not (mask >> pos) & 1:
+            pos += 1
+            continue
+        n = 0
+        while (mask >> (pos + n)) & 1:
+            n += 1
+        t = b.and_(b.lshr(x, ir.Constant(K.I64, src)) if src else x, ir.Constant(K.I64, (1 << n) - 1))
+        t = b.shl(t, ir.Constant(K.I64, pos)) if pos else t
+        out = t if out is None else b.or_(out, t)
+        src, pos = src + n, pos + n
+    return out
+
+
+def _fields(b, word, bits, n, keep=None):
+    """The n ``bits``-wide fields of the integer ``word`` (low first), each masked to ``keep`` bits (default
+    all) -> n i64 indices. Extracting grid indices in scalar registers: from a vector they took a
+    ``vpextrd`` each, the bottleneck of the lattice dots (IQ2_S 0.87 -> 1.15x ggml per core)."""
+    word = b.zext(word, K.I64) if word.type.width < 64 else word
+    m = ir.Constant(K.I64, (1 << (keep or bits)) - 1)
+    return [b.and_(b.lshr(word, ir.Constant(K.I64, bits * i)) if i else word, m) for i in range(n)]
+
+
 def _signed_chunk_dot(b, blk, acc, grid_words, signs32, c, ls):
-    """acc + ls * (chunk c's grid bytes (u8) . activations, bit j of ``signs32`` negating activation j).
-    vnni: ``vpmaddubsw`` then ``vpdpwssd`` with ``ls`` (grid values < 64, so the pairs fit int16), as
-    ir.py's ``_scaled_chunks``; elsewhere a u8 x s8 dot times ``ls``."""
+    """acc + ls * (chunk c's unsigned weight bytes ``grid_words`` (any 32-byte vector) . activations),
+    bit j of ``signs32`` (or None) negating activation j. ``ls``: one i32 scale for the 32 values, or a
+    pair (first 16, last 16). vnni: ``vpmaddubsw`` then ``vpdpwssd`` with the scales (weights < 64, so
+    the pairs fit int16), as ir.py's ``_scaled_chunks``; elsewhere a u8 x s8 dot times the scales."""
     x = K._ld(b, blk.xb, 32 * c, K.V32I8)
-    neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
-    xs = b.select(neg, b.sub(ir.Constant(K.V32I8, None), x), x)
+    if signs32 is not None:
+        neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
+        x = b.select(neg, b.sub(ir.Constant(K.V32I8, None), x), x)
     u = b.bitcast(grid_words, K.V32I8)
+    lo, hi = ls if isinstance(ls, tuple) else (ls, ls)
     if blk.v == "vnni":
         mad = K._decl(b.module, "llvm.x86.avx2.pmadd.ub.sw", K.V16I16, [K.V32I8, K.V32I8])
         dpw = K._decl(b.module, "llvm.x86.avx512.vpdpwssd.256", K.V8I32, [K.V8I32, K.V8I32, K.V8I32])
-        l16 = b.trunc(ls, K.I16)
-        lv = b.insert_element(ir.Constant(K.V16I16, None), l16, ir.Constant(K.I32, 0))
-        lv = b.shuffle_vector(lv, lv, K._vconst([0] * 16))
-        p16 = b.call(mad, [u, xs])
+        lv = b.insert_element(ir.Constant(K.V16I16, None), b.trunc(lo, K.I16), ir.Constant(K.I32, 0))
+        lv = b.insert_element(lv, b.trunc(hi, K.I16), ir.Constant(K.I32, 1))
+        lv = b.shuffle_vector(lv, lv, K._vconst([0] * 8 + [1] * 8))
+        p16 = b.call(mad, [u, x])
         return b.call(dpw, [acc, b.bitcast(p16, K.V8I32), b.bitcast(lv, K.V8I32)])
-    t = K._dot(b, blk.v, None, u, xs)
-    lv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), ls, ir.Constant(K.I32, 0)), [0] * 8)
+    t = K._dot(b, blk.v, None, u, x)
+    lv = b.insert_element(ir.Constant(K.V8I32, None), lo, ir.Constant(K.I32, 0))
+    lv = K._shuf(b, b.insert_element(lv, hi, ir.Constant(K.I32, 1)), [0] * 4 + [1] * 4)
     return b.add(acc, b.mul(t, lv))
 
 
@@ -357,10 +224,10 @@ def _emit_iq3_xxs(blk, acc, extra):
     masks = _xxs_signs(b, aux)
     lss = b.add(b.shl(b.lshr(aux, K._vconst([28] * 8)), K._vconst([1] * 8)), K._vconst([1] * 8))
     for c in range(8):
-        idx = b.zext(K._ld(b, blk.wb, _XXS_QS + 8 * c, _V8I8), K.V8I32)
+        idx = _fields(b, K._ld(b, blk.wb, _XXS_QS + 8 * c, K.I64), 8, 8)
         mask = b.extract_element(masks, ir.Constant(K.I32, c))
         ls = b.extract_element(lss, ir.Constant(K.I32, c))
-        ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, idx), mask, c, ls)
+        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, idx), mask, c, ls)
     scale = b.fmul(_scale(b, blk, _XXS_D), ir.Constant(K.F32T, 0.25), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
 
@@ -370,15 +237,17 @@ def _emit_iq3_s(blk, acc, extra):
     table = _grid_table(b, "quantkit_iq3s_grid", GRID_IQ3_S)
     ai = ir.Constant(K.V8I32, None)
     for c in range(8):
-        lo = b.zext(K._ld(b, blk.wb, _S_QS + 8 * c, _V8I8), K.V8I32)
-        qh = b.zext(K._ld(b, blk.wb, _S_QH + c, K.I8), K.I32)
-        qhv = K._shuf(b, b.insert_element(ir.Constant(K.V8I32, None), qh, ir.Constant(K.I32, 0)), [0] * 8)
-        hi = b.shl(b.and_(b.lshr(qhv, K._vconst(range(8))), K._vconst([1] * 8)), K._vconst([8] * 8))
+        qh = K._ld(b, blk.wb, _S_QH + c, K.I8)
+        idx = []
+        for h in range(2):  # four 9-bit indices per 16-bit field: qs byte | qh bit << 8
+            lo = _pdep(b, K._ld(b, blk.wb, _S_QS + 8 * c + 4 * h, K.I32), 0x00FF00FF00FF00FF)
+            hi = _pdep(b, b.lshr(qh, ir.Constant(K.I8, 4 * h)) if h else qh, 0x0100010001000100)
+            idx += _fields(b, b.or_(lo, hi), 16, 4)
         signs = K._ld(b, blk.wb, _S_SIGNS + 4 * c, K.I32)
         sc = b.zext(K._ld(b, blk.wb, _S_SCALES + c // 2, K.I8), K.I32)
         s4 = b.and_(b.lshr(sc, ir.Constant(K.I32, 4 * (c % 2))), ir.Constant(K.I32, 15))
         ls = b.add(b.shl(s4, ir.Constant(K.I32, 1)), ir.Constant(K.I32, 1))
-        ai = _signed_chunk_dot(b, blk, ai, _gather8(b, table, b.or_(lo, hi)), signs, c, ls)
+        ai = _signed_chunk_dot(b, blk, ai, _gather(b, table, idx), signs, c, ls)
     return K._fma_acc(b, acc, ai, _scale(b, blk, _S_D)), extra
 
 
@@ -392,6 +261,60 @@ SPECS = {
 }
 K.ROW_SPECS.update(SPECS)
 
-#: types whose fast row dot is the numba one above (vecdot.KERNEL_TRAITS uses it as it is)
-NUMBA_DOTS = {"Q1_0": rowdot_q1_0}
 
+# -- Q1_0: its own row loop -------------------------------------------------------------------------
+
+def row_q1_0(variant):
+    """The intrinsic ``ROW(wr, xq, xd, xs) -> float32`` of Q1_0 against Q8_0 activations (``xd``, ``xs``:
+    one scale and one sum per 32) for an IR variant."""
+
+    def impl(typingctx, wr, xq, xd, xs):
+        sig = types.float32(wr, xq, xd, xs)
+
+        def codegen(context, builder, signature, args):
+            b, ta = builder, signature.args
+            zero = context.get_constant(types.intp, 0)
+            wp, xp, dp, sp = (byte_ptr(context, b, ta[i], args[i], zero, types.intp) for i in range(4))
+            dp = b.bitcast(dp, K.F32T.as_pointer())
+            sp = b.bitcast(sp, K.I32.as_pointer())
+            nd = cgutils.unpack_tuple(b, context.make_array(ta[2])(context, b, args[2]).shape)[0]
+            nb = b.sdiv(nd, ir.Constant(nd.type, 4))
+            accps = [cgutils.alloca_once_value(b, ir.Constant(K.V8F32, None)) for _ in range(2)]
+            with cgutils.for_range(b, nb) as loop:
+                i = loop.index
+                wb = b.gep(wp, [b.mul(i, ir.Constant(i.type, _Q1_TS))])
+                if K.PREFETCH:
+                    pf = K._decl(b.module, "llvm.prefetch.p0", ir.VoidType(), [K.I8.as_pointer(), K.I32, K.I32, K.I32])
+                    b.call(pf, [K._gep(b, wb, K.PREFETCH), ir.Constant(K.I32, 0), ir.Constant(K.I32, 3),
+                                ir.Constant(K.I32, 1)])
+                dw = K._f16(b, wb, _Q1_D)
+                for k in range(4):
+                    j = b.add(b.mul(i, ir.Constant(i.type, 4)), ir.Constant(i.type, k))
+                    u = K._bits_to_bytes(b, K._ld(b, wb, _Q1_QS + 4 * k, K.I32), 1)  # 2 * bit
+                    neg = b.sub(ir.Constant(K.I32, 0), b.load(b.gep(sp, [j])))
+                    init = b.insert_element(ir.Constant(K.V8I32, None), neg, ir.Constant(K.I32, 0))
+                    x = b.load(b.bitcast(b.gep(xp, [b.mul(j, ir.Constant(j.type, 32))]), K.V32I8.as_pointer()), align=1)
+                    t = K._dot(b, variant, init, u, x)
+                    acc = K._fma_acc(b, b.load(accps[k % 2]), t, b.fmul(dw, b.load(b.gep(dp, [j])), flags=K._FM))
+                    b.store(acc, accps[k % 2])
+            acc = b.fadd(b.load(accps[0]), b.load(accps[1]), flags=K._FM)
+            for n in (4, 2, 1):
+                acc = b.fadd(K._shuf(b, acc, range(n)), K._shuf(b, acc, range(n, 2 * n)), flags=K._FM)
+            return b.extract_element(acc, ir.Constant(K.I32, 0))
+
+        return sig, codegen
+
+    impl.__name__ = f"row_q1_0_{variant}"
+    return intrinsic(impl)
+
+
+_ROW_Q1_0 = row_q1_0("vnni" if K.HAS_VNNI else "generic")
+
+
+@njit_fast
+def rowdot_q1_0(wr, xq, xd, xs, sc):
+    return _ROW_Q1_0(wr, xq, xd, xs)
+
+
+#: types whose fast row dot is a compiled body of its own (vecdot.KERNEL_TRAITS uses it as it is)
+NUMBA_DOTS = {"Q1_0": rowdot_q1_0}

@@ -22,7 +22,7 @@ from quantkit.jit import prange, specialize
 from quantkit.kernels import lowbit
 from quantkit.kernels.ir import (HAS_X8, IR_DIGEST, PREFETCH, ROW_SPECS, X8_ROWS, X8_SPECS, default_variant, ld_bf16,
                                  ld_f16, ld_f32, prefetch, row_dots, row_dots_x8)
-from quantkit.kernels.vecdot_iq import IQ_ROWDOTS
+from quantkit.kernels import vecdot_iq  # noqa: F401  (adds the lattice types' IR entries to ROW_SPECS)
 from quantkit.quants import traits
 
 F = np.float32
@@ -208,11 +208,11 @@ def get_rows_body(w, ids, out):
 #: weight type -> its fast row dot body: the float types' loops, and one IR intrinsic (ir.ROW_SPECS) for
 #: each quantized type that has one. The activations are the type's vec_dot type (the type table's). A type
 #: with a codec but no entry here runs on ``rowdot_deq`` with float32 activations.
-#: kernels/lowbit.py adds its IR entries to ROW_SPECS on import (TQ1_0, TQ2_0, MXFP4, IQ3_XXS, IQ3_S) and
-#: has a numba row dot for Q1_0 (``NUMBA_DOTS``); kernels/vecdot_iq.py has numba row dots for the lattice
-#: types (``IQ_ROWDOTS``): bodies used as they are, the same for every variant.
+#: kernels/lowbit.py (TQ1_0, TQ2_0, MXFP4, IQ3_XXS, IQ3_S) and kernels/vecdot_iq.py (IQ2_XXS, IQ2_XS,
+#: IQ2_S, IQ1_S, IQ1_M) add their IR entries to ROW_SPECS on import; lowbit.py has a numba row dot for
+#: Q1_0 (``NUMBA_DOTS``): a body used as it is, the same for every variant.
 KERNEL_TRAITS = {T.F32: rowdot_f32, T.F16: rowdot_f16, T.BF16: rowdot_bf16, **{T[n]: rowdot_ir for n in ROW_SPECS},
-                 **{T[n]: fn for n, fn in lowbit.NUMBA_DOTS.items()}, **IQ_ROWDOTS}
+                 **{T[n]: fn for n, fn in lowbit.NUMBA_DOTS.items()}}
 
 _DOTS: dict[tuple, dict] = {}
 
@@ -249,7 +249,7 @@ def rowdot_kernel(wtype, variant: str | None = None):
         return build(rowdot_deq, f"{t.name}_deq", False, DEQ=deq_kernel(t), TS=info.type_size, BS=info.block_size)
     if t in (T.F32, T.F16, T.BF16):
         return build(body, "f", False, NEXT_ROW=build(prefetch_next_row, "f", False))
-    if t.name not in ROW_SPECS:  # a compiled numba row dot (lowbit.NUMBA_DOTS, vecdot_iq.IQ_ROWDOTS)
+    if t.name not in ROW_SPECS:  # a compiled numba row dot (lowbit.NUMBA_DOTS)
         return body
     return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
 

@@ -1,196 +1,200 @@
 """Row dots of the lattice types (IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) against Q8_K activations.
 
-Each ``rowdot_X(wr, xq, xd, xs, sc) -> float32`` has the signature of kernels/vecdot.py's row dots
-(one weight row's bytes, one token's planar Q8_K activations: int8 quants, float32 ``d`` per 256,
-int32 ``bsums`` per 16; ``sc`` unused) and follows ggml's ``ggml_vec_dot_X_q8_K`` (ggml-cpu/quants.c):
-per super-block one int32 sum of grid value * sign * activation, weighted by the small integer block
-scales, then one float multiply-add with ``fp16(d) * y.d``. IQ1's shift ``delta = +-1/8`` enters through
-the activations' 16-sums (``bsums``) for IQ1_S and through per-group sums for IQ1_M, as ggml does.
+Per-block LLVM-IR emitters for ir.py's whole-row loop (``ir.ROW_SPECS``, registered on import; the row
+dots, their 2-row forms and the GEMVs are built from them as for every other quantized type). Each
+follows ggml's ``ggml_vec_dot_X_q8_K`` (ggml-cpu/arch/x86/quants.c): per super-block one integer sum of
+grid value * sign * activation, weighted by the small odd block scales ``2s + 1``, then one float
+multiply-add with ``fp16(d) * y.d`` (times 1/8).
 
-The grids (quants/grids.py, via gguf-py) are module constants, one uint64 per point, so numba bakes them
-into the compiled code; a group of 8 is one 64-bit load, its signs applied with a byte-mask table
-(``_signed``), and its dot with 8 activations one IR intrinsic (``_dot8``: sign-extend, multiply,
-add-reduce -- a numba loop would widen every product to int64).
+* A group of 8 weights is one 64-bit word of a constant grid table (quants/grids.py, the grids gguf-py
+  and ggml share); a 32-value chunk is four scalar loads, as ggml's AVX2 dots do with
+  ``_mm256_set_epi64x``, their indices computed in scalar registers (lowbit.py's ``_pdep`` / ``_fields``:
+  four to an i64, as ggml's IQ1 dots with BMI2; from a vector they took a ``vpextrd`` each, the
+  bottleneck). The grid values are positive (IQ2: 8..43), so a chunk is ``vpmaddubsw`` with
+  the activations -- their signs flipped by the weights' sign mask (``_mm256_sign_epi8`` in ggml) --
+  then ``vpdpwssd`` with the scales (lowbit.py's ``_signed_chunk_dot``).
+* Signs: IQ2_XXS / IQ2_XS store 7 bits per group and the 8th is their parity (``ksigns_iq2xs``),
+  computed here with shift-xors; IQ2_S stores the 8 bits.
+* IQ1_S / IQ1_M: grid values g in {-1, 0, 1} and a shift ``delta = +-1/8`` per 32 (IQ1_S) or per group
+  of 8 (IQ1_M). The delta's sign bit is a 12th index bit into a 4096-word table of the unsigned
+  ``u = 8 g + sign(delta) + 16`` (32 KiB; IQ1_M 0.77 -> 0.89x ggml per core against adding the delta's
+  bytes per chunk), so one u8 x s8 chunk dot yields ``8 sum(g q) + sum(sign(delta) q) + 16 sum(q)``, the
+  last removed through the activations' ``bsums``: ggml's ``sumi + 1/8 * sumi1`` times 8, all in
+  integers; the float scale carries the 1/8.
+
+Exact in the integer parts like ggml's; only the per-lane float products round, so a row dot equals the
+float64 dot of the dequantized operands to float32 rounding (tests/test_vecdot_iq.py).
 """
 
 from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-
 from llvmlite import ir
-from numba import types
-from numba.extending import intrinsic
+from numba.core import cgutils
 
-from quantkit.jit import njit, njit_fast
-from quantkit.kernels.ir import _byte_ptr, _decl, _load, ld_f16
-from quantkit.quants.common import fp16_to_fp32
+from quantkit.kernels import ir as K
+from quantkit.kernels.lowbit import _fields, _gather, _grid_table, _pdep, _scale, _signed_chunk_dot, _xxs_signs
+from quantkit.quants.common import block_layout
 from quantkit.quants.grids import grid_values
 
-F = np.float32
+_, _XXS_D, _XXS_QS = block_layout("IQ2_XXS", "d", "qs")
+_, _XS_D, _XS_QS, _XS_SC = block_layout("IQ2_XS", "d", "qs", "scales")
+_, _S_D, _S_QS, _S_QH, _S_SC = block_layout("IQ2_S", "d", "qs", "qh", "scales")
+_, _1S_D, _1S_QS, _1S_QH = block_layout("IQ1_S", "d", "qs", "qh")
+_, _1M_QS, _1M_QH, _1M_SC = block_layout("IQ1_M", "qs", "qh", "scales")
 
-_G_XXS = np.ascontiguousarray(grid_values(T.IQ2_XXS).astype(np.int8))
-_G_XS = np.ascontiguousarray(grid_values(T.IQ2_XS).astype(np.int8))
-_G_S = np.ascontiguousarray(grid_values(T.IQ2_S).astype(np.int8))
-_G_1 = np.ascontiguousarray(grid_values(T.IQ1_S).astype(np.int8))
-#: _SIGN[m, j] = -1 where bit j of the 8-bit mask m is set, else +1
-_SIGN = np.where((np.arange(256)[:, None] >> np.arange(8)[None, :]) & 1, -1, 1).astype(np.int8)
-#: the 8-bit mask of a 7-bit one whose implied 8th bit makes the count of set bits even (ksigns_iq2xs)
-_KSIGNS = np.array([s | ((bin(s).count("1") & 1) << 7) for s in range(128)], dtype=np.int32)
-
-#: the grids as one uint64 per point (byte j = coordinate j), so a group of 8 is one load and store
-_G64_XXS = _G_XXS.view(np.uint64).reshape(-1)
-_G64_XS = _G_XS.view(np.uint64).reshape(-1)
-_G64_S = _G_S.view(np.uint64).reshape(-1)
-_G64_1 = _G_1.view(np.uint64).reshape(-1)
-#: _NEG64[m]: 0xFF in byte j where bit j of m is set; ``(v ^ M) + (M & 0x01..01)`` negates those bytes of
-#: a group of positive grid values (no carry between bytes: 255 - v + 1 <= 255 for v >= 1)
-_NEG64 = np.array([sum(0xFF << (8 * j) for j in range(8) if (m >> j) & 1) for m in range(256)], dtype=np.uint64)
-_ONES64 = np.uint64(0x0101010101010101)
+_V8I8 = ir.VectorType(K.I8, 8)
+_V16I32 = ir.VectorType(K.I32, 16)
+_V32I16 = ir.VectorType(K.I16, 32)
+#: IQ1's table of 4096 words: index bit 11 the delta's sign (set: -1), bits 0..10 the grid point; each
+#: grid value g stored as ``8 g + sign(delta) + 16`` (in 7..25)
+_G1_DELTA = np.concatenate([8 * grid_values(T.IQ1_S) + 17, 8 * grid_values(T.IQ1_S) + 15])
 
 
-
-@njit_fast
-def _signed(g64, mask8):
-    """A group's 8 grid bytes with the lanes of ``mask8`` negated."""
-    m = _NEG64[mask8]
-    return (g64 ^ m) + (m & _ONES64)
+def _c(v, n=8, ty=K.I32):
+    return K._vconst([v] * n, ty)
 
 
-@intrinsic
-def _dot8(typingctx, w64, x, xoff):
-    """int32 sum over 8 lanes of the int8 bytes of ``w64`` (a uint64 in a register: a grid point, byte j
-    = lane j) times int8 ``x[xoff + j]``: no store and reload of the weights."""
-    sig = types.int32(w64, x, xoff)
-
-    def codegen(context, builder, signature, args):
-        v8 = ir.VectorType(ir.IntType(8), 8)
-        v32 = ir.VectorType(ir.IntType(32), 8)
-        wa = builder.sext(builder.bitcast(args[0], v8), v32)
-        pb = _byte_ptr(context, builder, signature.args[1], args[1], args[2], signature.args[2])
-        xb = builder.sext(_load(builder, pb, 0, v8), v32)
-        red = _decl(builder.module, "llvm.vector.reduce.add.v8i32", ir.IntType(32), [v32])
-        return builder.call(red, [builder.mul(wa, xb)])
-
-    return sig, codegen
+def _chunks(b, blk, table, idx, signs, scales):
+    """Sum over the 8 chunks of a super-block: chunk c's four grid words (``idx(c)``: four scalar indices),
+    its sign mask (i32 element c of ``signs`` <8 x i32>, or None), its scales (``scales(c)``: an i32 or a
+    pair per 16). -> <8 x i32>; two accumulator chains (the vpdpwssd latency)."""
+    accs = [ir.Constant(K.V8I32, None)] * 2
+    for c in range(8):
+        u = b.bitcast(_gather(b, table, idx(c)), K.V32I8)
+        s = None if signs is None else b.extract_element(signs, ir.Constant(K.I32, c))
+        accs[c % 2] = _signed_chunk_dot(b, blk, accs[c % 2], u, s, c, scales(c))
+    return b.add(accs[0], accs[1])
 
 
-@njit_fast
-def rowdot_iq2_xxs(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for i in range(wr.shape[0] // 66):
-        p = 66 * i
-        d = ld_f16(wr, p) * xd[i]
-        bsum = np.int32(0)
-        for ib in range(8):
-            a = p + 2 + 8 * ib
-            aux1 = (np.int64(wr[a + 4]) | (np.int64(wr[a + 5]) << 8) | (np.int64(wr[a + 6]) << 16)
-                    | (np.int64(wr[a + 7]) << 24))
-            sumi = np.int32(0)
-            for l in range(4):
-                g = _signed(_G64_XXS[wr[a + l]], _KSIGNS[(aux1 >> (7 * l)) & 127])
-                sumi += _dot8(g, xq, 256 * i + 32 * ib + 8 * l)
-            bsum += sumi * np.int32(2 * (aux1 >> 28) + 1)
-        sumf += d * F(bsum)
-    return F(0.125) * sumf
+def _lane(b, v, i):
+    return b.extract_element(v, ir.Constant(K.I32, i))
 
 
-@njit_fast
-def rowdot_iq2_xs(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for i in range(wr.shape[0] // 74):
-        p = 74 * i
-        d = ld_f16(wr, p) * xd[i]
-        bsum = np.int32(0)
-        for ib in range(8):
-            s8 = np.int32(wr[p + 66 + ib])
-            for h in range(2):
-                sumi = np.int32(0)
-                for l in range(2 * h, 2 * h + 2):
-                    a = p + 2 + 8 * ib + 2 * l
-                    v = np.int32(wr[a]) | (np.int32(wr[a + 1]) << 8)
-                    sumi += _dot8(_signed(_G64_XS[v & 511], _KSIGNS[v >> 9]), xq, 256 * i + 32 * ib + 8 * l)
-                bsum += sumi * (2 * ((s8 >> (4 * h)) & 0xF) + 1)
-        sumf += d * F(bsum)
-    return F(0.125) * sumf
+def _nibble_scales(b, blk, off):
+    """IQ2_XS / IQ2_S: 8 bytes of two 4-bit scales -> (scales(c) of ``_chunks``: the pair 2s + 1)."""
+    s = b.zext(K._ld(b, blk.wb, off, _V8I8), K.V8I32)
+    lo = b.add(b.shl(b.and_(s, _c(15)), _c(1)), _c(1))
+    hi = b.add(b.shl(b.lshr(s, _c(4)), _c(1)), _c(1))
+    return lambda c: (_lane(b, lo, c), _lane(b, hi, c))
 
 
-@njit_fast
-def rowdot_iq2_s(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for i in range(wr.shape[0] // 82):
-        p = 82 * i
-        d = ld_f16(wr, p) * xd[i]
-        bsum = np.int32(0)
-        for ib in range(8):
-            s8 = np.int32(wr[p + 74 + ib])
-            qh = np.int32(wr[p + 66 + ib])
-            for h in range(2):
-                sumi = np.int32(0)
-                for l in range(2 * h, 2 * h + 2):
-                    g = 4 * ib + l
-                    gi = np.int32(wr[p + 2 + g]) | ((qh << (8 - 2 * l)) & 0x300)
-                    sumi += _dot8(_signed(_G64_S[gi], wr[p + 34 + g]), xq, 256 * i + 8 * g)
-                bsum += sumi * (2 * ((s8 >> (4 * h)) & 0xF) + 1)
-        sumf += d * F(bsum)
-    return F(0.125) * sumf
+def _finish(blk, acc, ai, d_off):
+    """acc + float(ai) * fp16(d) * y.d / 8."""
+    b = blk.b
+    scale = b.fmul(_scale(b, blk, d_off), ir.Constant(K.F32T, 0.125), flags=K._FM)
+    return K._fma_acc(b, acc, ai, scale)
 
 
-@njit_fast
-def rowdot_iq1_s(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for i in range(wr.shape[0] // 50):
-        p = 50 * i
-        sumi = np.int32(0)
-        sumi1 = np.int32(0)
-        for ib in range(8):
-            qh = np.int32(wr[p + 34 + 2 * ib]) | (np.int32(wr[p + 35 + 2 * ib]) << 8)
-            ls = 2 * ((qh >> 12) & 7) + 1
-            lsum = np.int32(0)
-            for l in range(4):
-                gi = np.int32(wr[p + 2 + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
-                lsum += _dot8(_G64_1[gi], xq, 256 * i + 32 * ib + 8 * l)
-            sumi += ls * lsum
-            t = xs[16 * i + 2 * ib] + xs[16 * i + 2 * ib + 1]  # the activations' sum over the 32
-            sumi1 += ls * (-t if qh & 0x8000 else t)
-        sumf += ld_f16(wr, p) * xd[i] * (F(sumi) + F(0.125) * F(sumi1))
-    return sumf
+def _emit_iq2_xxs(blk, acc, extra):
+    """Per 32: four grid indices (bytes 0..3), then a word of four 7-bit sign groups and the scale
+    (bits 28..31), as IQ3_XXS's."""
+    b = blk.b
+    table = _grid_table(b, "quantkit_iq2xxs_grid", grid_values(T.IQ2_XXS))
+    q = K._ld(b, blk.wb, _XXS_QS, _V16I32)
+    aux = K._shuf(b, q, range(1, 16, 2))
+    lss = b.add(b.shl(b.lshr(aux, _c(28)), _c(1)), _c(1))
+    ai = _chunks(b, blk, table, lambda c: _fields(b, K._ld(b, blk.wb, _XXS_QS + 8 * c, K.I32), 8, 4),
+                 _xxs_signs(b, aux), lambda c: _lane(b, lss, c))
+    return _finish(blk, acc, ai, _XXS_D), extra
 
 
-@njit_fast
-def rowdot_iq1_m(wr, xq, xd, xs, sc):
-    sumf = F(0.0)
-    for i in range(wr.shape[0] // 56):
-        p = 56 * i
-        u = 0
-        for k in range(4):
-            u |= ((np.int32(wr[p + 49 + 2 * k]) >> 4) & 0xF) << (4 * k)
-        sumi1 = np.int32(0)
-        sumi2 = np.int32(0)
-        for b in range(16):  # blocks of 16: one 3-bit scale, a delta sign per group of 8
-            w16 = np.int32(wr[p + 48 + 2 * (b // 4)]) | (np.int32(wr[p + 49 + 2 * (b // 4)]) << 8)
-            ls = 2 * ((w16 >> (3 * (b % 4))) & 7) + 1
-            qh = np.int32(wr[p + 32 + b])
-            s1 = np.int32(0)
-            s2 = np.int32(0)
-            for h in range(2):
-                nib = (qh >> (4 * h)) & 0xF
-                o = 256 * i + 16 * b + 8 * h
-                s1 += _dot8(_G64_1[np.int32(wr[p + 2 * b + h]) | ((nib & 7) << 8)], xq, o)
-                t = _dot8(_ONES64, xq, o)  # the 8 activations' sum
-                s2 += -t if nib & 8 else t
-            sumi1 += s1 * ls
-            sumi2 += s2 * ls
-        sumf += fp16_to_fp32(np.uint16(u)) * xd[i] * (F(sumi1) + F(0.125) * F(sumi2))
-    return sumf
+def _emit_iq2_xs(blk, acc, extra):
+    """Per group of 8: one uint16, a 9-bit grid index and a 7-bit sign group (8th bit: the parity)."""
+    b = blk.b
+    table = _grid_table(b, "quantkit_iq2xs_grid", grid_values(T.IQ2_XS))
+    v = K._ld(b, blk.wb, _XS_QS, _V32I16)
+    s7 = b.lshr(v, _c(9, 32, K.I16))
+    p = s7
+    for sh in (4, 2, 1):  # parity of the 7 bits into bit 0
+        p = b.xor(p, b.lshr(p, _c(sh, 32, K.I16)))
+    m = b.or_(s7, b.shl(b.and_(p, _c(1, 32, K.I16)), _c(7, 32, K.I16)))
+    signs = b.bitcast(b.trunc(m, K.V32I8), K.V8I32)
+    ai = _chunks(b, blk, table, lambda c: _fields(b, K._ld(b, blk.wb, _XS_QS + 8 * c, K.I64), 16, 4, keep=9),
+                 signs, _nibble_scales(b, blk, _XS_SC))
+    return _finish(blk, acc, ai, _XS_D), extra
 
 
-#: weight type -> its row dot (vecdot.KERNEL_TRAITS takes them in; the activations are the type table's
-#: vec_dot_type, Q8_K, and the row decoder of the portable path is the codec's ``dequantize_row``)
-IQ_ROWDOTS = {
-    T.IQ2_XXS: rowdot_iq2_xxs,
-    T.IQ2_XS: rowdot_iq2_xs,
-    T.IQ2_S: rowdot_iq2_s,
-    T.IQ1_S: rowdot_iq1_s,
-    T.IQ1_M: rowdot_iq1_m,
-}
+def _emit_iq2_s(blk, acc, extra):
+    """Per group g of 8: grid index qs[g] | 2 bits of qh[g / 4] << 8, the 8 sign bits in qs[32 + g]."""
+    b = blk.b
+    table = _grid_table(b, "quantkit_iq2s_grid", grid_values(T.IQ2_S))
+
+    def idx(c):
+        lo = _pdep(b, K._ld(b, blk.wb, _S_QS + 4 * c, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, K._ld(b, blk.wb, _S_QH + c, K.I8), 0x0300030003000300)
+        return _fields(b, b.or_(lo, hi), 16, 4)
+
+    signs = K._ld(b, blk.wb, _S_QS + 32, K.V8I32)
+    ai = _chunks(b, blk, table, idx, signs, _nibble_scales(b, blk, _S_SC))
+    return _finish(blk, acc, ai, _S_D), extra
+
+
+def _minus_16_sums(b, blk, ai, ls16):
+    """ai - 16 * sum over the 16-sums of the activations times their scales (<16 x i32>)."""
+    return b.sub(ai, b.shl(K._fold16(b, b.mul(ls16, blk.bsums())), _c(4)))
+
+
+def _emit_iq1_s(blk, acc, extra):
+    """Per 32: four grid index bytes, and a uint16 qh: 3 index bits per group, the scale (bits 12..14),
+    the delta's sign (bit 15)."""
+    b = blk.b
+    table = _grid_table(b, "quantkit_iq1_grid_delta", _G1_DELTA)
+
+    def idx(c):
+        qh = K._ld(b, blk.wb, _1S_QH + 2 * c, K.I16)
+        lo = _pdep(b, K._ld(b, blk.wb, _1S_QS + 4 * c, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, qh, 0x0700070007000700)  # 3 bits per group
+        neg = b.ashr(b.sext(qh, K.I64), ir.Constant(K.I64, 15))  # all ones where the delta is negative
+        delta = b.and_(neg, ir.Constant(K.I64, 0x0800080008000800))
+        return _fields(b, b.or_(b.or_(lo, hi), delta), 16, 4)
+
+    qh = b.zext(K._ld(b, blk.wb, _1S_QH, ir.VectorType(K.I16, 8)), K.V8I32)
+    ls = b.add(b.shl(b.and_(b.lshr(qh, _c(12)), _c(7)), _c(1)), _c(1))
+    ai = _chunks(b, blk, table, idx, None, lambda c: _lane(b, ls, c))
+    ai = _minus_16_sums(b, blk, ai, K._shuf(b, ls, [g // 2 for g in range(16)]))
+    return _finish(blk, acc, ai, _1S_D), extra
+
+
+def _iq1m_d(b, sc):
+    """IQ1_M's fp16 super-block scale from the top nibbles of its four scale words (<4 x i32>)."""
+    u = None
+    for k in range(4):
+        t = b.shl(b.lshr(_lane(b, sc, k), ir.Constant(K.I32, 12)), ir.Constant(K.I32, 4 * k))
+        u = t if u is None else b.or_(u, t)
+    h = b.bitcast(b.trunc(u, K.I16), ir.HalfType())
+    if K.HAS_F16:
+        return b.fpext(h, K.F32T)
+    slot = cgutils.alloca_once(b, ir.HalfType())  # ir.py's portable fp16 load
+    b.store(h, slot)
+    return K._f16(b, b.bitcast(slot, K.I8.as_pointer()), 0)
+
+
+def _emit_iq1_m(blk, acc, extra):
+    """Per group g of 8: grid index qs[g] | 3 bits of the nibble g % 2 of qh[g / 2] << 8, the delta's
+    sign the nibble's bit 3 (so the nibble is index bits 8..11 of ``_G1_DELTA``); per 16 a 3-bit scale
+    in the four scale words (whose top nibbles are d)."""
+    b = blk.b
+    table = _grid_table(b, "quantkit_iq1_grid_delta", _G1_DELTA)
+
+    def idx(c):
+        lo = _pdep(b, K._ld(b, blk.wb, _1M_QS + 4 * c, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, K._ld(b, blk.wb, _1M_QH + 2 * c, K.I16), 0x0F000F000F000F00)
+        return _fields(b, b.or_(lo, hi), 16, 4)
+
+    sc = b.zext(K._ld(b, blk.wb, _1M_SC, ir.VectorType(K.I16, 4)), ir.VectorType(K.I32, 4))
+    sc16 = K._shuf(b, sc, [j // 4 for j in range(16)])
+    ls = b.add(b.shl(b.and_(b.lshr(sc16, K._vconst([3 * (j % 4) for j in range(16)])), _c(7, 16)), _c(1, 16)),
+               _c(1, 16))
+    ai = _chunks(b, blk, table, idx, None, lambda c: (_lane(b, ls, 2 * c), _lane(b, ls, 2 * c + 1)))
+    ai = _minus_16_sums(b, blk, ai, ls)
+    scale = b.fmul(b.fmul(_iq1m_d(b, sc), blk.dx, flags=K._FM), ir.Constant(K.F32T, 0.125), flags=K._FM)
+    return K._fma_acc(b, acc, ai, scale), extra
+
+
+#: type name -> (block bytes, elements per block, activation sums per block, emitter), as ir.ROW_SPECS
+SPECS = {name: K._spec(name, 16, emit) for name, emit in (
+    ("IQ2_XXS", _emit_iq2_xxs), ("IQ2_XS", _emit_iq2_xs), ("IQ2_S", _emit_iq2_s),
+    ("IQ1_S", _emit_iq1_s), ("IQ1_M", _emit_iq1_m))}
+K.ROW_SPECS.update(SPECS)
