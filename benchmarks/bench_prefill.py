@@ -18,6 +18,13 @@ quantkit runs with its defaults (the integer GEMM on AVX512-VNNI CPUs; ``--ab-bl
 dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
 ``llama-perplexity`` (next to llama-bench; defaults, then ``-nr``): wall seconds of the whole process
 (start-up and load included for both), CPU seconds, and the final PPL each printed.
+
+``--profile`` instead times the parts of quantkit's own P-token pass in this process (no llama.cpp):
+per pass, CPU seconds (user + sys of the whole process, all threads) and wall seconds spent in the
+integer GEMM per weight type, the activation quantization before it, attention, RMS norms, RoPE + KV
+store, the GLU, the embedding lookup, and the rest (Python between the calls). Passes alternate
+between the models and the thread counts given (``--profile-threads 1,2``), after one warm-up pass
+each; the table gives the median per part.
 """
 
 from __future__ import annotations
@@ -114,6 +121,86 @@ def ppl_table(a, exe) -> None:
               f"{f(med(m, 'llama.cpp -nr', 2))} |")
 
 
+class _Clock:
+    """Exclusive CPU and wall seconds per part: a part's time excludes the parts timed inside it."""
+
+    def __init__(self):
+        self.cpu: dict = {}
+        self.wall: dict = {}
+        self.stack: list = []
+
+    def wrap(self, part, fn):
+        def timed(*args, **kw):
+            now = (time.process_time(), time.perf_counter())
+            if self.stack:
+                self._add(self.stack[-1], now)
+            self.stack.append([part, now])
+            try:
+                return fn(*args, **kw)
+            finally:
+                end = (time.process_time(), time.perf_counter())
+                top = self.stack.pop()
+                self._add(top, end)
+                if self.stack:
+                    self.stack[-1][1] = end
+        return timed
+
+    def _add(self, top, now):
+        part, (c0, w0) = top
+        self.cpu[part] = self.cpu.get(part, 0.0) + now[0] - c0
+        self.wall[part] = self.wall.get(part, 0.0) + now[1] - w0
+        top[1] = now
+
+
+def profile(a) -> int:
+    """In-process parts of a P-token pass (see the module docstring)."""
+    import numpy as np
+
+    from quantkit.jit import set_threads
+    from quantkit.kernels import gemm as G
+    from quantkit.model import forward as F
+    from quantkit.pipelines.loading import open_model
+
+    clock = _Clock()
+    for name, part in (("rmsnorm", "norms"), ("glu_rows", "GLU"), ("get_rows", "embedding")):
+        setattr(F, name, clock.wrap(part, getattr(F, name)))
+    G.gemm_operands = clock.wrap("activation quantization", G.gemm_operands)
+    mm = F.matmul
+    F.matmul = lambda w, t, x, out=None, rounded=None: clock.wrap(f"products {getattr(t, 'name', t)}", mm)(
+        w, t, x, out, rounded)
+    threads = [int(t) for t in a.profile_threads.split(",")]
+    runners = []
+    for m in a.model:
+        r = open_model(m, tokenizer=False).runner(a.n_prompt, a.n_prompt, compiled_step=False)
+        r._attend_blas = clock.wrap("attention", r._attend_blas)
+        r._prepare_store = clock.wrap("RoPE + KV store", r._prepare_store)
+        runners.append((Path(m).name, r))
+    toks = np.random.default_rng(0).integers(0, runners[0][1].config.n_vocab, a.n_prompt)
+    res: dict = {}
+    for rnd in range(a.reps + 1):
+        for name, r in runners:
+            for t in threads:
+                set_threads(t)
+                clock.cpu.clear()
+                clock.wall.clear()
+                c0, w0 = time.process_time(), time.perf_counter()
+                clock.wrap("other (Python, adds)", r.forward)(toks, 0, "last")
+                cpu, wall = time.process_time() - c0, time.perf_counter() - w0
+                if rnd:  # the first round warms up (compilation, page faults)
+                    res.setdefault((name, t), []).append((cpu, wall, dict(clock.cpu), dict(clock.wall)))
+                print(f"round {rnd} {name} {t} threads: {cpu:.2f} CPU s, {wall:.2f} s", file=sys.stderr, flush=True)
+    print(f"one {a.n_prompt}-token pass, median of {a.reps}, load average now {os.getloadavg()[0]:.1f}\n")
+    print("| model | threads | pass CPU s / wall s | part: CPU s / wall s ... |")
+    print("|---|---:|---:|---|")
+    for (name, t), runs in res.items():
+        parts = sorted({p for run in runs for p in run[2]}, key=lambda p: -runs[0][2].get(p, 0))
+        med = lambda f: statistics.median(f(run) for run in runs)  # noqa: E731
+        cells = "; ".join(f"{p} {med(lambda run: run[2].get(p, 0)):.3f} / {med(lambda run: run[3].get(p, 0)):.3f}"
+                          for p in parts)
+        print(f"| {name} | {t} | {med(lambda run: run[0]):.2f} / {med(lambda run: run[1]):.2f} | {cells} |")
+    return 0
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-m", "--model", action="append", required=True, help="GGUF file (repeatable)")
@@ -129,7 +216,12 @@ def main(argv=None) -> int:
                     help="also run quantkit with its dequantize + BLAS prefill (QUANTKIT_GEMM=0)")
     ap.add_argument("--cpu-diff", type=int, default=0, metavar="R2",
                     help="also run with -r R2 and report CPU seconds per repetition")
+    ap.add_argument("--profile", action="store_true",
+                    help="time the parts of quantkit's pass in this process instead (no llama.cpp)")
+    ap.add_argument("--profile-threads", default="1,2", help="thread counts to alternate with --profile (default 1,2)")
     a = ap.parse_args(argv)
+    if a.profile:
+        return profile(a)
     exe = find_llama_bench(a.llama_bench)
     common = ["-p", str(a.n_prompt), "-n", "0", "-t", str(a.threads), "-r", str(a.reps), "-o", "json"]
     qk = [sys.executable, "-m", "quantkit", "bench"]

@@ -112,7 +112,10 @@ def kv_kernels(kv_f16: bool):
 PARALLEL_ATTENTION_MIN_TOKENS = 4
 #: from this many tokens on, attention is matrix products (BLAS) over blocks of ATTN_BLOCK queries
 BLAS_ATTENTION_MIN_TOKENS = 32
-ATTN_BLOCK = 256
+#: (a block computes its queries against every key up to its last query: smaller blocks skip more of
+#: the masked half; 16 layers of a 512-token attention at the 1B shape, 1 thread, CPU s: 0.31 / 0.27 /
+#: 0.25 at 256 / 128 / 64, 2026-12-01)
+ATTN_BLOCK = 64
 
 
 @njit_fast(inline="always")
@@ -159,9 +162,13 @@ def _head_pool(n: int) -> ThreadPoolExecutor:
 
 @njit_fast_parallel
 def glu_rows(gate, up, kind, table):
-    """gate <- act(gate) * up per row (the decode step's ``glu``: SiLU or ggml's table GELU)."""
+    """gate <- act(gate) * up per row (the decode step's ``glu``: SiLU or ggml's table GELU). Through a
+    row buffer: written in place, LLVM's run-time alias check sends ``glu`` to its scalar loop (SiLU 3.6
+    against 0.18 ns per element, 1 thread; 0.14 CPU s of a 512-token pass at the 1B shape)."""
     for r in prange(gate.shape[0]):
-        glu(gate[r], up[r], gate[r], kind, table)
+        row = np.empty(gate.shape[1], np.float32)
+        glu(gate[r], up[r], row, kind, table)
+        gate[r] = row
 
 
 def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
