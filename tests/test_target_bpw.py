@@ -50,8 +50,8 @@ def test_usage_errors_before_any_work(tmp_path, args, code, msg):
 @pytest.mark.parametrize("extra,ftype,msg", [
     (["--pure"], "Q4_K_M", "nothing is left"),
     ([], "F16", "need a quantized file type"),
-    # 3.64 since the issue #15 types have codecs (MXFP4 fits the 576-wide rows, TQ1_0 the 1536-wide); 4.13 before
-    (["--target-bpw", "1"], "Q4_K_M", "too small: the smallest types the tensors allow give 3.64"),
+    # 3.84: TQ1_0 on the 1536-wide rows (MXFP4, which fits the 576-wide ones, is a candidate only when named)
+    (["--target-bpw", "1"], "Q4_K_M", "too small: the smallest types the tensors allow give 3.84"),
 ])
 def test_refusals_write_nothing(smollm2_f16, tmp_path, extra, ftype, msg):
     out = tmp_path / "o.gguf"
@@ -114,6 +114,16 @@ def test_all_weighted_errors_on_threads_equal_one_by_one(smollm2_f16):
         finally:
             set_threads(before)
     assert got == want
+
+
+def test_candidates_follow_the_row_length_and_the_defaults():
+    """A 576-wide row allows no 256-block type; IQ3_XXS/IQ3_S/MXFP4 are candidates only when named; the
+    IQ2/IQ1 lattice types never are."""
+    wide, narrow = tb.candidate_types(1536), tb.candidate_types(576)
+    assert Q.Q4_K in wide and Q.Q4_K not in narrow and Q.Q4_0 in narrow and Q.F16 in narrow
+    assert Q.IQ3_XXS not in wide and Q.IQ3_S not in wide and Q.MXFP4 not in narrow and Q.IQ2_XXS not in wide
+    assert tb.candidate_types(1536, (Q.IQ3_S, Q.Q4_K, Q.IQ2_XS)) == [Q.Q4_K, Q.IQ3_S]
+    assert tb.candidate_types(576, (Q.IQ3_S,)) == []
 
 
 def test_kld_against_a_float64_formula():
