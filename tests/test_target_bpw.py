@@ -50,8 +50,8 @@ def test_usage_errors_before_any_work(tmp_path, args, code, msg):
 @pytest.mark.parametrize("extra,ftype,msg", [
     (["--pure"], "Q4_K_M", "nothing is left"),
     ([], "F16", "need a quantized file type"),
-    # 3.64 since the issue #15 types have codecs (MXFP4 fits the 576-wide rows, TQ1_0 the 1536-wide); 4.13 before
-    (["--target-bpw", "1"], "Q4_K_M", "too small: the smallest types the tensors allow give 3.64"),
+    # 3.84: TQ1_0 on the 1536-wide rows (MXFP4, which fits the 576-wide ones, is a candidate only when named)
+    (["--target-bpw", "1"], "Q4_K_M", "too small: the smallest types the tensors allow give 3.84"),
 ])
 def test_refusals_write_nothing(smollm2_f16, tmp_path, extra, ftype, msg):
     out = tmp_path / "o.gguf"
@@ -95,6 +95,37 @@ def test_weighted_errors_scale_a_row_sample_and_use_the_weights(smollm2_f16):
     assert two == pytest.approx(2 * one, rel=1e-9)
 
 
+def test_all_weighted_errors_on_threads_equal_one_by_one(smollm2_f16):
+    """The tensors shared out among threads (one numba thread each) give each tensor's own result,
+    exactly, and leave the caller's numba thread count as it was."""
+    from quantkit.jit import get_threads, set_threads
+
+    names = ["blk.0.attn_q.weight", "blk.1.ffn_down.weight", "blk.2.attn_v.weight", "blk.5.ffn_gate.weight"]
+    rng = np.random.default_rng(3)
+    with GGUFModel(smollm2_f16) as m:
+        ne0 = {n: int(m.tensor(n).shape[0]) for n in names}
+        w = {n: rng.random((1, ne0[n])).astype(np.float32) + 0.1 for n in names}
+        cands = {n: [Q.Q4_0, Q.Q5_1, Q.IQ4_NL] + ([Q.Q4_K, Q.IQ3_S] if ne0[n] % 256 == 0 else []) for n in names}
+        want = {n: tb.weighted_errors(m.tensor(n), cands[n], w[n]) for n in names}
+        before = set_threads(2)
+        try:
+            got = tb.all_weighted_errors(m, names, cands, w.get)
+            assert get_threads() == 2
+        finally:
+            set_threads(before)
+    assert got == want
+
+
+def test_candidates_follow_the_row_length_and_the_defaults():
+    """A 576-wide row allows no 256-block type; IQ3_XXS/IQ3_S/MXFP4 are candidates only when named; the
+    IQ2/IQ1 lattice types never are."""
+    wide, narrow = tb.candidate_types(1536), tb.candidate_types(576)
+    assert Q.Q4_K in wide and Q.Q4_K not in narrow and Q.Q4_0 in narrow and Q.F16 in narrow
+    assert Q.IQ3_XXS not in wide and Q.IQ3_S not in wide and Q.MXFP4 not in narrow and Q.IQ2_XXS not in wide
+    assert tb.candidate_types(1536, (Q.IQ3_S, Q.Q4_K, Q.IQ2_XS)) == [Q.Q4_K, Q.IQ3_S]
+    assert tb.candidate_types(576, (Q.IQ3_S,)) == []
+
+
 def test_kld_against_a_float64_formula():
     rng = np.random.default_rng(5)
     a, b = rng.standard_normal((3, 50)) * 3, rng.standard_normal((3, 50)) * 3
@@ -106,21 +137,44 @@ def test_kld_against_a_float64_formula():
 
 
 def test_sensitivity_pass_restores_the_weights(smollm2_f16):
-    """A probe equal to the source type changes nothing (KLD 0); a real probe moves the output, and
-    the model comes back unchanged either way (the second class sees the first one's weights restored)."""
+    """A probe equal to the type the pass holds the weights in (float32, _hold_as_f32) changes nothing
+    (KLD 0); a real probe moves the output, and the model comes back unchanged either way (the second
+    class sees the first one's weights restored)."""
     groups = {"same": ["blk.0.attn_v.weight"], "probe": ["blk.0.attn_v.weight"], "again": ["blk.0.attn_v.weight"]}
-    probe = {"blk.0.attn_v.weight": Q.F16}
-    order = iter([Q.F16, Q.Q4_0, Q.F16])
+    probe = {"blk.0.attn_v.weight": Q.F32}
+    order = iter([Q.F32, Q.Q4_0, Q.F32])
 
     class Probe(dict):
         def __getitem__(self, k):
             return next(order)
 
     sens, kld = tb.measure_sensitivity(smollm2_f16, groups, Probe(probe), lambda n: None,
-                                       {"blk.0.attn_v.weight": 1.0}, n_chunks=1)
+                                       {"blk.0.attn_v.weight": 1.0}, n_chunks=2)
     assert kld["same"] == 0.0 and kld["again"] == 0.0
     assert kld["probe"] > 1e-5
     assert sens["probe"] == kld["probe"]
+
+
+def test_f32_hold_keeps_the_model(smollm2_f16):
+    """The sensitivity pass's float32 copies: a tied embedding stays one object, the logits equal the
+    source's up to the F16 rounding of activations the stored weights' path does; over the byte limit
+    nothing is replaced."""
+    from quantkit.pipelines.loading import open_model
+
+    om = open_model(smollm2_f16)
+    try:
+        r = om.runner(40, 40, compiled_step=False)
+        x = np.arange(1, 41) * 37
+        want = r.forward(x, 0, logits="all")
+        assert not tb._hold_as_f32([r], max_bytes=1000) and r.blk[0].attn_q.type == Q.F16
+        r.reset()
+        assert tb._hold_as_f32([r])
+        assert r.output is r.token_embd and r.blk[3].ffn_down.type == Q.F32
+        got = r.forward(x, 0, logits="all")
+        assert np.abs(got - want).max() < 0.05 * np.abs(want).max()
+        assert tb.kld(tb._log_softmax(want), got) < 1e-4
+    finally:
+        om.model.close()
 
 
 def test_tensor_type_file_gives_llama_quantize_bytes(smollm2_f16, tmp_path):

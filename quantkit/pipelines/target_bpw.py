@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import re
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -44,17 +45,27 @@ Log = Callable[[str], None]
 
 #: types that are never a tensor's storage type (ggml's activation-only Q8_K)
 _NOT_STORAGE = frozenset({Q.Q8_K})
-#: storage types the allocator does not choose (yet): the lattice types (IQ2_*, IQ1_*), three of which
-#: cannot be made without importance weights, which a tensor missing from the imatrix does not have
+#: storage types the allocator never chooses: the lattice types IQ2_*/IQ1_*, three of which cannot be
+#: made without importance weights, which a tensor missing from the imatrix does not have
 _NOT_CANDIDATES = _NOT_STORAGE | {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M}
+#: ... and the ones it chooses only when --target-types names them: IQ3_XXS, IQ3_S and MXFP4, which the
+#: loss model underrates -- SmolLM2's choice at Q4_K_M's size measured KLD 0.040 with them (IQ3 on blk.1-6
+#: ffn_down, MXFP4 on blk.0 attn_v/attn_output), 0.038 with MXFP4 alone, against the mix's 0.028 and
+#: 0.024 without them (docs/quantize.md "Measured on SmolLM2-135M")
+_NOT_BY_DEFAULT = frozenset({Q.IQ3_XXS, Q.IQ3_S, Q.MXFP4})
 #: the probe's bits per weight: the candidate nearest to it perturbs a class in the sensitivity pass
 PROBE_BPW = 4.5
 #: rows per tensor whose errors are measured (evenly spaced; scaled to the whole tensor)
 SAMPLE_ROWS = 64
-#: the sensitivity pass: chunks of fewer than 32 tokens take the forward's GEMV path on the source
-#: weights (no per-pass dequantization of every matrix: ~20x cheaper than a 64-token chunk)
-SENS_CTX = 31
-SENS_CHUNKS = 4
+#: the sensitivity pass: 2 chunks of 64 calibration tokens. Chunks of 32 tokens or more take the
+#: forward's batch path (each matrix dequantized once per pass, then BLAS), which costs 0.4x the CPU time
+#: of the GEMV that chunks under 32 take, per token (SmolLM2-135M F16: 128 tokens in 0.52 s against
+#: 4 x 31 in 1.29 s a pass; docs/quantize.md "Planning time")
+SENS_CTX = 64
+SENS_CHUNKS = 2
+#: the sensitivity pass holds every matrix as float32 (dequantized once, then plain BLAS products in
+#: every pass) when that copy takes at most this many bytes; larger models dequantize per pass
+SENS_F32_MAX_BYTES = 2 << 30
 #: tied or untied, the embedding matrix and the output projection form one class
 EMBEDDINGS = "embeddings"
 
@@ -107,10 +118,12 @@ def tensor_class(name: str, category: str) -> str:
 
 
 def candidate_types(ne0: int, only: Sequence[GGMLQuantizationType] = ()) -> list[GGMLQuantizationType]:
-    """Every storage type quantkit can write (or those of ``only``) whose block fits a row of ``ne0``."""
+    """Every storage type the allocator may choose (by default, or those of ``only``) whose block fits
+    a row of ``ne0``."""
     from quantkit.quants import TRAITS
 
-    return allowed_types(ne0, [t for t in TRAITS if t not in _NOT_CANDIDATES and (not only or t in only)])
+    return allowed_types(ne0, [t for t in TRAITS if t not in _NOT_CANDIDATES
+                               and (t in only if only else t not in _NOT_BY_DEFAULT)])
 
 
 def pattern_for(name: str) -> str:
@@ -154,6 +167,37 @@ def weighted_errors(t: Tensor, types: Sequence[GGMLQuantizationType], weights: n
     return out
 
 
+def all_weighted_errors(model: GGUFModel, names: Sequence[str],
+                        cands: dict[str, Sequence[GGMLQuantizationType]],
+                        weights_of: Callable[[str], np.ndarray | None], source_of: Callable[[str], str] = lambda n: n,
+                        sample_rows: int = SAMPLE_ROWS) -> dict[str, dict[GGMLQuantizationType, float]]:
+    """``weighted_errors`` of every tensor of ``names`` (the model's ``source_of(name)``) in its
+    candidates. The tensors are shared out among numba's thread count of Python threads, each running
+    its codecs on one numba thread (the kernels release the GIL): a row sample is too small to pay for
+    a parallel region per (tensor, type) -- on SmolLM2-135M 7.5 s of CPU with 2-thread regions against
+    4.6 s on one thread. Each tensor's result does not depend on the threads."""
+    import numba
+
+    from quantkit.jit import get_threads
+
+    def one(name: str) -> dict[GGMLQuantizationType, float]:
+        src = model.tensor(source_of(name))
+        try:
+            return weighted_errors(src, cands[name], weights_of(name), sample_rows)
+        finally:
+            model.release(src)
+
+    def in_worker(name: str) -> dict[GGMLQuantizationType, float]:
+        numba.set_num_threads(1)  # thread-local: the caller's count is untouched
+        return one(name)
+
+    n = get_threads()
+    if n <= 1:
+        return {name: one(name) for name in names}
+    with ThreadPoolExecutor(max_workers=n, thread_name_prefix="quantkit-errors") as pool:
+        return dict(zip(names, pool.map(in_worker, names)))
+
+
 # -- step 2: sensitivity -------------------------------------------------------------------------
 
 def _log_softmax(logits: np.ndarray) -> np.ndarray:
@@ -162,13 +206,38 @@ def _log_softmax(logits: np.ndarray) -> np.ndarray:
     return z - np.log(np.exp(z).sum(axis=1, keepdims=True))
 
 
-def kld(base_lp: np.ndarray, logits: np.ndarray) -> float:
-    """Mean over rows of KL(base || this), from base log-probs and this run's logits."""
+def kld(base_lp: np.ndarray, logits: np.ndarray, base_p: np.ndarray | None = None) -> float:
+    """Mean over rows of KL(base || this), from base log-probs (and their exp, ``base_p``, if at hand)
+    and this run's logits."""
     lp = _log_softmax(logits)
-    return float((np.exp(base_lp) * (base_lp - lp)).sum(axis=1).mean())
+    p = np.exp(base_lp) if base_p is None else base_p
+    return float((p * (base_lp - lp)).sum(axis=1).mean())
 
 
 _BLOCK_ATTR = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+
+
+def _hold_as_f32(runners, max_bytes: int = SENS_F32_MAX_BYTES) -> bool:
+    """Give ``runners`` (of one model) float32 copies of its matrices (one object per tensor, shared by
+    the runners, so a tied embedding stays one) when they fit ``max_bytes``: every pass then multiplies them directly instead of dequantizing
+    each matrix again (the products are exact float32 ones rather than ggml's rounding of activations
+    to F16, the same in the base pass and the perturbed ones)."""
+    import dataclasses
+
+    from quantkit.model.decode import MATS
+
+    holders = [(r, a) for r in runners for a in ("token_embd", "output")]
+    holders += [(b, a) for r in runners for b in r.blk for a in MATS if getattr(b, a) is not None]
+    weights = {id(getattr(o, a)): getattr(o, a) for o, a in holders}
+    if 4 * sum(w.data.shape[0] * w.shape[0] for w in weights.values()) > max_bytes:
+        return False
+    f32 = {k: dataclasses.replace(w, type=GGMLQuantizationType.F32, data=w.dequantize().view(np.uint8))
+           for k, w in weights.items()}
+    for o, a in holders:
+        w = f32.get(id(getattr(o, a)))
+        if w is not None:  # runners share their blocks: replaced already through another runner
+            setattr(o, a, w)
+    return True
 
 
 def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGMLQuantizationType],
@@ -181,29 +250,49 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
     Raises ``ModelError`` when quantkit cannot run the architecture."""
     import dataclasses
 
+    import numba
+
+    from quantkit.jit import get_threads
+    from quantkit.kernels.mul_mat import blas_one_thread
     from quantkit.pipelines.chunks import add_bos_id, chunk_input, read_text
     from quantkit.pipelines.loading import open_model
     from quantkit.quants import quantize
 
     om = open_model(path)
     model, tok = om.model, om.tok
+    pool = ThreadPoolExecutor(max_workers=max(1, min(get_threads(), n_chunks)), thread_name_prefix="quantkit-sens")
     try:
         text, _ = read_text(None, "calibration")
         ids = np.asarray(tok.encode(text[: 20 * n_ctx * n_chunks], add_special=True), dtype=np.int64)
         if ids.size < n_ctx * n_chunks:
             raise TargetError(f"the calibration text gives only {ids.size} tokens, {n_ctx * n_chunks} are needed")
         xs = [chunk_input(ids, i, n_ctx, add_bos_id(tok)) for i in range(n_chunks)]
-        runner = om.runner(n_ctx, n_ctx, compiled_step=False)
+        # the chunks run side by side, one runner (and one numba and BLAS thread) each: a 64-token pass
+        # is many small products and norms, too small to pay for a parallel region each
+        n_par = max(1, min(get_threads(), n_chunks))
+        runners = [om.runner(n_ctx, n_ctx, compiled_step=False) for _ in range(n_par)]
+        runner = runners[0]
         rows = np.arange(1, n_ctx)
+        _hold_as_f32(runners)
 
-        def run() -> list[np.ndarray]:
+        def part(j: int) -> list[np.ndarray]:
+            if n_par > 1:
+                numba.set_num_threads(1)  # thread-local
             out = []
-            for x in xs:
-                runner.reset()
-                out.append(runner.forward(x, 0, logits=rows))
+            for x in xs[j::n_par]:
+                runners[j].reset()
+                out.append(runners[j].forward(x, 0, logits=rows))
             return out
 
+        def run() -> list[np.ndarray]:
+            if n_par == 1:
+                return part(0)
+            with blas_one_thread():
+                parts = list(pool.map(part, range(n_par)))
+            return [parts[i % n_par][i // n_par] for i in range(n_chunks)]
+
         base = [_log_softmax(lg) for lg in run()]
+        base_p = [np.exp(b) for b in base]
         where: dict[str, tuple[object, str]] = {}
         for i, b in enumerate(runner.blk):
             for attr in _BLOCK_ATTR:
@@ -212,13 +301,13 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
         for cls, names in groups.items():
             saved = []
             for name in names:
-                holders = [(runner, a) for a in ("token_embd", "output") if getattr(runner, a).name == name]
+                holders = [(r, a) for r in runners for a in ("token_embd", "output") if getattr(r, a).name == name]
                 if name in where:
                     holders.append(where[name])
                 if not holders:
                     continue
                 w0 = getattr(holders[0][0], holders[0][1])
-                f = w0.dequantize()
+                f = w0.data.view(np.float32) if w0.type == GGMLQuantizationType.F32 else w0.dequantize()
                 wts = weights_of(name)
                 qt = probe[name]
                 qb = quantize(f, qt, None if wts is None else wts[0])
@@ -227,7 +316,7 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
                     saved.append((obj, attr, getattr(obj, attr)))
                     setattr(obj, attr, w1)
             try:
-                k = float(np.mean([kld(b, lg) for b, lg in zip(base, run())]))
+                k = float(np.mean([kld(b, lg, p) for b, lg, p in zip(base, run(), base_p)]))
             finally:
                 for obj, attr, w in reversed(saved):
                     setattr(obj, attr, w)
@@ -237,6 +326,7 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
             log(f"target-bpw: class {cls:<12s} {len(names):3d} tensors, probe KLD {k:.6f}")
         return sens, klds
     finally:
+        pool.shutdown()
         model.close()
 
 
@@ -286,12 +376,7 @@ def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, targe
         return imatrix.weights(source_of(name))
 
     t0, c0 = time.perf_counter(), time.process_time()
-    errors: dict[str, dict[GGMLQuantizationType, float]] = {}
-    for name in free:
-        p = by_name[name]
-        src = model.tensor(source_of(name))
-        errors[name] = weighted_errors(src, cands[name], weights_of(name), sample_rows)
-        model.release(src)
+    errors = all_weighted_errors(model, free, cands, weights_of, source_of, sample_rows)
     t_err, c_err = time.perf_counter() - t0, time.process_time() - c0
     log(f"target-bpw: weighted errors of {sum(len(e) for e in errors.values())} (tensor, type) pairs "
         f"in {t_err:.1f} s")
