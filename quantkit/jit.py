@@ -120,19 +120,6 @@ def get_threads() -> int:
     return numba.get_num_threads()
 
 
-@intrinsic
-def f32_to_bits(typingctx, x):
-    """Reinterpret a float32 as its uint32 bit pattern (C's memcpy trick)."""
-    if x != types.float32:
-        return None
-    sig = types.uint32(types.float32)
-
-    def codegen(context, builder, signature, args):
-        return builder.bitcast(args[0], context.get_value_type(types.uint32))
-
-    return sig, codegen
-
-
 def _resize(builder, v, width: int, ty, bits: int):
     """An integer of ``width`` bits truncated or zero-extended to ``bits`` (LLVM type ``ty``)."""
     if width > bits:
@@ -140,18 +127,36 @@ def _resize(builder, v, width: int, ty, bits: int):
     return builder.zext(v, ty) if width < bits else v
 
 
-@intrinsic
-def bits_to_f32(typingctx, x):
-    """Reinterpret the low 32 bits of an integer as a float32."""
-    if not isinstance(x, types.Integer):
-        return None
-    sig = types.float32(x)
+def _convert(name: str, accepts, ret, emit):
+    """An intrinsic ``(x) -> ret`` for an ``x`` whose numba type ``accepts(x)``: the LLVM value
+    ``emit(context, builder, x_type, value)``."""
+    def impl(typingctx, x):
+        if not accepts(x):
+            return None
 
-    def codegen(context, builder, signature, args):
-        v = _resize(builder, args[0], x.bitwidth, context.get_value_type(types.uint32), 32)
-        return builder.bitcast(v, context.get_value_type(types.float32))
+        def codegen(context, builder, signature, args):
+            return emit(context, builder, x, args[0])
 
-    return sig, codegen
+        return ret(x), codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+def _is_f32(x) -> bool:
+    return x == types.float32
+
+
+def _is_int(x) -> bool:
+    return isinstance(x, types.Integer)
+
+
+#: a float32's uint32 bit pattern (C's memcpy trick)
+f32_to_bits = _convert("f32_to_bits", _is_f32, types.uint32,
+                       lambda c, b, xt, v: b.bitcast(v, ir.IntType(32)))
+#: the low 32 bits of an integer as a float32
+bits_to_f32 = _convert("bits_to_f32", _is_int, types.float32, lambda c, b, xt, v: b.bitcast(
+    _resize(b, v, xt.bitwidth, ir.IntType(32), 32), ir.FloatType()))
 
 
 def byte_ptr(context, builder, aty, aval, off, oty):
@@ -202,32 +207,12 @@ IS_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
 HAS_F16C = "f16c" in host_features()
 
 
-@intrinsic
-def half_bits_to_f32(typingctx, x):
-    """IEEE half bits (an unsigned 16-bit integer) -> float32 with LLVM's ``fpext half`` (F16C)."""
-    if not isinstance(x, types.Integer):
-        return None
-    sig = types.float32(x)
-
-    def codegen(context, builder, signature, args):
-        h = builder.bitcast(_resize(builder, args[0], x.bitwidth, ir.IntType(16), 16), ir.HalfType())
-        return builder.fpext(h, ir.FloatType())
-
-    return sig, codegen
-
-
-@intrinsic
-def f32_to_half_bits(typingctx, x):
-    """float32 -> IEEE half bits (uint16), round to nearest even, with LLVM's ``fptrunc`` (F16C)."""
-    if x != types.float32:
-        return None
-    sig = types.uint16(types.float32)
-
-    def codegen(context, builder, signature, args):
-        h = builder.fptrunc(args[0], ir.HalfType())
-        return builder.bitcast(h, ir.IntType(16))
-
-    return sig, codegen
+#: IEEE half bits (an unsigned 16-bit integer) -> float32 with LLVM's ``fpext half`` (F16C)
+half_bits_to_f32 = _convert("half_bits_to_f32", _is_int, types.float32, lambda c, b, xt, v: b.fpext(
+    b.bitcast(_resize(b, v, xt.bitwidth, ir.IntType(16), 16), ir.HalfType()), ir.FloatType()))
+#: float32 -> IEEE half bits (uint16), round to nearest even, with LLVM's ``fptrunc`` (F16C)
+f32_to_half_bits = _convert("f32_to_half_bits", _is_f32, types.uint16,
+                            lambda c, b, xt, v: b.bitcast(b.fptrunc(v, ir.HalfType()), ir.IntType(16)))
 
 
 # -- the first compile, made visible ----------------------------------------------------------------

@@ -715,21 +715,7 @@ def plan_types(
     return TypePlan(ft, tuple(plans), n_fallback, has_imatrix)
 
 
-def choose_types(
-    metadata: Mapping[str, Any],
-    tensors: Iterable[tuple[str, Sequence[int], Any]],
-    ftype: str | int | FileType,
-    *,
-    pure: bool = False,
-    has_imatrix: bool = False,
-    output_tensor_type: str | GGMLQuantizationType | None = None,
-    token_embedding_type: str | GGMLQuantizationType | None = None,
-    tensor_types: Sequence[tuple[str, str | GGMLQuantizationType]] = (),
-    leave_output_tensor: bool = False,
-) -> dict[str, GGMLQuantizationType]:
-    """``{tensor name: target type}``; see ``plan_types``."""
-    return plan_types(
-        metadata, tensors, ftype, pure=pure, has_imatrix=has_imatrix,
-        output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
-        tensor_types=tensor_types, leave_output_tensor=leave_output_tensor,
-    ).types()
+def choose_types(metadata: Mapping[str, Any], tensors: Iterable[tuple[str, Sequence[int], Any]],
+                 ftype: str | int | FileType, **options: Any) -> dict[str, GGMLQuantizationType]:
+    """``{tensor name: target type}``; ``options`` and the decision are ``plan_types``'s."""
+    return plan_types(metadata, tensors, ftype, **options).types()

@@ -29,6 +29,20 @@ from quantkit.jit import bits_to_f32, njit, njit_parallel, prange
 from quantkit.quants.common import bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16, nearest_int
 
 
+@njit(inline="always")
+def _absmax(xr, o, n):
+    """(max |x|, the first x of that magnitude) over ``xr[o:o + n]``: the block's ``amax`` (and
+    ``make_q8_K``'s signed ``max``) of ggml's activation quantizers; NaNs are passed over."""
+    amax = np.float32(0.0)
+    mx = np.float32(0.0)
+    for j in range(n):
+        ax = np.abs(xr[o + j])
+        if ax > amax:
+            amax = ax
+            mx = xr[o + j]
+    return amax, mx
+
+
 @njit
 def quantize_q8_01_into(x, qs, d, s, sf, want_sf):
     """The Q8_0 / Q8_1 activation quantizer of ggml's x86 CPU backend (``quantize_row_q8_0`` /
@@ -41,9 +55,7 @@ def quantize_q8_01_into(x, qs, d, s, sf, want_sf):
         qr = qs[t]
         for b in range(n_in // 32):
             o = b * 32
-            amax = np.float32(0.0)
-            for j in range(32):
-                amax = max(amax, np.abs(xr[o + j]))
+            amax, _ = _absmax(xr, o, 32)
             dd = amax / np.float32(127.0)
             idd = np.float32(127.0) / amax if amax != 0 else np.float32(0.0)
             tot = 0
@@ -80,13 +92,7 @@ def quantize_q8_k_into(x, qs, d, s):
         qr = qs[t]
         for b in range(n_in // 256):
             o = b * 256
-            amax = np.float32(0.0)
-            mx = np.float32(0.0)
-            for j in range(256):
-                ax = np.abs(xr[o + j])
-                if ax > amax:
-                    amax = ax
-                    mx = xr[o + j]
+            amax, mx = _absmax(xr, o, 256)
             if amax == 0:
                 d[t, b] = 0
                 for j in range(256):

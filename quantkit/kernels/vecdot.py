@@ -60,30 +60,19 @@ def prefetch_next_row(wr):
             prefetch(wr, o)
 
 
-def rowdot_f32(wr, xq, xd, xs, sc):
+def rowdot_float(wr, xq, xd, xs, sc):
+    """F32 / F16 / BF16 weights (``LD``: ``ld_f32`` / ``ld_f16`` / ``ld_bf16``, ``ES`` bytes a weight);
+    ``xq`` is the float32 row, already rounded to fp16 / bf16 for those (kinds 'F16' / 'BF16': ggml's
+    vec_dot_type of each)."""
     NEXT_ROW(wr)  # noqa: F821
     acc = F(0.0)
     for j in range(xq.shape[0]):
-        acc += ld_f32(wr, 4 * j) * xq[j]
+        acc += LD(wr, ES * j) * xq[j]  # noqa: F821
     return acc
 
 
-def rowdot_f16(wr, xq, xd, xs, sc):
-    """F16 weights; ``xq`` is already rounded to fp16 (kind 'F16': ggml's vec_dot_type F16)."""
-    NEXT_ROW(wr)  # noqa: F821
-    acc = F(0.0)
-    for j in range(xq.shape[0]):
-        acc += ld_f16(wr, 2 * j) * xq[j]
-    return acc
-
-
-def rowdot_bf16(wr, xq, xd, xs, sc):
-    """BF16 weights; ``xq`` is already rounded to bf16 (kind 'BF16', ggml's vec_dot_type BF16)."""
-    NEXT_ROW(wr)  # noqa: F821
-    acc = F(0.0)
-    for j in range(xq.shape[0]):
-        acc += ld_bf16(wr, 2 * j) * xq[j]
-    return acc
+#: the float weight types: (the load of one weight at a byte offset, its size in bytes)
+FLOAT_LOADS = {T.F32: (ld_f32, 4), T.F16: (ld_f16, 2), T.BF16: (ld_bf16, 2)}
 
 
 # -- a type with a codec but no integer dot: the portable path ---------------------------------------
@@ -211,7 +200,7 @@ def get_rows_body(w, ids, out):
 #: kernels/lowbit.py (TQ1_0, TQ2_0, MXFP4, IQ3_XXS, IQ3_S) and kernels/vecdot_iq.py (IQ2_XXS, IQ2_XS,
 #: IQ2_S, IQ1_S, IQ1_M) add their IR entries to ROW_SPECS on import; lowbit.py has a numba row dot for
 #: Q1_0 (``NUMBA_DOTS``): a body used as it is, the same for every variant.
-KERNEL_TRAITS = {T.F32: rowdot_f32, T.F16: rowdot_f16, T.BF16: rowdot_bf16, **{T[n]: rowdot_ir for n in ROW_SPECS},
+KERNEL_TRAITS = {**{t: rowdot_float for t in FLOAT_LOADS}, **{T[n]: rowdot_ir for n in ROW_SPECS},
                  **{T[n]: fn for n, fn in lowbit.NUMBA_DOTS.items()}}
 
 _DOTS: dict[tuple, dict] = {}
@@ -247,8 +236,9 @@ def rowdot_kernel(wtype, variant: str | None = None):
     if body is None:
         info = type_info(t)
         return build(rowdot_deq, f"{t.name}_deq", False, DEQ=deq_kernel(t), TS=info.type_size, BS=info.block_size)
-    if t in (T.F32, T.F16, T.BF16):
-        return build(body, "f", False, NEXT_ROW=build(prefetch_next_row, "f", False))
+    if t in FLOAT_LOADS:
+        ld, size = FLOAT_LOADS[t]
+        return build(body, t.name, False, NEXT_ROW=build(prefetch_next_row, "f", False), LD=ld, ES=size)
     if t.name not in ROW_SPECS:  # a compiled numba row dot (lowbit.NUMBA_DOTS)
         return body
     return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
@@ -259,7 +249,7 @@ def rowdot2_kernel(wtype, variant: str | None = None):
     dots of two consecutive rows (``wr2`` = their 2 * row_bytes bytes), each equal to ``rowdot``'s."""
     variant = variant or default_variant()
     t = T(wtype)
-    if t in (T.F32, T.F16, T.BF16) or t.name not in ROW_SPECS:
+    if t in FLOAT_LOADS or t.name not in ROW_SPECS:
         return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant))
     return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=_rows(variant, 2)[t.name])
 

@@ -237,26 +237,14 @@ def _uses_categories(expr: str) -> bool:
     return any("\\p{" + n + "}" in expr for n in _UCAT_NAMES)
 
 
+#: one token of an ECMAScript pattern: an escape, a whole character class (to its first unescaped ``]``,
+#: or to the end), or a ``$``
+_ECMA_TOKEN = re.compile(r"\\.|\[(?:\\.|[^\]\\])*\]?|\$", re.DOTALL)
+
+
 def _ecmascript_to_python(expr: str) -> str:
     """The few ECMAScript-vs-Python differences that matter here: ``$`` is end of input only."""
-    out: list[str] = []
-    inside = False
-    i = 0
-    while i < len(expr):
-        c = expr[i]
-        if c == "\\" and i + 1 < len(expr):
-            out.append(expr[i : i + 2])
-            i += 2
-            continue
-        if c == "[":
-            inside = True
-        elif c == "]":
-            inside = False
-        elif c == "$" and not inside:
-            c = r"\Z"
-        out.append(c)
-        i += 1
-    return "".join(out)
+    return _ECMA_TOKEN.sub(lambda m: r"\Z" if m.group() == "$" else m.group(), expr)
 
 
 @dataclass(frozen=True)

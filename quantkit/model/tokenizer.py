@@ -13,112 +13,30 @@ llama-cpp-python 0.3.36 on SmolLM2's, Gemma 3's and Qwen3's vocabularies; see
   GPT-2 byte-to-unicode encoding, merges applied lowest rank first (leftmost on ties);
 * SPM (``llm_tokenizer_spm_session``): spaces escaped to U+2581, a space prefix at the start and after
   every special token, bigrams merged highest score first, byte fallback ``<0xXX>``;
-* ``token_to_piece`` and ``detokenize`` (including the ``clean_spaces`` passes).
+* ``token_to_piece`` and ``detokenize`` (the ``clean_spaces`` passes and the stream decoder are in
+  ``detokenize.py``).
 
 The pre-tokenizers (the regexes, the Unicode collapse, GPT-2's byte table) are in ``pretokenize.py``.
+The vocabulary's tables (token types and attributes, GGUF keys, special-token texts) are in ``vocab.py``.
 """
 
 from __future__ import annotations
 
-import codecs
 import heapq
 from typing import Any, Iterable, Mapping, Sequence
 
 from quantkit.errors import ModelError
-from quantkit.model.pretokenize import (BYTE_ENCODE_TABLE, BYTE_TO_UNICODE, PRE_TOKENIZERS, UNICODE_TO_BYTE, SplitRegex,
+from quantkit.model.detokenize import StreamDecoder, clean_spaces, decode_gpt2_text
+from quantkit.model.pretokenize import (BYTE_ENCODE_TABLE, BYTE_TO_UNICODE, PRE_TOKENIZERS, SplitRegex,
                                         split_regexes, split_words)
-
-# --------------------------------------------------------------------------------------------------
-# token types (GGUF tokenizer.ggml.token_type) and attributes (llama_token_attr)
-# --------------------------------------------------------------------------------------------------
-
-TYPE_UNDEFINED, TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = range(7)
-
-ATTR_UNDEFINED = 0
-ATTR_UNKNOWN = 1 << 0
-ATTR_UNUSED = 1 << 1
-ATTR_NORMAL = 1 << 2
-ATTR_CONTROL = 1 << 3
-ATTR_USER_DEFINED = 1 << 4
-ATTR_BYTE = 1 << 5
-ATTR_NORMALIZED = 1 << 6
-ATTR_LSTRIP = 1 << 7
-ATTR_RSTRIP = 1 << 8
-ATTR_SINGLE_WORD = 1 << 9
-
-_TYPE_TO_ATTR = {
-    TYPE_UNKNOWN: ATTR_UNKNOWN,
-    TYPE_UNUSED: ATTR_UNUSED,
-    TYPE_NORMAL: ATTR_NORMAL,
-    TYPE_CONTROL: ATTR_CONTROL,
-    TYPE_USER_DEFINED: ATTR_USER_DEFINED,
-    TYPE_BYTE: ATTR_BYTE,
-    TYPE_UNDEFINED: ATTR_UNDEFINED,
-}
-
-# --------------------------------------------------------------------------------------------------
-# GGUF keys
-# --------------------------------------------------------------------------------------------------
-
-KEY_MODEL = "tokenizer.ggml.model"
-KEY_PRE = "tokenizer.ggml.pre"
-KEY_TOKENS = "tokenizer.ggml.tokens"
-KEY_SCORES = "tokenizer.ggml.scores"
-KEY_TOKEN_TYPE = "tokenizer.ggml.token_type"
-KEY_MERGES = "tokenizer.ggml.merges"
-KEY_ADD_PREFIX = "tokenizer.ggml.add_space_prefix"
-KEY_ADD_BOS = "tokenizer.ggml.add_bos_token"
-KEY_ADD_EOS = "tokenizer.ggml.add_eos_token"
-KEY_ADD_SEP = "tokenizer.ggml.add_sep_token"
-
-# (attribute name, GGUF key), in llama.cpp's order; the deprecated prefix/suffix/middle keys come last
-# and override the fim_* ones, as there.
-_SPECIAL_KEYS = (
-    ("bos", "tokenizer.ggml.bos_token_id"),
-    ("eos", "tokenizer.ggml.eos_token_id"),
-    ("eot", "tokenizer.ggml.eot_token_id"),
-    ("eom", "tokenizer.ggml.eom_token_id"),
-    ("unk", "tokenizer.ggml.unknown_token_id"),
-    ("sep", "tokenizer.ggml.seperator_token_id"),
-    ("pad", "tokenizer.ggml.padding_token_id"),
-    ("mask", "tokenizer.ggml.mask_token_id"),
-    ("fim_pre", "tokenizer.ggml.fim_pre_token_id"),
-    ("fim_suf", "tokenizer.ggml.fim_suf_token_id"),
-    ("fim_mid", "tokenizer.ggml.fim_mid_token_id"),
-    ("fim_pad", "tokenizer.ggml.fim_pad_token_id"),
-    ("fim_rep", "tokenizer.ggml.fim_rep_token_id"),
-    ("fim_sep", "tokenizer.ggml.fim_sep_token_id"),
-    ("fim_pre", "tokenizer.ggml.prefix_token_id"),
-    ("fim_suf", "tokenizer.ggml.suffix_token_id"),
-    ("fim_mid", "tokenizer.ggml.middle_token_id"),
-)
-
-# Token texts llama.cpp recognises when the GGUF does not name the token (llama_vocab::impl::load).
-_EOT_TEXTS = (
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>", "<|end_of_text|>",
-    "<EOT>", "_<EOT>", "[EOT]", "<｜end▁of▁sentence｜>", "<end_of_utterance>",
-)
-_EOM_TEXTS = ("<|eom_id|>",)
-_FIM_TEXTS = {
-    "fim_pre": ("<|fim_prefix|>", "<fim-prefix>", "<fim_prefix>", "<｜fim▁begin｜>", "<PRE>", "▁<PRE>",
-                "<|code_prefix|>", "<|prefix|>"),
-    "fim_suf": ("<|fim_suffix|>", "<fim-suffix>", "<fim_suffix>", "<｜fim▁hole｜>", "<SUF>", "▁<SUF>",
-                "<|code_suffix|>", "<|suffix|>"),
-    "fim_mid": ("<|fim_middle|>", "<fim-middle>", "<fim_middle>", "<｜fim▁end｜>", "<MID>", "▁<MID>",
-                "<|code_middle|>", "<|middle|>"),
-    "fim_pad": ("<|fim_pad|>", "<fim-pad>", "<fim_pad>", "<PAD>", "[PAD]"),
-    "fim_rep": ("<|fim_repo|>", "<|repo_name|>", "<fim-repo>", "<REPO>", "<reponame>"),
-    "fim_sep": ("<|file_sep|>",),
-}
-_EOG_TEXTS = frozenset((
-    "<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>", "<|calls|>",
-    "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>", "_<EOT>", "[EOT]", "[EOS]",
-    "<|end_of_text|>", "<end_of_utterance>", "<eos>", "<turn|>", "<|tool_response>",
-    "<｜end▁of▁sentence｜>", "[e~[",
-))
-_ALWAYS_RENDERED = ("<|channel|>", "<|message|>", "<|start|>", "<|constrain|>")  # gpt-oss hack
+from quantkit.model.vocab import (ALWAYS_RENDERED, ATTR_BYTE, ATTR_CONTROL, ATTR_LSTRIP, ATTR_NORMAL, ATTR_RSTRIP,
+                                  ATTR_UNDEFINED, ATTR_UNKNOWN, ATTR_UNUSED, ATTR_USER_DEFINED, EOG_TEXTS, EOM_TEXTS,
+                                  EOT_TEXTS, FIM_TEXTS, KEY_ADD_BOS, KEY_ADD_EOS, KEY_ADD_PREFIX, KEY_ADD_SEP,
+                                  KEY_MERGES, KEY_MODEL, KEY_PRE, KEY_SCORES, KEY_TOKENS, KEY_TOKEN_TYPE,
+                                  SPECIAL_KEYS, TYPE_TO_ATTR)
 
 _C_ISSPACE = frozenset(" \t\n\v\f\r")
+
 
 # --------------------------------------------------------------------------------------------------
 # the tokenizer
@@ -161,7 +79,7 @@ class Tokenizer:
         self.add_sep = False
         self.clean_spaces = False
         self.ignore_merges = False
-        ids: dict[str, int | None] = {k: None for k, _ in _SPECIAL_KEYS}
+        ids: dict[str, int | None] = {k: None for k, _ in SPECIAL_KEYS}
         self._regexes: tuple[SplitRegex, ...] = ()
         self._ranks: dict[tuple[str, str], int] = {}
         if self.kind == "spm":
@@ -211,11 +129,11 @@ class Tokenizer:
                 raise ModelError(f"tokenizer: duplicate token {word!r} with ids {self.token_to_id[word]} and {i}")
             self.token_to_id[word] = i
             self.tokens.append(word)
-            self.attrs.append(_TYPE_TO_ATTR.get(int(types[i]), ATTR_UNDEFINED) if types is not None
+            self.attrs.append(TYPE_TO_ATTR.get(int(types[i]), ATTR_UNDEFINED) if types is not None
                               else ATTR_NORMAL)
 
         # special ids: defaults out of range are disabled; GGUF values in range override
-        for name, key in _SPECIAL_KEYS:
+        for name, key in SPECIAL_KEYS:
             if ids[name] is not None and ids[name] >= n:
                 ids[name] = None
             if key in meta and meta[key] is not None:
@@ -242,7 +160,7 @@ class Tokenizer:
         self.sep_id: int | None = ids["sep"]
         self.pad_id: int | None = ids["pad"]
         self.mask_id: int | None = ids["mask"]
-        self.fim_ids: dict[str, int | None] = {k: ids[k] for k in _FIM_TEXTS}
+        self.fim_ids: dict[str, int | None] = {k: ids[k] for k in FIM_TEXTS}
 
         # special tokens matched whole by tokenizer_st_partition, longest first
         special = [i for i, a in enumerate(self.attrs) if a & (ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN)]
@@ -309,9 +227,9 @@ class Tokenizer:
                 ids[name] = found[0]
                 mark_control(found[0])
 
-        detect("eot", _EOT_TEXTS)
-        detect("eom", _EOM_TEXTS)
-        for name, texts in _FIM_TEXTS.items():
+        detect("eot", EOT_TEXTS)
+        detect("eom", EOM_TEXTS)
+        for name, texts in FIM_TEXTS.items():
             detect(name, texts)
 
         for i, a in enumerate(attrs):
@@ -322,11 +240,11 @@ class Tokenizer:
         for name in ("fim_pad", "fim_rep", "fim_sep"):
             if ids[name] is not None:
                 eog.add(ids[name])
-        for t in _EOG_TEXTS:
+        for t in EOG_TEXTS:
             if t in t2i:
                 eog.add(t2i[t])
                 mark_control(t2i[t])
-        for t in _ALWAYS_RENDERED:
+        for t in ALWAYS_RENDERED:
             if t in t2i:
                 attrs[t2i[t]] = ATTR_USER_DEFINED
         for name in ("eos", "eot", "eom"):
@@ -592,7 +510,7 @@ class Tokenizer:
             if self.kind == "spm":
                 p = text.replace("\u2581", " ").encode("utf-8")
             else:
-                p = _decode_gpt2_text(text)
+                p = decode_gpt2_text(text)
         elif attr & ATTR_BYTE:
             p = bytes([int(text[3:5], 16)])
         else:
@@ -630,7 +548,7 @@ class Tokenizer:
             remove_space = False
         text = bytearray(b"".join(parts))
         if self.clean_spaces:
-            text = _clean_spaces(text)
+            text = clean_spaces(text)
         return bytes(text)
 
     def decode(self, ids: Sequence[int], special: bool = False) -> str:
@@ -639,77 +557,3 @@ class Tokenizer:
 
     def stream(self, special: bool = True) -> "StreamDecoder":
         return StreamDecoder(self, special=special)
-
-
-def _decode_gpt2_text(text: str) -> bytes:
-    """llama_decode_text: GPT-2 characters back to bytes; unknown characters spelled out."""
-    out = bytearray()
-    for ch in text:
-        b = UNICODE_TO_BYTE.get(ch)
-        if b is not None:
-            out.append(b)
-        else:
-            out += b"[UNK_BYTE_0x" + ch.encode("utf-8").hex().encode() + text.encode("utf-8") + b"]"
-    return bytes(out)
-
-
-def _clean_spaces(text: bytearray) -> bytearray:
-    """The three in-place passes of llama_vocab::impl::detokenize when clean_spaces is set."""
-    sp, ap = 0x20, 0x27
-    # first pass: " ?", " !", " .", " ," lose the space
-    total1 = len(text)
-    total = 1 if total1 else 0
-    for i in range(1, total1):
-        x = text[i]
-        if text[i - 1] == sp and x in b"?!.,":
-            total -= 1
-        text[total] = x
-        total += 1
-    # second pass: " ' " -> "'"
-    total2 = total
-    total = 1 if total2 else 0
-    i = 1
-    while i < total2:
-        x = text[i]
-        if x == ap and i + 1 < total2 and text[i - 1] == sp and text[i + 1] == sp:
-            total -= 1
-            i += 1
-            text[i] = 0
-        text[total] = x
-        total += 1
-        i += 1
-    # third pass: " 's", " 'm", " 're", " 've" lose the space
-    total3 = total
-    total = 1 if total3 else 0
-    for i in range(1, total3):
-        x = text[i]
-        if text[i - 1] == sp and x == ap and i + 1 < total3:
-            x1 = text[i + 1]
-            if x1 in b"sm":
-                total -= 1
-            elif x1 not in b"td" and i + 2 < total3:
-                x2 = text[i + 2]
-                if (x1, x2) in ((ord("r"), ord("e")), (ord("v"), ord("e"))):
-                    total -= 1
-        text[total] = x
-        total += 1
-    del text[total:]
-    return text
-
-
-class StreamDecoder:
-    """Turns token ids into text as they are generated, holding back incomplete UTF-8 sequences.
-
-    ``push(id)`` returns the text that became complete (possibly ``""``); ``flush()`` returns what is
-    left (invalid bytes as U+FFFD)."""
-
-    def __init__(self, tokenizer: Tokenizer, special: bool = True):
-        self._tok = tokenizer
-        self._special = special
-        self._dec = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def push(self, token_id: int) -> str:
-        return self._dec.decode(self._tok.token_to_piece(token_id, special=self._special))
-
-    def flush(self) -> str:
-        return self._dec.decode(b"", final=True)
