@@ -1,8 +1,12 @@
 """quantkit against bytes and floats written by the real ggml (tests/data/golden, see docs/golden.md).
 
-Parametrized over the list of types quantkit promises (not over what happens to be registered), so a
-type that is missing from ``quantkit.quants.TRAITS`` fails with a message instead of being skipped.
-Only the golden file is read; llama-cpp-python is never imported here.
+One set of tests over every golden file: each ``GOLDEN_FILES`` entry names a file and the types it holds,
+and every type x case x path of it is checked the same way (bytes of ``quantize``, ``dequantize`` and
+gguf-py's against ggml's ``to_float``, 1 vs 2 threads). Parametrized over the types quantkit promises
+(not over what happens to be registered), so a type missing from ``quantkit.quants.TRAITS`` fails with
+a message instead of being skipped. Only the golden files are read; ggml is never loaded here.
+The files' own coverage and their types' special cases are in tests/test_golden_lowbit.py and
+tests/test_iq2_iq1.py.
 """
 
 from __future__ import annotations
@@ -19,10 +23,19 @@ import pytest
 import quantkit.quants as Q
 from quantkit.errors import QuantError, QuantkitError
 
-GOLDEN = Path(__file__).parent / "data" / "golden" / "ggml_golden.npz"
+GOLDEN_DIR = Path(__file__).parent / "data" / "golden"
 
-REQUIRED = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
-            "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS"]
+#: each golden file and the types it holds (made by tools/make_golden.py, make_golden_iq2.py and
+#: make_golden_lowbit.py respectively)
+GOLDEN_FILES = {
+    "ggml_golden.npz": ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
+                        "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS"],
+    "ggml_golden_iq2.npz": ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"],
+    "ggml_golden_lowbit.npz": ["TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "IQ3_XXS", "IQ3_S"],
+}
+_FILE_OF = {t: f for f, types in GOLDEN_FILES.items() for t in types}
+#: the first file's types: the bad-input promises below are checked for these
+REQUIRED = GOLDEN_FILES["ggml_golden.npz"]
 
 
 # -- the golden file -----------------------------------------------------------------------------
@@ -46,30 +59,28 @@ class Golden:
         return self.meta["paths"].get(t, ["ref", "imatrix"])
 
 
-@functools.lru_cache(maxsize=1)
-def golden() -> Golden:
-    if not GOLDEN.exists():
-        raise FileNotFoundError(f"{GOLDEN} is missing: run `make golden` (see tests/data/README.md)")
-    return Golden(GOLDEN)
+@functools.lru_cache(maxsize=None)
+def golden(name: str = "ggml_golden.npz") -> Golden:
+    path = GOLDEN_DIR / name
+    if not path.exists():
+        raise FileNotFoundError(f"{path} is missing: see docs/golden.md for the script that makes it")
+    return Golden(path)
 
 
-def _cases() -> list[str]:
-    return golden().meta["cases"]
+def golden_of(t: str) -> Golden:
+    """The golden file that holds type ``t``."""
+    return golden(_FILE_OF[t])
 
 
 def _params():
-    """(type, case, path) for every required type; Q8_K has only ggml's reference path."""
-    g = golden()
-    out = []
-    for t in REQUIRED:
-        for c in _cases():
-            for p in g.paths(t):
-                out.append(pytest.param(t, c, p, id=f"{t}-{c}-{p}"))
-    return out
+    """(type, case, path) for every type of every golden file, each with its file's cases and its paths
+    (Q8_K: ggml's reference only; IQ2_XXS, IQ2_XS, IQ1_S: the imatrix only)."""
+    return [pytest.param(t, c, p, id=f"{t}-{c}-{p}")
+            for t, f in _FILE_OF.items() for c in golden(f).meta["cases"] for p in golden(f).paths(t)]
 
 
 def _type_paths():
-    return [pytest.param(t, p, id=f"{t}-{p}") for t in REQUIRED for p in golden().paths(t)]
+    return [pytest.param(t, p, id=f"{t}-{p}") for t, f in _FILE_OF.items() for p in golden(f).paths(t)]
 
 
 def _traits_or_fail(t: str):
@@ -80,14 +91,14 @@ def _traits_or_fail(t: str):
 
 
 def _gold_entry(t: str, case: str, path: str):
-    g = golden()
+    g = golden_of(t)
     key = f"q:{t}:{case}:{path}"
     if key not in g:
         x = g[f"x:{case}"]
         bs = _traits_or_fail(t).block_size
         if x.shape[1] % bs:
             pytest.skip(f"case {case} has rows of {x.shape[1]}, not a multiple of {t}'s block of {bs}")
-        pytest.fail(f"golden file lacks {key}: regenerate it with `make golden` (tests/data/README.md)")
+        pytest.fail(f"{_FILE_OF[t]} lacks {key}: regenerate it (docs/golden.md)")
     return g[f"x:{case}"], g[f"w:{case}"], g[key], g[f"d:{t}:{case}:{path}"]
 
 
@@ -164,11 +175,12 @@ def test_one_thread_equals_two_threads(t, path):
     if numba.config.NUMBA_NUM_THREADS < 2:
         pytest.skip("numba has fewer than 2 threads")
     tr = _traits_or_fail(t)
-    g = golden()
-    xs = [g[f"x:{c}"] for c in _cases()]
+    g = golden_of(t)
+    cases = g.meta["cases"]
+    xs = [g[f"x:{c}"] for c in cases]
     xs = [x for x in xs if x.shape[1] == 512 and x.shape[1] % tr.block_size == 0]
     x = np.concatenate(xs)  # every 512-wide case stacked: ~40 rows, so both threads get work
-    check_one_vs_two_threads(t, x, g[f"w:{_cases()[0]}"] if path == "imatrix" else None)
+    check_one_vs_two_threads(t, x, g[f"w:{cases[0]}"] if path == "imatrix" else None)
 
 
 def check_one_vs_two_threads(t: str, x: np.ndarray, w: np.ndarray | None) -> None:

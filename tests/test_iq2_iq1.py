@@ -1,6 +1,8 @@
-"""IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M against the real ggml (tests/data/golden/ggml_golden_iq2.npz, made by
-tools/make_golden_iq2.py with ggml_quantize_chunk and ggml's to_float), against gguf-py's dequantizers,
-and the search tables against an independent numpy rebuild of ggml's ``iq2xs_init_impl``.
+"""IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M: what their golden file (tests/data/golden/ggml_golden_iq2.npz, made by
+tools/make_golden_iq2.py with ggml_quantize_chunk and ggml's to_float) must hold, the refusals, and the
+search tables against an independent numpy rebuild of ggml's ``iq2xs_init_impl``. The bytes, the
+dequantization (quantkit's and gguf-py's against ggml's ``to_float``) and 1 vs 2 threads for every type x
+case x path are tests/test_golden.py's, which runs them over every golden file.
 
 Golden paths: ``imatrix`` for every type, ``ref`` (no importance matrix) for IQ2_S and IQ1_M; ggml
 aborts without one for IQ2_XXS, IQ2_XS and IQ1_S, and quantkit refuses in one line instead.
@@ -8,38 +10,24 @@ aborts without one for IQ2_XXS, IQ2_XS and IQ1_S, and quantkit refuses in one li
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
-
 import gguf
-import numba
 import numpy as np
 import pytest
-from test_golden import Golden, _bits, _describe_block_diff, _describe_float_diff, check_one_vs_two_threads
+from test_golden import GOLDEN_FILES
+from test_golden import golden as golden_file
 
 import quantkit.quants as Q
 from quantkit.errors import QuantError
 from quantkit.quants.lattice import KMAP_SIZE, lattice_tables
 
-GOLDEN = Path(__file__).parent / "data" / "golden" / "ggml_golden_iq2.npz"
-TYPES = ["IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M"]
+FILE = "ggml_golden_iq2.npz"
+TYPES = GOLDEN_FILES[FILE]
 NEEDS_IMATRIX = {"IQ2_XXS", "IQ2_XS", "IQ1_S"}
 T = gguf.GGMLQuantizationType
 
 
-@functools.lru_cache(maxsize=1)
-def golden() -> Golden:
-    return Golden(GOLDEN)
-
-
-def _params():
-    g = golden()
-    return [pytest.param(t, c, p, id=f"{t}-{c}-{p}") for t in TYPES for c in g.meta["cases"] for p in g.paths(t)]
-
-
-def _entry(t, case, path):
-    g = golden()
-    return g[f"x:{case}"], g[f"w:{case}"], g[f"q:{t}:{case}:{path}"], g[f"d:{t}:{case}:{path}"]
+def golden():
+    return golden_file(FILE)
 
 
 def test_golden_file_covers_every_type_and_path():
@@ -50,26 +38,6 @@ def test_golden_file_covers_every_type_and_path():
         assert golden().paths(t) == (["imatrix"] if t in NEEDS_IMATRIX else ["ref", "imatrix"])
     widths = {golden()[f"x:{c}"].shape[1] for c in m["cases"]}
     assert {256, 512, 768, 2048} <= widths
-
-
-@pytest.mark.parametrize("t,case,path", _params())
-def test_quantize_matches_ggml_bytes(t, case, path):
-    x, w, want, _ = _entry(t, case, path)
-    got = Q.quantize(x, t, imatrix=w if path == "imatrix" else None)
-    assert got.shape == want.shape
-    if not np.array_equal(got, want):
-        pytest.fail(_describe_block_diff(t, got, want, Q.traits(t).type_size))
-
-
-@pytest.mark.parametrize("t,case,path", _params())
-def test_dequantize_matches_ggml_and_gguf_py(t, case, path):
-    _, _, y, want = _entry(t, case, path)
-    got = Q.dequantize(y, t)
-    if not np.array_equal(_bits(got), _bits(want)):
-        pytest.fail(_describe_float_diff(f"quantkit dequantize {t}", got, want))
-    ref = np.asarray(gguf.quants.dequantize(y, T[t]), dtype=np.float32).reshape(want.shape)
-    if not np.array_equal(_bits(ref), _bits(want)):
-        pytest.fail(_describe_float_diff(f"gguf-py dequantize {t}", ref, want))
 
 
 @pytest.mark.parametrize("t", sorted(NEEDS_IMATRIX))
@@ -89,16 +57,6 @@ def test_bad_row_length_and_imatrix(t):
         Q.quantize(np.zeros((1, 384), np.float32), t, imatrix=np.ones(384, np.float32))
     with pytest.raises(QuantError, match="255"):
         Q.quantize(np.zeros((1, 256), np.float32), t, imatrix=np.ones(255, np.float32))
-
-
-@pytest.mark.parametrize("t,path", [(t, p) for t in TYPES for p in ("ref", "imatrix")
-                                    if p == "imatrix" or t not in NEEDS_IMATRIX])
-def test_one_thread_equals_two_threads(t, path):
-    if numba.config.NUMBA_NUM_THREADS < 2:
-        pytest.skip("numba has fewer than 2 threads")
-    g = golden()
-    x = np.concatenate([g[f"x:{c}"] for c in g.meta["cases"] if g[f"x:{c}"].shape[1] == 512])
-    check_one_vs_two_threads(t, x, g[f"w:{g.meta['cases'][0]}"] if path == "imatrix" else None)
 
 
 # -- the search tables ---------------------------------------------------------------------------

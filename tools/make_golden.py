@@ -204,28 +204,31 @@ def dedupe(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[s
     return kept, aliases
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def arg_parser(doc: str, default_out: Path) -> argparse.ArgumentParser:
+    """The options every golden-data script takes: --lib and --out."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--lib", type=Path, help="path to libggml-base.so (default: from the llama_cpp package)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output .npz (default {DEFAULT_OUT})")
-    args = ap.parse_args(argv)
+    ap.add_argument("--out", type=Path, default=default_out, help=f"output .npz (default {default_out})")
+    return ap
 
-    lib_path = args.lib or find_lib()
-    g = Ggml(lib_path)
-    cases = make_cases()
+
+def quantize_cases(g: Ggml, types: list[str], cases: dict[str, tuple[np.ndarray, np.ndarray]],
+                   paths) -> tuple[dict[str, np.ndarray], list[str], dict[str, str]]:
+    """Every case's inputs (``x:``, ``w:``), then for every type x case (whose rows hold whole blocks) x
+    ``paths(type)``: ggml's bytes (``q:``) and its dequantization of them (``d:``). Returns the arrays,
+    the entries ``ggml_validate_row_data`` rejects and how each type was dequantized."""
     arrays: dict[str, np.ndarray] = {}
     dequant_how = {}
     rejected = []
     for cname, (x, w) in cases.items():
         arrays[f"x:{cname}"] = x
         arrays[f"w:{cname}"] = w
-    for t in TYPES:
+    for t in types:
         tr = g.traits(t)
-        paths = ("ref",) if t in ROW_REF_ONLY else ("ref", "imatrix")
         for cname, (x, w) in cases.items():
             if x.shape[1] % tr.blck_size:
                 continue
-            for p in paths:
+            for p in paths(t):
                 y = g.quantize(t, x, w if p == "imatrix" else None)
                 d, how = g.dequantize(t, y, x.shape[1])
                 arrays[f"q:{t}:{cname}:{p}"] = y
@@ -233,11 +236,48 @@ def main(argv=None) -> int:
                     rejected.append(f"{t}:{cname}:{p}")
                 arrays[f"d:{t}:{cname}:{p}"] = d
                 dequant_how[t] = how
+    return arrays, rejected, dequant_how
 
+
+def provenance(g: Ggml, lib_path: Path, not_installed: str, command: list[str]) -> dict:
+    """Where the data came from: llama-cpp-python's version (or ``not_installed``), ggml's version and
+    commit, the library, numpy, Python, the machine, the date and the command line."""
     try:
         llama_ver = importlib.metadata.version("llama_cpp_python")
     except importlib.metadata.PackageNotFoundError:
-        llama_ver = "unknown"
+        llama_ver = not_installed
+    return {
+        "llama_cpp_python": llama_ver,
+        **g.version(),
+        "lib": lib_path.name,
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "command": shlex.join(command),
+    }
+
+
+def write_golden(out: Path, arrays: dict[str, np.ndarray], meta: dict) -> tuple[dict, dict]:
+    """Deduplicate, add ``meta`` (with its aliases) and write ``out`` atomically; returns the arrays kept
+    and the aliases."""
+    arrays, aliases = dedupe(arrays)
+    meta["aliases"] = aliases
+    arrays["meta"] = np.array(json.dumps(meta, indent=1))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp.npz")
+    np.savez_compressed(tmp, **arrays)
+    os.replace(tmp, out)
+    return arrays, aliases
+
+
+def main(argv=None) -> int:
+    args = arg_parser(__doc__, DEFAULT_OUT).parse_args(argv)
+    lib_path = args.lib or find_lib()
+    g = Ggml(lib_path)
+    cases = make_cases()
+    arrays, rejected, dequant_how = quantize_cases(
+        g, TYPES, cases, lambda t: ("ref",) if t in ROW_REF_ONLY else ("ref", "imatrix"))
     meta = {
         "what": "bytes from ggml_quantize_chunk (Q8_K: quantize_row_q8_K_ref) and ggml's own dequantization",
         "keys": "x:<case> input float32[nrow,n]; w:<case> imatrix float32[n]; q:<TYPE>:<case>:<ref|imatrix> "
@@ -248,27 +288,14 @@ def main(argv=None) -> int:
         "quantized_with": {t: ROW_REF_ONLY.get(t, "ggml_quantize_chunk") for t in TYPES},
         "dequantized_with": dequant_how,
         "rejected_by_ggml_validate_row_data": rejected,
-        "llama_cpp_python": llama_ver,
-        **g.version(),
-        "lib": lib_path.name,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join([sys.executable, "tools/make_golden.py",
-                               *(argv if argv is not None else sys.argv[1:])]),
+        **provenance(g, lib_path, "unknown",
+                     [sys.executable, "tools/make_golden.py", *(argv if argv is not None else sys.argv[1:])]),
     }
-    arrays, aliases = dedupe(arrays)
-    meta["aliases"] = aliases
-    arrays["meta"] = np.array(json.dumps(meta, indent=1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, args.out)
+    arrays, _ = write_golden(args.out, arrays, meta)
     nq = sum(k.startswith("q:") for k in arrays)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB): {len(cases)} cases, {nq} (type, case, path) "
           f"entries; ggml {meta.get('ggml_version', '?')} ({meta.get('ggml_commit', '?')}), "
-          f"llama-cpp-python {llama_ver}")
+          f"llama-cpp-python {meta['llama_cpp_python']}")
     return 0
 
 

@@ -16,12 +16,6 @@ Needs only numpy and ctypes (never quantkit)::
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import json
-import os
-import platform
-import shlex
 import sys
 from pathlib import Path
 
@@ -65,37 +59,11 @@ def paths(t: str) -> list[str]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lib", type=Path, help="path to libggml-base.so (default: from the llama_cpp package)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output .npz (default {DEFAULT_OUT})")
-    args = ap.parse_args(argv)
-
+    args = mg.arg_parser(__doc__, DEFAULT_OUT).parse_args(argv)
     lib_path = args.lib or mg.find_lib()
     g = mg.Ggml(lib_path)
     cases = make_cases()
-    arrays: dict[str, np.ndarray] = {}
-    rejected = []
-    dequant_how = {}
-    for cname, (x, w) in cases.items():
-        arrays[f"x:{cname}"] = x
-        arrays[f"w:{cname}"] = w
-    for t in TYPES:
-        for cname, (x, w) in cases.items():
-            for p in paths(t):
-                y = g.quantize(t, x, w if p == "imatrix" else None)
-                d, how = g.dequantize(t, y, x.shape[1])
-                arrays[f"q:{t}:{cname}:{p}"] = y
-                arrays[f"d:{t}:{cname}:{p}"] = d
-                dequant_how[t] = how
-                if not g.validate(t, y):
-                    rejected.append(f"{t}:{cname}:{p}")
-
-    try:
-        import importlib.metadata
-
-        llama_ver = importlib.metadata.version("llama_cpp_python")
-    except Exception:  # the library may come from a plain llama.cpp build
-        llama_ver = "not installed (library given with --lib)"
+    arrays, rejected, dequant_how = mg.quantize_cases(g, TYPES, cases, paths)
     meta = {
         "what": "bytes from ggml_quantize_chunk and ggml's own dequantization (traits->to_float), IQ2/IQ1 types",
         "keys": "as ggml_golden.npz: x:<case>, w:<case>, q:<TYPE>:<case>:<ref|imatrix>, d:<TYPE>:<case>:<path>",
@@ -106,22 +74,10 @@ def main(argv=None) -> int:
         "quantized_with": {t: "ggml_quantize_chunk" for t in TYPES},
         "dequantized_with": dequant_how,
         "rejected_by_ggml_validate_row_data": rejected,
-        "llama_cpp_python": llama_ver,
-        **g.version(),
-        "lib": lib_path.name,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join(["python", "tools/make_golden_iq2.py", *(argv if argv is not None else sys.argv[1:])]),
+        **mg.provenance(g, lib_path, "not installed (library given with --lib)",
+                        ["python", "tools/make_golden_iq2.py", *(argv if argv is not None else sys.argv[1:])]),
     }
-    arrays, aliases = mg.dedupe(arrays)
-    meta["aliases"] = aliases
-    arrays["meta"] = np.array(json.dumps(meta, indent=1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, args.out)
+    arrays, aliases = mg.write_golden(args.out, arrays, meta)
     nq = sum(k.startswith("q:") for k in arrays) + sum(k.startswith("q:") for k in aliases)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB): {len(cases)} cases, {nq} (type, case, path) "
           f"entries; ggml {meta.get('ggml_version', '?')} ({meta.get('ggml_commit', '?')})")

@@ -16,13 +16,6 @@ values at exact halves of the block maximum (``lroundf`` ties in TQ1_0 / TQ2_0),
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
-import importlib.metadata
-import json
-import os
-import platform
-import shlex
 import sys
 from pathlib import Path
 
@@ -88,38 +81,13 @@ def extra_cases() -> dict[str, tuple[np.ndarray, np.ndarray]]:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--lib", type=Path, help="path to libggml-base.so (default: from the llama_cpp package)")
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output .npz (default {DEFAULT_OUT})")
-    args = ap.parse_args(argv)
-
+    args = mg.arg_parser(__doc__, DEFAULT_OUT).parse_args(argv)
     mg.GGML_TYPES.update(NEW_TYPES)
     lib_path = args.lib or mg.find_lib()
     g = mg.Ggml(lib_path)
+    assert all(g.traits(t).to_float for t in TYPES)
     cases = {**mg.make_cases(), **extra_cases()}
-    arrays: dict[str, np.ndarray] = {}
-    rejected = []
-    for cname, (x, w) in cases.items():
-        arrays[f"x:{cname}"] = x
-        arrays[f"w:{cname}"] = w
-    for t in TYPES:
-        tr = g.traits(t)
-        assert tr.to_float, t
-        for cname, (x, w) in cases.items():
-            if x.shape[1] % tr.blck_size:
-                continue
-            for p in ("ref", "imatrix"):
-                y = g.quantize(t, x, w if p == "imatrix" else None)
-                d, _ = g.dequantize(t, y, x.shape[1])
-                arrays[f"q:{t}:{cname}:{p}"] = y
-                arrays[f"d:{t}:{cname}:{p}"] = d
-                if not g.validate(t, y):
-                    rejected.append(f"{t}:{cname}:{p}")
-
-    try:
-        llama_ver = importlib.metadata.version("llama_cpp_python")
-    except importlib.metadata.PackageNotFoundError:
-        llama_ver = "not installed (library loaded with --lib)"
+    arrays, rejected, _ = mg.quantize_cases(g, TYPES, cases, lambda t: ("ref", "imatrix"))
     meta = {
         "what": "bytes from ggml_quantize_chunk and ggml's traits->to_float",
         "keys": "as ggml_golden.npz (tools/make_golden.py)",
@@ -127,23 +95,10 @@ def main(argv=None) -> int:
         "cases": list(cases),
         "paths": {t: ["ref", "imatrix"] for t in TYPES},
         "rejected_by_ggml_validate_row_data": rejected,
-        "llama_cpp_python": llama_ver,
-        **g.version(),
-        "lib": lib_path.name,
-        "numpy": np.__version__,
-        "python": platform.python_version(),
-        "machine": platform.machine(),
-        "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join(["python", "tools/make_golden_lowbit.py",
-                               *(argv if argv is not None else sys.argv[1:])]),
+        **mg.provenance(g, lib_path, "not installed (library loaded with --lib)",
+                        ["python", "tools/make_golden_lowbit.py", *(argv if argv is not None else sys.argv[1:])]),
     }
-    arrays, aliases = mg.dedupe(arrays)
-    meta["aliases"] = aliases
-    arrays["meta"] = np.array(json.dumps(meta, indent=1))
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = args.out.with_name(args.out.name + ".tmp.npz")
-    np.savez_compressed(tmp, **arrays)
-    os.replace(tmp, args.out)
+    arrays, aliases = mg.write_golden(args.out, arrays, meta)
     nq = sum(k.startswith("q:") for k in arrays) + sum(k.startswith("q:") for k in aliases)
     print(f"wrote {args.out} ({args.out.stat().st_size / 1024:.0f} KiB): {len(cases)} cases, {nq} entries; "
           f"ggml {meta.get('ggml_version', '?')} ({meta.get('ggml_commit', '?')}); rejected: {rejected}")
