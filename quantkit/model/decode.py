@@ -17,7 +17,7 @@ How the weights get in, and the type dispatch:
   ~20% slower from the map than from a huge-page anonymous copy; on the 1B shape here the two measured
   the same (docs/performance.md), so the copy, which doubled the peak memory while it was made, is now
   opt-in: ``QUANTKIT_COPY_WEIGHTS=1`` (when the span is at most ``RAM_COPY_FRACTION`` of the available
-  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code)`` for
+  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk rows)`` for
   the seven matrices of a layer in ``MATS`` order; ``ot`` / ``et`` the same for ``output`` and
   ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The row
@@ -31,7 +31,7 @@ How the weights get in, and the type dispatch:
   (``KERNEL_TRAITS``'s activation kind). Before a product the step quantizes the input only to the
   kinds its consumers need (``need`` bit masks, computed here from the types).
 
-Parallelism: ``prange`` over chunks of ``CHUNK`` output rows in each product (Q, K and V in one
+Parallelism: ``prange`` over chunks of ``chunk_rows`` output rows in each product (Q, K and V in one
 region; gate and up in one region that also applies the GLU to its own rows), and over heads in the
 attention. Each output element is computed by one thread with the same code, so the logits do not
 depend on the thread count. Everything else (norms, quantization, RoPE) runs on the calling thread.
@@ -62,118 +62,71 @@ from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
 MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
 SLOTS = 8
-#: output rows per prange chunk
-CHUNK = 16
+#: output rows per prange chunk: a matrix's rows / CHUNK_SPLIT, a multiple of 16 in [16, CHUNK_MAX]. Each
+#: chunk is a call with the activation tuple; at 16 rows those calls cost 25 % of the 1B shape's Q4_K_M
+#: step (CPU ms per token, 1 thread: 30.5 at 16 rows, 26.4 at 64, 25.2 at 256); numba's OpenMP
+#: schedule gives each thread one contiguous range of chunks, so larger ones do not unbalance threads
+#: while a matrix keeps CHUNK_SPLIT of them.
+CHUNK_SPLIT, CHUNK_MAX = 16, 256
+
+
+def chunk_rows(n_rows: int) -> int:
+    """Rows per prange chunk of a matrix of ``n_rows`` rows (a multiple of 16, so of the x8 groups)."""
+    return min(CHUNK_MAX, max(16, n_rows // CHUNK_SPLIT // 16 * 16))
 #: the weights are copied to huge-page memory when their span is at most this fraction of MemAvailable
 RAM_COPY_FRACTION = 0.5
 #: activation kind -> bit in the ``need`` masks (F32 needs no conversion)
 KIND_BIT = {"Q8_0": 1, "Q8_1": 2, "Q8_K": 4, "F32": 0, "F16": 8, "BF16": 16}
 
 
-# -- one row of a weight . one input vector, with a uniform signature per activation kind ------------
+# -- rows of a weight . one input vector ----------------------------------------------------------
 # a = (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32,
-# x rounded to fp16, x rounded to bf16), each (1, n_in); the row dot (ROWDOT, bound per type) gets the
-# form its type uses.
+# x rounded to fp16, x rounded to bf16), each (1, n_in). A row dot takes three of them (quants or the
+# float row, block scales, block sums): ``AQ``, ``AD``, ``AS`` below, bound per activation kind.
 
-def urow_q8_0(wr, a, sc):
-    return ROWDOT(wr, a[1][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow_q8_1(wr, a, sc):
-    return ROWDOT(wr, a[1][0], a[2][0], a[4][0], sc)  # noqa: F821
-
-
-def urow_q8_k(wr, a, sc):
-    return ROWDOT(wr, a[5][0], a[6][0], a[7][0], sc)  # noqa: F821
-
-
-def urow_f32(wr, a, sc):
-    return ROWDOT(wr, a[0][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow_f16(wr, a, sc):
-    return ROWDOT(wr, a[8][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow_bf16(wr, a, sc):
-    return ROWDOT(wr, a[9][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-URow = {"Q8_0": urow_q8_0, "Q8_1": urow_q8_1, "Q8_K": urow_q8_k, "F32": urow_f32, "F16": urow_f16,
-        "BF16": urow_bf16}
-
-
-def urow2_q8_0(wr, a, sc):
-    return ROWDOT2(wr, a[1][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow2_q8_1(wr, a, sc):
-    return ROWDOT2(wr, a[1][0], a[2][0], a[4][0], sc)  # noqa: F821
-
-
-def urow2_q8_k(wr, a, sc):
-    return ROWDOT2(wr, a[5][0], a[6][0], a[7][0], sc)  # noqa: F821
-
-
-def urow2_f32(wr, a, sc):
-    return ROWDOT2(wr, a[0][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow2_f16(wr, a, sc):
-    return ROWDOT2(wr, a[8][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow2_bf16(wr, a, sc):
-    return ROWDOT2(wr, a[9][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-#: the same for two consecutive rows (``wr`` holds both) -> (float32, float32)
-URow2 = {"Q8_0": urow2_q8_0, "Q8_1": urow2_q8_1, "Q8_K": urow2_q8_k, "F32": urow2_f32, "F16": urow2_f16,
-         "BF16": urow2_bf16}
-
-
-def urowx8_q8_0(wg, a):
-    return ROWX8(wg, a[1][0], a[2][0], a[3][0])  # noqa: F821
-
-
-def urowx8_q8_k(wg, a):
-    return ROWX8(wg, a[5][0], a[6][0], a[7][0])  # noqa: F821
-
-
-#: the x8 layout's row-group dot per activation kind -> 8 x float32
-URowX8 = {"Q8_0": urowx8_q8_0, "Q8_K": urowx8_q8_k}
+#: activation kind -> the indices in ``a`` of the (quants, scales, sums) its row dots take
+ACT_FIELDS = {"Q8_0": (1, 2, 3), "Q8_1": (1, 2, 4), "Q8_K": (5, 6, 7), "F32": (0, 2, 3), "F16": (8, 2, 3),
+              "BF16": (9, 2, 3)}
 
 
 def run_rows(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """out[o0 + r] = (row r of the matrix at buf[off:]) . a for r in r0..r1-1: rows in pairs (ROW2
-    shares the activation loads between them; each sum is the same as ROW's), then a last one.
-    (``pbuf``, the x8 buffer, is not read: one signature for both layouts.)"""
+    """out[o0 + r] = (row r of the matrix at buf[off:]) . a for r in r0..r1-1: rows in pairs (ROWDOT2
+    shares the activation loads between them; each sum is the same as ROWDOT's), then a last one.
+    (``pbuf``, the x8 buffer, is not read: one signature for both layouts.) The activation arrays are
+    picked once per call: passing the whole tuple ``a`` to a row dot per row pair cost ~20 % of a
+    2048-wide GEMV."""
+    xq, xd, xs = a[AQ][0], a[AD][0], a[AS][0]  # noqa: F821
     r = np.int64(r0)  # a prange index may be unsigned: uint64 + int64 would give float64
     while r + 1 < r1:
-        s0, s1 = ROW2(buf[off + r * rb:off + (r + 2) * rb], a, sc)  # noqa: F821
+        s0, s1 = ROWDOT2(buf[off + r * rb:off + (r + 2) * rb], xq, xd, xs, sc)  # noqa: F821
         out[o0 + r] = s0
         out[o0 + r + 1] = s1
         r += 2
     if r < r1:
-        out[o0 + r] = ROW(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+        out[o0 + r] = ROWDOT(buf[off + r * rb:off + (r + 1) * rb], xq, xd, xs, sc)  # noqa: F821
 
 
 def run_rows_x8(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
     """``run_rows`` for a matrix in the x8 layout at pbuf[off:] (``rb`` = bytes of one 8-row group);
-    r0 is a multiple of 8 (chunks are CHUNK rows) and so is the matrix's row count."""
+    r0 is a multiple of 8 (chunks are multiples of 16 rows) and so is the matrix's row count. ``ROWX8`` is the
+    IR intrinsic itself: its code is emitted here."""
+    xq, xd, xs = a[AQ][0], a[AD][0], a[AS][0]  # noqa: F821
     g = np.int64(r0) // X8_ROWS
     g1 = (np.int64(r1) + X8_ROWS - 1) // X8_ROWS
     while g < g1:
-        r = ROWX8(pbuf[off + g * rb:off + (g + 1) * rb], a)  # noqa: F821
+        r = ROWX8(pbuf[off + g * rb:off + (g + 1) * rb], xq, xd, xs)  # noqa: F821
         for i in range(X8_ROWS):
             out[o0 + g * X8_ROWS + i] = r[i]
         g += 1
 
 
-def rows_body(code, buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """out[o0 + r] = (row r of the matrix at buf[off:], rb bytes a row) . a, for r in r0..r1-1 (slots of
-    the x8 layout: the matrix at pbuf[off:], rb bytes a row group). One branch per slot (RUN0..RUN7
-    bound per slot set); unused slots repeat slot 0."""
+def rows_body(m, c, buf, pbuf, a, out, o0, sc):
+    """Chunk c of the product of the matrix ``m`` (a row of ``wt``: offset, bytes a row -- or an x8
+    row group --, rows, slot, chunk rows) with ``a``: out[o0 + r] for its rows r. One branch per slot
+    (RUN0..RUN7 bound per slot set); unused slots repeat slot 0."""
+    code, off, rb = m[3], m[0], m[1]
+    r0 = np.int64(c) * m[4]  # a prange index may be unsigned: uint64 * int64 would give float64
+    r1 = min(r0 + m[4], m[2])
     if code == 0:
         RUN0(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 1:
@@ -190,6 +143,12 @@ def rows_body(code, buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
         RUN6(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     else:
         RUN7(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+
+
+@njit_fast(inline="always")
+def nchunks(m):
+    """Chunks of the matrix ``m`` (a ``wt`` row) in its products."""
+    return (m[2] + m[4] - 1) // m[4]
 
 
 def deq_body(code, buf, off, rb, r, out):
@@ -262,6 +221,15 @@ def rmsnorm1(x, w, eps, out):
     scale = np.float32(1.0 / math.sqrt(ss / x.shape[0] + eps))
     for i in range(x.shape[0]):
         out[i] = x[i] * scale * w[i]
+
+
+@njit_fast(inline="always")
+def add_block(x, y, post, eps):
+    """x += y, y first normed by ``post`` (RMSNorm; empty: none) -- a block's output into the residual."""
+    if post.shape[0]:
+        rmsnorm1(y, post, eps, y)
+    for i in range(x.shape[0]):
+        x[i] += y[i]
 
 
 @njit_fast
@@ -440,7 +408,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     post_norm[l] = (attention, FFN) output norms (each (n_layer, 0, ...) when the arch has none)."""
     n_layer = wt.shape[0]
     n_head, n_head_kv, hd, n_rot, neox, glu_kind = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    has_qkn, has_post = dims[6] != 0, dims[7] != 0
+    has_qkn = dims[6] != 0
     E = x.shape[0]
     Q = n_head * hd
     KV = n_head_kv * hd
@@ -461,19 +429,14 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         # project, (post-norm), add
         rmsnorm1(x, attn_norm[l], eps, xa)
         quantize_needed(need[l, 0], aE)
-        cq = (w[0, 2] + CHUNK - 1) // CHUNK
-        ck = (w[1, 2] + CHUNK - 1) // CHUNK
-        cv = (w[2, 2] + CHUNK - 1) // CHUNK
+        cq, ck, cv = nchunks(w[0]), nchunks(w[1]), nchunks(w[2])
         for c in prange(cq + ck + cv):
             if c < cq:
-                j, c0, o0 = 0, c, 0
+                ROWS(w[0], c, buf, pbuf, aE, qkv, 0, sc)  # noqa: F821
             elif c < cq + ck:
-                j, c0, o0 = 1, c - cq, Q
+                ROWS(w[1], c - cq, buf, pbuf, aE, qkv, Q, sc)  # noqa: F821
             else:
-                j, c0, o0 = 2, c - cq - ck, Q + KV
-            r0 = c0 * CHUNK
-            r1 = min(r0 + CHUNK, w[j, 2])
-            ROWS(w[j, 3], buf, pbuf, w[j, 0], w[j, 1], r0, r1, aE, qkv, o0, sc)  # noqa: F821
+                ROWS(w[2], c - cq - ck, buf, pbuf, aE, qkv, Q + KV, sc)  # noqa: F821
         bl = bias[l]
         has_b = bl.shape[0] != 0
         qkv_q = qkv[:Q]
@@ -495,40 +458,27 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, scores[h],  # noqa: F821
                    xo[h * hd:(h + 1) * hd])
         quantize_needed(need[l, 1], aQ)
-        co = (w[3, 2] + CHUNK - 1) // CHUNK
-        for c in prange(co):
-            r0 = c * CHUNK
-            ROWS(w[3, 3], buf, pbuf, w[3, 0], w[3, 1], r0, min(r0 + CHUNK, w[3, 2]), aQ, xb2, 0, sc)  # noqa: F821
-        if has_post:
-            rmsnorm1(xb2, post_norm[l, 0], eps, xb2)
-        for i in range(E):
-            x[i] += xb2[i]
+        for c in prange(nchunks(w[3])):
+            ROWS(w[3], c, buf, pbuf, aQ, xb2, 0, sc)  # noqa: F821
+        add_block(x, xb2, post_norm[l, 0], eps)
         # -- feed-forward: norm, gate and up with the GLU (one parallel region), down, (post-norm), add
         rmsnorm1(x, ffn_norm[l], eps, xa)
         quantize_needed(need[l, 2], aE)
-        cf = (w[4, 2] + CHUNK - 1) // CHUNK
-        for c in prange(cf):
-            r0 = c * CHUNK
-            r1 = min(r0 + CHUNK, w[4, 2])
-            ROWS(w[4, 3], buf, pbuf, w[4, 0], w[4, 1], r0, r1, aE, hg, 0, sc)  # noqa: F821
-            ROWS(w[5, 3], buf, pbuf, w[5, 0], w[5, 1], r0, r1, aE, hu, 0, sc)  # noqa: F821
+        for c in prange(nchunks(w[4])):  # gate and up have the same rows, so the same chunks
+            ROWS(w[4], c, buf, pbuf, aE, hg, 0, sc)  # noqa: F821
+            ROWS(w[5], c, buf, pbuf, aE, hu, 0, sc)  # noqa: F821
+            r0 = np.int64(c) * w[4, 4]
+            r1 = min(r0 + w[4, 4], w[4, 2])
             glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
         quantize_needed(need[l, 3], aF)
-        cd = (w[6, 2] + CHUNK - 1) // CHUNK
-        for c in prange(cd):
-            r0 = c * CHUNK
-            ROWS(w[6, 3], buf, pbuf, w[6, 0], w[6, 1], r0, min(r0 + CHUNK, w[6, 2]), aF, xb2, 0, sc)  # noqa: F821
-        if has_post:
-            rmsnorm1(xb2, post_norm[l, 1], eps, xb2)
-        for i in range(E):
-            x[i] += xb2[i]
+        for c in prange(nchunks(w[6])):
+            ROWS(w[6], c, buf, pbuf, aF, xb2, 0, sc)  # noqa: F821
+        add_block(x, xb2, post_norm[l, 1], eps)
     if want:
         rmsnorm1(x, out_norm, eps, xa)
         quantize_needed(need[n_layer, 0], aE)
-        cl = (ot[2] + CHUNK - 1) // CHUNK
-        for c in prange(cl):
-            r0 = c * CHUNK
-            ROWS(ot[3], buf, pbuf, ot[0], ot[1], r0, min(r0 + CHUNK, ot[2]), aE, logits, 0, sc)  # noqa: F821
+        for c in prange(nchunks(ot)):
+            ROWS(ot, c, buf, pbuf, aE, logits, 0, sc)  # noqa: F821
 
 
 # -- building it for a model ------------------------------------------------------------------------
@@ -604,13 +554,12 @@ def step_kernel(slots: tuple, variant: str, kv_f16: bool):
         t, x8 = slots[k] if k < len(slots) else slots[0]
         kind = activation_kind(t, variant)
         tv = f"{t.name}_{variant}"
+        aq, ad, as_ = ACT_FIELDS[kind]
         if x8:
-            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8", False,
-                                    ROWX8=build(URowX8[kind], f"{t.name}_x8", False, ROWX8=rowx8_kernel(t)))
+            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8", False, ROWX8=rowx8_kernel(t), AQ=aq, AD=ad, AS=as_)
         else:
-            row1 = build(URow[kind], tv, False, ROWDOT=rowdot_kernel(t, variant))
-            row2 = build(URow2[kind], tv, False, ROWDOT2=rowdot2_kernel(t, variant))
-            rows[f"RUN{k}"] = build(run_rows, tv, False, ROW=row1, ROW2=row2)
+            rows[f"RUN{k}"] = build(run_rows, tv, False, ROWDOT=rowdot_kernel(t, variant),
+                                    ROWDOT2=rowdot2_kernel(t, variant), AQ=aq, AD=ad, AS=as_)
         deqs[f"DEQ{k}"] = deq_kernel(t)
     rows_fn = build(rows_body, tag, False, **rows)
     deq_fn = build(deq_body, tag, False, **deqs)
@@ -657,13 +606,14 @@ class DecodeStep:
                 self.x8_bytes += -(-w.data.nbytes // 64) * 64
 
         def row(w: Weight, off: int, p: bool, po: int):
+            n = w.data.shape[0]
             if p:
-                return [po, w.data.shape[1] * X8_ROWS, w.data.shape[0], code[w.type, True]]
-            return [off, w.data.shape[1], w.data.shape[0], code[w.type, False]]
+                return [po, w.data.shape[1] * X8_ROWS, n, code[w.type, True], chunk_rows(n)]
+            return [off, w.data.shape[1], n, code[w.type, False], chunk_rows(n)]
 
         pos = iter(o for _, o in self._x8_todo)
         tab = np.array([row(w, o, p, next(pos) if p else 0) for w, o, p in zip(weights, offs, packed)], np.int64)
-        self.wt = np.ascontiguousarray(tab[:len(mats)].reshape(c.n_layer, len(MATS), 4))
+        self.wt = np.ascontiguousarray(tab[:len(mats)].reshape(c.n_layer, len(MATS), 5))
         self.ot = np.ascontiguousarray(tab[len(mats)])
         self.et = np.ascontiguousarray(tab[len(mats) + 1])
 
@@ -752,4 +702,4 @@ def _activations(n: int) -> tuple:
             np.zeros((1, n), np.float32))
 
 
-__all__ = ["CHUNK", "DecodeStep", "MATS", "SLOTS", "step_kernel"]
+__all__ = ["DecodeStep", "MATS", "SLOTS", "step_kernel"]
