@@ -7,7 +7,7 @@ best of ``--rounds``, the configurations interleaved in each round), so the diff
 "no X" is the cost of X inside the step, and "only X" (everything else skipped) beside it.
 
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_decode_parts.py \\
-        /work/models/llama-3.2-1b-Q4_K_M.gguf --threads 1
+        llama-3.2-1b-Q4_K_M.gguf --threads 1
 """
 
 from __future__ import annotations
