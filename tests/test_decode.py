@@ -9,7 +9,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import x8_types
-from quantkit.model.decode import expf
+from quantkit.model.ops import expf
 from quantkit.model.forward import Runner
 from quantkit.model.llama import Llama
 from quantkit.model.reference import reference_logits

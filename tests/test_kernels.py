@@ -428,7 +428,10 @@ needs_x8 = pytest.mark.skipif(not X8, reason="no 512-bit VNNI: no x8 kernels")
 #: the x8 layout as ir.py's comment states it: per type, the block's header fields (offset, bytes,
 #: element bytes) and its quant bytes (start, end)
 X8_HEADERS = {T.Q8_0: (((0, 2, 2),), (2, 34)), T.Q4_0: (((0, 2, 2),), (2, 18)),
+              T.Q2_K: (((0, 16, 1), (80, 2, 2), (82, 2, 2)), (16, 80)),
+              T.Q3_K: (((96, 12, 4), (108, 2, 2)), (0, 96)),
               T.Q4_K: (((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144)),
+              T.Q5_K: (((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 176)),
               T.Q6_K: (((192, 16, 1), (208, 2, 2)), (0, 192)),
               T.IQ4_XS: (((0, 2, 2), (2, 2, 2), (4, 4, 4)), (8, 136))}
 

@@ -728,6 +728,11 @@ def _x8_dot(b, dpb, acc, u, xb, off):
     return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
 
 
+def _x8_bits(b, v, shift, mask):
+    """(v >> shift) & mask per byte of <64 x i8> v: one bit field of 64 packed quant bytes."""
+    return b.and_(b.lshr(v, _splat(I8, 64, shift)) if shift else v, _splat(I8, 64, mask))
+
+
 class _X8:
     """What an x8 emitter gets: builder, vpdpbusd, group-block pointer, this block's activations
     (quants, float scale, int32 sums pointer)."""
@@ -766,62 +771,156 @@ def _x8_legacy(q_off, offset, nibbles):
     return emit
 
 
-def _x8_q4_k(k):
-    """Q4_K: header d (0), dmin (16), the 12 scale bytes as three u32 elements (32, 64, 96); quants
-    from 128: pair p of sub-blocks (2p low nibbles, 2p+1 high) in slices 4p..4p+3."""
+def _x8_q4k_like(qs_off, qh_off=None):
+    """Q4_K (and Q5_K, whose fifth bits ``qh`` sit before the nibbles): header d (0), dmin (16), the
+    12 scale bytes as three u32 elements (32, 64, 96); nibbles from ``qs_off``: pair p of sub-blocks
+    (2p low nibbles, 2p+1 high) in slices 4p..4p+3; Q5_K's qh in 4 slices from ``qh_off``, bit s of a
+    byte the fifth bit of sub-block s."""
+    def emit(k):
+        b = k.b
+        u0, u1, u2 = (_ld(b, k.gb, 32 + 32 * i, V8I32) for i in range(3))
+        c = lambda n: _splat(I32, 8, n)  # noqa: E731
+        k1, k2, k3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+        m47 = b.or_(b.and_(b.lshr(u2, c(4)), k2), b.shl(b.and_(b.lshr(u1, c(6)), k3), c(4)))
+        m03 = b.and_(u1, k1)
+        s47 = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c(6)), k3), c(4)))
+        s03 = b.and_(u0, k1)
+
+        def byte(w, q):
+            return b.and_(b.lshr(w, c(8 * q)) if q else w, c(0xFF))
+
+        def fifth(j, sub):  # bit ``sub`` of the qh slice j, as 16
+            if qh_off is None:
+                return None
+            h = _ld(b, k.gb, qh_off + 64 * j, V64I8)
+            return b.shl(_x8_bits(b, h, sub, 1), _splat(I8, 64, 4))
+
+        isum = msum = None
+        for p in range(4):
+            lo = hi = ir.Constant(V16I32, None)
+            for j in range(4):
+                v = _ld(b, k.gb, qs_off + 64 * (4 * p + j), V64I8)
+                ul, uh = b.and_(v, _splat(I8, 64, 15)), b.lshr(v, _splat(I8, 64, 4))
+                if qh_off is not None:
+                    ul, uh = b.or_(ul, fifth(j, 2 * p)), b.or_(uh, fifth(j, 2 * p + 1))
+                lo = _x8_dot(b, k.dpb, lo, ul, k.xb, 64 * p + 8 * j)
+                hi = _x8_dot(b, k.dpb, hi, uh, k.xb, 64 * p + 32 + 8 * j)
+            for sub, dot in ((2 * p, lo), (2 * p + 1, hi)):
+                sc = byte(s03, sub) if sub < 4 else byte(s47, sub - 4)
+                mn = byte(m03, sub) if sub < 4 else byte(m47, sub - 4)
+                t = b.mul(_pairs16(b, dot), sc)
+                xs = b.add(k.xsum(2 * sub), k.xsum(2 * sub + 1))
+                m = b.mul(mn, _bcast(b, xs, V8I32))
+                isum = t if isum is None else b.add(isum, t)
+                msum = m if msum is None else b.add(msum, m)
+        dxv = k.dxv()
+        return [(isum, b.fmul(_x8_f16(b, k.gb, 0), dxv, flags=_FM)),
+                (msum, b.fneg(b.fmul(_x8_f16(b, k.gb, 16), dxv, flags=_FM)))]
+    return emit
+
+
+def _x8_scaled16(k, slices, scale, unsigned, bias_shift):
+    """The K types with one scale per 16 elements (Q2_K, Q3_K, Q6_K): for each sub-block g (0..15),
+    the dot of its two slices' unsigned values (``slices(g)`` -> [(u <64 x i8>, activation offset)])
+    times its 8 rows' scale (``scale(g)`` <8 x i32>) -> summed per row. ``unsigned`` False: the values
+    are offset by 2**bias_shift, so sum(scale * bsums) << bias_shift is subtracted; True (Q2_K): the
+    scale's high nibble is a min, returned as the second sum."""
     b = k.b
-    u0, u1, u2 = (_ld(b, k.gb, 32 + 32 * i, V8I32) for i in range(3))
-    c = lambda n: _splat(I32, 8, n)  # noqa: E731
-    k1, k2, k3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
-    m47 = b.or_(b.and_(b.lshr(u2, c(4)), k2), b.shl(b.and_(b.lshr(u1, c(6)), k3), c(4)))
-    m03 = b.and_(u1, k1)
-    s47 = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c(6)), k3), c(4)))
-    s03 = b.and_(u0, k1)
+    isum = off = None
+    for g in range(16):
+        dot = ir.Constant(V16I32, None)
+        for u, xo in slices(g):
+            dot = _x8_dot(b, k.dpb, dot, u, k.xb, xo)
+        sc, mn = scale(g)
+        t = b.mul(_pairs16(b, dot), sc)
+        o = b.mul(mn if unsigned else sc, _bcast(b, k.xsum(g), V8I32))
+        isum = t if isum is None else b.add(isum, t)
+        off = o if off is None else b.add(off, o)
+    if unsigned:
+        return isum, off
+    return b.sub(isum, b.shl(off, _splat(I32, 8, bias_shift))), None
 
-    def byte(w, q):
-        return b.and_(b.lshr(w, c(8 * q)) if q else w, c(0xFF))
 
-    isum = msum = None
-    for p in range(4):
-        lo = hi = ir.Constant(V16I32, None)
-        for j in range(4):
-            v = _ld(b, k.gb, 128 + 64 * (4 * p + j), V64I8)
-            lo = _x8_dot(b, k.dpb, lo, b.and_(v, _splat(I8, 64, 15)), k.xb, 64 * p + 8 * j)
-            hi = _x8_dot(b, k.dpb, hi, b.lshr(v, _splat(I8, 64, 4)), k.xb, 64 * p + 32 + 8 * j)
-        for sub, dot in ((2 * p, lo), (2 * p + 1, hi)):
-            sc = byte(s03, sub) if sub < 4 else byte(s47, sub - 4)
-            mn = byte(m03, sub) if sub < 4 else byte(m47, sub - 4)
-            t = b.mul(_pairs16(b, dot), sc)
-            xs = b.add(k.xsum(2 * sub), k.xsum(2 * sub + 1))
-            m = b.mul(mn, _bcast(b, xs, V8I32))
-            isum = t if isum is None else b.add(isum, t)
-            msum = m if msum is None else b.add(msum, m)
+def _x8_q2_k(k):
+    """Q2_K: scales (0: element g of row r at 8g + r; low nibble scale, high min), quants from 128
+    (half n, shift j, slice s: qs slice 4n + s, elements 128n + 32j + 8s..), d (640), dmin (656)."""
+    b = k.b
+
+    def slices(g):
+        n, rest = divmod(g, 8)
+        j, h = divmod(rest, 2)
+        out = []
+        for s in (2 * h, 2 * h + 1):
+            v = _ld(b, k.gb, 128 + 64 * (4 * n + s), V64I8)
+            out.append((_x8_bits(b, v, 2 * j, 3), 128 * n + 32 * j + 8 * s))
+        return out
+
+    def scale(g):
+        v = b.zext(_ld(b, k.gb, 8 * g, ir.VectorType(I8, 8)), V8I32)
+        return b.and_(v, _splat(I32, 8, 15)), b.lshr(v, _splat(I32, 8, 4))
+
+    isum, msum = _x8_scaled16(k, slices, scale, True, 0)
     dxv = k.dxv()
-    return [(isum, b.fmul(_x8_f16(b, k.gb, 0), dxv, flags=_FM)),
-            (msum, b.fneg(b.fmul(_x8_f16(b, k.gb, 16), dxv, flags=_FM)))]
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 640), dxv, flags=_FM)),
+            (msum, b.fneg(b.fmul(_x8_f16(b, k.gb, 656), dxv, flags=_FM)))]
+
+
+def _x8_q3_k(k):
+    """Q3_K: hmask (0..255: 4 slices), qs (256..767: chunk c = 4n + j takes qs slices 4n.. shifted by
+    2j and bit c of hmask), the 12 scale bytes as three u32 elements (768, 800, 832; decoded as
+    ``_q3k_scales``), d (864). Values low2 + 4 * hbit, offset 4."""
+    b = k.b
+    c = lambda n: _splat(I32, 8, n)  # noqa: E731
+    a0, a1, tmp = (_ld(b, k.gb, 768 + 32 * i, V8I32) for i in range(3))
+    k1, k2 = c(0x03030303), c(0x0F0F0F0F)
+
+    def hi(sh):
+        return b.shl(b.and_(b.lshr(tmp, c(sh)) if sh else tmp, k1), c(4))
+
+    aux = (b.or_(b.and_(a0, k2), hi(0)), b.or_(b.and_(a1, k2), hi(2)),
+           b.or_(b.and_(b.lshr(a0, c(4)), k2), hi(4)), b.or_(b.and_(b.lshr(a1, c(4)), k2), hi(6)))
+
+    def slices(g):
+        ch, h = divmod(g, 2)
+        n, j = divmod(ch, 4)
+        out = []
+        for s in (2 * h, 2 * h + 1):
+            q = _ld(b, k.gb, 256 + 64 * (4 * n + s), V64I8)
+            low = _x8_bits(b, q, 2 * j, 3)
+            hb = _x8_bits(b, _ld(b, k.gb, 64 * s, V64I8), ch, 1)
+            out.append((b.or_(low, b.shl(hb, _splat(I8, 64, 2))), 32 * ch + 8 * s))
+        return out
+
+    def scale(g):
+        w = aux[g // 4]
+        q = g % 4
+        return b.sub(b.and_(b.lshr(w, c(8 * q)) if q else w, c(0xFF)), c(32)), None
+
+    isum, _ = _x8_scaled16(k, slices, scale, False, 2)
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 864), k.dxv(), flags=_FM))]
 
 
 def _x8_q6_k(k):
     """Q6_K: quants ql (0..1023: 8 x 128 bytes) and qh (1024..1535), then the 16 int8 scales (1536,
     element g of row r at 1536 + 8g + r) and d (1664). Per 16 elements: 2 slices, one scale."""
     b = k.b
-    isum = off = None
-    for g in range(16):
+
+    def slices(g):
         n, rest = divmod(g, 8)
         i, h = divmod(rest, 2)  # chunk i of half n, its 16-element half h
-        dot = ir.Constant(V16I32, None)
+        out = []
         for j in (2 * h, 2 * h + 1):
             ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * j, V64I8)
             lo = b.and_(ql, _splat(I8, 64, 15)) if i < 2 else b.lshr(ql, _splat(I8, 64, 4))
             qh = _ld(b, k.gb, 1024 + 256 * n + 64 * j, V64I8)
-            hb = b.and_(b.lshr(qh, _splat(I8, 64, 2 * i)) if i else qh, _splat(I8, 64, 3))
-            dot = _x8_dot(b, k.dpb, dot, b.or_(lo, b.shl(hb, _splat(I8, 64, 4))), k.xb, 128 * n + 32 * i + 8 * j)
-        sc = b.sext(_ld(b, k.gb, 1536 + 8 * g, ir.VectorType(I8, 8)), V8I32)
-        t = b.mul(_pairs16(b, dot), sc)
-        o = b.mul(sc, _bcast(b, k.xsum(g), V8I32))
-        isum = t if isum is None else b.add(isum, t)
-        off = o if off is None else b.add(off, o)
-    isum = b.sub(isum, b.shl(off, _splat(I32, 8, 5)))  # - 32 * sum(sc * bsums)
+            hb = _x8_bits(b, qh, 2 * i, 3)
+            out.append((b.or_(lo, b.shl(hb, _splat(I8, 64, 4))), 128 * n + 32 * i + 8 * j))
+        return out
+
+    def scale(g):
+        return b.sext(_ld(b, k.gb, 1536 + 8 * g, ir.VectorType(I8, 8)), V8I32), None
+
+    isum, _ = _x8_scaled16(k, slices, scale, False, 5)  # - 32 * sum(sc * bsums)
     return [(isum, b.fmul(_x8_f16(b, k.gb, 1664), k.dxv(), flags=_FM))]
 
 
@@ -860,7 +959,10 @@ def _x8_iq4_xs(k):
 X8_SPECS = {
     "Q8_0": (34, 32, 1, ((0, 2, 2),), (2, 34), _x8_legacy(16, 128, False)),
     "Q4_0": (18, 32, 1, ((0, 2, 2),), (2, 18), _x8_legacy(16, 8, True)),
-    "Q4_K": (144, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144), _x8_q4_k),
+    "Q2_K": (84, 256, 16, ((0, 16, 1), (80, 2, 2), (82, 2, 2)), (16, 80), _x8_q2_k),
+    "Q3_K": (110, 256, 16, ((96, 12, 4), (108, 2, 2)), (0, 96), _x8_q3_k),
+    "Q4_K": (144, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144), _x8_q4k_like(128)),
+    "Q5_K": (176, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 176), _x8_q4k_like(384, 128)),
     "Q6_K": (210, 256, 16, ((192, 16, 1), (208, 2, 2)), (0, 192), _x8_q6_k),
     "IQ4_XS": (136, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 4, 4)), (8, 136), _x8_iq4_xs),
 }

@@ -17,7 +17,7 @@ How the weights get in, and the type dispatch:
   ~20% slower from the map than from a huge-page anonymous copy; on the 1B shape here the two measured
   the same (docs/performance.md), so the copy, which doubled the peak memory while it was made, is now
   opt-in: ``QUANTKIT_COPY_WEIGHTS=1`` (when the span is at most ``RAM_COPY_FRACTION`` of the available
-  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code)`` for
+  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk rows)`` for
   the seven matrices of a layer in ``MATS`` order; ``ot`` / ``et`` the same for ``output`` and
   ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The row
@@ -31,7 +31,7 @@ How the weights get in, and the type dispatch:
   (``KERNEL_TRAITS``'s activation kind). Before a product the step quantizes the input only to the
   kinds its consumers need (``need`` bit masks, computed here from the types).
 
-Parallelism: ``prange`` over chunks of ``CHUNK`` output rows in each product (Q, K and V in one
+Parallelism: ``prange`` over chunks of ``chunk_rows`` output rows in each product (Q, K and V in one
 region; gate and up in one region that also applies the GLU to its own rows), and over heads in the
 attention. Each output element is computed by one thread with the same code, so the logits do not
 depend on the thread count. Everything else (norms, quantization, RoPE) runs on the calling thread.
@@ -42,138 +42,92 @@ one body is built for each (``ST_KV``, and ``attend_kernel``'s ``LD_KV``).
 
 from __future__ import annotations
 
-import math
 import mmap
 
 import numpy as np
 
 from quantkit import config
 from quantkit.errors import ModelError
-from quantkit.jit import bits_to_f32, njit_fast, prange
+from quantkit.jit import njit_fast, prange
 from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
                               rowdot_kernel)
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, rowdot2_kernel, rowx8_kernel, x8_types
 from quantkit.model.arch import GLU_KINDS
 from quantkit.model.llama import Llama, Weight
-from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
+# the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported for the batch path
+from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
+                                kv_f16_store, kv_f32_same, max_f32, qk_prepare, rmsnorm1, window_start)
 
 #: the seven matrices of a layer, in the order of ``wt[layer]``
 MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
 SLOTS = 8
-#: output rows per prange chunk
-CHUNK = 16
+#: output rows per prange chunk: a matrix's rows / CHUNK_SPLIT, a multiple of 16 in [16, CHUNK_MAX]. Each
+#: chunk is a call with the activation tuple; at 16 rows those calls cost 25 % of the 1B shape's Q4_K_M
+#: step (CPU ms per token, 1 thread: 30.5 at 16 rows, 26.4 at 64, 25.2 at 256); numba's OpenMP
+#: schedule gives each thread one contiguous range of chunks, so larger ones do not unbalance threads
+#: while a matrix keeps CHUNK_SPLIT of them.
+CHUNK_SPLIT, CHUNK_MAX = 16, 256
+
+
+def chunk_rows(n_rows: int) -> int:
+    """Rows per prange chunk of a matrix of ``n_rows`` rows (a multiple of 16, so of the x8 groups)."""
+    return min(CHUNK_MAX, max(16, n_rows // CHUNK_SPLIT // 16 * 16))
 #: the weights are copied to huge-page memory when their span is at most this fraction of MemAvailable
 RAM_COPY_FRACTION = 0.5
 #: activation kind -> bit in the ``need`` masks (F32 needs no conversion)
 KIND_BIT = {"Q8_0": 1, "Q8_1": 2, "Q8_K": 4, "F32": 0, "F16": 8, "BF16": 16}
 
 
-# -- one row of a weight . one input vector, with a uniform signature per activation kind ------------
+# -- rows of a weight . one input vector ----------------------------------------------------------
 # a = (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32,
-# x rounded to fp16, x rounded to bf16), each (1, n_in); the row dot (ROWDOT, bound per type) gets the
-# form its type uses.
+# x rounded to fp16, x rounded to bf16), each (1, n_in). A row dot takes three of them (quants or the
+# float row, block scales, block sums): ``AQ``, ``AD``, ``AS`` below, bound per activation kind.
 
-def urow_q8_0(wr, a, sc):
-    return ROWDOT(wr, a[1][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow_q8_1(wr, a, sc):
-    return ROWDOT(wr, a[1][0], a[2][0], a[4][0], sc)  # noqa: F821
-
-
-def urow_q8_k(wr, a, sc):
-    return ROWDOT(wr, a[5][0], a[6][0], a[7][0], sc)  # noqa: F821
-
-
-def urow_f32(wr, a, sc):
-    return ROWDOT(wr, a[0][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow_f16(wr, a, sc):
-    return ROWDOT(wr, a[8][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow_bf16(wr, a, sc):
-    return ROWDOT(wr, a[9][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-URow = {"Q8_0": urow_q8_0, "Q8_1": urow_q8_1, "Q8_K": urow_q8_k, "F32": urow_f32, "F16": urow_f16,
-        "BF16": urow_bf16}
-
-
-def urow2_q8_0(wr, a, sc):
-    return ROWDOT2(wr, a[1][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow2_q8_1(wr, a, sc):
-    return ROWDOT2(wr, a[1][0], a[2][0], a[4][0], sc)  # noqa: F821
-
-
-def urow2_q8_k(wr, a, sc):
-    return ROWDOT2(wr, a[5][0], a[6][0], a[7][0], sc)  # noqa: F821
-
-
-def urow2_f32(wr, a, sc):
-    return ROWDOT2(wr, a[0][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow2_f16(wr, a, sc):
-    return ROWDOT2(wr, a[8][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-def urow2_bf16(wr, a, sc):
-    return ROWDOT2(wr, a[9][0], a[2][0], a[3][0], sc)  # noqa: F821
-
-
-#: the same for two consecutive rows (``wr`` holds both) -> (float32, float32)
-URow2 = {"Q8_0": urow2_q8_0, "Q8_1": urow2_q8_1, "Q8_K": urow2_q8_k, "F32": urow2_f32, "F16": urow2_f16,
-         "BF16": urow2_bf16}
-
-
-def urowx8_q8_0(wg, a):
-    return ROWX8(wg, a[1][0], a[2][0], a[3][0])  # noqa: F821
-
-
-def urowx8_q8_k(wg, a):
-    return ROWX8(wg, a[5][0], a[6][0], a[7][0])  # noqa: F821
-
-
-#: the x8 layout's row-group dot per activation kind -> 8 x float32
-URowX8 = {"Q8_0": urowx8_q8_0, "Q8_K": urowx8_q8_k}
+#: activation kind -> the indices in ``a`` of the (quants, scales, sums) its row dots take
+ACT_FIELDS = {"Q8_0": (1, 2, 3), "Q8_1": (1, 2, 4), "Q8_K": (5, 6, 7), "F32": (0, 2, 3), "F16": (8, 2, 3),
+              "BF16": (9, 2, 3)}
 
 
 def run_rows(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """out[o0 + r] = (row r of the matrix at buf[off:]) . a for r in r0..r1-1: rows in pairs (ROW2
-    shares the activation loads between them; each sum is the same as ROW's), then a last one.
-    (``pbuf``, the x8 buffer, is not read: one signature for both layouts.)"""
+    """out[o0 + r] = (row r of the matrix at buf[off:]) . a for r in r0..r1-1: rows in pairs (ROWDOT2
+    shares the activation loads between them; each sum is the same as ROWDOT's), then a last one.
+    (``pbuf``, the x8 buffer, is not read: one signature for both layouts.) The activation arrays are
+    picked once per call: passing the whole tuple ``a`` to a row dot per row pair cost ~20 % of a
+    2048-wide GEMV."""
+    xq, xd, xs = a[AQ][0], a[AD][0], a[AS][0]  # noqa: F821
     r = np.int64(r0)  # a prange index may be unsigned: uint64 + int64 would give float64
     while r + 1 < r1:
-        s0, s1 = ROW2(buf[off + r * rb:off + (r + 2) * rb], a, sc)  # noqa: F821
+        s0, s1 = ROWDOT2(buf[off + r * rb:off + (r + 2) * rb], xq, xd, xs, sc)  # noqa: F821
         out[o0 + r] = s0
         out[o0 + r + 1] = s1
         r += 2
     if r < r1:
-        out[o0 + r] = ROW(buf[off + r * rb:off + (r + 1) * rb], a, sc)  # noqa: F821
+        out[o0 + r] = ROWDOT(buf[off + r * rb:off + (r + 1) * rb], xq, xd, xs, sc)  # noqa: F821
 
 
 def run_rows_x8(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
     """``run_rows`` for a matrix in the x8 layout at pbuf[off:] (``rb`` = bytes of one 8-row group);
-    r0 is a multiple of 8 (chunks are CHUNK rows) and so is the matrix's row count."""
+    r0 is a multiple of 8 (chunks are multiples of 16 rows) and so is the matrix's row count. ``ROWX8`` is the
+    IR intrinsic itself: its code is emitted here."""
+    xq, xd, xs = a[AQ][0], a[AD][0], a[AS][0]  # noqa: F821
     g = np.int64(r0) // X8_ROWS
     g1 = (np.int64(r1) + X8_ROWS - 1) // X8_ROWS
     while g < g1:
-        r = ROWX8(pbuf[off + g * rb:off + (g + 1) * rb], a)  # noqa: F821
+        r = ROWX8(pbuf[off + g * rb:off + (g + 1) * rb], xq, xd, xs)  # noqa: F821
         for i in range(X8_ROWS):
             out[o0 + g * X8_ROWS + i] = r[i]
         g += 1
 
 
-def rows_body(code, buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """out[o0 + r] = (row r of the matrix at buf[off:], rb bytes a row) . a, for r in r0..r1-1 (slots of
-    the x8 layout: the matrix at pbuf[off:], rb bytes a row group). One branch per slot (RUN0..RUN7
-    bound per slot set); unused slots repeat slot 0."""
+def rows_body(m, c, buf, pbuf, a, out, o0, sc):
+    """Chunk c of the product of the matrix ``m`` (a row of ``wt``: offset, bytes a row -- or an x8
+    row group --, rows, slot, chunk rows) with ``a``: out[o0 + r] for its rows r. One branch per slot
+    (RUN0..RUN7 bound per slot set); unused slots repeat slot 0."""
+    code, off, rb = m[3], m[0], m[1]
+    r0 = np.int64(c) * m[4]  # a prange index may be unsigned: uint64 * int64 would give float64
+    r1 = min(r0 + m[4], m[2])
     if code == 0:
         RUN0(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 1:
@@ -190,6 +144,12 @@ def rows_body(code, buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
         RUN6(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     else:
         RUN7(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
+
+
+@njit_fast(inline="always")
+def nchunks(m):
+    """Chunks of the matrix ``m`` (a ``wt`` row) in its products."""
+    return (m[2] + m[4] - 1) // m[4]
 
 
 def deq_body(code, buf, off, rb, r, out):
@@ -213,139 +173,7 @@ def deq_body(code, buf, off, rb, r, out):
         DEQ7(src, out)  # noqa: F821
 
 
-# -- small ops ---------------------------------------------------------------------------------------
-
-_F = np.float32
-
-
-@njit_fast(inline="always")
-def expf(x):
-    """exp of a float32 (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial, relative
-    error ~1e-7), in plain float ops so loops over it vectorize (numba's np.exp is a scalar libm call
-    per element without SVML). Inputs are clamped to [-87.3, 88.3] (softmax and SiLU never need more)."""
-    x = min(max(x, _F(-87.3)), _F(88.3))
-    n = np.floor(x * _F(1.44269504) + _F(0.5))
-    r = x - n * _F(0.693359375)
-    r = r + n * _F(2.12194440e-4)
-    p = _F(1.9875691500e-4)
-    p = p * r + _F(1.3981999507e-3)
-    p = p * r + _F(8.3334519073e-3)
-    p = p * r + _F(4.1665795894e-2)
-    p = p * r + _F(1.6666665459e-1)
-    p = p * r + _F(5.0000001201e-1)
-    y = p * (r * r) + r + _F(1.0)
-    return y * bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
-
-
-@njit_fast(inline="always")
-def max_f32(a, n):
-    """max of a[:n] (n >= 1) of a 1-D float32 array. Eight running maxima (SLP makes them one vector):
-    LLVM does not vectorize a single ``m = max(m, a[j])`` chain, a 4-cycle dependency per element
-    (5x slower). No array for them: an allocation per row costs more inside a prange."""
-    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = a[0]
-    n8 = n - n % 8
-    for j in range(0, n8, 8):
-        m0, m1, m2, m3 = max(m0, a[j]), max(m1, a[j + 1]), max(m2, a[j + 2]), max(m3, a[j + 3])
-        m4, m5, m6, m7 = max(m4, a[j + 4]), max(m5, a[j + 5]), max(m6, a[j + 6]), max(m7, a[j + 7])
-    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
-    for j in range(n8, n):
-        m = max(m, a[j])
-    return m
-
-
-@njit_fast
-def rmsnorm1(x, w, eps, out):
-    """out = x / sqrt(mean(x^2) + eps) * w, sum of squares in float64 (as ggml)."""
-    ss = 0.0
-    for i in range(x.shape[0]):
-        ss += np.float64(x[i]) * np.float64(x[i])
-    scale = np.float32(1.0 / math.sqrt(ss / x.shape[0] + eps))
-    for i in range(x.shape[0]):
-        out[i] = x[i] * scale * w[i]
-
-
-@njit_fast
-def add_bias(v, b):
-    """v += b when the layer has a bias (b of v's size), else nothing (b empty)."""
-    if b.shape[0]:
-        for i in range(v.shape[0]):
-            v[i] += b[i]
-
-
-@njit_fast
-def rope_heads(v, n_heads, hd, n_rot, c, s, neox):
-    """Rotate the first n_rot dims of each of the n_heads heads of v in place (ggml's rotate_pairs):
-    NORM pairs (x[2i], x[2i+1]), NEOX pairs (x[i], x[i + n_rot/2]), pair i by the angle whose cos / sin
-    are c[i] / s[i]."""
-    half = n_rot // 2
-    step = 1 if neox else 2
-    off = half if neox else 1
-    for h in range(n_heads):
-        o = h * hd
-        for i in range(half):
-            j = o + i * step
-            x0 = v[j]
-            x1 = v[j + off]
-            v[j] = x0 * c[i] - x1 * s[i]
-            v[j + off] = x0 * s[i] + x1 * c[i]
-
-
-@njit_fast
-def qk_prepare(q, k, v, qb, kb, vb, qn, kn, eps, n_head, n_head_kv, hd, n_rot, c, s, neox):
-    """One token's q (n_head*hd), k and v (n_head_kv*hd) straight out of their products, in place:
-    + biases (empty arrays: none), per-head RMSNorm of q and k times qn / kn (empty: none; Qwen3,
-    Gemma 3), then RoPE of q and k. The batch path and the decode step both run this."""
-    add_bias(q, qb)
-    add_bias(k, kb)
-    add_bias(v, vb)
-    if qn.shape[0]:
-        for h in range(n_head):
-            rmsnorm1(q[h * hd:(h + 1) * hd], qn, eps, q[h * hd:(h + 1) * hd])
-        for h in range(n_head_kv):
-            rmsnorm1(k[h * hd:(h + 1) * hd], kn, eps, k[h * hd:(h + 1) * hd])
-    rope_heads(q, n_head, hd, n_rot, c, s, neox)
-    rope_heads(k, n_head_kv, hd, n_rot, c, s, neox)
-
-
-#: ``GLU_KINDS`` index of each activation
-GLU_SILU, GLU_GELU = 0, 1
-
-
-def gelu_table() -> np.ndarray:
-    """ggml's ``ggml_table_gelu_f16`` as float32 (65536,): the tanh GELU of every fp16 value, rounded
-    to fp16 (ggml_cpu_init). ggml's GELU of a float32 x (GGML_GELU_FP16): 0 for x <= -10, x for
-    x >= 10, else this table at fp16(x)."""
-    f = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
-    with np.errstate(all="ignore"):
-        g = _F(0.5) * f * (_F(1.0) + np.tanh(_F(0.79788456080286535587989211986876) * f
-                                            * (_F(1.0) + _F(0.044715) * f * f)))
-    return g.astype(np.float16).astype(np.float32)
-
-
-@njit_fast
-def glu(g, u, out, kind, table):
-    """out = act(g) * u: SiLU (ggml_vec_swiglu_f32) or ggml's table GELU (ggml_vec_geglu_f32)."""
-    if kind == GLU_SILU:
-        for r in range(g.shape[0]):
-            x = g[r]
-            out[r] = x / (np.float32(1.0) + expf(-x)) * u[r]
-    else:
-        for r in range(g.shape[0]):
-            x = g[r]
-            if x <= np.float32(-10.0):
-                out[r] = 0.0
-            elif x >= np.float32(10.0):
-                out[r] = x * u[r]
-            else:
-                out[r] = table[fp32_to_fp16(x)] * u[r]
-
-
-@njit_fast
-def window_start(n_kv, n_swa):
-    """First cache position a query at position n_kv - 1 sees: 0, or with a sliding window of n_swa
-    the keys p with (n_kv - 1) - p < n_swa (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD)."""
-    return max(0, n_kv - n_swa) if n_swa > 0 else 0
-
+# -- the activation forms a product needs ----------------------------------------------------------
 
 @njit_fast
 def quantize_needed(mask, a):
@@ -358,72 +186,6 @@ def quantize_needed(mask, a):
         round_f16_into(a[0], a[8])
     if mask & 16:
         round_bf16_into(a[0], a[9])
-
-
-@njit_fast
-def kv_f16_store(v):
-    return fp32_to_fp16(v)
-
-
-@njit_fast
-def kv_f16_load(h):
-    return fp16_to_fp32(h)
-
-
-@njit_fast
-def kv_f32_same(v):
-    return v
-
-
-def kv_dot(q, k, n):
-    """q[:n] . k[:n], ``k`` a slice of a K cache row (``LD_KV`` loads it)."""
-    acc = np.float32(0.0)
-    for i in range(n):
-        acc += q[i] * LD_KV(k[i])  # noqa: F821
-    return acc
-
-
-def kv_axpy(p, v, y, n):
-    """y[:n] += p * v[:n], ``v`` a slice of a V cache row."""
-    for i in range(n):
-        y[i] += p * LD_KV(v[i])  # noqa: F821
-
-
-@njit_fast(inline="always")
-def exp_shift_sum(s, n, mx):
-    """s[:n] <- exp(s[:n] - mx); -> their float32 sum."""
-    tot = np.float32(0.0)
-    for t in range(n):
-        e = expf(s[t] - mx)
-        s[t] = e
-        tot += e
-    return tot
-
-
-def attend_head(q, kl, vl, ko, k0, n_kv, scale, s, y):
-    """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows k0..n_kv-1 of
-    kl / vl (n_ctx, n_head_kv * head_dim) from column ko (k0 > 0: a sliding window; the rows before it
-    are masked); s (>= n_kv - k0) scratch for the scores. ggml's
-    op order (scale, max, exp, float32 sum, multiply by 1 / sum). Its loops are functions of their
-    own on 1-D slices: written inside a prange body they stayed scalar (10x slower; over 768 cached
-    positions attention was most of a decode step's time)."""
-    hd = q.shape[0]
-    m = n_kv - k0
-    for t in range(m):
-        s[t] = KV_DOT(q, kl[k0 + t, ko:ko + hd], hd) * scale  # noqa: F821
-    mx = max_f32(s, m)
-    inv = np.float32(1.0) / exp_shift_sum(s, m, mx)
-    y[:] = 0.0
-    for t in range(m):
-        KV_AXPY(s[t] * inv, vl[k0 + t, ko:ko + hd], y, hd)  # noqa: F821
-
-
-def attend_kernel(kv_f16: bool):
-    """The compiled ``attend_head`` for an fp16-bits (uint16) or float32 KV cache."""
-    tag = "kv16" if kv_f16 else "kv32"
-    ld = kv_f16_load if kv_f16 else kv_f32_same
-    return build(attend_head, tag, False, KV_DOT=build(kv_dot, tag, False, LD_KV=ld),
-                 KV_AXPY=build(kv_axpy, tag, False, LD_KV=ld))
 
 
 # -- the step ---------------------------------------------------------------------------------------
@@ -440,7 +202,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     post_norm[l] = (attention, FFN) output norms (each (n_layer, 0, ...) when the arch has none)."""
     n_layer = wt.shape[0]
     n_head, n_head_kv, hd, n_rot, neox, glu_kind = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    has_qkn, has_post = dims[6] != 0, dims[7] != 0
+    has_qkn = dims[6] != 0
     E = x.shape[0]
     Q = n_head * hd
     KV = n_head_kv * hd
@@ -461,19 +223,14 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         # project, (post-norm), add
         rmsnorm1(x, attn_norm[l], eps, xa)
         quantize_needed(need[l, 0], aE)
-        cq = (w[0, 2] + CHUNK - 1) // CHUNK
-        ck = (w[1, 2] + CHUNK - 1) // CHUNK
-        cv = (w[2, 2] + CHUNK - 1) // CHUNK
+        cq, ck, cv = nchunks(w[0]), nchunks(w[1]), nchunks(w[2])
         for c in prange(cq + ck + cv):
             if c < cq:
-                j, c0, o0 = 0, c, 0
+                ROWS(w[0], c, buf, pbuf, aE, qkv, 0, sc)  # noqa: F821
             elif c < cq + ck:
-                j, c0, o0 = 1, c - cq, Q
+                ROWS(w[1], c - cq, buf, pbuf, aE, qkv, Q, sc)  # noqa: F821
             else:
-                j, c0, o0 = 2, c - cq - ck, Q + KV
-            r0 = c0 * CHUNK
-            r1 = min(r0 + CHUNK, w[j, 2])
-            ROWS(w[j, 3], buf, pbuf, w[j, 0], w[j, 1], r0, r1, aE, qkv, o0, sc)  # noqa: F821
+                ROWS(w[2], c - cq - ck, buf, pbuf, aE, qkv, Q + KV, sc)  # noqa: F821
         bl = bias[l]
         has_b = bl.shape[0] != 0
         qkv_q = qkv[:Q]
@@ -495,40 +252,27 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, scores[h],  # noqa: F821
                    xo[h * hd:(h + 1) * hd])
         quantize_needed(need[l, 1], aQ)
-        co = (w[3, 2] + CHUNK - 1) // CHUNK
-        for c in prange(co):
-            r0 = c * CHUNK
-            ROWS(w[3, 3], buf, pbuf, w[3, 0], w[3, 1], r0, min(r0 + CHUNK, w[3, 2]), aQ, xb2, 0, sc)  # noqa: F821
-        if has_post:
-            rmsnorm1(xb2, post_norm[l, 0], eps, xb2)
-        for i in range(E):
-            x[i] += xb2[i]
+        for c in prange(nchunks(w[3])):
+            ROWS(w[3], c, buf, pbuf, aQ, xb2, 0, sc)  # noqa: F821
+        add_block(x, xb2, post_norm[l, 0], eps)
         # -- feed-forward: norm, gate and up with the GLU (one parallel region), down, (post-norm), add
         rmsnorm1(x, ffn_norm[l], eps, xa)
         quantize_needed(need[l, 2], aE)
-        cf = (w[4, 2] + CHUNK - 1) // CHUNK
-        for c in prange(cf):
-            r0 = c * CHUNK
-            r1 = min(r0 + CHUNK, w[4, 2])
-            ROWS(w[4, 3], buf, pbuf, w[4, 0], w[4, 1], r0, r1, aE, hg, 0, sc)  # noqa: F821
-            ROWS(w[5, 3], buf, pbuf, w[5, 0], w[5, 1], r0, r1, aE, hu, 0, sc)  # noqa: F821
+        for c in prange(nchunks(w[4])):  # gate and up have the same rows, so the same chunks
+            ROWS(w[4], c, buf, pbuf, aE, hg, 0, sc)  # noqa: F821
+            ROWS(w[5], c, buf, pbuf, aE, hu, 0, sc)  # noqa: F821
+            r0 = np.int64(c) * w[4, 4]
+            r1 = min(r0 + w[4, 4], w[4, 2])
             glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
         quantize_needed(need[l, 3], aF)
-        cd = (w[6, 2] + CHUNK - 1) // CHUNK
-        for c in prange(cd):
-            r0 = c * CHUNK
-            ROWS(w[6, 3], buf, pbuf, w[6, 0], w[6, 1], r0, min(r0 + CHUNK, w[6, 2]), aF, xb2, 0, sc)  # noqa: F821
-        if has_post:
-            rmsnorm1(xb2, post_norm[l, 1], eps, xb2)
-        for i in range(E):
-            x[i] += xb2[i]
+        for c in prange(nchunks(w[6])):
+            ROWS(w[6], c, buf, pbuf, aF, xb2, 0, sc)  # noqa: F821
+        add_block(x, xb2, post_norm[l, 1], eps)
     if want:
         rmsnorm1(x, out_norm, eps, xa)
         quantize_needed(need[n_layer, 0], aE)
-        cl = (ot[2] + CHUNK - 1) // CHUNK
-        for c in prange(cl):
-            r0 = c * CHUNK
-            ROWS(ot[3], buf, pbuf, ot[0], ot[1], r0, min(r0 + CHUNK, ot[2]), aE, logits, 0, sc)  # noqa: F821
+        for c in prange(nchunks(ot)):
+            ROWS(ot, c, buf, pbuf, aE, logits, 0, sc)  # noqa: F821
 
 
 # -- building it for a model ------------------------------------------------------------------------
@@ -604,13 +348,12 @@ def step_kernel(slots: tuple, variant: str, kv_f16: bool):
         t, x8 = slots[k] if k < len(slots) else slots[0]
         kind = activation_kind(t, variant)
         tv = f"{t.name}_{variant}"
+        aq, ad, as_ = ACT_FIELDS[kind]
         if x8:
-            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8", False,
-                                    ROWX8=build(URowX8[kind], f"{t.name}_x8", False, ROWX8=rowx8_kernel(t)))
+            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8", False, ROWX8=rowx8_kernel(t), AQ=aq, AD=ad, AS=as_)
         else:
-            row1 = build(URow[kind], tv, False, ROWDOT=rowdot_kernel(t, variant))
-            row2 = build(URow2[kind], tv, False, ROWDOT2=rowdot2_kernel(t, variant))
-            rows[f"RUN{k}"] = build(run_rows, tv, False, ROW=row1, ROW2=row2)
+            rows[f"RUN{k}"] = build(run_rows, tv, False, ROWDOT=rowdot_kernel(t, variant),
+                                    ROWDOT2=rowdot2_kernel(t, variant), AQ=aq, AD=ad, AS=as_)
         deqs[f"DEQ{k}"] = deq_kernel(t)
     rows_fn = build(rows_body, tag, False, **rows)
     deq_fn = build(deq_body, tag, False, **deqs)
@@ -657,13 +400,14 @@ class DecodeStep:
                 self.x8_bytes += -(-w.data.nbytes // 64) * 64
 
         def row(w: Weight, off: int, p: bool, po: int):
+            n = w.data.shape[0]
             if p:
-                return [po, w.data.shape[1] * X8_ROWS, w.data.shape[0], code[w.type, True]]
-            return [off, w.data.shape[1], w.data.shape[0], code[w.type, False]]
+                return [po, w.data.shape[1] * X8_ROWS, n, code[w.type, True], chunk_rows(n)]
+            return [off, w.data.shape[1], n, code[w.type, False], chunk_rows(n)]
 
         pos = iter(o for _, o in self._x8_todo)
         tab = np.array([row(w, o, p, next(pos) if p else 0) for w, o, p in zip(weights, offs, packed)], np.int64)
-        self.wt = np.ascontiguousarray(tab[:len(mats)].reshape(c.n_layer, len(MATS), 4))
+        self.wt = np.ascontiguousarray(tab[:len(mats)].reshape(c.n_layer, len(MATS), 5))
         self.ot = np.ascontiguousarray(tab[len(mats)])
         self.et = np.ascontiguousarray(tab[len(mats) + 1])
 
@@ -752,4 +496,5 @@ def _activations(n: int) -> tuple:
             np.zeros((1, n), np.float32))
 
 
-__all__ = ["CHUNK", "DecodeStep", "MATS", "SLOTS", "step_kernel"]
+__all__ = ["attend_kernel", "exp_shift_sum", "expf", "gelu_table", "glu", "kv_f16_store", "kv_f32_same",
+           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "SLOTS", "step_kernel"]

@@ -1,0 +1,225 @@
+"""The per-token ops of the forward pass besides the matrix products, as numba kernels: RMSNorm,
+biases, RoPE, the Q/K preparation, the GLU (SiLU, ggml's table GELU), the residual add, and attention
+over an fp16-bits or float32 KV cache (softmax helpers included). The compiled decode step
+(``quantkit.model.decode``) and the batch path (``quantkit.model.forward``) both call them; numerics as
+ggml's CPU ops (each function names the one it follows)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from quantkit.jit import bits_to_f32, njit_fast
+from quantkit.kernels.vecdot import build
+from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
+
+# -- norms, RoPE, GLU ---------------------------------------------------------------------------------------
+
+_F = np.float32
+
+
+@njit_fast(inline="always")
+def expf(x):
+    """exp of a float32 (Cephes' expf: Cody-Waite reduction by ln 2, degree-6 polynomial, relative
+    error ~1e-7), in plain float ops so loops over it vectorize (numba's np.exp is a scalar libm call
+    per element without SVML). Inputs are clamped to [-87.3, 88.3] (softmax and SiLU never need more)."""
+    x = min(max(x, _F(-87.3)), _F(88.3))
+    n = np.floor(x * _F(1.44269504) + _F(0.5))
+    r = x - n * _F(0.693359375)
+    r = r + n * _F(2.12194440e-4)
+    p = _F(1.9875691500e-4)
+    p = p * r + _F(1.3981999507e-3)
+    p = p * r + _F(8.3334519073e-3)
+    p = p * r + _F(4.1665795894e-2)
+    p = p * r + _F(1.6666665459e-1)
+    p = p * r + _F(5.0000001201e-1)
+    y = p * (r * r) + r + _F(1.0)
+    return y * bits_to_f32((np.int32(n) + np.int32(127)) << np.int32(23))
+
+
+@njit_fast(inline="always")
+def max_f32(a, n):
+    """max of a[:n] (n >= 1) of a 1-D float32 array. Eight running maxima (SLP makes them one vector):
+    LLVM does not vectorize a single ``m = max(m, a[j])`` chain, a 4-cycle dependency per element
+    (5x slower). No array for them: an allocation per row costs more inside a prange."""
+    m0 = m1 = m2 = m3 = m4 = m5 = m6 = m7 = a[0]
+    n8 = n - n % 8
+    for j in range(0, n8, 8):
+        m0, m1, m2, m3 = max(m0, a[j]), max(m1, a[j + 1]), max(m2, a[j + 2]), max(m3, a[j + 3])
+        m4, m5, m6, m7 = max(m4, a[j + 4]), max(m5, a[j + 5]), max(m6, a[j + 6]), max(m7, a[j + 7])
+    m = max(max(max(m0, m1), max(m2, m3)), max(max(m4, m5), max(m6, m7)))
+    for j in range(n8, n):
+        m = max(m, a[j])
+    return m
+
+
+@njit_fast
+def rmsnorm1(x, w, eps, out):
+    """out = x / sqrt(mean(x^2) + eps) * w, sum of squares in float64 (as ggml)."""
+    ss = 0.0
+    for i in range(x.shape[0]):
+        ss += np.float64(x[i]) * np.float64(x[i])
+    scale = np.float32(1.0 / math.sqrt(ss / x.shape[0] + eps))
+    for i in range(x.shape[0]):
+        out[i] = x[i] * scale * w[i]
+
+
+@njit_fast(inline="always")
+def add_block(x, y, post, eps):
+    """x += y, y first normed by ``post`` (RMSNorm; empty: none) -- a block's output into the residual."""
+    if post.shape[0]:
+        rmsnorm1(y, post, eps, y)
+    for i in range(x.shape[0]):
+        x[i] += y[i]
+
+
+@njit_fast
+def add_bias(v, b):
+    """v += b when the layer has a bias (b of v's size), else nothing (b empty)."""
+    if b.shape[0]:
+        for i in range(v.shape[0]):
+            v[i] += b[i]
+
+
+@njit_fast
+def rope_heads(v, n_heads, hd, n_rot, c, s, neox):
+    """Rotate the first n_rot dims of each of the n_heads heads of v in place (ggml's rotate_pairs):
+    NORM pairs (x[2i], x[2i+1]), NEOX pairs (x[i], x[i + n_rot/2]), pair i by the angle whose cos / sin
+    are c[i] / s[i]."""
+    half = n_rot // 2
+    step = 1 if neox else 2
+    off = half if neox else 1
+    for h in range(n_heads):
+        o = h * hd
+        for i in range(half):
+            j = o + i * step
+            x0 = v[j]
+            x1 = v[j + off]
+            v[j] = x0 * c[i] - x1 * s[i]
+            v[j + off] = x0 * s[i] + x1 * c[i]
+
+
+@njit_fast
+def qk_prepare(q, k, v, qb, kb, vb, qn, kn, eps, n_head, n_head_kv, hd, n_rot, c, s, neox):
+    """One token's q (n_head*hd), k and v (n_head_kv*hd) straight out of their products, in place:
+    + biases (empty arrays: none), per-head RMSNorm of q and k times qn / kn (empty: none; Qwen3,
+    Gemma 3), then RoPE of q and k. The batch path and the decode step both run this."""
+    add_bias(q, qb)
+    add_bias(k, kb)
+    add_bias(v, vb)
+    if qn.shape[0]:
+        for h in range(n_head):
+            rmsnorm1(q[h * hd:(h + 1) * hd], qn, eps, q[h * hd:(h + 1) * hd])
+        for h in range(n_head_kv):
+            rmsnorm1(k[h * hd:(h + 1) * hd], kn, eps, k[h * hd:(h + 1) * hd])
+    rope_heads(q, n_head, hd, n_rot, c, s, neox)
+    rope_heads(k, n_head_kv, hd, n_rot, c, s, neox)
+
+
+#: ``GLU_KINDS`` index of each activation
+GLU_SILU, GLU_GELU = 0, 1
+
+
+def gelu_table() -> np.ndarray:
+    """ggml's ``ggml_table_gelu_f16`` as float32 (65536,): the tanh GELU of every fp16 value, rounded
+    to fp16 (ggml_cpu_init). ggml's GELU of a float32 x (GGML_GELU_FP16): 0 for x <= -10, x for
+    x >= 10, else this table at fp16(x)."""
+    f = np.arange(65536, dtype=np.uint32).astype(np.uint16).view(np.float16).astype(np.float32)
+    with np.errstate(all="ignore"):
+        g = _F(0.5) * f * (_F(1.0) + np.tanh(_F(0.79788456080286535587989211986876) * f
+                                            * (_F(1.0) + _F(0.044715) * f * f)))
+    return g.astype(np.float16).astype(np.float32)
+
+
+@njit_fast
+def glu(g, u, out, kind, table):
+    """out = act(g) * u: SiLU (ggml_vec_swiglu_f32) or ggml's table GELU (ggml_vec_geglu_f32)."""
+    if kind == GLU_SILU:
+        for r in range(g.shape[0]):
+            x = g[r]
+            out[r] = x / (np.float32(1.0) + expf(-x)) * u[r]
+    else:
+        for r in range(g.shape[0]):
+            x = g[r]
+            if x <= np.float32(-10.0):
+                out[r] = 0.0
+            elif x >= np.float32(10.0):
+                out[r] = x * u[r]
+            else:
+                out[r] = table[fp32_to_fp16(x)] * u[r]
+
+
+@njit_fast
+def window_start(n_kv, n_swa):
+    """First cache position a query at position n_kv - 1 sees: 0, or with a sliding window of n_swa
+    the keys p with (n_kv - 1) - p < n_swa (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD)."""
+    return max(0, n_kv - n_swa) if n_swa > 0 else 0
+
+
+# -- attention over the KV cache -------------------------------------------------------------------
+
+@njit_fast
+def kv_f16_store(v):
+    return fp32_to_fp16(v)
+
+
+@njit_fast
+def kv_f16_load(h):
+    return fp16_to_fp32(h)
+
+
+@njit_fast
+def kv_f32_same(v):
+    return v
+
+
+def kv_dot(q, k, n):
+    """q[:n] . k[:n], ``k`` a slice of a K cache row (``LD_KV`` loads it)."""
+    acc = np.float32(0.0)
+    for i in range(n):
+        acc += q[i] * LD_KV(k[i])  # noqa: F821
+    return acc
+
+
+def kv_axpy(p, v, y, n):
+    """y[:n] += p * v[:n], ``v`` a slice of a V cache row."""
+    for i in range(n):
+        y[i] += p * LD_KV(v[i])  # noqa: F821
+
+
+@njit_fast(inline="always")
+def exp_shift_sum(s, n, mx):
+    """s[:n] <- exp(s[:n] - mx); -> their float32 sum."""
+    tot = np.float32(0.0)
+    for t in range(n):
+        e = expf(s[t] - mx)
+        s[t] = e
+        tot += e
+    return tot
+
+
+def attend_head(q, kl, vl, ko, k0, n_kv, scale, s, y):
+    """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows k0..n_kv-1 of
+    kl / vl (n_ctx, n_head_kv * head_dim) from column ko (k0 > 0: a sliding window; the rows before it
+    are masked); s (>= n_kv - k0) scratch for the scores. ggml's
+    op order (scale, max, exp, float32 sum, multiply by 1 / sum). Its loops are functions of their
+    own on 1-D slices: written inside a prange body they stayed scalar (10x slower; over 768 cached
+    positions attention was most of a decode step's time)."""
+    hd = q.shape[0]
+    m = n_kv - k0
+    for t in range(m):
+        s[t] = KV_DOT(q, kl[k0 + t, ko:ko + hd], hd) * scale  # noqa: F821
+    mx = max_f32(s, m)
+    inv = np.float32(1.0) / exp_shift_sum(s, m, mx)
+    y[:] = 0.0
+    for t in range(m):
+        KV_AXPY(s[t] * inv, vl[k0 + t, ko:ko + hd], y, hd)  # noqa: F821
+
+
+def attend_kernel(kv_f16: bool):
+    """The compiled ``attend_head`` for an fp16-bits (uint16) or float32 KV cache."""
+    tag = "kv16" if kv_f16 else "kv32"
+    ld = kv_f16_load if kv_f16 else kv_f32_same
+    return build(attend_head, tag, False, KV_DOT=build(kv_dot, tag, False, LD_KV=ld),
+                 KV_AXPY=build(kv_axpy, tag, False, LD_KV=ld))
