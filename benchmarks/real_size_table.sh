@@ -8,8 +8,8 @@
 #                               -n 128, 3B -r 2 -n 64, 8B -r 1 -n 32 (an 8B pp512 pass takes ~half a minute)
 #   ppl-1b ppl-3b ppl-8b        perplexity wall and CPU time, -c 512 --chunks 2 on the evaluation half:
 #                               quantkit, then llama-perplexity with its defaults and with -nr (faster kept);
-#                               every type on 1B, Q4_K_M on 3B and 8B. An untimed 1-chunk run first warms
-#                               numba's cache.
+#                               every type on 1B, Q4_K_M on 3B and 8B. An untimed 1-chunk run at the same
+#                               -c first warms numba's cache (a smaller -c leaves kernels uncompiled).
 #   quant-1b                    F16 -> each type: benchmarks/bench_quantize_model.py (bytes compared)
 # MODELDIR holds llama-3.2-1b-f16.gguf and {llama-3.2-1b,llama-3.2-3b,llama-3.1-8b}-{Q4_K_M,Q4_0,Q8_0,Q6_K,
 # IQ4_XS}.gguf (benchmarks/make_model.py SHAPE F16, then `quantkit quantize F16 OUT TYPE`); missing files
@@ -52,7 +52,7 @@ for step in $STEPS; do
       types=$TYPES; [ "$size" = 1b ] || types=Q4_K_M
       for f in $(files "$size" "$types"); do
         n=$(basename "$f" .gguf)
-        "$Q" perplexity -m "$f" -f "$OUT/evaluation.txt" -c 128 --chunks 1 -t "$T" > /dev/null 2>&1 || true
+        "$Q" perplexity -m "$f" -f "$OUT/evaluation.txt" -c 512 --chunks 1 -t "$T" > /dev/null 2>&1 || true
         timed "ppl-quantkit-$n" "$Q" perplexity -m "$f" -f "$OUT/evaluation.txt" -c 512 --chunks 2 -t "$T"
         timed "ppl-llama-$n" "$BIN/llama-perplexity" -m "$f" -f "$OUT/evaluation.txt" -c 512 --chunks 2 -t "$T"
         timed "ppl-llama-nr-$n" "$BIN/llama-perplexity" -m "$f" -f "$OUT/evaluation.txt" -c 512 --chunks 2 -t "$T" -nr
