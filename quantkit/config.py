@@ -1,10 +1,11 @@
 """Every ``QUANTKIT_*`` environment switch: read here and nowhere else.
 
-Each switch has one function below that reads it and says what it means; ``SWITCHES`` lists them with
-their defaults for docs/DEVELOPING.md's table (tests/test_config.py checks that the table, this list and
-the names used anywhere in the package agree, and that no other module reads one). A switch marked
-"import" is read when its module is first imported (the kernels built from it are named after it), so
-set it before starting the process; the others are read each time they are asked.
+Each switch has one row in ``SWITCHES`` (its value when unset, when it is read, what it means: the rows
+docs/DEVELOPING.md's table shows) and one function below that reads it, taking the unset value from the
+row (tests/test_config.py checks that the table, this list and the names used anywhere in the package
+agree, and that no other module reads one). A switch marked "import" is read when its module is first
+imported (the kernels built from it are named after it), so set it before starting the process; the
+others are read each time they are asked.
 """
 
 from __future__ import annotations
@@ -16,13 +17,19 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class Switch:
     name: str
-    default: str
+    value: str      # what an unset variable means (the readers below take it from here)
     read: str       # "import" or "call": when the value is read
     meaning: str
+    shown: str = ""  # the docs' default column where the value alone would mislead
+
+    @property
+    def default(self) -> str:
+        """The docs' default column: ``shown``, else the value, else "(unset)"."""
+        return self.shown or self.value or "(unset)"
 
 
 SWITCHES = (
-    Switch("QUANTKIT_KERNELS", "(unset)", "call",
+    Switch("QUANTKIT_KERNELS", "", "call",
            "force the kernel variant: `vnni`, `generic` or `plain` (vnni falls back to generic on a CPU "
            "without VNNI); docs/kernels.md"),
     Switch("QUANTKIT_NO_VNNI", "0", "call", "1: the `generic` variant even where the CPU has VNNI"),
@@ -39,24 +46,29 @@ SWITCHES = (
            "0: the compiled decode step reads every matrix in the file's layout (no 8-row interleaved copy)"),
     Switch("QUANTKIT_COPY_WEIGHTS", "0", "call",
            "1: the compiled decode step gets its own huge-page copy of the weights when they fit in RAM"),
-    Switch("QUANTKIT_COMPILE_NOTICE", "0 (the command line sets 1)", "call",
-           "1: say on stderr when kernels are being compiled; 0 silences it"),
-    Switch("QUANTKIT_MODEL_DIR", "<python prefix>/share/quantkit", "call",
-           "where test models assembled from packages are kept (Gemma 3 270M)"),
-    Switch("QUANTKIT_PAUSE_AT", "(unset)", "import", "tests only: `<point>:<n>`, pause at the n-th pass of a "
+    Switch("QUANTKIT_COMPILE_NOTICE", "0", "call",
+           "1: say on stderr when kernels are being compiled; 0 silences it", shown="0 (the command line sets 1)"),
+    Switch("QUANTKIT_MODEL_DIR", "", "call",
+           "where test models assembled from packages are kept (Gemma 3 270M)",
+           shown="<python prefix>/share/quantkit"),
+    Switch("QUANTKIT_PAUSE_AT", "", "import", "tests only: `<point>:<n>`, pause at the n-th pass of a "
            "pause point (quantkit/pause.py)"),
-    Switch("QUANTKIT_PAUSE_FILE", "(unset)", "import", "tests only: the file a paused process creates and "
+    Switch("QUANTKIT_PAUSE_FILE", "", "import", "tests only: the file a paused process creates and "
                                                        "waits on"),
 )
 
 
-def _get(name: str, default: str = "") -> str:
-    return os.environ.get(name, default)
+_VALUE = {s.name: s.value for s in SWITCHES}
 
 
-def _on(name: str, default: str = "") -> bool:
+def _get(name: str) -> str:
+    """The variable, or its row's value when unset (a name without a row is a KeyError: list it first)."""
+    return os.environ.get(name, _VALUE[name])
+
+
+def _on(name: str) -> bool:
     """Set to anything but empty or ``0``."""
-    return _get(name, default) not in ("", "0")
+    return _get(name) not in ("", "0")
 
 
 # -- kernels -----------------------------------------------------------------------------------------
@@ -75,25 +87,25 @@ def pairs_512() -> bool:
 
 
 def k512() -> bool:
-    return _on("QUANTKIT_K512", "1")
+    return _on("QUANTKIT_K512")
 
 
 def prefetch_distance() -> int:
     """Bytes ahead; an empty value means 0 (off)."""
-    return int(_get("QUANTKIT_PREFETCH", "2048") or 0)
+    return int(_get("QUANTKIT_PREFETCH") or 0)
 
 
 def x8_prefetch_distance() -> int:
     """Bytes ahead in the x8 loops (one stream carries 8 rows); an empty value means 0 (off)."""
-    return int(_get("QUANTKIT_X8_PREFETCH", "4096") or 0)
+    return int(_get("QUANTKIT_X8_PREFETCH") or 0)
 
 
 def x8() -> bool:
-    return _on("QUANTKIT_X8", "1")
+    return _on("QUANTKIT_X8")
 
 
 def integer_gemm() -> bool:
-    return _on("QUANTKIT_GEMM", "1")
+    return _on("QUANTKIT_GEMM")
 
 
 def copy_weights() -> bool:
@@ -104,7 +116,7 @@ def copy_weights() -> bool:
 
 def compile_notice() -> bool:
     """Off only when ``QUANTKIT_COMPILE_NOTICE`` is unset or ``0``."""
-    return _get("QUANTKIT_COMPILE_NOTICE", "0") != "0"
+    return _get("QUANTKIT_COMPILE_NOTICE") != "0"
 
 
 def default_compile_notice_on() -> None:
