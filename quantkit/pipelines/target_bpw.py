@@ -176,9 +176,7 @@ def all_weighted_errors(model: GGUFModel, names: Sequence[str],
     its codecs on one numba thread (the kernels release the GIL): a row sample is too small to pay for
     a parallel region per (tensor, type) -- on SmolLM2-135M 7.5 s of CPU with 2-thread regions against
     4.6 s on one thread. Each tensor's result does not depend on the threads."""
-    import numba
-
-    from quantkit.jit import get_threads
+    from quantkit.jit import get_threads, set_threads
 
     def one(name: str) -> dict[GGMLQuantizationType, float]:
         src = model.tensor(source_of(name))
@@ -188,7 +186,7 @@ def all_weighted_errors(model: GGUFModel, names: Sequence[str],
             model.release(src)
 
     def in_worker(name: str) -> dict[GGMLQuantizationType, float]:
-        numba.set_num_threads(1)  # thread-local: the caller's count is untouched
+        set_threads(1)  # numba's count is thread-local: the caller's is untouched
         return one(name)
 
     n = get_threads()
@@ -250,9 +248,7 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
     Raises ``ModelError`` when quantkit cannot run the architecture."""
     import dataclasses
 
-    import numba
-
-    from quantkit.jit import get_threads
+    from quantkit.jit import get_threads, set_threads
     from quantkit.kernels.mul_mat import blas_one_thread
     from quantkit.pipelines.chunks import add_bos_id, chunk_input, read_text
     from quantkit.pipelines.loading import open_model
@@ -277,7 +273,7 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
 
         def part(j: int) -> list[np.ndarray]:
             if n_par > 1:
-                numba.set_num_threads(1)  # thread-local
+                set_threads(1)  # thread-local
             out = []
             for x in xs[j::n_par]:
                 runners[j].reset()
