@@ -13,6 +13,10 @@ class QuantError(QuantkitError, ValueError):
     """Data cannot be quantized as asked (bad shape, dtype, non-finite values, unknown type)."""
 
 
+class PolicyError(QuantkitError, ValueError):
+    """A type-selection request cannot be honoured (unknown ftype or type, bad pattern, bad model)."""
+
+
 class ModelError(QuantkitError):
     """A model lacks what the forward pass needs, or a request does not fit it."""
 

@@ -21,20 +21,9 @@ from gguf import GGMLQuantizationType as Q
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from quantkit.errors import QuantkitError
-from quantkit.policy import (
-    FILE_TYPES,
-    NoFallbackError,
-    PolicyError,
-    choose_types,
-    ggml_type_name,
-    is_70b,
-    parse_ftype,
-    parse_ggml_type,
-    parse_tensor_type_arg,
-    plan_types,
-    use_more_bits,
-)
+from quantkit.errors import PolicyError, QuantkitError
+from quantkit.policy import NoFallbackError, choose_types, is_70b, plan_types, use_more_bits
+from quantkit.typenames import FILE_TYPES, ggml_type_name, parse_ftype, parse_ggml_type, parse_tensor_type_arg
 
 GOLDEN_DIR = Path(__file__).parent / "data" / "policy"
 GOLDEN_FILES = sorted(GOLDEN_DIR.glob("*.json"))

@@ -28,7 +28,8 @@ EPILOG = _epilog()
 
 
 def _split_positionals(args: tuple[str, ...], dry_run: bool):
-    from quantkit.policy import PolicyError, parse_ftype
+    from quantkit.errors import PolicyError
+    from quantkit.typenames import parse_ftype
 
     def as_ftype(s):
         try:
@@ -87,7 +88,7 @@ def _check_target(target_bpw, target_size, imatrix_path, target_types) -> int | 
 
 
 def _ftype_label(text: str) -> str:
-    from quantkit.policy import FTYPE_ALIASES, parse_ftype
+    from quantkit.typenames import FTYPE_ALIASES, parse_ftype
 
     up = text.strip().upper()
     if up in FTYPE_ALIASES:
@@ -152,7 +153,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     """
     from quantkit.pipelines.quantize import (QuantizeError, QuantizeOptions, default_output_path,
                                              parse_override_kv, quantize_file)
-    from quantkit.policy import parse_ggml_type, parse_tensor_type_arg
+    from quantkit.typenames import parse_ggml_type, parse_tensor_type_arg
 
     if include_weights and exclude_weights:
         raise click.UsageError("--include-weights and --exclude-weights cannot be used together")
@@ -160,7 +161,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     inp, out, ftype_text, nthreads = _split_positionals(args, dry_run)
     if threads is None and nthreads is not None:
         threads = nthreads if nthreads > 0 else None
-    from quantkit.policy import PolicyError
+    from quantkit.errors import PolicyError
 
     try:
         if output_tensor_type:

@@ -35,7 +35,7 @@ from quantkit.formats.gguf_io import GGUFModel, GGUFOutput, Tensor
 from quantkit.pause import pause_point
 from quantkit.pipelines.quantize_plan import (QuantizeError, QuantizeOptions, QuantPlan, TensorJob,  # noqa: F401
                                               output_kv, parse_override_kv, plan_quantization, prune_names)
-from quantkit.policy import ggml_type_name
+from quantkit.typenames import ggml_type_name
 
 # -- logging in llama-quantize's words -------------------------------------------------------------
 

@@ -15,10 +15,11 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from quantkit.errors import QuantkitError
+from quantkit.errors import PolicyError, QuantkitError
 from quantkit.formats.gguf_io import KV, GGUFModel, Tensor, remove_kv
 from quantkit.formats.imatrix import Imatrix, load_imatrix
-from quantkit.policy import FileType, PolicyError, TypePlan, ggml_type_name, parse_ftype, plan_types
+from quantkit.policy import TypePlan, plan_types
+from quantkit.typenames import FileType, ggml_type_name, parse_ftype
 
 GGML_QNT_VERSION = 2
 SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")

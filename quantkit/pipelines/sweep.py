@@ -59,7 +59,8 @@ class Point:
 
 def parse_points(types: str, targets: str, target_ftype: str = "Q4_K_M") -> list[Point]:
     """Points from ``--types Q4_K_M,Q6_K`` and ``--target-bpw 3.5,4.5``."""
-    from quantkit.policy import PolicyError, parse_ftype
+    from quantkit.errors import PolicyError
+    from quantkit.typenames import parse_ftype
 
     points = []
     for t in (x.strip() for x in (types or "").split(",")):

@@ -38,7 +38,8 @@ from quantkit.allocation import (Allocation, AllocationError, Candidate, Item, a
 from quantkit.errors import QuantkitError
 from quantkit.formats.gguf_io import GGUFModel, Tensor, tensor_nbytes
 from quantkit.formats.imatrix import Imatrix
-from quantkit.policy import OUTPUT, TOKEN_EMBD, TypePlan, ggml_type_name
+from quantkit.policy import OUTPUT, TOKEN_EMBD, TypePlan
+from quantkit.typenames import ggml_type_name
 
 Q = GGMLQuantizationType
 Log = Callable[[str], None]
@@ -426,7 +427,7 @@ def choose_mix(model: GGUFModel, type_plan: TypePlan, imatrix: Imatrix, *, targe
 def tensor_type_file_text(patterns: Sequence[tuple[str, GGMLQuantizationType | str]]) -> str:
     """``PATTERN=type`` lines as llama-quantize's ``--tensor-type-file`` reads them (the user's own
     ``--tensor-type`` patterns first, as given, then the chosen ones)."""
-    from quantkit.policy import parse_ggml_type
+    from quantkit.typenames import parse_ggml_type
 
     return "".join(f"{p}={ggml_type_name(parse_ggml_type(q))}\n" for p, q in patterns)
 
