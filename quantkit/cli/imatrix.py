@@ -94,8 +94,9 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         if len(files) != 1:
             raise click.UsageError("--show-statistics needs exactly one --in-file")
         from quantkit.formats.imatrix import load_imatrix
+        from quantkit.pipelines.imatrix_stats import statistics
 
-        for line in im.statistics(load_imatrix(im.file_or_error(files[0])), n_ctx):
+        for line in statistics(load_imatrix(im.file_or_error(files[0])), n_ctx):
             click.echo(line)
         return
 
