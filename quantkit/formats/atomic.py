@@ -1,7 +1,8 @@
 """The one way quantkit writes a file: a temporary name beside it, fsync, rename, cleanup on any exit.
 
 ``AtomicWriter(path, size)`` is used by every writer (GGUF models and imatrix files, legacy ``.dat``
-imatrices, perplexity's base-logits file and resume state, ``--plan-out`` JSON). What it promises:
+imatrices, perplexity's base-logits file and resume state, ``--plan-out`` JSON, the Gemma 3 test model
+joined from its packages). What it promises:
 
 * Nothing appears at ``path`` until ``commit()``; an exception, Ctrl-C or SIGTERM removes the
   temporary file (``.<name>.<key>.partial``, created with O_EXCL so no two writers ever share one).

