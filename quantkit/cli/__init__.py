@@ -125,5 +125,35 @@ def bar_logger(bar):
     return log
 
 
+class PplLine:
+    """The running ``[1]12.3456,[2]...`` line of the chunk tools (imatrix, perplexity), called per chunk as
+    ``on_chunk(i, ppl)``: llama.cpp writes it to stdout as it goes, and so does this without a progress
+    bar; with one (``chunk_bar``), the bar shows the latest value and ``close()`` writes the whole line.
+    ``ppl`` None (imatrix without PPL) only moves the bar."""
+
+    def __init__(self, bar):
+        self.bar = bar
+        self.parts: list[str] = []
+
+    def __call__(self, i: int, ppl: float | None) -> None:
+        bar = self.bar
+        if ppl is not None:
+            self.parts.append(f"[{i + 1}]{ppl:.4f},")
+            if bar is None:
+                sys.stdout.write(self.parts[-1])
+                sys.stdout.flush()
+            else:
+                bar.set_postfix_str(f"ppl {ppl:.4f}")
+        if bar is not None:
+            bar.update(1)
+
+    def close(self) -> None:
+        """Close the bar, and end the line on stdout."""
+        if self.bar is not None:
+            self.bar.close()
+            sys.stdout.write("".join(self.parts))
+        sys.stdout.write("\n")
+
+
 # Subcommands register themselves on import.
 from quantkit.cli import bench, imatrix, perplexity, quantize, roundtrip, run, sweep, verify, warmup  # noqa: E402,F401

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import sys
-
 import click
 
-from quantkit.cli import bar_logger, chunk_bar, main
+from quantkit.cli import PplLine, bar_logger, chunk_bar, main
 from quantkit.cli.options import batch_option, chunks_option, ctx_option, model_option, text_option, threads_option
 
 EPILOG = """\b
@@ -145,18 +143,7 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         im.check_output_name(save_opts, err)
         bar = None if quiet else chunk_bar(max(n, 0))
         log = bar_logger(bar)
-        parts: list[str] = []
-
-        def on_chunk(i, ppl):
-            if ppl is not None:
-                parts.append(f"[{i + 1}]{ppl:.4f},")
-                if bar is None:
-                    sys.stdout.write(parts[-1])
-                    sys.stdout.flush()
-            if bar is not None:
-                if ppl is not None:
-                    bar.set_postfix_str(f"ppl {ppl:.4f}")
-                bar.update(1)
+        on_chunk = PplLine(bar)
 
         opts = im.CollectOptions(n_ctx=n_ctx, n_batch=n_batch, n_chunks=n_chunks, from_chunk=from_chunk,
                                  out_freq=out_freq, save_freq=save_freq, process_output=process_output,
@@ -172,10 +159,7 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
             res = collect_on_cluster(cluster, model_path or model.path, text_file, tokens, acc, datasets, opts,
                                      save_opts, start=done, chunks_per_job=chunks_per_job, on_chunk=on_chunk,
                                      log=log, check=model.gguf.check_unchanged)
-        if bar is not None:
-            bar.close()
-            sys.stdout.write("".join(parts))
-        sys.stdout.write("\n")
+        on_chunk.close()
         if res.ppl is not None and res.ppl.count:
             click.echo(res.ppl.final_line())
         p = im.save(acc, datasets, save_opts, log=err)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from quantkit.cli import bar_logger, chunk_bar, main
+from quantkit.cli import PplLine, bar_logger, chunk_bar, main
 from quantkit.cli.options import batch_option, chunks_option, ctx_option, model_option, text_option, threads_option
 
 EPILOG = """\b
@@ -116,26 +116,14 @@ def perplexity(model_path, text_file, n_ctx, n_batch, n_chunks, base_file, kl, s
         err(f"perplexity: calculating perplexity over {n} chunks, n_ctx={n_ctx}, batch_size={n_batch}, "
             f"n_seq={max(1, n_batch // n_ctx)}")
         bar = chunk_bar(n)
-        parts: list[str] = []
-
-        def on_chunk(i, ppl):
-            parts.append(f"[{i + 1}]{ppl:.4f},")
-            if bar is None:
-                sys.stdout.write(parts[-1])
-                sys.stdout.flush()
-            else:
-                bar.set_postfix_str(f"ppl {ppl:.4f}")
-                bar.update(1)
+        on_chunk = PplLine(bar)
 
         state = _state(state_file, model, tokens, mode="perplexity", n_ctx=n_ctx, n_chunk=n)
         res = pp.perplexity(runner, tokens, n_ctx, n_chunks, ch.add_bos_id(tok), base_out=base_file,
                             log=bar_logger(bar), on_chunk=on_chunk, state=state, check=model.gguf.check_unchanged)
         if state is not None:
             state.remove()
-        if bar is not None:
-            bar.close()
-            sys.stdout.write("".join(parts))
-        sys.stdout.write("\n")
+        on_chunk.close()
         click.echo(res.final_line())
         err(f"\nperplexity: {res.count} tokens scored in {res.seconds:.2f} s "
             f"({res.n_chunk * n_ctx / max(res.seconds, 1e-9):.1f} evaluated tokens/s)")
