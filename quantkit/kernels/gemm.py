@@ -7,7 +7,8 @@ Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mu
 * **Unpack once per tile.** Each thread takes a tile of weight rows and unpacks it, with the chunk
   loaders of ``ir.py``, into unsigned bytes ``u`` interleaved 16 rows at a time: for every group of 4
   consecutive elements, 16 rows x 4 bytes = one 64-byte ``zmm``. Beside them, per row: the block's float
-  scale ``d`` (and ``-dmin`` / ``m``), the K types' integer sub-block scales and mins.
+  scale ``d`` (and ``-dmin`` / ``m``), the K types' integer sub-block scales and mins. The 16 rows of a
+  sub-tile are decoded together and transposed in registers, so every store is a whole ``zmm``.
 * **Register-blocked micro-kernel** (16 rows x ``COLS`` tokens). One ``vpdpbusd zmm`` multiplies the
   4-element group of all 16 rows (unsigned, from the tile) with the same 4 activation bytes of one
   token (signed, broadcast): lane r accumulates row r, so no horizontal sums. Each 64-byte weight load
@@ -39,8 +40,7 @@ from numba.extending import intrinsic
 
 from quantkit.jit import njit_parallel, prange
 from quantkit.kernels import ir as kir
-from quantkit.kernels.activations import (empty_activations, quantize_q8_0_into, quantize_q8_1_into,
-                                          quantize_q8_k_into)
+from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
 from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld
 
 #: tokens per micro-kernel call (activation columns held in registers)
@@ -143,43 +143,85 @@ def _mul(builder, a, c):
     return builder.mul(a, ir.Constant(I64, c))
 
 
-def _unpack_row(name: str, spec: Spec, ts: int):
-    """``unpack(wrow, lane, wu, sc, mn, dd, dm)``: one weight row (uint8 bytes) into lane ``lane`` of a
-    16-row sub-tile (layout above)."""
+def _transpose16x8(b, c):
+    """16 rows' <8 x i32> (one 32-element chunk each: 8 groups of 4 bytes) -> 8 <16 x i32>, group g's
+    vector holding row r's 4 bytes in lane r: three rounds of two-source shuffles (``vpermt2d``)."""
+    def shuf(x, y, mask):
+        return b.shuffle_vector(x, y, ir.Constant(V16I32, mask))
+    p = [shuf(c[2 * a], c[2 * a + 1], list(range(16))) for a in range(8)]          # rows 2a, 2a+1
+    q = [[shuf(p[2 * a], p[2 * a + 1], [(rr // 2) * 16 + (rr % 2) * 8 + 4 * h + g
+                                         for g in range(4) for rr in range(4)])
+          for h in range(2)] for a in range(4)]                                    # 4 rows x 4 groups
+    z = [[[shuf(q[2 * a][h], q[2 * a + 1][h], [(rr // 4) * 16 + (2 * k + gg) * 4 + rr % 4
+                                                for gg in range(2) for rr in range(8)])
+           for k in range(2)] for h in range(2)] for a in range(2)]                # 8 rows x 2 groups
+    return [shuf(z[0][g // 4][(g // 2) % 2], z[1][g // 4][(g // 2) % 2],
+                 [(r // 8) * 16 + (g % 2) * 8 + r % 8 for r in range(16)]) for g in range(8)]
+
+
+def _gather16(b, vals, ty):
+    """16 scalars -> one <16 x ty> (lane r = vals[r])."""
+    v = ir.Constant(ty, None)
+    for r, x in enumerate(vals):
+        v = b.insert_element(v, x, ir.Constant(I32, r))
+    return v
+
+
+def _store_lanes(b, p, off, rowvecs):
+    """Store 16 rows' <n x i32> (n = 4, 8 or 16) at byte ``off`` of ``p`` as n <16 x i32>, element e of
+    row r in lane r of vector e (``_transpose16x8`` per 8 elements)."""
+    n = rowvecs[0].type.count
+    for h in range(0, n, 8):
+        idx = [h + min(e, n - 1 - h) for e in range(8)]
+        part = [b.shuffle_vector(v, v, ir.Constant(V8I32, idx)) for v in rowvecs]
+        for j, v in enumerate(_transpose16x8(b, part)[:min(8, n - h)]):
+            _put(b, p, b.add(off, ir.Constant(I64, (h + j) * 64)), v)
+
+
+def _unpack_tile(name: str, spec: Spec, ts: int):
+    """``unpack(w, r0, nr, wu, sc, mn, dd, dm)``: weight rows r0 .. r0 + nr - 1 (nr <= 16) of w (uint8
+    (n_out, row_bytes)) into a 16-row sub-tile (layout above); the lanes past nr repeat the last row.
+    Per 32-element chunk the 16 rows' decoded bytes are transposed in registers (``_transpose16x8``)
+    and stored as 8 whole ``zmm`` -- one row at a time took 8 scalar stores per chunk, and the unpack
+    then cost ~6 % of a 512-token product."""
     qk, ng = spec.qk, spec.ng
 
-    def impl(typingctx, wrow, lane, wu, sc, mn, dd, dm):
-        sig = types.void(wrow, lane, wu, sc, mn, dd, dm)
+    def impl(typingctx, w, r0, nr, wu, sc, mn, dd, dm):
+        sig = types.void(w, r0, nr, wu, sc, mn, dd, dm)
 
         def codegen(context, builder, signature, args):
             ta = signature.args
-            wp, up, sp, mp, dp, ep = (_ptr(context, builder, ta[i], args[i]) for i in (0, 2, 3, 4, 5, 6))
-            r = _i64(builder, context.cast(builder, args[1], ta[1], types.intp))
-            nbytes = cgutils.unpack_tuple(builder, context.make_array(ta[0])(context, builder, args[0]).shape)[0]
-            nsb = builder.sdiv(_i64(builder, nbytes), ir.Constant(I64, ts))
-            with cgutils.for_range(builder, nsb) as loop:
+            b = builder
+            wp, up, sp, mp, dp, ep = (_ptr(context, b, ta[i], args[i]) for i in (0, 3, 4, 5, 6, 7))
+            r0_, nr_ = (_i64(b, context.cast(b, args[i], ta[i], types.intp)) for i in (1, 2))
+            wa = context.make_array(ta[0])(context, b, args[0])
+            nbytes = _i64(b, cgutils.unpack_tuple(b, wa.shape)[1])
+            stride = _i64(b, cgutils.unpack_tuple(b, wa.strides)[0])
+            last = b.sub(nr_, ir.Constant(I64, 1))
+            rows = []
+            for r in range(LANES):
+                rr = b.select(b.icmp_signed("<", ir.Constant(I64, r), nr_), ir.Constant(I64, r), last)
+                rows.append(b.gep(wp, [b.mul(b.add(r0_, rr), stride)]))
+            nsb = b.sdiv(nbytes, ir.Constant(I64, ts))
+            with cgutils.for_range(b, nsb) as loop:
                 i = loop.index
-                wb = builder.gep(wp, [_mul(builder, i, ts)])
-                ub = builder.gep(up, [builder.add(_mul(builder, i, qk * LANES), _mul(builder, r, 4))])
+                wbs = [b.gep(rp, [_mul(b, i, ts)]) for rp in rows]
+                ub = b.gep(up, [_mul(b, i, qk * LANES)])
                 for k in range(qk // 32):
-                    u = builder.bitcast(spec.chunk(builder, "vnni", _gep(builder, wb, spec.q_off), k), V8I32)
-                    for j in range(8):
-                        _put(builder, ub, (8 * k + j) * 64, builder.extract_element(u, ir.Constant(I32, j)))
-                scv, mnv, d, m = spec.scales(builder, wb)
-                row_off = builder.add(_mul(builder, i, 4 * LANES), _mul(builder, r, 4))  # [sb][16] float
-                _put(builder, dp, row_off, d)
-                if m is not None:
-                    _put(builder, ep, row_off, m)
-                if scv is not None:  # [sb][g][16] int32
-                    base = builder.add(_mul(builder, i, 4 * ng * LANES), _mul(builder, r, 4))
-                    for g in range(ng):
-                        _put(builder, sp, builder.add(base, ir.Constant(I64, 4 * LANES * g)),
-                             builder.extract_element(scv, ir.Constant(I32, g)))
-                if mnv is not None:  # [sb][g/2][16][2] int16
-                    base = builder.add(_mul(builder, i, 2 * ng * LANES), _mul(builder, r, 4))
-                    for g in range(ng):
-                        off = builder.add(base, ir.Constant(I64, 4 * LANES * (g // 2) + 2 * (g % 2)))
-                        _put(builder, mp, off, builder.trunc(builder.extract_element(mnv, ir.Constant(I32, g)), I16))
+                    c = [b.bitcast(spec.chunk(b, "vnni", _gep(b, wb, spec.q_off), k), V8I32) for wb in wbs]
+                    for j, v in enumerate(_transpose16x8(b, c)):
+                        _put(b, ub, (8 * k + j) * 64, v)
+                per = [spec.scales(b, wb) for wb in wbs]  # per row: (scales, mins, d, dmin-or-m)
+                row_off = _mul(b, i, 4 * LANES)                 # [sb][16] float
+                _put(b, dp, row_off, _gather16(b, [x[2] for x in per], V16F32))
+                if per[0][3] is not None:
+                    _put(b, ep, row_off, _gather16(b, [x[3] for x in per], V16F32))
+                if per[0][0] is not None:                       # [sb][g][16] int32
+                    _store_lanes(b, sp, _mul(b, i, 4 * ng * LANES), [x[0] for x in per])
+                if per[0][1] is not None:                       # [sb][g/2][16][2] int16: (min, min) pairs
+                    pairs = [b.bitcast(b.trunc(x[1], ir.VectorType(I16, ng)), ir.VectorType(I32, ng // 2))
+                             for x in per]
+                    _store_lanes(b, mp, _mul(b, i, 2 * ng * LANES), pairs)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -331,15 +373,15 @@ def gemm_body(w, xq, dx, xc, xm, out, mr):
         r0 = tile * mr
         r1 = min(r0 + mr, n_out)
         nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
-        wu = np.zeros(nsub * sub_u, np.uint8)
-        sc = np.zeros(nsub * sub_s, np.int32)
-        mn = np.zeros(nsub * sub_s, np.int16)
-        dd = np.zeros(nsub * sub_d, np.float32)
-        dm = np.zeros(nsub * sub_d, np.float32)
-        for r in range(r0, r1):
-            s = (r - r0) // LANES  # noqa: F821
-            UNPACK(w[r], (r - r0) % LANES, wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s],  # noqa: F821
-                   mn[s * sub_s:(s + 1) * sub_s], dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d])
+        wu = np.empty(nsub * sub_u, np.uint8)
+        sc = np.empty(nsub * sub_s, np.int32)
+        mn = np.empty(nsub * sub_s, np.int16)
+        dd = np.empty(nsub * sub_d, np.float32)
+        dm = np.empty(nsub * sub_d, np.float32)
+        for s in range(nsub):
+            UNPACK(w, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES), wu[s * sub_u:(s + 1) * sub_u],  # noqa: F821
+                   sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s], dd[s * sub_d:(s + 1) * sub_d],
+                   dm[s * sub_d:(s + 1) * sub_d])
         for t0 in range(0, n_tok, COLS):  # noqa: F821
             ct = min(COLS, n_tok - t0)  # noqa: F821
             for s in range(nsub):
@@ -360,33 +402,12 @@ def gemm_kernel(wtype, cols: int = COLS):
     if key not in _KERNELS:
         spec = SPECS[t]
         ts = GGML_QUANT_SIZES[t][1]
-        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}", True, UNPACK=_unpack_row(t.name, spec, ts),
+        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}", True, UNPACK=_unpack_tile(t.name, spec, ts),
                               MK=_micro(t.name, spec, cols), QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
     return _KERNELS[key]
 
 
 # -- activations -----------------------------------------------------------------------------------
-
-@njit_parallel
-def _quantize_q8_0_rows(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_0_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-@njit_parallel
-def _quantize_q8_1_rows(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_1_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-@njit_parallel
-def _quantize_q8_k_rows(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_k_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-_QUANTIZE_ROWS = {"Q8_0": _quantize_q8_0_rows, "Q8_1": _quantize_q8_1_rows, "Q8_K": _quantize_q8_k_rows}
-
 
 def quantized_activations(x: np.ndarray, kind: str):
     """x float32 (n, K) -> planar (xq, xd, xs) of ``kind``, the same bytes as ``quantize_activations``,
@@ -394,7 +415,7 @@ def quantized_activations(x: np.ndarray, kind: str):
     n, kdim = x.shape
     n_pad = -(-n // COLS) * COLS
     qs, d, s = empty_activations(kind, n_pad, kdim)
-    _QUANTIZE_ROWS[kind](x, qs[:n], d[:n], s[:n])
+    ACT_QUANTIZER_ROWS[kind](x, qs[:n], d[:n], s[:n])
     if n_pad > n:
         qs[n:], d[n:], s[n:] = 0, 0, 0
     return qs, d, s
