@@ -21,7 +21,8 @@ dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``). With ``--ppl-text``, each round
 
 ``--profile`` instead times the parts of quantkit's own P-token pass in this process (no llama.cpp):
 per pass, CPU seconds (user + sys of the whole process, all threads) and wall seconds spent in the
-integer GEMM per weight type, the activation quantization before it, attention, RMS norms, RoPE + KV
+integer GEMM per matrix kind and weight type (attn_q, ..., ffn_down, output), the activation
+quantization before it, attention, RMS norms, RoPE + KV
 store, the GLU, the embedding lookup, and the rest (Python between the calls). Passes alternate
 between the models and the thread counts given (``--profile-threads 1,2``), after one warm-up pass
 each; the table gives the median per part.
@@ -152,6 +153,15 @@ class _Clock:
         top[1] = now
 
 
+def _products_by_kind(clock: _Clock, mm):
+    """``Runner._mm`` timed per matrix kind and type: "products ffn_up Q4_K" (blk.N.ffn_up.weight; the
+    output matrix, one row per pass as llama-bench's pp test asks only the last token's logits)."""
+    def timed(w, x, out, rounded=None):
+        kind = w.name.split(".")[-2] if w.name.startswith("blk.") else w.name.split(".")[0]
+        return clock.wrap(f"products {kind} {getattr(w.type, 'name', w.type)}", mm)(w, x, out, rounded)
+    return timed
+
+
 def profile(a) -> int:
     """In-process parts of a P-token pass (see the module docstring)."""
     import numpy as np
@@ -165,14 +175,12 @@ def profile(a) -> int:
     for name, part in (("rmsnorm", "norms"), ("glu_rows", "GLU"), ("get_rows", "embedding")):
         setattr(F, name, clock.wrap(part, getattr(F, name)))
     G.gemm_operands = clock.wrap("activation quantization", G.gemm_operands)
-    mm = F.matmul
-    F.matmul = lambda w, t, x, out=None, rounded=None: clock.wrap(f"products {getattr(t, 'name', t)}", mm)(
-        w, t, x, out, rounded)
     threads = [int(t) for t in a.profile_threads.split(",")]
     runners = []
     for m in a.model:
         r = open_model(m, tokenizer=False).runner(a.n_prompt, a.n_prompt, compiled_step=False)
         r._attend_blas = clock.wrap("attention", r._attend_blas)
+        r._mm = _products_by_kind(clock, r._mm)
         r._prepare_store = clock.wrap("RoPE + KV store", r._prepare_store)
         runners.append((Path(m).name, r))
     toks = np.random.default_rng(0).integers(0, runners[0][1].config.n_vocab, a.n_prompt)
