@@ -240,52 +240,60 @@ _FM = ("contract",)
 
 
 def _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, vpdpbusd):
-    """The integer dots of group ``gi`` (an i64 value) of super-block ``i``: per token, <16 x i32> of
-    sum(u * x) (minus offset * sum(x) where the type has an offset)."""
+    """The integer dots of group ``gi`` (an i64 value) of super-block ``i``: per sub-tile j (``wsb[j]``)
+    and token c, <16 x i32> of sum(u * x) (minus offset * sum(x) where the type has an offset). Each
+    activation broadcast serves every sub-tile."""
     g, ng = spec.g, spec.ng
     if spec.offset:
         gidx = [b.add(b.mul(t, ngr), b.add(_mul(b, i, ng), gi)) for t in toks]
-        iacc = [_splat16(b, _at(b, xcp, _mul(b, gx, 4), I32)) for gx in gidx]
+        init = [_splat16(b, _at(b, xcp, _mul(b, gx, 4), I32)) for gx in gidx]
     else:
-        iacc = [ir.Constant(V16I32, None)] * cols
-    wg = b.gep(wsb, [_mul(b, gi, g * LANES)])
+        init = [ir.Constant(V16I32, None)] * cols
+    iacc = [list(init) for _ in wsb]
+    wg = [b.gep(w, [_mul(b, gi, g * LANES)]) for w in wsb]
     xg = [b.gep(x, [_mul(b, gi, g)]) for x in xsb]
     for q in range(g // 4):
-        wv = _at(b, wg, q * 64, V16I32)
+        wv = [_at(b, w, q * 64, V16I32) for w in wg]
         for c in range(cols):
-            iacc[c] = b.call(vpdpbusd, [iacc[c], wv, _splat16(b, _at(b, xg[c], 4 * q, I32))])
+            xv = _splat16(b, _at(b, xg[c], 4 * q, I32))
+            for j, w in enumerate(wv):
+                iacc[j][c] = b.call(vpdpbusd, [iacc[j][c], w, xv])
     return iacc
 
 
-def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sp, xcp, vpdpbusd):
-    """Per token, the scale-weighted sum over super-block ``i``'s groups: <16 x i32> (one group, or
-    integer scales of groups of 32) or <16 x float> (per-16 scales: float products; ``vpmulld`` there
-    measured 20 % slower). The groups run as a loop, not unrolled: unrolled, LLVM interleaved the
+def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, vpdpbusd):
+    """Per sub-tile and token, the scale-weighted sum over super-block ``i``'s groups: <16 x i32> (one
+    group, or integer scales of groups of 32) or <16 x float> (per-16 scales: float products; ``vpmulld``
+    there measured 20 % slower). The groups run as a loop, not unrolled: unrolled, LLVM interleaved the
     groups' accumulators and spilled them (IQ4_XS's tile 1.5x slower than Q4_K's)."""
     ng, g = spec.ng, spec.g
     if ng == 1:
         return _group(b, spec, cols, i, ir.Constant(I64, 0), toks, ngr, wsb, xsb, xcp, vpdpbusd)
     vt = V16F32 if g == 16 else V16I32
-    slots = [cgutils.alloca_once_value(b, ir.Constant(vt, None)) for _ in range(cols)]
+    slots = [[cgutils.alloca_once_value(b, ir.Constant(vt, None)) for _ in range(cols)] for _ in wsb]
     with cgutils.for_range(b, ir.Constant(I64, ng)) as loop:
         gi = loop.index
         iacc = _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, vpdpbusd)
-        s = _at(b, sp, b.add(_mul(b, i, 4 * ng * LANES), _mul(b, gi, 4 * LANES)), V16I32)
-        if g == 16:
-            sf = b.sitofp(s, V16F32)
-            for c in range(cols):
-                b.store(b.fadd(b.load(slots[c]), b.fmul(b.sitofp(iacc[c], V16F32), sf, flags=_FM), flags=_FM), slots[c])
-        else:
-            for c in range(cols):
-                b.store(b.add(b.load(slots[c]), b.mul(iacc[c], s)), slots[c])
-    return [b.load(x) for x in slots]
+        for j, sp in enumerate(sps):
+            s = _at(b, sp, b.add(_mul(b, i, 4 * ng * LANES), _mul(b, gi, 4 * LANES)), V16I32)
+            if g == 16:
+                sf = b.sitofp(s, V16F32)
+                for c in range(cols):
+                    b.store(b.fadd(b.load(slots[j][c]), b.fmul(b.sitofp(iacc[j][c], V16F32), sf, flags=_FM),
+                                   flags=_FM), slots[j][c])
+            else:
+                for c in range(cols):
+                    b.store(b.add(b.load(slots[j][c]), b.mul(iacc[j][c], s)), slots[j][c])
+    return [[b.load(x) for x in row] for row in slots]
 
 
-def _micro(name: str, spec: Spec, cols: int):
+def _micro(name: str, spec: Spec, cols: int, ns: int = 1):
     """``mk(wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr)``: out[t0 + c, r0 + l] for c < ct,
-    l < nr = the 16-row sub-tile (wu...) times the activations of tokens t0 .. t0 + cols - 1 (planar:
-    xq int8 (n, K), dx float32 (n, K/qk), xc int32 (n, K/g) = -offset * group sums, xm the mins'
-    operand: int16 (n, K/g) group sums or float32 (n, K/32) Q8_1 s)."""
+    l < nr = ``ns`` consecutive 16-row sub-tiles (wu...; all ns present, the last may be partial) times
+    the activations of tokens t0 .. t0 + cols - 1 (planar: xq int8 (n, K), dx float32 (n, K/qk), xc
+    int32 (n, K/g) = -offset * group sums, xm the mins' operand: int16 (n, K/g) group sums or float32
+    (n, K/32) Q8_1 s). Two sub-tiles x 4 tokens load 2 weight vectors and 4 broadcasts per 8
+    ``vpdpbusd`` (one x 8: 1 and 8 per 8) -- the same accumulators, the same per-output operations."""
     qk, g, ng = spec.qk, spec.g, spec.ng
 
     def impl(typingctx, wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr):
@@ -300,60 +308,70 @@ def _micro(name: str, spec: Spec, cols: int):
             n_out = _i64(b, cgutils.unpack_tuple(b, context.make_array(ta[9])(context, b, args[9]).shape)[1])
             nsb = b.sdiv(kdim, ir.Constant(I64, qk))
             ngr = b.sdiv(kdim, ir.Constant(I64, g))  # groups per token row
+            # per sub-tile j: its parts at j times a sub-tile's bytes (layout above)
+            sub = lambda p, per: [b.gep(p, [b.mul(b.mul(nsb, ir.Constant(I64, per)), ir.Constant(I64, j))])
+                                  for j in range(ns)]  # noqa: E731
+            ups, sps, mps = sub(up, qk * LANES), sub(sp, 4 * ng * LANES), sub(mp, 2 * ng * LANES)
+            dps, eps = sub(dp, 4 * LANES), sub(ep, 4 * LANES)
             vpdpbusd = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
             vpdpwssd = _decl(b.module, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
             toks = [b.add(t0_, ir.Constant(I64, c)) for c in range(cols)]
             xrow = [b.gep(xp, [b.mul(t, kdim)]) for t in toks]
-            facc = [cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(cols)]
+            facc = [[cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(cols)] for _ in range(ns)]
             zero = ir.Constant(V16I32, None)
             with cgutils.for_range(b, nsb) as loop:
                 i = loop.index
-                wsb = b.gep(up, [_mul(b, i, qk * LANES)])
+                wsb = [b.gep(u, [_mul(b, i, qk * LANES)]) for u in ups]
                 xsb = [b.gep(xr, [_mul(b, i, qk)]) for xr in xrow]
                 dxs = [_at(b, xdp, b.mul(b.add(b.mul(t, nsb), i), ir.Constant(I64, 4)), F32T) for t in toks]
-                sacc = _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sp, xcp, vpdpbusd)
-                dv = _at(b, dp, _mul(b, i, 4 * LANES), V16F32)
-                acc = [b.load(f) for f in facc]
-                for c in range(cols):
-                    sv = b.fmul(dv, _splat16(b, dxs[c]), flags=_FM)
-                    sa = sacc[c] if sacc[c].type == V16F32 else b.sitofp(sacc[c], V16F32)
-                    acc[c] = b.fadd(acc[c], b.fmul(sa, sv, flags=_FM), flags=_FM)
-                if spec.mins == "int":
-                    macc = [zero] * cols
-                    for p in range(ng // 2):
-                        mv = _at(b, mp, b.add(_mul(b, i, 2 * ng * LANES), ir.Constant(I64, 4 * LANES * p)), V16I32)
+                sacc = _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, vpdpbusd)
+                for j in range(ns):
+                    dv = _at(b, dps[j], _mul(b, i, 4 * LANES), V16F32)
+                    acc = [b.load(f) for f in facc[j]]
+                    for c in range(cols):
+                        sv = b.fmul(dv, _splat16(b, dxs[c]), flags=_FM)
+                        sa = sacc[j][c] if sacc[j][c].type == V16F32 else b.sitofp(sacc[j][c], V16F32)
+                        acc[c] = b.fadd(acc[c], b.fmul(sa, sv, flags=_FM), flags=_FM)
+                    if spec.mins == "int":
+                        macc = [zero] * cols
+                        for p in range(ng // 2):
+                            mv = _at(b, mps[j], b.add(_mul(b, i, 2 * ng * LANES), ir.Constant(I64, 4 * LANES * p)),
+                                     V16I32)
+                            for c in range(cols):
+                                gx = b.add(b.mul(toks[c], ngr), b.add(_mul(b, i, ng), ir.Constant(I64, 2 * p)))
+                                xv = _splat16(b, _at(b, xmp, _mul(b, gx, 2), I32))
+                                macc[c] = b.call(vpdpwssd, [macc[c], mv, xv])
+                        mdv = _at(b, eps[j], _mul(b, i, 4 * LANES), V16F32)
                         for c in range(cols):
-                            gx = b.add(b.mul(toks[c], ngr), b.add(_mul(b, i, ng), ir.Constant(I64, 2 * p)))
-                            xv = _splat16(b, _at(b, xmp, _mul(b, gx, 2), I32))
-                            macc[c] = b.call(vpdpwssd, [macc[c], mv, xv])
-                    mdv = _at(b, ep, _mul(b, i, 4 * LANES), V16F32)
+                            sv = b.fmul(mdv, _splat16(b, dxs[c]), flags=_FM)
+                            acc[c] = b.fadd(acc[c], b.fmul(b.sitofp(macc[c], V16F32), sv, flags=_FM), flags=_FM)
+                    elif spec.mins == "float":
+                        mv = _at(b, eps[j], _mul(b, i, 4 * LANES), V16F32)
+                        for c in range(cols):
+                            s = _at(b, xmp, b.mul(b.add(b.mul(toks[c], nsb), i), ir.Constant(I64, 4)), F32T)
+                            acc[c] = b.fadd(acc[c], b.fmul(mv, _splat16(b, s), flags=_FM), flags=_FM)
                     for c in range(cols):
-                        sv = b.fmul(mdv, _splat16(b, dxs[c]), flags=_FM)
-                        acc[c] = b.fadd(acc[c], b.fmul(b.sitofp(macc[c], V16F32), sv, flags=_FM), flags=_FM)
-                elif spec.mins == "float":
-                    mv = _at(b, ep, _mul(b, i, 4 * LANES), V16F32)
-                    for c in range(cols):
-                        s = _at(b, xmp, b.mul(b.add(b.mul(toks[c], nsb), i), ir.Constant(I64, 4)), F32T)
-                        acc[c] = b.fadd(acc[c], b.fmul(mv, _splat16(b, s), flags=_FM), flags=_FM)
+                        b.store(acc[c], facc[j][c])
+            for j in range(ns):
+                nrj = b.sub(nr_, ir.Constant(I64, LANES * j))
+                full = b.icmp_signed(">=", nrj, ir.Constant(I64, LANES))
+                rj = b.add(r0_, ir.Constant(I64, LANES * j))
                 for c in range(cols):
-                    b.store(acc[c], facc[c])
-            full = b.icmp_signed("==", nr_, ir.Constant(I64, LANES))
-            for c in range(cols):
-                with b.if_then(b.icmp_signed("<", ir.Constant(I64, c), ct_)):
-                    dst = b.gep(op, [b.mul(b.add(b.mul(toks[c], n_out), r0_), ir.Constant(I64, 4))])
-                    v = b.load(facc[c])
-                    with b.if_else(full) as (then, other):
-                        with then:
-                            b.store(v, b.bitcast(dst, V16F32.as_pointer()), align=4)
-                        with other:
-                            with cgutils.for_range(b, nr_) as lp:
-                                el = b.extract_element(v, b.trunc(lp.index, I32))
-                                _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
+                    with b.if_then(b.icmp_signed("<", ir.Constant(I64, c), ct_)):
+                        dst = b.gep(op, [b.mul(b.add(b.mul(toks[c], n_out), rj), ir.Constant(I64, 4))])
+                        v = b.load(facc[j][c])
+                        with b.if_else(full) as (then, other):
+                            with then:
+                                b.store(v, b.bitcast(dst, V16F32.as_pointer()), align=4)
+                            with other:
+                                with cgutils.for_range(b, nrj) as lp:
+                                    el = b.extract_element(v, b.trunc(lp.index, I32))
+                                    _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    impl.__name__ = f"gemm_micro_{name}_{cols}"
+    impl.__name__ = f"gemm_micro_{name}_{cols}_{ns}"
     return intrinsic(impl)
 
 
@@ -384,7 +402,14 @@ def gemm_body(w, xq, dx, xc, xm, out, mr):
                    dm[s * sub_d:(s + 1) * sub_d])
         for t0 in range(0, n_tok, COLS):  # noqa: F821
             ct = min(COLS, n_tok - t0)  # noqa: F821
-            for s in range(nsub):
+            s = 0
+            while s + 1 < nsub:  # pairs of sub-tiles, COLS / 2 tokens at a time
+                for h in range(0, ct, COLS // 2):  # noqa: F821
+                    MK2(wu[s * sub_u:(s + 2) * sub_u], sc[s * sub_s:(s + 2) * sub_s], mn[s * sub_s:(s + 2) * sub_s],  # noqa: F821
+                        dd[s * sub_d:(s + 2) * sub_d], dm[s * sub_d:(s + 2) * sub_d], xq, dx, xc, xm, out,
+                        t0 + h, min(COLS // 2, ct - h), r0 + s * LANES, min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
+                s += 2
+            if s < nsub:
                 MK(wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s],  # noqa: F821
                    dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d], xq, dx, xc, xm, out,
                    t0, ct, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES))  # noqa: F821
@@ -403,7 +428,7 @@ def gemm_kernel(wtype, cols: int = COLS):
         spec = SPECS[t]
         ts = GGML_QUANT_SIZES[t][1]
         _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}", True, UNPACK=_unpack_tile(t.name, spec, ts),
-                              MK=_micro(t.name, spec, cols), QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
+                              MK=_micro(t.name, spec, cols), MK2=_micro(t.name, spec, cols // 2, 2), QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
     return _KERNELS[key]
 
 
