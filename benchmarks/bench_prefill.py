@@ -15,7 +15,8 @@ machine disturb least (at ``-t 1`` it is the work one pass takes).
 llama-bench is found as in bench_vs_llama.py (--llama-bench, $LLAMA_BENCH, PATH).
 
 quantkit runs with its defaults (the integer GEMM on AVX512-VNNI CPUs; ``--ab-blas`` adds its
-dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
+dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``; ``--ab-src DIR`` adds the quantkit package in DIR, another
+version of the code, run with ``python -P`` and ``PYTHONPATH=DIR``, its numba cache in DIR/.numba_cache). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
 ``llama-perplexity`` (next to llama-bench; defaults, then ``-nr``): wall seconds of the whole process
 (start-up and load included for both), CPU seconds, and the final PPL each printed.
 
@@ -222,6 +223,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pp", action="store_true", help="skip the pp runs (perplexity only)")
     ap.add_argument("--ab-blas", action="store_true",
                     help="also run quantkit with its dequantize + BLAS prefill (QUANTKIT_GEMM=0)")
+    ap.add_argument("--ab-src", metavar="DIR",
+                    help="also run the quantkit package found in DIR (e.g. an export of main: git archive main "
+                         "quantkit | tar -x -C DIR), interleaved with this one, for an A/B of code versions")
     ap.add_argument("--cpu-diff", type=int, default=0, metavar="R2",
                     help="also run with -r R2 and report CPU seconds per repetition")
     ap.add_argument("--profile", action="store_true",
@@ -236,6 +240,10 @@ def main(argv=None) -> int:
     tools = {"quantkit": qk}
     if a.ab_blas:
         tools["quantkit BLAS"] = ["QUANTKIT_GEMM=0"] + qk
+    if a.ab_src:
+        src = str(Path(a.ab_src).resolve())
+        tools["quantkit A/B"] = [f"PYTHONPATH={src}", f"NUMBA_CACHE_DIR={src}/.numba_cache", sys.executable, "-P", "-m",
+                                 "quantkit", "bench"]
     if exe:
         tools["llama.cpp"] = [exe]
         tools["llama.cpp -nr"] = [exe, "--repack", "0"]
@@ -280,6 +288,9 @@ def main(argv=None) -> int:
         print(f"| {Path(m).name} | {f(q)} | {f(ll['llama.cpp'])} | {f(ll['llama.cpp -nr'])} | {ratio} | "
               f"{f(med(m, 'quantkit', 1))} | {f(med(m, 'llama.cpp', 1))} / {f(med(m, 'llama.cpp -nr', 1))} | "
               f"{g(med(m, 'quantkit', 2))} | {g(med(m, 'llama.cpp', 2))} / {g(med(m, 'llama.cpp -nr', 2))} |")
+        if a.ab_src:
+            print(f"| {Path(m).name}, quantkit from {a.ab_src} | {f(med(m, 'quantkit A/B', 0))} | | | | "
+                  f"{f(med(m, 'quantkit A/B', 1))} | | {g(med(m, 'quantkit A/B', 2))} | |")
         if a.ab_blas:
             print(f"| {Path(m).name}, quantkit's dequantize + BLAS prefill | {f(med(m, 'quantkit BLAS', 0))} | | | | "
                   f"{f(med(m, 'quantkit BLAS', 1))} | | {g(med(m, 'quantkit BLAS', 2))} | |")
