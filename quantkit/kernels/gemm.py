@@ -9,10 +9,11 @@ Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mu
   consecutive elements, 16 rows x 4 bytes = one 64-byte ``zmm``. Beside them, per row: the block's float
   scale ``d`` (and ``-dmin`` / ``m``), the K types' integer sub-block scales and mins. The 16 rows of a
   sub-tile are decoded together and transposed in registers, so every store is a whole ``zmm``.
-* **Register-blocked micro-kernel** (16 rows x ``COLS`` tokens). One ``vpdpbusd zmm`` multiplies the
-  4-element group of all 16 rows (unsigned, from the tile) with the same 4 activation bytes of one
-  token (signed, broadcast): lane r accumulates row r, so no horizontal sums. Each 64-byte weight load
-  serves ``COLS`` tokens; each broadcast serves 16 rows.
+* **Register-blocked micro-kernel** (2 sub-tiles of 16 rows x ``COLS / 2`` tokens; an odd last
+  sub-tile: 16 rows x ``COLS``). One ``vpdpbusd zmm`` multiplies the 4-element group of all 16 rows
+  (unsigned, from the tile) with the same 4 activation bytes of one token (signed, broadcast): lane r
+  accumulates row r, so no horizontal sums. Each 64-byte weight load serves 4 tokens, each broadcast
+  32 rows: 6 loads per 8 ``vpdpbusd`` (16 x 8 took 9, and the loads were the bound; docs/kernels.md).
 * **The integer math of ggml's vec_dots.** Signed formats are ``u - offset`` (as in ir.py): the
   accumulator of a group starts at ``-offset * sum(x_q)`` (the activation group sums times the offset,
   made once per product). Per 32-element block: ``d_w * d_x * int``. Per 256 super-block: groups of
@@ -481,11 +482,13 @@ TILE_BYTES = 256 << 10
 
 
 def tile_rows(n_out: int, kdim: int, threads: int) -> int:
-    """Rows per prange tile: a multiple of 16 whose unpacked bytes are about TILE_BYTES, and at least
-    two tiles per thread when the matrix allows."""
-    mr = LANES * max(1, TILE_BYTES // (LANES * kdim))
+    """Rows per prange tile: a multiple of 32 (the micro-kernel's pairs of 16-row sub-tiles) whose
+    unpacked bytes are about TILE_BYTES (at least 32 rows: 8B's 14336-wide ffn_down), and at least two
+    tiles per thread when the matrix allows."""
+    unit = 2 * LANES
+    mr = unit * max(1, TILE_BYTES // (unit * kdim))
     per = -(-n_out // (2 * threads))
-    return max(LANES, min(mr, -(-per // LANES) * LANES))
+    return max(unit, min(mr, -(-per // unit) * unit))
 
 
 def gemm(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, cache: dict, threads: int) -> np.ndarray:
