@@ -15,13 +15,15 @@ machine disturb least (at ``-t 1`` it is the work one pass takes).
 llama-bench is found as in bench_vs_llama.py (--llama-bench, $LLAMA_BENCH, PATH).
 
 quantkit runs with its defaults (the integer GEMM on AVX512-VNNI CPUs; ``--ab-blas`` adds its
-dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
+dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``; ``--ab-src DIR`` adds the quantkit package in DIR, another
+version of the code, run with ``python -P`` and ``PYTHONPATH=DIR``, its numba cache in DIR/.numba_cache). With ``--ppl-text``, each round also times ``quantkit perplexity -f TEXT -c 512 --chunks N`` beside
 ``llama-perplexity`` (next to llama-bench; defaults, then ``-nr``): wall seconds of the whole process
 (start-up and load included for both), CPU seconds, and the final PPL each printed.
 
 ``--profile`` instead times the parts of quantkit's own P-token pass in this process (no llama.cpp):
 per pass, CPU seconds (user + sys of the whole process, all threads) and wall seconds spent in the
-integer GEMM per weight type, the activation quantization before it, attention, RMS norms, RoPE + KV
+integer GEMM per matrix kind and weight type (attn_q, ..., ffn_down, output), the activation
+quantization before it, attention, RMS norms, RoPE + KV
 store, the GLU, the embedding lookup, and the rest (Python between the calls). Passes alternate
 between the models and the thread counts given (``--profile-threads 1,2``), after one warm-up pass
 each; the table gives the median per part.
@@ -152,6 +154,15 @@ class _Clock:
         top[1] = now
 
 
+def _products_by_kind(clock: _Clock, mm):
+    """``Runner._mm`` timed per matrix kind and type: "products ffn_up Q4_K" (blk.N.ffn_up.weight; the
+    output matrix, one row per pass as llama-bench's pp test asks only the last token's logits)."""
+    def timed(w, x, out, rounded=None):
+        kind = w.name.split(".")[-2] if w.name.startswith("blk.") else w.name.split(".")[0]
+        return clock.wrap(f"products {kind} {getattr(w.type, 'name', w.type)}", mm)(w, x, out, rounded)
+    return timed
+
+
 def profile(a) -> int:
     """In-process parts of a P-token pass (see the module docstring)."""
     import numpy as np
@@ -165,14 +176,12 @@ def profile(a) -> int:
     for name, part in (("rmsnorm", "norms"), ("glu_rows", "GLU"), ("get_rows", "embedding")):
         setattr(F, name, clock.wrap(part, getattr(F, name)))
     G.gemm_operands = clock.wrap("activation quantization", G.gemm_operands)
-    mm = F.matmul
-    F.matmul = lambda w, t, x, out=None, rounded=None: clock.wrap(f"products {getattr(t, 'name', t)}", mm)(
-        w, t, x, out, rounded)
     threads = [int(t) for t in a.profile_threads.split(",")]
     runners = []
     for m in a.model:
         r = open_model(m, tokenizer=False).runner(a.n_prompt, a.n_prompt, compiled_step=False)
         r._attend_blas = clock.wrap("attention", r._attend_blas)
+        r._mm = _products_by_kind(clock, r._mm)
         r._prepare_store = clock.wrap("RoPE + KV store", r._prepare_store)
         runners.append((Path(m).name, r))
     toks = np.random.default_rng(0).integers(0, runners[0][1].config.n_vocab, a.n_prompt)
@@ -214,6 +223,9 @@ def main(argv=None) -> int:
     ap.add_argument("--no-pp", action="store_true", help="skip the pp runs (perplexity only)")
     ap.add_argument("--ab-blas", action="store_true",
                     help="also run quantkit with its dequantize + BLAS prefill (QUANTKIT_GEMM=0)")
+    ap.add_argument("--ab-src", metavar="DIR",
+                    help="also run the quantkit package found in DIR (e.g. an export of main: git archive main "
+                         "quantkit | tar -x -C DIR), interleaved with this one, for an A/B of code versions")
     ap.add_argument("--cpu-diff", type=int, default=0, metavar="R2",
                     help="also run with -r R2 and report CPU seconds per repetition")
     ap.add_argument("--profile", action="store_true",
@@ -228,6 +240,10 @@ def main(argv=None) -> int:
     tools = {"quantkit": qk}
     if a.ab_blas:
         tools["quantkit BLAS"] = ["QUANTKIT_GEMM=0"] + qk
+    if a.ab_src:
+        src = str(Path(a.ab_src).resolve())
+        tools["quantkit A/B"] = [f"PYTHONPATH={src}", f"NUMBA_CACHE_DIR={src}/.numba_cache", sys.executable, "-P", "-m",
+                                 "quantkit", "bench"]
     if exe:
         tools["llama.cpp"] = [exe]
         tools["llama.cpp -nr"] = [exe, "--repack", "0"]
@@ -272,6 +288,9 @@ def main(argv=None) -> int:
         print(f"| {Path(m).name} | {f(q)} | {f(ll['llama.cpp'])} | {f(ll['llama.cpp -nr'])} | {ratio} | "
               f"{f(med(m, 'quantkit', 1))} | {f(med(m, 'llama.cpp', 1))} / {f(med(m, 'llama.cpp -nr', 1))} | "
               f"{g(med(m, 'quantkit', 2))} | {g(med(m, 'llama.cpp', 2))} / {g(med(m, 'llama.cpp -nr', 2))} |")
+        if a.ab_src:
+            print(f"| {Path(m).name}, quantkit from {a.ab_src} | {f(med(m, 'quantkit A/B', 0))} | | | | "
+                  f"{f(med(m, 'quantkit A/B', 1))} | | {g(med(m, 'quantkit A/B', 2))} | |")
         if a.ab_blas:
             print(f"| {Path(m).name}, quantkit's dequantize + BLAS prefill | {f(med(m, 'quantkit BLAS', 0))} | | | | "
                   f"{f(med(m, 'quantkit BLAS', 1))} | | {g(med(m, 'quantkit BLAS', 2))} | |")

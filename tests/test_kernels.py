@@ -503,3 +503,47 @@ def test_x8_threads_identical(t):
         set_threads(n)
         K.matvec_x8_kernel(t)(w, qs, d, s, o, 16)
     np.testing.assert_array_equal(out[0], out[1])
+
+
+def _q8_k_reference(x: np.ndarray):
+    """ggml's quantize_row_q8_K_ref (ggml-quants.c) for one row, in numpy float32: (qs, d, bsums)."""
+    qs, d, bs = [], [], []
+    for blk in x.reshape(-1, 256):
+        amax, mx = np.float32(0), np.float32(0)
+        for v in blk:
+            if abs(v) > amax:  # NaN compares false: passed over
+                amax, mx = abs(v), v
+        if not amax:
+            qs.append(np.zeros(256, np.int8))
+            d.append(np.float32(0))
+            bs.append(np.zeros(16, np.int32))
+            continue
+        with np.errstate(invalid="ignore", over="ignore"):  # subnormal max: iscale = -inf, as in C
+            iscale = np.float32(-127.0) / mx
+            bits = (iscale * blk + np.float32(12582912.0)).astype(np.float32).view(np.uint32)
+        q = np.minimum(127, (bits & 0x7FFFFF).astype(np.int32) - 0x400000).astype(np.int8)
+        qs.append(q)
+        d.append(np.float32(1.0) / iscale)
+        bs.append(q.reshape(16, 16).astype(np.int32).sum(1))
+    return np.concatenate(qs), np.array(d, np.float32), np.concatenate(bs)
+
+
+def test_q8_k_activations_edge_blocks():
+    """The signed max is the first x of the largest |x| (+amax and -amax both present, either first),
+    NaNs are passed over, and all-zero / all-NaN / -0.0 blocks give d = 0: as quantize_row_q8_K_ref."""
+    rng = np.random.default_rng(9)
+    x = rng.standard_normal((1, 256 * 8)).astype(np.float32)
+    b = x.reshape(8, 256)
+    b[0, 10], b[0, 200] = -3.5, 3.5           # tie, negative first
+    b[1, 5], b[1, 99] = 4.0, -4.0             # tie, positive first
+    b[2, 7], b[2, 8] = np.nan, 5.0            # a NaN beside the max
+    b[3] = np.nan                             # all NaN
+    b[4] = -0.0                               # negative zeros
+    b[5] = 0.0
+    b[6, 255] = -9.0                          # the max last
+    b[7, :] = np.float32(2.0 ** -140)         # subnormals only
+    qs, d, s = K.quantize_activations(x, "Q8_K")
+    wq, wd, ws = _q8_k_reference(x[0])
+    np.testing.assert_array_equal(qs[0], wq)
+    np.testing.assert_array_equal(d[0], wd)
+    np.testing.assert_array_equal(s[0], ws)

@@ -7,11 +7,13 @@ Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mu
 * **Unpack once per tile.** Each thread takes a tile of weight rows and unpacks it, with the chunk
   loaders of ``ir.py``, into unsigned bytes ``u`` interleaved 16 rows at a time: for every group of 4
   consecutive elements, 16 rows x 4 bytes = one 64-byte ``zmm``. Beside them, per row: the block's float
-  scale ``d`` (and ``-dmin`` / ``m``), the K types' integer sub-block scales and mins.
-* **Register-blocked micro-kernel** (16 rows x ``COLS`` tokens). One ``vpdpbusd zmm`` multiplies the
-  4-element group of all 16 rows (unsigned, from the tile) with the same 4 activation bytes of one
-  token (signed, broadcast): lane r accumulates row r, so no horizontal sums. Each 64-byte weight load
-  serves ``COLS`` tokens; each broadcast serves 16 rows.
+  scale ``d`` (and ``-dmin`` / ``m``), the K types' integer sub-block scales and mins. The 16 rows of a
+  sub-tile are decoded together and transposed in registers, so every store is a whole ``zmm``.
+* **Register-blocked micro-kernel** (2 sub-tiles of 16 rows x ``COLS / 2`` tokens; an odd last
+  sub-tile: 16 rows x ``COLS``). One ``vpdpbusd zmm`` multiplies the 4-element group of all 16 rows
+  (unsigned, from the tile) with the same 4 activation bytes of one token (signed, broadcast): lane r
+  accumulates row r, so no horizontal sums. Each 64-byte weight load serves 4 tokens, each broadcast
+  32 rows: 6 loads per 8 ``vpdpbusd`` (16 x 8 took 9, and the loads were the bound; docs/kernels.md).
 * **The integer math of ggml's vec_dots.** Signed formats are ``u - offset`` (as in ir.py): the
   accumulator of a group starts at ``-offset * sum(x_q)`` (the activation group sums times the offset,
   made once per product). Per 32-element block: ``d_w * d_x * int``. Per 256 super-block: groups of
@@ -39,8 +41,7 @@ from numba.extending import intrinsic
 
 from quantkit.jit import njit_parallel, prange
 from quantkit.kernels import ir as kir
-from quantkit.kernels.activations import (empty_activations, quantize_q8_0_into, quantize_q8_1_into,
-                                          quantize_q8_k_into)
+from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
 from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld
 
 #: tokens per micro-kernel call (activation columns held in registers)
@@ -143,43 +144,85 @@ def _mul(builder, a, c):
     return builder.mul(a, ir.Constant(I64, c))
 
 
-def _unpack_row(name: str, spec: Spec, ts: int):
-    """``unpack(wrow, lane, wu, sc, mn, dd, dm)``: one weight row (uint8 bytes) into lane ``lane`` of a
-    16-row sub-tile (layout above)."""
+def _transpose16x8(b, c):
+    """16 rows' <8 x i32> (one 32-element chunk each: 8 groups of 4 bytes) -> 8 <16 x i32>, group g's
+    vector holding row r's 4 bytes in lane r: three rounds of two-source shuffles (``vpermt2d``)."""
+    def shuf(x, y, mask):
+        return b.shuffle_vector(x, y, ir.Constant(V16I32, mask))
+    p = [shuf(c[2 * a], c[2 * a + 1], list(range(16))) for a in range(8)]          # rows 2a, 2a+1
+    q = [[shuf(p[2 * a], p[2 * a + 1], [(rr // 2) * 16 + (rr % 2) * 8 + 4 * h + g
+                                         for g in range(4) for rr in range(4)])
+          for h in range(2)] for a in range(4)]                                    # 4 rows x 4 groups
+    z = [[[shuf(q[2 * a][h], q[2 * a + 1][h], [(rr // 4) * 16 + (2 * k + gg) * 4 + rr % 4
+                                                for gg in range(2) for rr in range(8)])
+           for k in range(2)] for h in range(2)] for a in range(2)]                # 8 rows x 2 groups
+    return [shuf(z[0][g // 4][(g // 2) % 2], z[1][g // 4][(g // 2) % 2],
+                 [(r // 8) * 16 + (g % 2) * 8 + r % 8 for r in range(16)]) for g in range(8)]
+
+
+def _gather16(b, vals, ty):
+    """16 scalars -> one <16 x ty> (lane r = vals[r])."""
+    v = ir.Constant(ty, None)
+    for r, x in enumerate(vals):
+        v = b.insert_element(v, x, ir.Constant(I32, r))
+    return v
+
+
+def _store_lanes(b, p, off, rowvecs):
+    """Store 16 rows' <n x i32> (n = 4, 8 or 16) at byte ``off`` of ``p`` as n <16 x i32>, element e of
+    row r in lane r of vector e (``_transpose16x8`` per 8 elements)."""
+    n = rowvecs[0].type.count
+    for h in range(0, n, 8):
+        idx = [h + min(e, n - 1 - h) for e in range(8)]
+        part = [b.shuffle_vector(v, v, ir.Constant(V8I32, idx)) for v in rowvecs]
+        for j, v in enumerate(_transpose16x8(b, part)[:min(8, n - h)]):
+            _put(b, p, b.add(off, ir.Constant(I64, (h + j) * 64)), v)
+
+
+def _unpack_tile(name: str, spec: Spec, ts: int):
+    """``unpack(w, r0, nr, wu, sc, mn, dd, dm)``: weight rows r0 .. r0 + nr - 1 (nr <= 16) of w (uint8
+    (n_out, row_bytes)) into a 16-row sub-tile (layout above); the lanes past nr repeat the last row.
+    Per 32-element chunk the 16 rows' decoded bytes are transposed in registers (``_transpose16x8``)
+    and stored as 8 whole ``zmm`` -- one row at a time took 8 scalar stores per chunk, and the unpack
+    then cost ~6 % of a 512-token product."""
     qk, ng = spec.qk, spec.ng
 
-    def impl(typingctx, wrow, lane, wu, sc, mn, dd, dm):
-        sig = types.void(wrow, lane, wu, sc, mn, dd, dm)
+    def impl(typingctx, w, r0, nr, wu, sc, mn, dd, dm):
+        sig = types.void(w, r0, nr, wu, sc, mn, dd, dm)
 
         def codegen(context, builder, signature, args):
             ta = signature.args
-            wp, up, sp, mp, dp, ep = (_ptr(context, builder, ta[i], args[i]) for i in (0, 2, 3, 4, 5, 6))
-            r = _i64(builder, context.cast(builder, args[1], ta[1], types.intp))
-            nbytes = cgutils.unpack_tuple(builder, context.make_array(ta[0])(context, builder, args[0]).shape)[0]
-            nsb = builder.sdiv(_i64(builder, nbytes), ir.Constant(I64, ts))
-            with cgutils.for_range(builder, nsb) as loop:
+            b = builder
+            wp, up, sp, mp, dp, ep = (_ptr(context, b, ta[i], args[i]) for i in (0, 3, 4, 5, 6, 7))
+            r0_, nr_ = (_i64(b, context.cast(b, args[i], ta[i], types.intp)) for i in (1, 2))
+            wa = context.make_array(ta[0])(context, b, args[0])
+            nbytes = _i64(b, cgutils.unpack_tuple(b, wa.shape)[1])
+            stride = _i64(b, cgutils.unpack_tuple(b, wa.strides)[0])
+            last = b.sub(nr_, ir.Constant(I64, 1))
+            rows = []
+            for r in range(LANES):
+                rr = b.select(b.icmp_signed("<", ir.Constant(I64, r), nr_), ir.Constant(I64, r), last)
+                rows.append(b.gep(wp, [b.mul(b.add(r0_, rr), stride)]))
+            nsb = b.sdiv(nbytes, ir.Constant(I64, ts))
+            with cgutils.for_range(b, nsb) as loop:
                 i = loop.index
-                wb = builder.gep(wp, [_mul(builder, i, ts)])
-                ub = builder.gep(up, [builder.add(_mul(builder, i, qk * LANES), _mul(builder, r, 4))])
+                wbs = [b.gep(rp, [_mul(b, i, ts)]) for rp in rows]
+                ub = b.gep(up, [_mul(b, i, qk * LANES)])
                 for k in range(qk // 32):
-                    u = builder.bitcast(spec.chunk(builder, "vnni", _gep(builder, wb, spec.q_off), k), V8I32)
-                    for j in range(8):
-                        _put(builder, ub, (8 * k + j) * 64, builder.extract_element(u, ir.Constant(I32, j)))
-                scv, mnv, d, m = spec.scales(builder, wb)
-                row_off = builder.add(_mul(builder, i, 4 * LANES), _mul(builder, r, 4))  # [sb][16] float
-                _put(builder, dp, row_off, d)
-                if m is not None:
-                    _put(builder, ep, row_off, m)
-                if scv is not None:  # [sb][g][16] int32
-                    base = builder.add(_mul(builder, i, 4 * ng * LANES), _mul(builder, r, 4))
-                    for g in range(ng):
-                        _put(builder, sp, builder.add(base, ir.Constant(I64, 4 * LANES * g)),
-                             builder.extract_element(scv, ir.Constant(I32, g)))
-                if mnv is not None:  # [sb][g/2][16][2] int16
-                    base = builder.add(_mul(builder, i, 2 * ng * LANES), _mul(builder, r, 4))
-                    for g in range(ng):
-                        off = builder.add(base, ir.Constant(I64, 4 * LANES * (g // 2) + 2 * (g % 2)))
-                        _put(builder, mp, off, builder.trunc(builder.extract_element(mnv, ir.Constant(I32, g)), I16))
+                    c = [b.bitcast(spec.chunk(b, "vnni", _gep(b, wb, spec.q_off), k), V8I32) for wb in wbs]
+                    for j, v in enumerate(_transpose16x8(b, c)):
+                        _put(b, ub, (8 * k + j) * 64, v)
+                per = [spec.scales(b, wb) for wb in wbs]  # per row: (scales, mins, d, dmin-or-m)
+                row_off = _mul(b, i, 4 * LANES)                 # [sb][16] float
+                _put(b, dp, row_off, _gather16(b, [x[2] for x in per], V16F32))
+                if per[0][3] is not None:
+                    _put(b, ep, row_off, _gather16(b, [x[3] for x in per], V16F32))
+                if per[0][0] is not None:                       # [sb][g][16] int32
+                    _store_lanes(b, sp, _mul(b, i, 4 * ng * LANES), [x[0] for x in per])
+                if per[0][1] is not None:                       # [sb][g/2][16][2] int16: (min, min) pairs
+                    pairs = [b.bitcast(b.trunc(x[1], ir.VectorType(I16, ng)), ir.VectorType(I32, ng // 2))
+                             for x in per]
+                    _store_lanes(b, mp, _mul(b, i, 2 * ng * LANES), pairs)
             return context.get_dummy_value()
 
         return sig, codegen
@@ -198,52 +241,60 @@ _FM = ("contract",)
 
 
 def _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, vpdpbusd):
-    """The integer dots of group ``gi`` (an i64 value) of super-block ``i``: per token, <16 x i32> of
-    sum(u * x) (minus offset * sum(x) where the type has an offset)."""
+    """The integer dots of group ``gi`` (an i64 value) of super-block ``i``: per sub-tile j (``wsb[j]``)
+    and token c, <16 x i32> of sum(u * x) (minus offset * sum(x) where the type has an offset). Each
+    activation broadcast serves every sub-tile."""
     g, ng = spec.g, spec.ng
     if spec.offset:
         gidx = [b.add(b.mul(t, ngr), b.add(_mul(b, i, ng), gi)) for t in toks]
-        iacc = [_splat16(b, _at(b, xcp, _mul(b, gx, 4), I32)) for gx in gidx]
+        init = [_splat16(b, _at(b, xcp, _mul(b, gx, 4), I32)) for gx in gidx]
     else:
-        iacc = [ir.Constant(V16I32, None)] * cols
-    wg = b.gep(wsb, [_mul(b, gi, g * LANES)])
+        init = [ir.Constant(V16I32, None)] * cols
+    iacc = [list(init) for _ in wsb]
+    wg = [b.gep(w, [_mul(b, gi, g * LANES)]) for w in wsb]
     xg = [b.gep(x, [_mul(b, gi, g)]) for x in xsb]
     for q in range(g // 4):
-        wv = _at(b, wg, q * 64, V16I32)
+        wv = [_at(b, w, q * 64, V16I32) for w in wg]
         for c in range(cols):
-            iacc[c] = b.call(vpdpbusd, [iacc[c], wv, _splat16(b, _at(b, xg[c], 4 * q, I32))])
+            xv = _splat16(b, _at(b, xg[c], 4 * q, I32))
+            for j, w in enumerate(wv):
+                iacc[j][c] = b.call(vpdpbusd, [iacc[j][c], w, xv])
     return iacc
 
 
-def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sp, xcp, vpdpbusd):
-    """Per token, the scale-weighted sum over super-block ``i``'s groups: <16 x i32> (one group, or
-    integer scales of groups of 32) or <16 x float> (per-16 scales: float products; ``vpmulld`` there
-    measured 20 % slower). The groups run as a loop, not unrolled: unrolled, LLVM interleaved the
+def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, vpdpbusd):
+    """Per sub-tile and token, the scale-weighted sum over super-block ``i``'s groups: <16 x i32> (one
+    group, or integer scales of groups of 32) or <16 x float> (per-16 scales: float products; ``vpmulld``
+    there measured 20 % slower). The groups run as a loop, not unrolled: unrolled, LLVM interleaved the
     groups' accumulators and spilled them (IQ4_XS's tile 1.5x slower than Q4_K's)."""
     ng, g = spec.ng, spec.g
     if ng == 1:
         return _group(b, spec, cols, i, ir.Constant(I64, 0), toks, ngr, wsb, xsb, xcp, vpdpbusd)
     vt = V16F32 if g == 16 else V16I32
-    slots = [cgutils.alloca_once_value(b, ir.Constant(vt, None)) for _ in range(cols)]
+    slots = [[cgutils.alloca_once_value(b, ir.Constant(vt, None)) for _ in range(cols)] for _ in wsb]
     with cgutils.for_range(b, ir.Constant(I64, ng)) as loop:
         gi = loop.index
         iacc = _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, vpdpbusd)
-        s = _at(b, sp, b.add(_mul(b, i, 4 * ng * LANES), _mul(b, gi, 4 * LANES)), V16I32)
-        if g == 16:
-            sf = b.sitofp(s, V16F32)
-            for c in range(cols):
-                b.store(b.fadd(b.load(slots[c]), b.fmul(b.sitofp(iacc[c], V16F32), sf, flags=_FM), flags=_FM), slots[c])
-        else:
-            for c in range(cols):
-                b.store(b.add(b.load(slots[c]), b.mul(iacc[c], s)), slots[c])
-    return [b.load(x) for x in slots]
+        for j, sp in enumerate(sps):
+            s = _at(b, sp, b.add(_mul(b, i, 4 * ng * LANES), _mul(b, gi, 4 * LANES)), V16I32)
+            if g == 16:
+                sf = b.sitofp(s, V16F32)
+                for c in range(cols):
+                    b.store(b.fadd(b.load(slots[j][c]), b.fmul(b.sitofp(iacc[j][c], V16F32), sf, flags=_FM),
+                                   flags=_FM), slots[j][c])
+            else:
+                for c in range(cols):
+                    b.store(b.add(b.load(slots[j][c]), b.mul(iacc[j][c], s)), slots[j][c])
+    return [[b.load(x) for x in row] for row in slots]
 
 
-def _micro(name: str, spec: Spec, cols: int):
+def _micro(name: str, spec: Spec, cols: int, ns: int = 1):
     """``mk(wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr)``: out[t0 + c, r0 + l] for c < ct,
-    l < nr = the 16-row sub-tile (wu...) times the activations of tokens t0 .. t0 + cols - 1 (planar:
-    xq int8 (n, K), dx float32 (n, K/qk), xc int32 (n, K/g) = -offset * group sums, xm the mins'
-    operand: int16 (n, K/g) group sums or float32 (n, K/32) Q8_1 s)."""
+    l < nr = ``ns`` consecutive 16-row sub-tiles (wu...; all ns present, the last may be partial) times
+    the activations of tokens t0 .. t0 + cols - 1 (planar: xq int8 (n, K), dx float32 (n, K/qk), xc
+    int32 (n, K/g) = -offset * group sums, xm the mins' operand: int16 (n, K/g) group sums or float32
+    (n, K/32) Q8_1 s). Two sub-tiles x 4 tokens load 2 weight vectors and 4 broadcasts per 8
+    ``vpdpbusd`` (one x 8: 1 and 8 per 8) -- the same accumulators, the same per-output operations."""
     qk, g, ng = spec.qk, spec.g, spec.ng
 
     def impl(typingctx, wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr):
@@ -258,60 +309,70 @@ def _micro(name: str, spec: Spec, cols: int):
             n_out = _i64(b, cgutils.unpack_tuple(b, context.make_array(ta[9])(context, b, args[9]).shape)[1])
             nsb = b.sdiv(kdim, ir.Constant(I64, qk))
             ngr = b.sdiv(kdim, ir.Constant(I64, g))  # groups per token row
+            # per sub-tile j: its parts at j times a sub-tile's bytes (layout above)
+            sub = lambda p, per: [b.gep(p, [b.mul(b.mul(nsb, ir.Constant(I64, per)), ir.Constant(I64, j))])
+                                  for j in range(ns)]  # noqa: E731
+            ups, sps, mps = sub(up, qk * LANES), sub(sp, 4 * ng * LANES), sub(mp, 2 * ng * LANES)
+            dps, eps = sub(dp, 4 * LANES), sub(ep, 4 * LANES)
             vpdpbusd = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
             vpdpwssd = _decl(b.module, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
             toks = [b.add(t0_, ir.Constant(I64, c)) for c in range(cols)]
             xrow = [b.gep(xp, [b.mul(t, kdim)]) for t in toks]
-            facc = [cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(cols)]
+            facc = [[cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(cols)] for _ in range(ns)]
             zero = ir.Constant(V16I32, None)
             with cgutils.for_range(b, nsb) as loop:
                 i = loop.index
-                wsb = b.gep(up, [_mul(b, i, qk * LANES)])
+                wsb = [b.gep(u, [_mul(b, i, qk * LANES)]) for u in ups]
                 xsb = [b.gep(xr, [_mul(b, i, qk)]) for xr in xrow]
                 dxs = [_at(b, xdp, b.mul(b.add(b.mul(t, nsb), i), ir.Constant(I64, 4)), F32T) for t in toks]
-                sacc = _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sp, xcp, vpdpbusd)
-                dv = _at(b, dp, _mul(b, i, 4 * LANES), V16F32)
-                acc = [b.load(f) for f in facc]
-                for c in range(cols):
-                    sv = b.fmul(dv, _splat16(b, dxs[c]), flags=_FM)
-                    sa = sacc[c] if sacc[c].type == V16F32 else b.sitofp(sacc[c], V16F32)
-                    acc[c] = b.fadd(acc[c], b.fmul(sa, sv, flags=_FM), flags=_FM)
-                if spec.mins == "int":
-                    macc = [zero] * cols
-                    for p in range(ng // 2):
-                        mv = _at(b, mp, b.add(_mul(b, i, 2 * ng * LANES), ir.Constant(I64, 4 * LANES * p)), V16I32)
+                sacc = _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, vpdpbusd)
+                for j in range(ns):
+                    dv = _at(b, dps[j], _mul(b, i, 4 * LANES), V16F32)
+                    acc = [b.load(f) for f in facc[j]]
+                    for c in range(cols):
+                        sv = b.fmul(dv, _splat16(b, dxs[c]), flags=_FM)
+                        sa = sacc[j][c] if sacc[j][c].type == V16F32 else b.sitofp(sacc[j][c], V16F32)
+                        acc[c] = b.fadd(acc[c], b.fmul(sa, sv, flags=_FM), flags=_FM)
+                    if spec.mins == "int":
+                        macc = [zero] * cols
+                        for p in range(ng // 2):
+                            mv = _at(b, mps[j], b.add(_mul(b, i, 2 * ng * LANES), ir.Constant(I64, 4 * LANES * p)),
+                                     V16I32)
+                            for c in range(cols):
+                                gx = b.add(b.mul(toks[c], ngr), b.add(_mul(b, i, ng), ir.Constant(I64, 2 * p)))
+                                xv = _splat16(b, _at(b, xmp, _mul(b, gx, 2), I32))
+                                macc[c] = b.call(vpdpwssd, [macc[c], mv, xv])
+                        mdv = _at(b, eps[j], _mul(b, i, 4 * LANES), V16F32)
                         for c in range(cols):
-                            gx = b.add(b.mul(toks[c], ngr), b.add(_mul(b, i, ng), ir.Constant(I64, 2 * p)))
-                            xv = _splat16(b, _at(b, xmp, _mul(b, gx, 2), I32))
-                            macc[c] = b.call(vpdpwssd, [macc[c], mv, xv])
-                    mdv = _at(b, ep, _mul(b, i, 4 * LANES), V16F32)
+                            sv = b.fmul(mdv, _splat16(b, dxs[c]), flags=_FM)
+                            acc[c] = b.fadd(acc[c], b.fmul(b.sitofp(macc[c], V16F32), sv, flags=_FM), flags=_FM)
+                    elif spec.mins == "float":
+                        mv = _at(b, eps[j], _mul(b, i, 4 * LANES), V16F32)
+                        for c in range(cols):
+                            s = _at(b, xmp, b.mul(b.add(b.mul(toks[c], nsb), i), ir.Constant(I64, 4)), F32T)
+                            acc[c] = b.fadd(acc[c], b.fmul(mv, _splat16(b, s), flags=_FM), flags=_FM)
                     for c in range(cols):
-                        sv = b.fmul(mdv, _splat16(b, dxs[c]), flags=_FM)
-                        acc[c] = b.fadd(acc[c], b.fmul(b.sitofp(macc[c], V16F32), sv, flags=_FM), flags=_FM)
-                elif spec.mins == "float":
-                    mv = _at(b, ep, _mul(b, i, 4 * LANES), V16F32)
-                    for c in range(cols):
-                        s = _at(b, xmp, b.mul(b.add(b.mul(toks[c], nsb), i), ir.Constant(I64, 4)), F32T)
-                        acc[c] = b.fadd(acc[c], b.fmul(mv, _splat16(b, s), flags=_FM), flags=_FM)
+                        b.store(acc[c], facc[j][c])
+            for j in range(ns):
+                nrj = b.sub(nr_, ir.Constant(I64, LANES * j))
+                full = b.icmp_signed(">=", nrj, ir.Constant(I64, LANES))
+                rj = b.add(r0_, ir.Constant(I64, LANES * j))
                 for c in range(cols):
-                    b.store(acc[c], facc[c])
-            full = b.icmp_signed("==", nr_, ir.Constant(I64, LANES))
-            for c in range(cols):
-                with b.if_then(b.icmp_signed("<", ir.Constant(I64, c), ct_)):
-                    dst = b.gep(op, [b.mul(b.add(b.mul(toks[c], n_out), r0_), ir.Constant(I64, 4))])
-                    v = b.load(facc[c])
-                    with b.if_else(full) as (then, other):
-                        with then:
-                            b.store(v, b.bitcast(dst, V16F32.as_pointer()), align=4)
-                        with other:
-                            with cgutils.for_range(b, nr_) as lp:
-                                el = b.extract_element(v, b.trunc(lp.index, I32))
-                                _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
+                    with b.if_then(b.icmp_signed("<", ir.Constant(I64, c), ct_)):
+                        dst = b.gep(op, [b.mul(b.add(b.mul(toks[c], n_out), rj), ir.Constant(I64, 4))])
+                        v = b.load(facc[j][c])
+                        with b.if_else(full) as (then, other):
+                            with then:
+                                b.store(v, b.bitcast(dst, V16F32.as_pointer()), align=4)
+                            with other:
+                                with cgutils.for_range(b, nrj) as lp:
+                                    el = b.extract_element(v, b.trunc(lp.index, I32))
+                                    _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
             return context.get_dummy_value()
 
         return sig, codegen
 
-    impl.__name__ = f"gemm_micro_{name}_{cols}"
+    impl.__name__ = f"gemm_micro_{name}_{cols}_{ns}"
     return intrinsic(impl)
 
 
@@ -331,18 +392,25 @@ def gemm_body(w, xq, dx, xc, xm, out, mr):
         r0 = tile * mr
         r1 = min(r0 + mr, n_out)
         nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
-        wu = np.zeros(nsub * sub_u, np.uint8)
-        sc = np.zeros(nsub * sub_s, np.int32)
-        mn = np.zeros(nsub * sub_s, np.int16)
-        dd = np.zeros(nsub * sub_d, np.float32)
-        dm = np.zeros(nsub * sub_d, np.float32)
-        for r in range(r0, r1):
-            s = (r - r0) // LANES  # noqa: F821
-            UNPACK(w[r], (r - r0) % LANES, wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s],  # noqa: F821
-                   mn[s * sub_s:(s + 1) * sub_s], dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d])
+        wu = np.empty(nsub * sub_u, np.uint8)
+        sc = np.empty(nsub * sub_s, np.int32)
+        mn = np.empty(nsub * sub_s, np.int16)
+        dd = np.empty(nsub * sub_d, np.float32)
+        dm = np.empty(nsub * sub_d, np.float32)
+        for s in range(nsub):
+            UNPACK(w, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES), wu[s * sub_u:(s + 1) * sub_u],  # noqa: F821
+                   sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s], dd[s * sub_d:(s + 1) * sub_d],
+                   dm[s * sub_d:(s + 1) * sub_d])
         for t0 in range(0, n_tok, COLS):  # noqa: F821
             ct = min(COLS, n_tok - t0)  # noqa: F821
-            for s in range(nsub):
+            s = 0
+            while s + 1 < nsub:  # pairs of sub-tiles, COLS / 2 tokens at a time
+                for h in range(0, ct, COLS // 2):  # noqa: F821
+                    MK2(wu[s * sub_u:(s + 2) * sub_u], sc[s * sub_s:(s + 2) * sub_s], mn[s * sub_s:(s + 2) * sub_s],  # noqa: F821
+                        dd[s * sub_d:(s + 2) * sub_d], dm[s * sub_d:(s + 2) * sub_d], xq, dx, xc, xm, out,
+                        t0 + h, min(COLS // 2, ct - h), r0 + s * LANES, min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
+                s += 2
+            if s < nsub:
                 MK(wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s],  # noqa: F821
                    dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d], xq, dx, xc, xm, out,
                    t0, ct, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES))  # noqa: F821
@@ -360,33 +428,12 @@ def gemm_kernel(wtype, cols: int = COLS):
     if key not in _KERNELS:
         spec = SPECS[t]
         ts = GGML_QUANT_SIZES[t][1]
-        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}", True, UNPACK=_unpack_row(t.name, spec, ts),
-                              MK=_micro(t.name, spec, cols), QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
+        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}", True, UNPACK=_unpack_tile(t.name, spec, ts),
+                              MK=_micro(t.name, spec, cols), MK2=_micro(t.name, spec, cols // 2, 2), QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
     return _KERNELS[key]
 
 
 # -- activations -----------------------------------------------------------------------------------
-
-@njit_parallel
-def _quantize_q8_0_rows(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_0_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-@njit_parallel
-def _quantize_q8_1_rows(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_1_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-@njit_parallel
-def _quantize_q8_k_rows(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_k_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-_QUANTIZE_ROWS = {"Q8_0": _quantize_q8_0_rows, "Q8_1": _quantize_q8_1_rows, "Q8_K": _quantize_q8_k_rows}
-
 
 def quantized_activations(x: np.ndarray, kind: str):
     """x float32 (n, K) -> planar (xq, xd, xs) of ``kind``, the same bytes as ``quantize_activations``,
@@ -394,7 +441,7 @@ def quantized_activations(x: np.ndarray, kind: str):
     n, kdim = x.shape
     n_pad = -(-n // COLS) * COLS
     qs, d, s = empty_activations(kind, n_pad, kdim)
-    _QUANTIZE_ROWS[kind](x, qs[:n], d[:n], s[:n])
+    ACT_QUANTIZER_ROWS[kind](x, qs[:n], d[:n], s[:n])
     if n_pad > n:
         qs[n:], d[n:], s[n:] = 0, 0, 0
     return qs, d, s
@@ -435,11 +482,13 @@ TILE_BYTES = 256 << 10
 
 
 def tile_rows(n_out: int, kdim: int, threads: int) -> int:
-    """Rows per prange tile: a multiple of 16 whose unpacked bytes are about TILE_BYTES, and at least
-    two tiles per thread when the matrix allows."""
-    mr = LANES * max(1, TILE_BYTES // (LANES * kdim))
+    """Rows per prange tile: a multiple of 32 (the micro-kernel's pairs of 16-row sub-tiles) whose
+    unpacked bytes are about TILE_BYTES (at least 32 rows: 8B's 14336-wide ffn_down), and at least two
+    tiles per thread when the matrix allows."""
+    unit = 2 * LANES
+    mr = unit * max(1, TILE_BYTES // (unit * kdim))
     per = -(-n_out // (2 * threads))
-    return max(LANES, min(mr, -(-per // LANES) * LANES))
+    return max(unit, min(mr, -(-per // unit) * unit))
 
 
 def gemm(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, cache: dict, threads: int) -> np.ndarray:
