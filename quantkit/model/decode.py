@@ -76,7 +76,7 @@ def chunk_rows(n_rows: int) -> int:
     return min(CHUNK_MAX, max(16, n_rows // CHUNK_SPLIT // 16 * 16))
 #: ``DecodeStep.make_x8`` packs a matrix this many bytes of rows at a time, releasing each slice's file
 #: pages before the next: the packing's transient is one slice, not the largest matrix (8B's output)
-X8_SLICE_BYTES = 16 << 20
+X8_SLICE_BYTES = 4 << 20
 #: the weights are copied to huge-page memory when their span is at most this fraction of MemAvailable
 RAM_COPY_FRACTION = 0.5
 #: activation kind -> bit in the ``need`` masks (F32 needs no conversion)
