@@ -1,3 +1,3 @@
-from quantkit.cli import main
+from quantkit.cli import entry
 
-main()
+entry()

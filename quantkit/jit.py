@@ -47,6 +47,34 @@ os.environ.setdefault("GOMP_SPINCOUNT", "10000")
 _BASE = dict(cache=True, nogil=True, error_model="numpy")
 
 
+def _load_cached_without_refresh() -> None:
+    """Before loading a kernel from its cache, numba refreshes the whole target context: it imports
+    ~60 of its modules and installs every typing and lowering registry, which only compiling needs
+    (its compiler refreshes the context itself). Loading machine code needs the runtime (NRT) alone,
+    so that is all this starts; the refresh then happens at the first real compile, if any (a
+    2-chunk perplexity with a warm cache: ~0.1 CPU-s less, docs/performance.md). Left as numba has it
+    when its internals are not the ones this was written for (numba 0.60-0.68)."""
+    try:
+        from numba.core import caching
+        from numba.core.runtime import rtsys
+    except ImportError:
+        return
+    cache = getattr(caching, "Cache", None)
+    if cache is None or not all(hasattr(cache, a) for a in ("load_overload", "_load_overload",
+                                                              "_guard_against_spurious_io_errors")):
+        return
+
+    def load_overload(self, sig, target_context):
+        rtsys.initialize(target_context)
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    cache.load_overload = load_overload
+
+
+_load_cached_without_refresh()
+
+
 def njit(fn=None, **kw):
     opts = {**_BASE, **kw}
     return numba.njit(**opts)(fn) if fn is not None else numba.njit(**opts)

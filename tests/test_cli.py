@@ -67,3 +67,22 @@ def test_quantize_help_lists_llama_quantizes_file_types():
     start = next(i for i, line in enumerate(lines) if line.strip().startswith("File types"))
     got = [" ".join(line.split()) for line in lines[start + 1:start + 1 + len(want)]]
     assert got == want
+
+
+def test_process_exit_codes_and_output(tmp_path):
+    """``python -m quantkit`` (the console script's ``entry``) ends the process without the interpreter's
+    teardown: its output still arrives whole through a pipe, and the exit codes are click's -- 0,
+    2 for a usage error, 1 for a library error (one line, no traceback)."""
+    def run(*args):
+        return subprocess.run([sys.executable, "-m", "quantkit", *args], capture_output=True, text=True,
+                              timeout=120)
+
+    r = run("quantize", "--help")
+    want = CliRunner().invoke(main, ["quantize", "--help"], prog_name="python -m quantkit").output
+    assert r.returncode == 0 and "".join(r.stdout.split()) == "".join(want.split())   # (another width)
+    r = run("perplexity", "-c", "2")
+    assert r.returncode == 2 and "Usage:" in r.stderr and "Traceback" not in r.stderr
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + b"\0" * 20)
+    r = run("perplexity", "-m", str(bad), "-c", "64", "--chunks", "1")
+    assert r.returncode == 1 and "Traceback" not in r.stderr and r.stderr.strip().count("\n") == 0, r.stderr

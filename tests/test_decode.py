@@ -139,3 +139,53 @@ def test_weights_read_from_the_file_map(tiny, monkeypatch):
     r2, b = decode_all(tiny, TOKENS[:4])
     assert r2.step.copied and not np.shares_memory(r2.step.buf, base)
     np.testing.assert_array_equal(a, b)
+
+
+def _present_pages(a: np.ndarray) -> tuple[int, int]:
+    """(pages mapped in this process, whole pages) of the pages lying wholly inside ``a``'s bytes, from
+    /proc/self/pagemap's present bit (the page table, not the page cache that mincore reports)."""
+    import mmap
+
+    page = mmap.PAGESIZE
+    start = a.__array_interface__["data"][0]
+    first, last = -(-start // page), (start + a.nbytes) // page
+    with open("/proc/self/pagemap", "rb") as fh:
+        fh.seek(first * 8)
+        entries = np.frombuffer(fh.read(8 * (last - first)), np.uint64)
+    return int(np.count_nonzero(entries >> np.uint64(63))), last - first
+
+
+@pytest.mark.skipif(not x8_types(), reason="no 512-bit VNNI: no x8 kernels")
+def test_x8_copy_replaces_the_file_pages(tmp_path, monkeypatch):
+    """The x8 copy is packed a slice of rows at a time and each slice's file pages leave this process as
+    soon as it is packed (``X8_SLICE_BYTES``; here 8 rows a slice): once packed, no whole page of a
+    packed matrix is mapped any more, and the copy holds the same bytes as packing each matrix
+    whole. The step then gives the same logits as a Runner whose copy was packed in one piece."""
+    import os
+
+    import quantkit.model.decode as D
+    from quantkit.kernels.vecdot import pack_x8
+
+    if not os.path.exists("/proc/self/pagemap"):
+        pytest.skip("no /proc/self/pagemap")
+    monkeypatch.setenv("QUANTKIT_X8", "1")
+    monkeypatch.delenv("QUANTKIT_COPY_WEIGHTS", raising=False)
+    path = write_tiny(tmp_path / "tiny.gguf")
+    with Llama(path) as m:
+        r = Runner(m, 64)
+        todo = list(r.step._x8_todo)
+        assert todo and not r.step.copied
+        whole = sum(_present_pages(w.data)[1] for w, _ in todo)
+        assert whole >= 20
+        for w, _ in todo:                       # every page of the packed matrices mapped, as after a prompt
+            int(np.asarray(w.data, np.uint8).sum())
+        assert sum(_present_pages(w.data)[0] for w, _ in todo) == whole
+        monkeypatch.setattr(D, "X8_SLICE_BYTES", 1)
+        r.step.make_x8()
+        assert sum(_present_pages(w.data)[0] for w, _ in todo) == 0
+        a = r.forward([TOKENS[0]])
+        for w, o in todo:                       # (reading the rows maps them back)
+            n = w.data.nbytes
+            np.testing.assert_array_equal(r.step.pbuf[o:o + n], pack_x8(w.data, w.type).reshape(-1))
+        monkeypatch.setattr(D, "X8_SLICE_BYTES", 1 << 40)
+        np.testing.assert_array_equal(a, Runner(m, 64).forward([TOKENS[0]]))

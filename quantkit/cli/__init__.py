@@ -104,6 +104,37 @@ def main() -> None:
         sys.modules["quantkit.jit"].announce_compiles()
 
 
+def entry() -> None:
+    """The ``quantkit`` command (console script, ``python -m quantkit``): ``main``, then the end of the
+    process without the interpreter's teardown. What the interpreter does first on its way out still
+    runs -- non-daemon threads joined (``threading._shutdown``), atexit handlers (temporary files'
+    finalizers among them), the standard streams flushed -- but not the freeing of every module,
+    numba dispatcher and LLVM object one by one: 0.2-0.3 CPU-s once the kernels are loaded, as long
+    as a 2-chunk perplexity's start-up (docs/performance.md). In-process callers (tests) call ``main``."""
+    import atexit
+    import threading
+
+    try:
+        main()
+        code = 0
+    except SystemExit as e:
+        code = e.code
+    if code is not None and not isinstance(code, int):   # sys.exit("message")
+        print(code, file=sys.stderr)
+        code = 1
+    shutdown = getattr(threading, "_shutdown", None)
+    if shutdown is None:                                  # not CPython: its own exit
+        sys.exit(code)
+    shutdown()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            code = code or 1
+    os._exit(code or 0)
+
+
 def chunk_bar(n: int):
     """A progress bar over ``n`` chunks on stderr (imatrix, perplexity), or None when stderr is not a
     terminal."""

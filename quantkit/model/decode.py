@@ -74,6 +74,9 @@ CHUNK_SPLIT, CHUNK_MAX = 16, 256
 def chunk_rows(n_rows: int) -> int:
     """Rows per prange chunk of a matrix of ``n_rows`` rows (a multiple of 16, so of the x8 groups)."""
     return min(CHUNK_MAX, max(16, n_rows // CHUNK_SPLIT // 16 * 16))
+#: ``DecodeStep.make_x8`` packs a matrix this many bytes of rows at a time, releasing each slice's file
+#: pages before the next: the packing's transient is one slice, not the largest matrix (8B's output)
+X8_SLICE_BYTES = 4 << 20
 #: the weights are copied to huge-page memory when their span is at most this fraction of MemAvailable
 RAM_COPY_FRACTION = 0.5
 #: activation kind -> bit in the ``need`` masks (F32 needs no conversion)
@@ -390,7 +393,7 @@ class DecodeStep:
         self.copied = copied
         self.views = {w.name: buf[o:o + w.data.nbytes].reshape(w.data.shape) for w, o in zip(weights, offs)}
         code = {k: i for i, k in enumerate(slots)}
-        # x8 copies: offsets in ``pbuf`` (64-byte aligned); made at the first ``run`` (``_make_x8``), so
+        # x8 copies: offsets in ``pbuf`` (64-byte aligned); made at the first ``run`` (``make_x8``), so
         # a Runner used only for batches (perplexity, imatrix) never holds them
         self._model, self._x8_todo, self.x8_bytes = model, [], 0
         self.pbuf = np.zeros(64, np.uint8)
@@ -444,23 +447,39 @@ class DecodeStep:
         self.embd_scale = np.float32(c.embd_scale)
         self.fn = step_kernel(slots, variant, kv_f16)
 
-    def _make_x8(self) -> None:
-        """Fill ``pbuf`` with the x8 layout of the matrices that use it, then drop their file pages from
-        this process (the batch path reads them back from the map when it runs): the interleaved copy
-        replaces the map for decoding, so the resident weight bytes stay one copy."""
+    def make_x8(self) -> None:
+        """Fill ``pbuf`` with the x8 layout of the matrices that use it (the first ``run`` does, once),
+        ``X8_SLICE_BYTES`` of rows at a time, dropping each slice's file pages from this process as soon
+        as it is packed (the batch path reads them back from the map when it runs): the interleaved
+        copy replaces the map for decoding, so the resident weight bytes stay one copy, plus one slice
+        while packing."""
+        if not self._x8_todo:
+            return
         m = self._model
         pbuf = _huge_empty(self.x8_bytes)
+        done = []
         for w, o in self._x8_todo:
-            pack_x8(w.data, w.type, pbuf[o:o + w.data.nbytes])
             # also when the output is tied to the embedding: the lookup faults back one row per token
-            if not self.copied and m.gguf.has_tensor(w.name):
-                m.gguf.release(m.gguf.tensor(w.name))
+            src = m.gguf.tensor(w.name) if not self.copied and m.gguf.has_tensor(w.name) else None
+            n, rb = w.data.shape
+            step = max(X8_ROWS, X8_SLICE_BYTES // rb // X8_ROWS * X8_ROWS)
+            for r0 in range(0, n, step):
+                r1 = min(n, r0 + step)
+                pack_x8(w.data[r0:r1], w.type, pbuf[o + r0 * rb:o + r1 * rb])
+                if src is not None:
+                    m.gguf.release(src, r0, r1)
+            if src is not None:
+                done.append(src)
+        # the page faults of later slices also map their neighbours (the kernel's fault-around, up to
+        # 64 KiB): once more over every packed matrix
+        for src in done:
+            m.gguf.release(src)
         self.pbuf, self._x8_todo = pbuf, []
 
     def run(self, tok: int, pos: int, kc, vc, cos, sin, lay, scores, logits, want: bool) -> None:
         """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``lay`` (n_layer, 2): as ``step_body``'s."""
         if self._x8_todo:
-            self._make_x8()
+            self.make_x8()
         self.fn(tok, pos, want, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
                 self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
                 self.hg, self.hu, scores, logits, self.sc, self.dims, self.eps, self.scale, lay, self.bias,

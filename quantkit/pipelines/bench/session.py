@@ -12,7 +12,8 @@ import numpy as np
 
 from quantkit.errors import BenchError, ModelError
 from quantkit.pipelines.bench.glibc_rand import GlibcRand
-from quantkit.pipelines.bench.host import Affinity, CompileClock, cpu_info, peak_rss_bytes, reset_peak_rss
+from quantkit.pipelines.bench.host import (Affinity, CompileClock, cpu_info, peak_rss_bytes, reset_peak_rss,
+                                           return_freed_memory)
 from quantkit.pipelines.bench.model_desc import ModelInfo, model_info
 from quantkit.pipelines.bench.params import BenchParams, Instance, instances, validate
 from quantkit.pipelines.bench.printers import Printer
@@ -140,6 +141,7 @@ class BenchSession:
         P = self.params
         self.progress(f"llama-bench: benchmark {idx}/{count}: starting")
         self.runner = None  # the previous test's buffers and KV cache go before this test's are made
+        return_freed_memory()
         reset_peak_rss()
         lm = self._load(inst.model)
         try:
