@@ -49,6 +49,8 @@ HAS_VNNI512 = IS_X86 and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATURES
 HAS_F16 = (not IS_X86) or "f16c" in _FEATURES
 #: BMI2's pdep (the lattice types' grid indices, kernels/lowbit.py)
 HAS_BMI2 = IS_X86 and "bmi2" in _FEATURES
+#: GFNI's vgf2p8affineqb (a byte's bits moved in one instruction: the x8 Q6_K unpack)
+HAS_GFNI = IS_X86 and "gfni" in _FEATURES
 
 VARIANTS = ("vnni", "generic", "plain")
 #: opt-in (QUANTKIT_512=1): 32-element blocks two at a time with a 512-bit vpdpbusd where the CPU has
@@ -733,6 +735,21 @@ def _x8_bits(b, v, shift, mask):
     return b.and_(b.lshr(v, _splat(I8, 64, shift)) if shift else v, _splat(I8, 64, mask))
 
 
+def _gf2_bits(b, v, moves):
+    """Each byte of <64 x i8> v with its bits moved (``moves``: {bit out: bit in}), the other bits 0:
+    one ``vgf2p8affineqb`` (a shift and a mask in one instruction; GFNI, with AVX-512 here). The
+    matrix byte 7 - o holds the input bits that make output bit o."""
+    if not HAS_GFNI:  # the moves are one shift: shift and mask
+        (d,) = {o - i for o, i in moves.items()}
+        mask = _splat(I8, 64, sum(1 << o for o in moves))
+        return b.and_(b.shl(v, _splat(I8, 64, d)) if d > 0 else b.lshr(v, _splat(I8, 64, -d)) if d else v, mask)
+    row = [0] * 8
+    for o, i in moves.items():
+        row[7 - o] = 1 << i
+    fn = _decl(b.module, "llvm.x86.vgf2p8affineqb.512", V64I8, [V64I8, V64I8, I8])
+    return b.call(fn, [v, ir.Constant(V64I8, row * 8), ir.Constant(I8, 0)])
+
+
 class _X8:
     """What an x8 emitter gets: builder, vpdpbusd, group-block pointer, this block's activations
     (quants, float scale, int32 sums pointer)."""
@@ -822,23 +839,40 @@ def _x8_q4k_like(qs_off, qh_off=None):
 def _x8_scaled16(k, slices, scale, unsigned, bias_shift):
     """The K types with one scale per 16 elements (Q2_K, Q3_K, Q6_K): for each sub-block g (0..15),
     the dot of its two slices' unsigned values (``slices(g)`` -> [(u <64 x i8>, activation offset)])
-    times its 8 rows' scale (``scale(g)`` <8 x i32>) -> summed per row. ``unsigned`` False: the values
-    are offset by 2**bias_shift, so sum(scale * bsums) << bias_shift is subtracted; True (Q2_K): the
-    scale's high nibble is a min, returned as the second sum."""
+    times its 8 rows' scale (``scale(g)`` -> (<8 x i32>, min or None)) -> summed per row. ``unsigned``
+    False: the values are offset by 2**bias_shift, taken off each sub-block's dot as
+    bsum << bias_shift (as ggml's dots do through the bsums, not per element); True (Q2_K): the scale's
+    high nibble is a min, returned as the second sum (sum(min * bsums)).
+
+    Sub-blocks go in pairs (g, g + 1): their two dots' per-row lane pairs are added into one zmm (the
+    8 rows of g, then of g + 1), so one ``vpmulld`` applies both scales (one per two sub-blocks where
+    a reduction per sub-block took a multiply for the scale and one for the offset). Integer sums:
+    the same result in any order."""
     b = k.b
+    bsv = _ld(b, b.bitcast(k.sb, I8.as_pointer()), 0, V16I32)  # the 16 bsums
+    if not unsigned:
+        bsv = b.shl(bsv, _splat(I32, 16, bias_shift))
     isum = off = None
-    for g in range(16):
-        dot = ir.Constant(V16I32, None)
-        for u, xo in slices(g):
-            dot = _x8_dot(b, k.dpb, dot, u, k.xb, xo)
-        sc, mn = scale(g)
-        t = b.mul(_pairs16(b, dot), sc)
-        o = b.mul(mn if unsigned else sc, _bcast(b, k.xsum(g), V8I32))
+    for p in range(8):
+        dots = []
+        for g in (2 * p, 2 * p + 1):
+            dot = ir.Constant(V16I32, None)
+            for u, xo in slices(g):
+                dot = _x8_dot(b, k.dpb, dot, u, k.xb, xo)
+            dots.append(dot)
+        t = b.add(b.shuffle_vector(dots[0], dots[1], _vconst(range(0, 32, 2))),
+                  b.shuffle_vector(dots[0], dots[1], _vconst(range(1, 32, 2))))
+        bs = _shuf(b, bsv, [2 * p] * 8 + [2 * p + 1] * 8)
+        (sa, ma), (sb, mb) = scale(2 * p), scale(2 * p + 1)
+        sc = b.shuffle_vector(sa, sb, _vconst(range(16)))
+        if unsigned:
+            t = b.mul(t, sc)
+            o = b.mul(b.shuffle_vector(ma, mb, _vconst(range(16))), bs)
+            off = o if off is None else b.add(off, o)
+        else:
+            t = b.mul(b.sub(t, bs), sc)
         isum = t if isum is None else b.add(isum, t)
-        off = o if off is None else b.add(off, o)
-    if unsigned:
-        return isum, off
-    return b.sub(isum, b.shl(off, _splat(I32, 8, bias_shift))), None
+    return _fold16(b, isum), (_fold16(b, off) if unsigned else None)
 
 
 def _x8_q2_k(k):
@@ -902,8 +936,10 @@ def _x8_q3_k(k):
 
 def _x8_q6_k(k):
     """Q6_K: quants ql (0..1023: 8 x 128 bytes) and qh (1024..1535), then the 16 int8 scales (1536,
-    element g of row r at 1536 + 8g + r) and d (1664). Per 16 elements: 2 slices, one scale."""
+    element g of row r at 1536 + 8g + r) and d (1664). Per 16 elements: 2 slices, one scale. The
+    unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
     b = k.b
+    lo4, hi2 = _splat(I8, 64, 0x0F), _splat(I8, 64, 0x30)
 
     def slices(g):
         n, rest = divmod(g, 8)
@@ -911,16 +947,17 @@ def _x8_q6_k(k):
         out = []
         for j in (2 * h, 2 * h + 1):
             ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * j, V64I8)
-            lo = b.and_(ql, _splat(I8, 64, 15)) if i < 2 else b.lshr(ql, _splat(I8, 64, 4))
             qh = _ld(b, k.gb, 1024 + 256 * n + 64 * j, V64I8)
-            hb = _x8_bits(b, qh, 2 * i, 3)
-            out.append((b.or_(lo, b.shl(hb, _splat(I8, 64, 4))), 128 * n + 32 * i + 8 * j))
+            # ql's nibble to bits 0..3, bits 2i, 2i+1 of qh to bits 4, 5, the rest 0
+            lo = b.and_(ql, lo4) if i < 2 else _gf2_bits(b, ql, {0: 4, 1: 5, 2: 6, 3: 7})
+            hb = b.and_(qh, hi2) if i == 2 else _gf2_bits(b, qh, {4: 2 * i, 5: 2 * i + 1})
+            out.append((b.or_(lo, hb), 128 * n + 32 * i + 8 * j))
         return out
 
     def scale(g):
         return b.sext(_ld(b, k.gb, 1536 + 8 * g, ir.VectorType(I8, 8)), V8I32), None
 
-    isum, _ = _x8_scaled16(k, slices, scale, False, 5)  # - 32 * sum(sc * bsums)
+    isum, _ = _x8_scaled16(k, slices, scale, False, 5)  # sub-block dots - 32 * bsums
     return [(isum, b.fmul(_x8_f16(b, k.gb, 1664), k.dxv(), flags=_FM))]
 
 
