@@ -730,9 +730,10 @@ def _x8_dot(b, dpb, acc, u, xb, off):
     return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
 
 
-def _x8_bits(b, v, shift, mask):
-    """(v >> shift) & mask per byte of <64 x i8> v: one bit field of 64 packed quant bytes."""
-    return b.and_(b.lshr(v, _splat(I8, 64, shift)) if shift else v, _splat(I8, 64, mask))
+def _x8_bits(b, v, shift, width, to=0):
+    """Bits shift..shift+width-1 of each byte of <64 x i8> v at bits to..to+width-1, the rest 0: one bit
+    field of 64 packed quant bytes, moved into place (one GFNI affine, ``_gf2_bits``)."""
+    return _gf2_bits(b, v, {to + e: shift + e for e in range(width)})
 
 
 def _gf2_bits(b, v, moves):
@@ -803,17 +804,21 @@ def _x8_q4k_like(qs_off, qh_off=None):
         s47 = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c(6)), k3), c(4)))
         s03 = b.and_(u0, k1)
 
-        def byte(w, q):
-            return b.and_(b.lshr(w, c(8 * q)) if q else w, c(0xFF))
+        def pair(w03, w47, p):  # bytes 2p, 2p+1 of the 8 rows' 8 (sub-blocks' scales or mins) -> <16 x i32>
+            w = w03 if p < 2 else w47
+            sh = _vconst([16 * (p % 2)] * 8 + [16 * (p % 2) + 8] * 8)
+            return b.and_(b.lshr(b.shuffle_vector(w, w, _vconst(list(range(8)) * 2)), sh), _splat(I32, 16, 0xFF))
 
         def fifth(j, sub):  # bit ``sub`` of the qh slice j, as 16
             if qh_off is None:
                 return None
             h = _ld(b, k.gb, qh_off + 64 * j, V64I8)
-            return b.shl(_x8_bits(b, h, sub, 1), _splat(I8, 64, 4))
+            return _x8_bits(b, h, sub, 1, 4)
 
+        bsv = _ld(b, b.bitcast(k.sb, I8.as_pointer()), 0, V16I32)
+        xs8 = b.add(_shuf(b, bsv, range(0, 16, 2)), _shuf(b, bsv, range(1, 16, 2)))  # per sub-block of 32
         isum = msum = None
-        for p in range(4):
+        for p in range(4):  # sub-blocks 2p (low nibbles) and 2p + 1 (high): one zmm, rows of 2p then 2p + 1
             lo = hi = ir.Constant(V16I32, None)
             for j in range(4):
                 v = _ld(b, k.gb, qs_off + 64 * (4 * p + j), V64I8)
@@ -822,17 +827,14 @@ def _x8_q4k_like(qs_off, qh_off=None):
                     ul, uh = b.or_(ul, fifth(j, 2 * p)), b.or_(uh, fifth(j, 2 * p + 1))
                 lo = _x8_dot(b, k.dpb, lo, ul, k.xb, 64 * p + 8 * j)
                 hi = _x8_dot(b, k.dpb, hi, uh, k.xb, 64 * p + 32 + 8 * j)
-            for sub, dot in ((2 * p, lo), (2 * p + 1, hi)):
-                sc = byte(s03, sub) if sub < 4 else byte(s47, sub - 4)
-                mn = byte(m03, sub) if sub < 4 else byte(m47, sub - 4)
-                t = b.mul(_pairs16(b, dot), sc)
-                xs = b.add(k.xsum(2 * sub), k.xsum(2 * sub + 1))
-                m = b.mul(mn, _bcast(b, xs, V8I32))
-                isum = t if isum is None else b.add(isum, t)
-                msum = m if msum is None else b.add(msum, m)
+            t = b.add(b.shuffle_vector(lo, hi, _vconst(range(0, 32, 2))), b.shuffle_vector(lo, hi, _vconst(range(1, 32, 2))))
+            t = b.mul(t, pair(s03, s47, p))
+            m = b.mul(pair(m03, m47, p), _shuf(b, xs8, [2 * p] * 8 + [2 * p + 1] * 8))
+            isum = t if isum is None else b.add(isum, t)
+            msum = m if msum is None else b.add(msum, m)
         dxv = k.dxv()
-        return [(isum, b.fmul(_x8_f16(b, k.gb, 0), dxv, flags=_FM)),
-                (msum, b.fneg(b.fmul(_x8_f16(b, k.gb, 16), dxv, flags=_FM)))]
+        return [(_fold16(b, isum), b.fmul(_x8_f16(b, k.gb, 0), dxv, flags=_FM)),
+                (_fold16(b, msum), b.fneg(b.fmul(_x8_f16(b, k.gb, 16), dxv, flags=_FM)))]
     return emit
 
 
@@ -886,7 +888,7 @@ def _x8_q2_k(k):
         out = []
         for s in (2 * h, 2 * h + 1):
             v = _ld(b, k.gb, 128 + 64 * (4 * n + s), V64I8)
-            out.append((_x8_bits(b, v, 2 * j, 3), 128 * n + 32 * j + 8 * s))
+            out.append((_x8_bits(b, v, 2 * j, 2), 128 * n + 32 * j + 8 * s))
         return out
 
     def scale(g):
@@ -920,9 +922,9 @@ def _x8_q3_k(k):
         out = []
         for s in (2 * h, 2 * h + 1):
             q = _ld(b, k.gb, 256 + 64 * (4 * n + s), V64I8)
-            low = _x8_bits(b, q, 2 * j, 3)
-            hb = _x8_bits(b, _ld(b, k.gb, 64 * s, V64I8), ch, 1)
-            out.append((b.or_(low, b.shl(hb, _splat(I8, 64, 2))), 32 * ch + 8 * s))
+            low = _x8_bits(b, q, 2 * j, 2)
+            hb = _x8_bits(b, _ld(b, k.gb, 64 * s, V64I8), ch, 1, 2)
+            out.append((b.or_(low, hb), 32 * ch + 8 * s))
         return out
 
     def scale(g):
@@ -949,8 +951,8 @@ def _x8_q6_k(k):
             ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * j, V64I8)
             qh = _ld(b, k.gb, 1024 + 256 * n + 64 * j, V64I8)
             # ql's nibble to bits 0..3, bits 2i, 2i+1 of qh to bits 4, 5, the rest 0
-            lo = b.and_(ql, lo4) if i < 2 else _gf2_bits(b, ql, {0: 4, 1: 5, 2: 6, 3: 7})
-            hb = b.and_(qh, hi2) if i == 2 else _gf2_bits(b, qh, {4: 2 * i, 5: 2 * i + 1})
+            lo = b.and_(ql, lo4) if i < 2 else _x8_bits(b, ql, 4, 4)
+            hb = b.and_(qh, hi2) if i == 2 else _x8_bits(b, qh, 2 * i, 2, 4)
             out.append((b.or_(lo, hb), 128 * n + 32 * i + 8 * j))
         return out
 
