@@ -764,6 +764,26 @@ class _X8:
     def xsum(self, i):
         return self.b.load(self.b.gep(self.sb, [ir.Constant(I64, i)]))
 
+    def bsums(self):
+        """The 16 activation sums of a super-block (one per 16 elements) -> <16 x i32>."""
+        return _ld(self.b, self.b.bitcast(self.sb, I8.as_pointer()), 0, V16I32)
+
+    def sums32(self):
+        """The activation sums per 32 elements of a super-block -> <8 x i32>."""
+        bsv = self.bsums()
+        return self.b.add(_shuf(self.b, bsv, range(0, 16, 2)), _shuf(self.b, bsv, range(1, 16, 2)))
+
+
+def _x8_pair(b, d0, d1):
+    """Two sub-blocks' dots (<16 x i32>, row r in lanes 2r, 2r+1) -> one <16 x i32>: the 8 rows of the
+    first, then of the second: so one multiply applies both sub-blocks' scales."""
+    return b.add(b.shuffle_vector(d0, d1, _vconst(range(0, 32, 2))), b.shuffle_vector(d0, d1, _vconst(range(1, 32, 2))))
+
+
+def _twice(p):
+    """Lane selector for a sub-block pair's 16 lanes: [2p] * 8 + [2p + 1] * 8."""
+    return [2 * p] * 8 + [2 * p + 1] * 8
+
 
 # Each emitter: (k: _X8) -> [(<8 x i32> per-row integer, <8 x float> per-row scale)], summed as
 # acc += float(integer) * scale.
@@ -815,8 +835,7 @@ def _x8_q4k_like(qs_off, qh_off=None):
             h = _ld(b, k.gb, qh_off + 64 * j, V64I8)
             return _x8_bits(b, h, sub, 1, 4)
 
-        bsv = _ld(b, b.bitcast(k.sb, I8.as_pointer()), 0, V16I32)
-        xs8 = b.add(_shuf(b, bsv, range(0, 16, 2)), _shuf(b, bsv, range(1, 16, 2)))  # per sub-block of 32
+        xs8 = k.sums32()
         isum = msum = None
         for p in range(4):  # sub-blocks 2p (low nibbles) and 2p + 1 (high): one zmm, rows of 2p then 2p + 1
             lo = hi = ir.Constant(V16I32, None)
@@ -827,9 +846,8 @@ def _x8_q4k_like(qs_off, qh_off=None):
                     ul, uh = b.or_(ul, fifth(j, 2 * p)), b.or_(uh, fifth(j, 2 * p + 1))
                 lo = _x8_dot(b, k.dpb, lo, ul, k.xb, 64 * p + 8 * j)
                 hi = _x8_dot(b, k.dpb, hi, uh, k.xb, 64 * p + 32 + 8 * j)
-            t = b.add(b.shuffle_vector(lo, hi, _vconst(range(0, 32, 2))), b.shuffle_vector(lo, hi, _vconst(range(1, 32, 2))))
-            t = b.mul(t, pair(s03, s47, p))
-            m = b.mul(pair(m03, m47, p), _shuf(b, xs8, [2 * p] * 8 + [2 * p + 1] * 8))
+            t = b.mul(_x8_pair(b, lo, hi), pair(s03, s47, p))
+            m = b.mul(pair(m03, m47, p), _shuf(b, xs8, _twice(p)))
             isum = t if isum is None else b.add(isum, t)
             msum = m if msum is None else b.add(msum, m)
         dxv = k.dxv()
@@ -851,7 +869,7 @@ def _x8_scaled16(k, slices, scale, unsigned, bias_shift):
     a reduction per sub-block took a multiply for the scale and one for the offset). Integer sums:
     the same result in any order."""
     b = k.b
-    bsv = _ld(b, b.bitcast(k.sb, I8.as_pointer()), 0, V16I32)  # the 16 bsums
+    bsv = k.bsums()
     if not unsigned:
         bsv = b.shl(bsv, _splat(I32, 16, bias_shift))
     isum = off = None
@@ -862,9 +880,8 @@ def _x8_scaled16(k, slices, scale, unsigned, bias_shift):
             for u, xo in slices(g):
                 dot = _x8_dot(b, k.dpb, dot, u, k.xb, xo)
             dots.append(dot)
-        t = b.add(b.shuffle_vector(dots[0], dots[1], _vconst(range(0, 32, 2))),
-                  b.shuffle_vector(dots[0], dots[1], _vconst(range(1, 32, 2))))
-        bs = _shuf(b, bsv, [2 * p] * 8 + [2 * p + 1] * 8)
+        t = _x8_pair(b, dots[0], dots[1])
+        bs = _shuf(b, bsv, _twice(p))
         (sa, ma), (sb, mb) = scale(2 * p), scale(2 * p + 1)
         sc = b.shuffle_vector(sa, sb, _vconst(range(16)))
         if unsigned:
@@ -966,31 +983,33 @@ def _x8_q6_k(k):
 def _x8_iq4_xs(k):
     """IQ4_XS: header d (0), scales_h (16, u16 elements), scales_l (32, u32 elements); quants from 64:
     chunk c (32 elements) in slices 2c, 2c+1 (slice 2c+h: low nibbles elements 8h.., high 16+8h..),
-    table values + 128 through a 512-bit pshufb."""
+    table values + 128 through a 512-bit pshufb; chunks in pairs as the K types' sub-blocks."""
     b = k.b
-    sh = b.zext(_ld(b, k.gb, 16, ir.VectorType(I16, 8)), V8I32)
-    sl = _ld(b, k.gb, 32, V8I32)
-    c = lambda n: _splat(I32, 8, n)  # noqa: E731
+    dup = lambda v: b.shuffle_vector(v, v, _vconst(list(range(8)) * 2))  # noqa: E731  (both halves: a pair's)
+    sh = dup(b.zext(_ld(b, k.gb, 16, ir.VectorType(I16, 8)), V8I32))
+    sl = dup(_ld(b, k.gb, 32, V8I32))
+    c = lambda n: _splat(I32, 16, n)  # noqa: E731
     lut = _decl(b.module, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
     table = ir.Constant(V64I8, list(_IQ4_U) * 4)
-    isum = off = None
-    for ch in range(8):
-        dot = ir.Constant(V16I32, None)
-        for h in range(2):
-            v = _ld(b, k.gb, 64 + 64 * (2 * ch + h), V64I8)
-            lo = b.call(lut, [table, b.and_(v, _splat(I8, 64, 15))])
-            hi = b.call(lut, [table, b.lshr(v, _splat(I8, 64, 4))])
-            dot = _x8_dot(b, k.dpb, dot, lo, k.xb, 32 * ch + 8 * h)
-            dot = _x8_dot(b, k.dpb, dot, hi, k.xb, 32 * ch + 16 + 8 * h)
-        low = b.and_(b.lshr(sl, c(4 * ch)) if ch else sl, c(15))
-        high = b.shl(b.and_(b.lshr(sh, c(2 * ch)) if ch else sh, c(3)), c(4))
+    xs = b.shl(k.sums32(), _splat(I32, 8, 7))  # 128 * sums: the table values' offset
+    isum = None
+    for p in range(4):
+        dots = []
+        for ch in (2 * p, 2 * p + 1):
+            dot = ir.Constant(V16I32, None)
+            for h in range(2):
+                v = _ld(b, k.gb, 64 + 64 * (2 * ch + h), V64I8)
+                lo = b.call(lut, [table, b.and_(v, _splat(I8, 64, 15))])
+                hi = b.call(lut, [table, b.lshr(v, _splat(I8, 64, 4))])
+                dot = _x8_dot(b, k.dpb, dot, lo, k.xb, 32 * ch + 8 * h)
+                dot = _x8_dot(b, k.dpb, dot, hi, k.xb, 32 * ch + 16 + 8 * h)
+            dots.append(dot)
+        low = b.and_(b.lshr(sl, _vconst([4 * e for e in _twice(p)])), c(15))
+        high = b.shl(b.and_(b.lshr(sh, _vconst([2 * e for e in _twice(p)])), c(3)), c(4))
         sc = b.sub(b.or_(low, high), c(32))
-        t = b.mul(_pairs16(b, dot), sc)
-        o = b.mul(sc, _bcast(b, b.add(k.xsum(2 * ch), k.xsum(2 * ch + 1)), V8I32))
+        t = b.mul(b.sub(_x8_pair(b, *dots), _shuf(b, xs, _twice(p))), sc)
         isum = t if isum is None else b.add(isum, t)
-        off = o if off is None else b.add(off, o)
-    isum = b.sub(isum, b.shl(off, c(7)))  # - 128 * sum(sc * bsums)
-    return [(isum, b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
+    return [(_fold16(b, isum), b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
 
 
 #: type name -> (block bytes of one row, elements per block, activation sums per block, header fields
