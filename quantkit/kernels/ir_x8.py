@@ -183,10 +183,10 @@ def _x8_q4k_like(qs_off, qh_off=None):
     return emit
 
 
-def _x8_scaled16(k, slices, scale, unsigned, bias_shift):
+def _x8_scaled16(k, unpack, scale, unsigned, bias_shift):
     """The K types with one scale per 16 elements (Q2_K, Q3_K, Q6_K): for each sub-block g (0..15),
-    the dot of its two slices' unsigned values (``slices(g)`` -> [(u <64 x i8>, activation offset)])
-    times its 8 rows' scale (``scale(g)`` -> (<8 x i32>, min or None)) -> summed per row. ``unsigned``
+    the dot of its two slices' unsigned values (``unpack(g, s)`` -> <64 x i8> of its slice s = 2h, 2h + 1,
+    h = g % 2: elements 16g + 8e, e = s - 2h, of the 8 rows) times its 8 rows' scale (``scale(g)`` -> (<8 x i32>, min or None)) -> summed per row. ``unsigned``
     False: the values are offset by 2**bias_shift, taken off each sub-block's dot as
     bsum << bias_shift (as ggml's dots do through the bsums, not per element); True (Q2_K): the scale's
     high nibble is a min, returned as the second sum (sum(min * bsums)).
@@ -204,8 +204,8 @@ def _x8_scaled16(k, slices, scale, unsigned, bias_shift):
         dots = []
         for g in (2 * p, 2 * p + 1):
             dot = ir.Constant(V16I32, None)
-            for u, xo in slices(g):
-                dot = _x8_dot(b, k.dpb, dot, u, k.xb, xo)
+            for e in range(2):
+                dot = _x8_dot(b, k.dpb, dot, unpack(g, 2 * (g % 2) + e), k.xb, 16 * g + 8 * e)
             dots.append(dot)
         t = _x8_pair(b, dots[0], dots[1])
         bs = _shuf(b, bsv, _twice(p))
@@ -226,20 +226,15 @@ def _x8_q2_k(k):
     (half n, shift j, slice s: qs slice 4n + s, elements 128n + 32j + 8s..), d (640), dmin (656)."""
     b = k.b
 
-    def slices(g):
-        n, rest = divmod(g, 8)
-        j, h = divmod(rest, 2)
-        out = []
-        for s in (2 * h, 2 * h + 1):
-            v = _ld(b, k.gb, 128 + 64 * (4 * n + s), V64I8)
-            out.append((_x8_bits(b, v, 2 * j, 2), 128 * n + 32 * j + 8 * s))
-        return out
+    def unpack(g, s):
+        n, j = g // 8, g % 8 // 2
+        return _x8_bits(b, _ld(b, k.gb, 128 + 64 * (4 * n + s), V64I8), 2 * j, 2)
 
     def scale(g):
         v = b.zext(_ld(b, k.gb, 8 * g, ir.VectorType(I8, 8)), V8I32)
         return b.and_(v, _splat(I32, 8, 15)), b.lshr(v, _splat(I32, 8, 4))
 
-    isum, msum = _x8_scaled16(k, slices, scale, True, 0)
+    isum, msum = _x8_scaled16(k, unpack, scale, True, 0)
     dxv = k.dxv()
     return [(isum, b.fmul(_x8_f16(b, k.gb, 640), dxv, flags=_FM)),
             (msum, b.fneg(b.fmul(_x8_f16(b, k.gb, 656), dxv, flags=_FM)))]
@@ -260,23 +255,18 @@ def _x8_q3_k(k):
     aux = (b.or_(b.and_(a0, k2), hi(0)), b.or_(b.and_(a1, k2), hi(2)),
            b.or_(b.and_(b.lshr(a0, c(4)), k2), hi(4)), b.or_(b.and_(b.lshr(a1, c(4)), k2), hi(6)))
 
-    def slices(g):
-        ch, h = divmod(g, 2)
+    def unpack(g, s):
+        ch = g // 2
         n, j = divmod(ch, 4)
-        out = []
-        for s in (2 * h, 2 * h + 1):
-            q = _ld(b, k.gb, 256 + 64 * (4 * n + s), V64I8)
-            low = _x8_bits(b, q, 2 * j, 2)
-            hb = _x8_bits(b, _ld(b, k.gb, 64 * s, V64I8), ch, 1, 2)
-            out.append((b.or_(low, hb), 32 * ch + 8 * s))
-        return out
+        low = _x8_bits(b, _ld(b, k.gb, 256 + 64 * (4 * n + s), V64I8), 2 * j, 2)
+        return b.or_(low, _x8_bits(b, _ld(b, k.gb, 64 * s, V64I8), ch, 1, 2))
 
     def scale(g):
         w = aux[g // 4]
         q = g % 4
         return b.sub(b.and_(b.lshr(w, c(8 * q)) if q else w, c(0xFF)), c(32)), None
 
-    isum, _ = _x8_scaled16(k, slices, scale, False, 2)
+    isum, _ = _x8_scaled16(k, unpack, scale, False, 2)
     return [(isum, b.fmul(_x8_f16(b, k.gb, 864), k.dxv(), flags=_FM))]
 
 
@@ -287,23 +277,18 @@ def _x8_q6_k(k):
     b = k.b
     lo4, hi2 = _splat(I8, 64, 0x0F), _splat(I8, 64, 0x30)
 
-    def slices(g):
-        n, rest = divmod(g, 8)
-        i, h = divmod(rest, 2)  # chunk i of half n, its 16-element half h
-        out = []
-        for j in (2 * h, 2 * h + 1):
-            ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * j, V64I8)
-            qh = _ld(b, k.gb, 1024 + 256 * n + 64 * j, V64I8)
-            # ql's nibble to bits 0..3, bits 2i, 2i+1 of qh to bits 4, 5, the rest 0
-            lo = b.and_(ql, lo4) if i < 2 else _x8_bits(b, ql, 4, 4)
-            hb = b.and_(qh, hi2) if i == 2 else _x8_bits(b, qh, 2 * i, 2, 4)
-            out.append((b.or_(lo, hb), 128 * n + 32 * i + 8 * j))
-        return out
+    def unpack(g, s):
+        n, i = g // 8, g % 8 // 2  # chunk i of half n
+        ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * s, V64I8)
+        qh = _ld(b, k.gb, 1024 + 256 * n + 64 * s, V64I8)
+        # ql's nibble to bits 0..3, bits 2i, 2i+1 of qh to bits 4, 5, the rest 0
+        lo = b.and_(ql, lo4) if i < 2 else _x8_bits(b, ql, 4, 4)
+        return b.or_(lo, b.and_(qh, hi2) if i == 2 else _x8_bits(b, qh, 2 * i, 2, 4))
 
     def scale(g):
         return b.sext(_ld(b, k.gb, 1536 + 8 * g, ir.VectorType(I8, 8)), V8I32), None
 
-    isum, _ = _x8_scaled16(k, slices, scale, False, 5)  # sub-block dots - 32 * bsums
+    isum, _ = _x8_scaled16(k, unpack, scale, False, 5)  # sub-block dots - 32 * bsums
     return [(isum, b.fmul(_x8_f16(b, k.gb, 1664), k.dxv(), flags=_FM))]
 
 
