@@ -10,7 +10,8 @@ import pytest
 import quantkit.quants as Q
 from quantkit.kernels.activations import ACT_LAYOUT, quantize_activations
 from quantkit.formats.ggml_types import type_info
-from quantkit.kernels.ir import HAS_VNNI, row_dots
+from quantkit.kernels.ir import HAS_VNNI
+from quantkit.kernels.ir_rowdot import row_dots
 from quantkit.kernels.lowbit import SPECS, row_q1_0
 from quantkit.kernels.vecdot import build, rowdot_ir
 
@@ -32,7 +33,7 @@ def _impls():
 
 
 def _rowdot(t: str, impl: str):
-    """The IR row dot of a variant: ir.ROW_SPECS's entry (from lowbit.SPECS), or Q1_0's own loop."""
+    """The IR row dot of a variant: ir_rowdot.ROW_SPECS's entry (from lowbit.SPECS), or Q1_0's own loop."""
     row = row_q1_0(impl) if t == "Q1_0" else row_dots(impl)[t]
     return build(rowdot_ir, f"{t}_{impl}_test", False, ROW=row)
 

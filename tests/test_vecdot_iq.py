@@ -1,4 +1,4 @@
-"""The lattice types' row dots (kernels/vecdot_iq.py, IR through ir.ROW_SPECS) against a float64 dot of what
+"""The lattice types' row dots (kernels/vecdot_iq.py, IR through ir_rowdot.ROW_SPECS) against a float64 dot of what
 the bytes mean: gguf-py's dequantized weights times the dequantized Q8_K activations (``q * d``), both IR
 variants, on quantized rows and on random bytes (every grid index, sign, scale and delta bit in play, so a
 wrong lane, group or bit shows); the 2-row form and the GEMV built on them against the 1-row dot."""
@@ -13,7 +13,8 @@ import quantkit.kernels as K
 import quantkit.quants as Q
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.activations import quantize_q8_k_into
-from quantkit.kernels.ir import HAS_VNNI, row_dots
+from quantkit.kernels.ir import HAS_VNNI
+from quantkit.kernels.ir_rowdot import row_dots
 from quantkit.kernels.vecdot import build, rowdot2_ir, rowdot_ir
 from quantkit.kernels.vecdot_iq import SPECS
 

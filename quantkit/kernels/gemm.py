@@ -5,7 +5,7 @@ Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mu
 ``gemm_*`` kernels on interleaved weights). This module does the same with its own layout:
 
 * **Unpack once per tile.** Each thread takes a tile of weight rows and unpacks it, with the chunk
-  loaders of ``ir.py``, into unsigned bytes ``u`` interleaved 16 rows at a time: for every group of 4
+  loaders of ``ir_rowdot.py``, into unsigned bytes ``u`` interleaved 16 rows at a time: for every group of 4
   consecutive elements, 16 rows x 4 bytes = one 64-byte ``zmm``. Beside them, per row: the block's float
   scale ``d`` (and ``-dmin`` / ``m``), the K types' integer sub-block scales and mins. The 16 rows of a
   sub-tile are decoded together and transposed in registers, so every store is a whole ``zmm``.
@@ -40,9 +40,9 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.jit import njit_parallel, prange
-from quantkit.kernels import ir as kir
+from quantkit.kernels import ir_rowdot as kir
 from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
-from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld
+from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld, _splat
 
 #: tokens per micro-kernel call (activation columns held in registers)
 COLS = 8
@@ -89,8 +89,8 @@ def _q3k_scales(b, wb):
 
 def _q2k_scales(b, wb):
     v = _ld(b, wb, 0, ir.VectorType(I8, 16))
-    sc = b.zext(b.and_(v, kir._splat(I8, 16, 15)), V16I32)
-    mn = b.zext(b.lshr(v, kir._splat(I8, 16, 4)), V16I32)
+    sc = b.zext(b.and_(v, _splat(I8, 16, 15)), V16I32)
+    mn = b.zext(b.lshr(v, _splat(I8, 16, 4)), V16I32)
     return sc, mn, _f16(b, wb, 80), b.fneg(_f16(b, wb, 82))
 
 

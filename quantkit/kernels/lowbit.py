@@ -1,6 +1,6 @@
 """Row dots for TQ1_0, TQ2_0, MXFP4, Q1_0, IQ3_XXS and IQ3_S weights, as ggml-cpu's ``vec_dot_X_Y``.
 
-LLVM-IR, as ir.py's row dots: one weight row's bytes against one token's planar activations of the type's
+LLVM-IR, as ir_rowdot.py's row dots: one weight row's bytes against one token's planar activations of the type's
 vec_dot type (activations.py: ``xq`` int8 quants, ``xd`` float32 block scales, ``xs`` int32 group sums).
 Integer sums per block (exact), then a float multiply-add per block (per lane of 8) in ggml's terms:
 
@@ -16,7 +16,7 @@ Integer sums per block (exact), then a float multiply-add per block (per lane of
 Only the per-lane float products round, so a row dot equals the float64 dot of the dequantized operands to
 float32 rounding (tests/test_kernels_lowbit.py).
 
-``SPECS`` are per-block emitters for ir.py's whole-row loop (``ir.ROW_SPECS``: u8 x s8 chunks through
+``SPECS`` are per-block emitters for ir_rowdot.py's whole-row loop (``ir_rowdot.ROW_SPECS``: u8 x s8 chunks through
 ``vpdpbusd``), registered on import:
 
 * TQ2_0 reuses Q2_K's 2-bit chunk loader (the same ``qs`` layout), TQ1_0 decodes trits with byte
@@ -41,6 +41,7 @@ from numba.extending import intrinsic
 
 from quantkit.jit import byte_ptr, njit_fast
 from quantkit.kernels import ir as K
+from quantkit.kernels import ir_rowdot
 from quantkit.quants.common import block_layout
 from quantkit.quants.iq3 import GRID_IQ3_S, GRID_IQ3_XXS
 from quantkit.quants.mxfp4 import KVALUES_MXFP4
@@ -54,8 +55,8 @@ _XXS_SAS = _XXS_QS + 64  # IQ3_XXS: the uint32 signs-and-scale words, the last 3
 _S_TS, _S_D, _S_QS, _S_QH, _S_SIGNS, _S_SCALES = block_layout("IQ3_S", "d", "qs", "qh", "signs", "scales")
 
 
-# -- LLVM-IR block emitters for ir.py's row loop ---------------------------------------------------
-# Each: (blk, acc <8 x float>, extra float) -> (acc, extra), as ir.py's own emitters.
+# -- LLVM-IR block emitters for ir_rowdot.py's row loop ---------------------------------------------
+# Each: (blk, acc <8 x float>, extra float) -> (acc, extra), as ir_rowdot.py's own emitters.
 
 
 
@@ -73,7 +74,7 @@ def _emit_tq2_0(blk, acc, extra):
     b = blk.b
     ai = None
     for c in range(8):  # chunk c: elements 128 * (c // 4) + 32 * (c % 4) + m, Q2_K's qs layout
-        ai = K._dot(b, blk.v, ai, K._chunk_q2_k(b, blk.v, K._gep(b, blk.wb, _TQ2_QS), c), K._ld(b, blk.xb, 32 * c, K.V32I8))
+        ai = K._dot(b, blk.v, ai, ir_rowdot._chunk_q2_k(b, blk.v, K._gep(b, blk.wb, _TQ2_QS), c), K._ld(b, blk.xb, 32 * c, K.V32I8))
     return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ2_D)), extra
 
 
@@ -180,7 +181,7 @@ def _signed_chunk_dot(b, blk, acc, grid_words, signs32, c, ls):
     """acc + ls * (chunk c's unsigned weight bytes ``grid_words`` (any 32-byte vector) . activations),
     bit j of ``signs32`` (or None) negating activation j. ``ls``: one i32 scale for the 32 values, or a
     pair (first 16, last 16). vnni: ``vpmaddubsw`` then ``vpdpwssd`` with the scales (weights < 64, so
-    the pairs fit int16), as ir.py's ``_scaled_chunks``; elsewhere a u8 x s8 dot times the scales."""
+    the pairs fit int16), as ir_rowdot.py's ``_scaled_chunks``; elsewhere a u8 x s8 dot times the scales."""
     x = K._ld(b, blk.xb, 32 * c, K.V32I8)
     if signs32 is not None:
         neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
@@ -251,7 +252,7 @@ def _emit_iq3_s(blk, acc, extra):
     return K._fma_acc(b, acc, ai, _scale(b, blk, _S_D)), extra
 
 
-#: type name -> (block bytes, elements per block, activation sums per block, emitter), as ir.ROW_SPECS
+#: type name -> (block bytes, elements per block, activation sums per block, emitter), as ir_rowdot.ROW_SPECS
 SPECS = {
     "TQ1_0": (_TQ1_TS, 256, 16, _emit_tq1_0),
     "TQ2_0": (_TQ2_TS, 256, 16, _emit_tq2_0),
@@ -259,7 +260,7 @@ SPECS = {
     "IQ3_XXS": (_XXS_TS, 256, 16, _emit_iq3_xxs),
     "IQ3_S": (_S_TS, 256, 16, _emit_iq3_s),
 }
-K.ROW_SPECS.update(SPECS)
+ir_rowdot.ROW_SPECS.update(SPECS)
 
 
 # -- Q1_0: its own row loop -------------------------------------------------------------------------

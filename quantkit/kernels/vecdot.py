@@ -20,8 +20,9 @@ from gguf import GGMLQuantizationType as T
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
 from quantkit.kernels import lowbit
-from quantkit.kernels.ir import (HAS_X8, IR_DIGEST, PREFETCH, ROW_SPECS, X8_ROWS, X8_SPECS, default_variant, ld_bf16,
-                                 ld_f16, ld_f32, prefetch, row_dots, row_dots_x8)
+from quantkit.kernels.ir import IR_DIGEST, PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch
+from quantkit.kernels.ir_rowdot import ROW_SPECS, row_dots
+from quantkit.kernels.ir_x8 import HAS_X8, X8_ROWS, X8_SPECS, row_dots_x8
 from quantkit.kernels import vecdot_iq  # noqa: F401  (adds the lattice types' IR entries to ROW_SPECS)
 from quantkit.quants import traits
 
@@ -273,7 +274,7 @@ def x8_types() -> tuple:
 
 
 def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
-    """w uint8 (n_rows, row_bytes) of an x8 type, n_rows a multiple of 8 -> its x8 layout (ir.py):
+    """w uint8 (n_rows, row_bytes) of an x8 type, n_rows a multiple of 8 -> its x8 layout (ir_x8.py):
     uint8 (n_rows / 8, 8 * row_bytes); per group and block index, the header fields with the 8 rows'
     values of each element side by side and the quants in 64-byte slices of 8 bytes per row. Into
     ``out`` (any uint8 array of that size) if given."""

@@ -20,8 +20,9 @@ How the weights get in, and the type dispatch:
   memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk rows)`` for
   the seven matrices of a layer in ``MATS`` order; ``ot`` / ``et`` the same for ``output`` and
   ``token_embd``.
-* ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The row
-  dispatcher ``rows_body`` has one branch per slot, each bound to that slot's compiled row dot, and
+* ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The slot
+  dispatcher ``slot_body`` has one branch per slot, each bound to that slot's compiled row runner
+  (``rows_body`` calls it per chunk; the embedding lookup's build binds the row decoders), and
   is built (compiled, cached on disk) once per type set: a Q4_1 file gets a 2-type build, a Q4_K_M
   file a 4-type one. The branch is taken once per chunk of rows, so its cost is nil; the if-chain
   is ``SLOTS`` long whatever the number of call sites.
@@ -124,13 +125,15 @@ def run_rows_x8(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
         g += 1
 
 
-def rows_body(m, c, buf, pbuf, a, out, o0, sc):
-    """Chunk c of the product of the matrix ``m`` (a row of ``wt``: offset, bytes a row -- or an x8
-    row group --, rows, slot, chunk rows) with ``a``: out[o0 + r] for its rows r. One branch per slot
-    (RUN0..RUN7 bound per slot set); unused slots repeat slot 0."""
-    code, off, rb = m[3], m[0], m[1]
-    r0 = np.int64(c) * m[4]  # a prange index may be unsigned: uint64 * int64 would give float64
-    r1 = min(r0 + m[4], m[2])
+def run_deq(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
+    """The embedding lookup in ``run_rows``' signature (so one slot dispatcher serves both): out =
+    dequantized row r0 of the matrix at buf[off:] (``DEQ``, the type's row decoder)."""
+    DEQ(buf[off + r0 * rb:off + (r0 + 1) * rb], out)  # noqa: F821
+
+
+def slot_body(code, buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
+    """The slot ``code``'s ``RUN`` (RUN0..RUN7 bound per slot set: row runners, or ``run_deq``; unused
+    slots repeat slot 0). One branch per slot: the branch is taken once per chunk of rows."""
     if code == 0:
         RUN0(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
     elif code == 1:
@@ -149,31 +152,18 @@ def rows_body(m, c, buf, pbuf, a, out, o0, sc):
         RUN7(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
 
 
+def rows_body(m, c, buf, pbuf, a, out, o0, sc):
+    """Chunk c of the product of the matrix ``m`` (a row of ``wt``: offset, bytes a row -- or an x8
+    row group --, rows, slot, chunk rows) with ``a``: out[o0 + r] for its rows r (``SLOT``: slot_body
+    bound to the slot set's row runners)."""
+    r0 = np.int64(c) * m[4]  # a prange index may be unsigned: uint64 * int64 would give float64
+    SLOT(m[3], buf, pbuf, m[0], m[1], r0, min(r0 + m[4], m[2]), a, out, o0, sc)  # noqa: F821
+
+
 @njit_fast(inline="always")
 def nchunks(m):
     """Chunks of the matrix ``m`` (a ``wt`` row) in its products."""
     return (m[2] + m[4] - 1) // m[4]
-
-
-def deq_body(code, buf, off, rb, r, out):
-    """out = dequantized row r of the matrix at buf[off:] (the embedding lookup)."""
-    src = buf[off + r * rb:off + (r + 1) * rb]
-    if code == 0:
-        DEQ0(src, out)  # noqa: F821
-    elif code == 1:
-        DEQ1(src, out)  # noqa: F821
-    elif code == 2:
-        DEQ2(src, out)  # noqa: F821
-    elif code == 3:
-        DEQ3(src, out)  # noqa: F821
-    elif code == 4:
-        DEQ4(src, out)  # noqa: F821
-    elif code == 5:
-        DEQ5(src, out)  # noqa: F821
-    elif code == 6:
-        DEQ6(src, out)  # noqa: F821
-    else:
-        DEQ7(src, out)  # noqa: F821
 
 
 # -- the activation forms a product needs ----------------------------------------------------------
@@ -216,7 +206,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     xo = aQ[0][0]           # the attention output, float32 (Q,)
     ha = aF[0][0]           # act(gate) * up, float32 (n_ff,)
 
-    DEQROW(et[3], buf, et[0], et[1], tok, x)  # noqa: F821
+    DEQROW(et[3], buf, pbuf, et[0], et[1], tok, tok + 1, aE, x, 0, sc)  # noqa: F821
     if embd_scale != np.float32(1.0):
         for i in range(E):
             x[i] *= embd_scale
@@ -357,9 +347,9 @@ def step_kernel(slots: tuple, variant: str, kv_f16: bool):
         else:
             rows[f"RUN{k}"] = build(run_rows, tv, False, ROWDOT=rowdot_kernel(t, variant),
                                     ROWDOT2=rowdot2_kernel(t, variant), AQ=aq, AD=ad, AS=as_)
-        deqs[f"DEQ{k}"] = deq_kernel(t)
-    rows_fn = build(rows_body, tag, False, **rows)
-    deq_fn = build(deq_body, tag, False, **deqs)
+        deqs[f"RUN{k}"] = build(run_deq, t.name, False, DEQ=deq_kernel(t))
+    rows_fn = build(rows_body, tag, False, SLOT=build(slot_body, f"{tag}_rows", False, **rows))
+    deq_fn = build(slot_body, f"{tag}_deq", False, **deqs)
     ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
     return build(step_body, tag, True, ROWS=rows_fn, DEQROW=deq_fn, ST_KV=st, ATTEND=attend_kernel(kv_f16))
 

@@ -1,0 +1,402 @@
+"""The 8-row interleaved (x8) decode layout's IR: per type, the emitter of one group block's dots
+(``X8_SPECS``) and the loop over a row group (``row_dots_x8``). The shared helpers are in ``ir.py``."""
+
+from __future__ import annotations
+
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from quantkit.kernels.ir import (F32T, HAS_GFNI, HAS_VNNI512, I8, I16, I32, I64, V8F32, V8I32, X8_PREFETCH, _FM, _byte_ptr,
+                                 _decl, _fold16, _ld, _pairs16, _shuf, _splat, _vconst)
+from quantkit.kernels.ir_rowdot import _IQ4_U
+
+
+# -- 8-row interleaved ("x8") layout: one activation block serves 8 rows ------------------------------
+#
+# ggml's repacked CPU path (ggml-cpu/repack.cpp, block_q4_0x8 / block_q4_Kx8 ...) lays the blocks of 8
+# consecutive rows side by side, so a 512-bit vpdpbusd multiplies 8 bytes of each of the 8 rows with one
+# 8-byte activation group broadcast to all of them. Our x8 layout, per group of 8 rows and block index
+# i (``pack_x8`` in vecdot.py writes it), every byte range [a, a + n) of the row's block becomes
+# [8a, 8a + 8n) of the group's block: a header field (X8_SPECS: fp16 scales, sub-block scales) of
+# e-byte elements holds element k of row r at 8a + (8k + r) * e (so the 8 rows' values of one element
+# are one vector load); the quant bytes are 64-byte slices, slice j holding bytes 8j..8j+7 of each row's
+# quants (row r at 8r). Only bytes move: the copy is as large as the file's matrix.
+#
+# Lanes 2r and 2r+1 of a 16-lane vpdpbusd result belong to row r (``_pairs16`` adds them). Per block
+# the emitters give the same integer dot (and sub-block scale / min / offset terms) as the 1-row loop
+# and multiply-add them with the same float scale, once per row: the x8 result differs from the 1-row
+# one only in the order the float terms are summed.
+
+V16I32 = ir.VectorType(I32, 16)
+V64I8 = ir.VectorType(I8, 64)
+V8F16 = ir.VectorType(ir.HalfType(), 8)
+
+
+def _bcast8(builder, xb, off):
+    """The 8 activation bytes at xb+off repeated 8 times -> <64 x i8> (vpbroadcastq)."""
+    q = _ld(builder, xb, off, I64)
+    v = builder.insert_element(ir.Constant(ir.VectorType(I64, 8), None), q, ir.Constant(I32, 0))
+    v = builder.shuffle_vector(v, v, _vconst([0] * 8))
+    return builder.bitcast(v, V64I8)
+
+
+def _bcast(builder, x, vty):
+    v = builder.insert_element(ir.Constant(vty, None), x, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, vty.count), [0] * vty.count))
+
+
+def _x8_f16(b, gb, off):
+    """The 8 rows' fp16 field at group-block offset ``off`` -> <8 x float>."""
+    return b.fpext(_ld(b, gb, off, V8F16), V8F32)
+
+
+def _x8_dot(b, dpb, acc, u, xb, off):
+    """acc + vpdpbusd(u (8 bytes per row), activations xb[off:off+8] broadcast)."""
+    return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
+
+
+def _x8_bits(b, v, shift, width, to=0):
+    """Bits shift..shift+width-1 of each byte of <64 x i8> v at bits to..to+width-1, the rest 0: one bit
+    field of 64 packed quant bytes, moved into place (one GFNI affine, ``_gf2_bits``)."""
+    return _gf2_bits(b, v, {to + e: shift + e for e in range(width)})
+
+
+def _gf2_bits(b, v, moves):
+    """Each byte of <64 x i8> v with its bits moved (``moves``: {bit out: bit in}), the other bits 0:
+    one ``vgf2p8affineqb`` (a shift and a mask in one instruction; GFNI, with AVX-512 here). The
+    matrix byte 7 - o holds the input bits that make output bit o."""
+    if not HAS_GFNI:  # the moves are one shift: shift and mask
+        (d,) = {o - i for o, i in moves.items()}
+        mask = _splat(I8, 64, sum(1 << o for o in moves))
+        return b.and_(b.shl(v, _splat(I8, 64, d)) if d > 0 else b.lshr(v, _splat(I8, 64, -d)) if d else v, mask)
+    row = [0] * 8
+    for o, i in moves.items():
+        row[7 - o] = 1 << i
+    fn = _decl(b.module, "llvm.x86.vgf2p8affineqb.512", V64I8, [V64I8, V64I8, I8])
+    return b.call(fn, [v, ir.Constant(V64I8, row * 8), ir.Constant(I8, 0)])
+
+
+class _X8:
+    """What an x8 emitter gets: builder, vpdpbusd, group-block pointer, this block's activations
+    (quants, float scale, int32 sums pointer)."""
+
+    def __init__(self, b, dpb, gb, xb, dx, sb):
+        self.b, self.dpb, self.gb, self.xb, self.dx, self.sb = b, dpb, gb, xb, dx, sb
+
+    def dxv(self):
+        return _bcast(self.b, self.dx, V8F32)
+
+    def xsum(self, i):
+        return self.b.load(self.b.gep(self.sb, [ir.Constant(I64, i)]))
+
+    def bsums(self):
+        """The 16 activation sums of a super-block (one per 16 elements) -> <16 x i32>."""
+        return _ld(self.b, self.b.bitcast(self.sb, I8.as_pointer()), 0, V16I32)
+
+    def sums32(self):
+        """The activation sums per 32 elements of a super-block -> <8 x i32>."""
+        bsv = self.bsums()
+        return self.b.add(_shuf(self.b, bsv, range(0, 16, 2)), _shuf(self.b, bsv, range(1, 16, 2)))
+
+
+def _x8_pair(b, d0, d1):
+    """Two sub-blocks' dots (<16 x i32>, row r in lanes 2r, 2r+1) -> one <16 x i32>: the 8 rows of the
+    first, then of the second: so one multiply applies both sub-blocks' scales."""
+    return b.add(b.shuffle_vector(d0, d1, _vconst(range(0, 32, 2))), b.shuffle_vector(d0, d1, _vconst(range(1, 32, 2))))
+
+
+def _twice(p):
+    """Lane selector for a sub-block pair's 16 lanes: [2p] * 8 + [2p + 1] * 8."""
+    return [2 * p] * 8 + [2 * p + 1] * 8
+
+
+# Each emitter: (k: _X8) -> [(<8 x i32> per-row integer, <8 x float> per-row scale)], summed as
+# acc += float(integer) * scale.
+
+def _x8_legacy(q_off, offset, nibbles):
+    def emit(k):
+        b = k.b
+        zero = ir.Constant(V16I32, None)
+        acc = zero
+        if nibbles:  # Q4_0: 2 slices; low nibbles elements 8j.., high 16+8j..
+            for j in range(2):
+                v = _ld(b, k.gb, q_off + 64 * j, V64I8)
+                acc = _x8_dot(b, k.dpb, acc, b.and_(v, _splat(I8, 64, 15)), k.xb, 8 * j)
+                acc = _x8_dot(b, k.dpb, acc, b.lshr(v, _splat(I8, 64, 4)), k.xb, 16 + 8 * j)
+        else:  # Q8_0: 4 slices of int8, made unsigned by + 128
+            for j in range(4):
+                u = b.xor(_ld(b, k.gb, q_off + 64 * j, V64I8), _splat(I8, 64, 0x80))
+                acc = _x8_dot(b, k.dpb, acc, u, k.xb, 8 * j)
+        t8 = _pairs16(b, acc)
+        neg = b.shl(k.xsum(0), ir.Constant(I32, offset.bit_length() - 1))
+        t8 = b.sub(t8, _bcast(b, neg, V8I32))
+        return [(t8, b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
+    return emit
+
+
+def _x8_q4k_like(qs_off, qh_off=None):
+    """Q4_K (and Q5_K, whose fifth bits ``qh`` sit before the nibbles): header d (0), dmin (16), the
+    12 scale bytes as three u32 elements (32, 64, 96); nibbles from ``qs_off``: pair p of sub-blocks
+    (2p low nibbles, 2p+1 high) in slices 4p..4p+3; Q5_K's qh in 4 slices from ``qh_off``, bit s of a
+    byte the fifth bit of sub-block s."""
+    def emit(k):
+        b = k.b
+        u0, u1, u2 = (_ld(b, k.gb, 32 + 32 * i, V8I32) for i in range(3))
+        c = lambda n: _splat(I32, 8, n)  # noqa: E731
+        k1, k2, k3 = c(0x3F3F3F3F), c(0x0F0F0F0F), c(0x03030303)
+        m47 = b.or_(b.and_(b.lshr(u2, c(4)), k2), b.shl(b.and_(b.lshr(u1, c(6)), k3), c(4)))
+        m03 = b.and_(u1, k1)
+        s47 = b.or_(b.and_(u2, k2), b.shl(b.and_(b.lshr(u0, c(6)), k3), c(4)))
+        s03 = b.and_(u0, k1)
+
+        def pair(w03, w47, p):  # bytes 2p, 2p+1 of the 8 rows' 8 (sub-blocks' scales or mins) -> <16 x i32>
+            w = w03 if p < 2 else w47
+            sh = _vconst([16 * (p % 2)] * 8 + [16 * (p % 2) + 8] * 8)
+            return b.and_(b.lshr(b.shuffle_vector(w, w, _vconst(list(range(8)) * 2)), sh), _splat(I32, 16, 0xFF))
+
+        def fifth(j, sub):  # bit ``sub`` of the qh slice j, as 16
+            if qh_off is None:
+                return None
+            h = _ld(b, k.gb, qh_off + 64 * j, V64I8)
+            return _x8_bits(b, h, sub, 1, 4)
+
+        xs8 = k.sums32()
+        isum = msum = None
+        for p in range(4):  # sub-blocks 2p (low nibbles) and 2p + 1 (high): one zmm, rows of 2p then 2p + 1
+            lo = hi = ir.Constant(V16I32, None)
+            for j in range(4):
+                v = _ld(b, k.gb, qs_off + 64 * (4 * p + j), V64I8)
+                ul, uh = b.and_(v, _splat(I8, 64, 15)), b.lshr(v, _splat(I8, 64, 4))
+                if qh_off is not None:
+                    ul, uh = b.or_(ul, fifth(j, 2 * p)), b.or_(uh, fifth(j, 2 * p + 1))
+                lo = _x8_dot(b, k.dpb, lo, ul, k.xb, 64 * p + 8 * j)
+                hi = _x8_dot(b, k.dpb, hi, uh, k.xb, 64 * p + 32 + 8 * j)
+            t = b.mul(_x8_pair(b, lo, hi), pair(s03, s47, p))
+            m = b.mul(pair(m03, m47, p), _shuf(b, xs8, _twice(p)))
+            isum = t if isum is None else b.add(isum, t)
+            msum = m if msum is None else b.add(msum, m)
+        dxv = k.dxv()
+        return [(_fold16(b, isum), b.fmul(_x8_f16(b, k.gb, 0), dxv, flags=_FM)),
+                (_fold16(b, msum), b.fneg(b.fmul(_x8_f16(b, k.gb, 16), dxv, flags=_FM)))]
+    return emit
+
+
+def _x8_scaled16(k, unpack, scale, unsigned, bias_shift):
+    """The K types with one scale per 16 elements (Q2_K, Q3_K, Q6_K): for each sub-block g (0..15),
+    the dot of its two slices' unsigned values (``unpack(g, s)`` -> <64 x i8> of its slice s = 2h, 2h + 1,
+    h = g % 2: elements 16g + 8e, e = s - 2h, of the 8 rows) times its 8 rows' scale (``scale(g)`` -> (<8 x i32>, min or None)) -> summed per row. ``unsigned``
+    False: the values are offset by 2**bias_shift, taken off each sub-block's dot as
+    bsum << bias_shift (as ggml's dots do through the bsums, not per element); True (Q2_K): the scale's
+    high nibble is a min, returned as the second sum (sum(min * bsums)).
+
+    Sub-blocks go in pairs (g, g + 1): their two dots' per-row lane pairs are added into one zmm (the
+    8 rows of g, then of g + 1), so one ``vpmulld`` applies both scales (one per two sub-blocks where
+    a reduction per sub-block took a multiply for the scale and one for the offset). Integer sums:
+    the same result in any order."""
+    b = k.b
+    bsv = k.bsums()
+    if not unsigned:
+        bsv = b.shl(bsv, _splat(I32, 16, bias_shift))
+    isum = off = None
+    for p in range(8):
+        dots = []
+        for g in (2 * p, 2 * p + 1):
+            dot = ir.Constant(V16I32, None)
+            for e in range(2):
+                dot = _x8_dot(b, k.dpb, dot, unpack(g, 2 * (g % 2) + e), k.xb, 16 * g + 8 * e)
+            dots.append(dot)
+        t = _x8_pair(b, dots[0], dots[1])
+        bs = _shuf(b, bsv, _twice(p))
+        (sa, ma), (sb, mb) = scale(2 * p), scale(2 * p + 1)
+        sc = b.shuffle_vector(sa, sb, _vconst(range(16)))
+        if unsigned:
+            t = b.mul(t, sc)
+            o = b.mul(b.shuffle_vector(ma, mb, _vconst(range(16))), bs)
+            off = o if off is None else b.add(off, o)
+        else:
+            t = b.mul(b.sub(t, bs), sc)
+        isum = t if isum is None else b.add(isum, t)
+    return _fold16(b, isum), (_fold16(b, off) if unsigned else None)
+
+
+def _x8_q2_k(k):
+    """Q2_K: scales (0: element g of row r at 8g + r; low nibble scale, high min), quants from 128
+    (half n, shift j, slice s: qs slice 4n + s, elements 128n + 32j + 8s..), d (640), dmin (656)."""
+    b = k.b
+
+    def unpack(g, s):
+        n, j = g // 8, g % 8 // 2
+        return _x8_bits(b, _ld(b, k.gb, 128 + 64 * (4 * n + s), V64I8), 2 * j, 2)
+
+    def scale(g):
+        v = b.zext(_ld(b, k.gb, 8 * g, ir.VectorType(I8, 8)), V8I32)
+        return b.and_(v, _splat(I32, 8, 15)), b.lshr(v, _splat(I32, 8, 4))
+
+    isum, msum = _x8_scaled16(k, unpack, scale, True, 0)
+    dxv = k.dxv()
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 640), dxv, flags=_FM)),
+            (msum, b.fneg(b.fmul(_x8_f16(b, k.gb, 656), dxv, flags=_FM)))]
+
+
+def _x8_q3_k(k):
+    """Q3_K: hmask (0..255: 4 slices), qs (256..767: chunk c = 4n + j takes qs slices 4n.. shifted by
+    2j and bit c of hmask), the 12 scale bytes as three u32 elements (768, 800, 832; decoded as
+    ``_q3k_scales``), d (864). Values low2 + 4 * hbit, offset 4."""
+    b = k.b
+    c = lambda n: _splat(I32, 8, n)  # noqa: E731
+    a0, a1, tmp = (_ld(b, k.gb, 768 + 32 * i, V8I32) for i in range(3))
+    k1, k2 = c(0x03030303), c(0x0F0F0F0F)
+
+    def hi(sh):
+        return b.shl(b.and_(b.lshr(tmp, c(sh)) if sh else tmp, k1), c(4))
+
+    aux = (b.or_(b.and_(a0, k2), hi(0)), b.or_(b.and_(a1, k2), hi(2)),
+           b.or_(b.and_(b.lshr(a0, c(4)), k2), hi(4)), b.or_(b.and_(b.lshr(a1, c(4)), k2), hi(6)))
+
+    def unpack(g, s):
+        ch = g // 2
+        n, j = divmod(ch, 4)
+        low = _x8_bits(b, _ld(b, k.gb, 256 + 64 * (4 * n + s), V64I8), 2 * j, 2)
+        return b.or_(low, _x8_bits(b, _ld(b, k.gb, 64 * s, V64I8), ch, 1, 2))
+
+    def scale(g):
+        w = aux[g // 4]
+        q = g % 4
+        return b.sub(b.and_(b.lshr(w, c(8 * q)) if q else w, c(0xFF)), c(32)), None
+
+    isum, _ = _x8_scaled16(k, unpack, scale, False, 2)
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 864), k.dxv(), flags=_FM))]
+
+
+def _x8_q6_k(k):
+    """Q6_K: quants ql (0..1023: 8 x 128 bytes) and qh (1024..1535), then the 16 int8 scales (1536,
+    element g of row r at 1536 + 8g + r) and d (1664). Per 16 elements: 2 slices, one scale. The
+    unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
+    b = k.b
+    lo4, hi2 = _splat(I8, 64, 0x0F), _splat(I8, 64, 0x30)
+
+    def unpack(g, s):
+        n, i = g // 8, g % 8 // 2  # chunk i of half n
+        ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * s, V64I8)
+        qh = _ld(b, k.gb, 1024 + 256 * n + 64 * s, V64I8)
+        # ql's nibble to bits 0..3, bits 2i, 2i+1 of qh to bits 4, 5, the rest 0
+        lo = b.and_(ql, lo4) if i < 2 else _x8_bits(b, ql, 4, 4)
+        return b.or_(lo, b.and_(qh, hi2) if i == 2 else _x8_bits(b, qh, 2 * i, 2, 4))
+
+    def scale(g):
+        return b.sext(_ld(b, k.gb, 1536 + 8 * g, ir.VectorType(I8, 8)), V8I32), None
+
+    isum, _ = _x8_scaled16(k, unpack, scale, False, 5)  # sub-block dots - 32 * bsums
+    return [(isum, b.fmul(_x8_f16(b, k.gb, 1664), k.dxv(), flags=_FM))]
+
+
+def _x8_iq4_xs(k):
+    """IQ4_XS: header d (0), scales_h (16, u16 elements), scales_l (32, u32 elements); quants from 64:
+    chunk c (32 elements) in slices 2c, 2c+1 (slice 2c+h: low nibbles elements 8h.., high 16+8h..),
+    table values + 128 through a 512-bit pshufb; chunks in pairs as the K types' sub-blocks."""
+    b = k.b
+    dup = lambda v: b.shuffle_vector(v, v, _vconst(list(range(8)) * 2))  # noqa: E731  (both halves: a pair's)
+    sh = dup(b.zext(_ld(b, k.gb, 16, ir.VectorType(I16, 8)), V8I32))
+    sl = dup(_ld(b, k.gb, 32, V8I32))
+    c = lambda n: _splat(I32, 16, n)  # noqa: E731
+    lut = _decl(b.module, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
+    table = ir.Constant(V64I8, list(_IQ4_U) * 4)
+    xs = b.shl(k.sums32(), _splat(I32, 8, 7))  # 128 * sums: the table values' offset
+    isum = None
+    for p in range(4):
+        dots = []
+        for ch in (2 * p, 2 * p + 1):
+            dot = ir.Constant(V16I32, None)
+            for h in range(2):
+                v = _ld(b, k.gb, 64 + 64 * (2 * ch + h), V64I8)
+                lo = b.call(lut, [table, b.and_(v, _splat(I8, 64, 15))])
+                hi = b.call(lut, [table, b.lshr(v, _splat(I8, 64, 4))])
+                dot = _x8_dot(b, k.dpb, dot, lo, k.xb, 32 * ch + 8 * h)
+                dot = _x8_dot(b, k.dpb, dot, hi, k.xb, 32 * ch + 16 + 8 * h)
+            dots.append(dot)
+        low = b.and_(b.lshr(sl, _vconst([4 * e for e in _twice(p)])), c(15))
+        high = b.shl(b.and_(b.lshr(sh, _vconst([2 * e for e in _twice(p)])), c(3)), c(4))
+        sc = b.sub(b.or_(low, high), c(32))
+        t = b.mul(b.sub(_x8_pair(b, *dots), _shuf(b, xs, _twice(p))), sc)
+        isum = t if isum is None else b.add(isum, t)
+    return [(_fold16(b, isum), b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
+
+
+#: type name -> (block bytes of one row, elements per block, activation sums per block, header fields
+#: ((offset, bytes, element bytes) in the row's block), quant bytes (start, end), emitter)
+X8_SPECS = {
+    "Q8_0": (34, 32, 1, ((0, 2, 2),), (2, 34), _x8_legacy(16, 128, False)),
+    "Q4_0": (18, 32, 1, ((0, 2, 2),), (2, 18), _x8_legacy(16, 8, True)),
+    "Q2_K": (84, 256, 16, ((0, 16, 1), (80, 2, 2), (82, 2, 2)), (16, 80), _x8_q2_k),
+    "Q3_K": (110, 256, 16, ((96, 12, 4), (108, 2, 2)), (0, 96), _x8_q3_k),
+    "Q4_K": (144, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144), _x8_q4k_like(128)),
+    "Q5_K": (176, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 176), _x8_q4k_like(384, 128)),
+    "Q6_K": (210, 256, 16, ((192, 16, 1), (208, 2, 2)), (0, 192), _x8_q6_k),
+    "IQ4_XS": (136, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 4, 4)), (8, 136), _x8_iq4_xs),
+}
+#: rows per interleaved group
+X8_ROWS = 8
+#: the x8 kernels need 512-bit VNNI (AVX512-VNNI + BW)
+HAS_X8 = HAS_VNNI512
+
+
+def _row_dot_x8(name):
+    ts, qk, ns, _, _, emit = X8_SPECS[name]
+    gts = X8_ROWS * ts
+    unroll = 4 if qk == 32 else 2
+
+    def impl(typingctx, wg, xq, xd, xs):
+        sig = types.UniTuple(types.float32, X8_ROWS)(wg, xq, xd, xs)
+
+        def codegen(context, builder, signature, args):
+            b = builder
+            ta = signature.args
+            zero = context.get_constant(types.intp, 0)
+            wp = _byte_ptr(context, b, ta[0], args[0], zero, types.intp)
+            xp = _byte_ptr(context, b, ta[1], args[1], zero, types.intp)
+            dp = b.bitcast(_byte_ptr(context, b, ta[2], args[2], zero, types.intp), F32T.as_pointer())
+            sp = b.bitcast(_byte_ptr(context, b, ta[3], args[3], zero, types.intp), I32.as_pointer())
+            nb = cgutils.unpack_tuple(b, context.make_array(ta[2])(context, b, args[2]).shape)[0]
+            dpb = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
+            pf = _decl(b.module, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
+            accps = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(unroll)]
+
+            def one(i, u):
+                k = _X8(b, dpb, b.gep(wp, [b.mul(i, ir.Constant(i.type, gts))]),
+                        b.gep(xp, [b.mul(i, ir.Constant(i.type, qk))]), b.load(b.gep(dp, [i])),
+                        b.gep(sp, [b.mul(i, ir.Constant(i.type, ns))]))
+                acc = b.load(accps[u])
+                for iv, sv in emit(k):
+                    acc = b.fadd(acc, b.fmul(b.sitofp(iv, V8F32), sv, flags=_FM), flags=_FM)
+                b.store(acc, accps[u])
+
+            cu = ir.Constant(nb.type, unroll)
+            nmain = b.mul(b.sdiv(nb, cu), cu)
+            with cgutils.for_range_slice(b, ir.Constant(nb.type, 0), nmain, cu) as (i, _):
+                if X8_PREFETCH:
+                    base = b.gep(wp, [b.mul(i, ir.Constant(i.type, gts))])
+                    for j in range(0, unroll * gts, 64):
+                        b.call(pf, [b.gep(base, [ir.Constant(I64, X8_PREFETCH + j)]),
+                                    ir.Constant(I32, 0), ir.Constant(I32, 3), ir.Constant(I32, 1)])
+                for u in range(unroll):
+                    one(b.add(i, ir.Constant(i.type, u)), u)
+            with cgutils.for_range(b, nb, start=nmain) as loop:
+                one(loop.index, 0)
+            accs = [b.load(a) for a in accps]
+            while len(accs) > 1:
+                accs = [b.fadd(accs[i], accs[i + 1], flags=_FM) for i in range(0, len(accs), 2)]
+            res = [b.extract_element(accs[0], ir.Constant(I32, r)) for r in range(X8_ROWS)]
+            return context.make_tuple(b, signature.return_type, res)
+
+        return sig, codegen
+
+    impl.__name__ = f"row_{name.lower()}_x8"
+    return intrinsic(impl)
+
+
+def row_dots_x8() -> dict:
+    """``{type name: ROWX8 intrinsic}``: ``ROWX8(wg, xq, xd, xs) -> 8 x float32``, the dots of the 8 rows
+    of one x8 group (``wg``: its nb * 8 * block bytes) with one token's activations (vnni, 512-bit)."""
+    return {name: _row_dot_x8(name) for name in X8_SPECS}
