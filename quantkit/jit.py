@@ -75,13 +75,20 @@ def _load_cached_without_refresh() -> None:
 _load_cached_without_refresh()
 
 
+# fastmath=False is written out, not left unset: numba's CPU target inherits an unset fastmath from the
+# caller (CPUTargetOptions.finalize: flags.inherit_if_not_set("fastmath")), so a codec compiled as the
+# callee of a fastmath kernel got FMA contraction -- Q8_K activations quantized in the decode step rounded
+# ``iscale * x + 1.5 * 2**23`` once instead of twice and differed from ggml's bytes on ties.
+_EXACT = dict(_BASE, fastmath=False)
+
+
 def njit(fn=None, **kw):
-    opts = {**_BASE, **kw}
+    opts = {**_EXACT, **kw}
     return numba.njit(**opts)(fn) if fn is not None else numba.njit(**opts)
 
 
 def njit_parallel(fn=None, **kw):
-    opts = {**_BASE, "parallel": True, **kw}
+    opts = {**_EXACT, "parallel": True, **kw}
     return numba.njit(**opts)(fn) if fn is not None else numba.njit(**opts)
 
 
