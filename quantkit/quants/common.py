@@ -254,7 +254,7 @@ def imatrix_weight(qw, v, sigma2):
     return qw * np.float32(np.sqrt(np.float32(sigma2 + v * v)))
 
 
-@njit
+@njit(inline="always")
 def pack_nibbles(L, y, pos, n):
     """Levels 0..15 of ``n`` values, 16 bytes per 32: value j of a 32-group in the low nibble of byte j,
     value j + 16 in the high nibble (Q4_0, Q4_1, IQ4_NL, IQ4_XS); stored as C's uint8 would."""

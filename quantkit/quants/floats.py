@@ -5,59 +5,67 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import ld_f32, njit
+from quantkit.jit import ld_f32, njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
 from quantkit.quants.common import fp32_to_bf16, fp32_to_fp16, ld_bf16, ld_f16
 
 
-@njit
-def _quantize_row(x, y, kind):
-    """float32 -> float32 bytes (``kind`` 0), fp16 (1, ``ggml_fp32_to_fp16_row``) or bfloat16 (2,
-    ``ggml_fp32_to_bf16_row_ref``)."""
-    if kind == 0:
-        y[:] = x.view(np.uint8)
-        return
-    out = y.view(np.uint16)
-    if kind == 1:
-        for j in range(x.shape[0]):
-            out[j] = fp32_to_fp16(x[j])
-    else:
-        for j in range(x.shape[0]):
-            out[j] = fp32_to_bf16(x[j])
+@njit_parallel
+def quantize_rows_f32(x, y, qw):
+    for i in prange(x.shape[0]):
+        y[i, :] = x[i].view(np.uint8)
+
+
+@njit_parallel
+def quantize_rows_f16(x, y, qw):
+    for i in prange(x.shape[0]):
+        out = y[i].view(np.uint16)
+        for j in range(x.shape[1]):
+            out[j] = fp32_to_fp16(x[i, j])
+
+
+@njit_parallel
+def quantize_rows_bf16(x, y, qw):
+    for i in prange(x.shape[0]):
+        out = y[i].view(np.uint16)
+        for j in range(x.shape[1]):
+            out[j] = fp32_to_bf16(x[i, j])
 
 
 @njit
-def _dequantize_row(src, y, kind):
-    """One row's bytes -> float32, ``kind`` as ``_quantize_row``'s."""
-    if kind == 0:
-        for j in range(y.shape[0]):
-            y[j] = ld_f32(src, 4 * j)
-    elif kind == 1:
-        for j in range(y.shape[0]):
-            y[j] = ld_f16(src, 2 * j)
-    else:
-        for j in range(y.shape[0]):
-            y[j] = ld_bf16(src, 2 * j)
+def dequantize_row_f32(src, y):
+    for j in range(y.shape[0]):
+        y[j] = ld_f32(src, 4 * j)
 
 
-class _Float(QuantType):
-    """The three float types: one row function and one decoder, the type's ``kind`` as a constant."""
-    uses_imatrix = False
-    quantize_row_ref = _quantize_row
-    dequantize_row = _dequantize_row
-
-    def __init_subclass__(cls, qtype: T, kind: int) -> None:
-        cls.row_args = cls.deq_args = (kind,)
-        super().__init_subclass__(qtype=qtype)
+@njit
+def dequantize_row_f16(src, y):
+    for j in range(y.shape[0]):
+        y[j] = ld_f16(src, 2 * j)
 
 
-class F32(_Float, qtype=T.F32, kind=0):
+@njit
+def dequantize_row_bf16(src, y):
+    for j in range(y.shape[0]):
+        y[j] = ld_bf16(src, 2 * j)
+
+
+class F32(QuantType, qtype=T.F32):
     """float32 values as they are, 4 bytes each."""
+    uses_imatrix = False
+    quantize_rows = quantize_rows_f32
+    dequantize_row = dequantize_row_f32
 
 
-class F16(_Float, qtype=T.F16, kind=1):
-    """IEEE half, 2 bytes a value, rounded to nearest even."""
+class F16(QuantType, qtype=T.F16):
+    """IEEE half, 2 bytes a value, rounded to nearest even (``ggml_fp32_to_fp16_row``)."""
+    uses_imatrix = False
+    quantize_rows = quantize_rows_f16
+    dequantize_row = dequantize_row_f16
 
 
-class BF16(_Float, qtype=T.BF16, kind=2):
+class BF16(QuantType, qtype=T.BF16):
     """bfloat16: the top half of the float32, rounded to nearest even, NaN kept quiet."""
+    uses_imatrix = False
+    quantize_rows = quantize_rows_bf16
+    dequantize_row = dequantize_row_bf16

@@ -201,7 +201,7 @@ def _quantize_row(x, y, qw, super_size):
             quantize_superblock_iq4_xs(xs, scales[per * ib:per * (ib + 1)], y, _XS_BYTES * ib, L)
 
 
-@njit
+@njit(inline="always")
 def _decode32(q, d, yy):
     """32 values from 16 bytes of table indices ``q`` (value j in the low nibble of byte j, value j + 16 in
     the high nibble) times the scale ``d``."""
@@ -213,7 +213,7 @@ def _decode32(q, d, yy):
         yy[j + 16] = d * kv[np.int32(q[j]) >> 4]
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_iq4_nl(src, y):
     """ggml's ``dequantize_row_iq4_nl`` for one block (the codec's and the kernels' row decoder is built
     from it)."""
@@ -236,7 +236,7 @@ def _iq4_xs_scale(src, ib):
     return (low | (high << 4)) - 32
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_iq4_xs(src, y):
     """ggml's ``dequantize_row_iq4_xs`` for one super-block."""
     d = ld_f16(src, _XS_D)

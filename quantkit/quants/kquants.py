@@ -154,7 +154,7 @@ def _quantize_row_q2_k(x, y, qw):
         _q2_k_requant_pack(xb, yb, L)
 
 
-@njit
+@njit(inline="always")
 def _plane2(g):
     """Where the 16 values of group ``g`` (0..15) of Q2_K's and Q3_K's 2-bit planes are: (byte offset in
     qs, bit shift, first value) -- 128 values per 32 bytes, four 2-bit planes a byte (ggml's n, j, l loops)."""
@@ -164,7 +164,7 @@ def _plane2(g):
     return 32 * n + 16 * half, 2 * j, 128 * n + 32 * j + 16 * half
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q2_k(src, y):
     n16 = rt_len(16, y)
     d = ld_f16(src, _Q2_K_D)
@@ -354,7 +354,7 @@ def _sub_scales_k4(d, dmin, sc12, j):
     return d * F32(sc), dmin * F32(mn), d * F32(sc2), dmin * F32(mn2)
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q4_k(src, y):
     n32 = rt_len(32, y)
     d = ld_f16(src, _Q4_K_D)
@@ -378,7 +378,7 @@ class Q4_K(QuantType, qtype=T.Q4_K):
     dequantize_block = dequantize_block_q4_k
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q5_k(src, y):
     d = ld_f16(src, _Q5_K_D)
     dmin = ld_f16(src, _Q5_K_DMIN)
@@ -509,7 +509,7 @@ def q3_k_row_impl(x, y, qw):
         _q3_k_finish(xb, y, o, L)
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q3_k(src, y):
     n16 = rt_len(16, y)
     d_all = ld_f16(src, _Q3_K_D)
@@ -587,7 +587,7 @@ def q6_k_row(x, y, qw):
                 y[qh + l] = np.uint8(h & 0xFF)
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q6_k(src, y):
     d = ld_f16(src, _Q6_K_D)
     for n in range(2):
@@ -645,7 +645,7 @@ def q8_k_row_ref(x, y):
         put_f32(y, o, np.float32(np.float32(1.0) / iscale))
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q8_k(src, y):
     d = get_f32(src, 0)
     for j in range(QK_K):

@@ -120,12 +120,11 @@ def lattice_tables(qtype: T) -> LatticeTables:
 
 @njit
 def best_neighbour(entry, neighbours, grid, xval, w, o, scale, xx, L):
-    """ggml's ``iq2_find_best_neighbour`` / ``iq1_find_best_neighbour2``: among the neighbours of an
-    off-grid candidate (``entry`` is its negative ``kmap`` value) the grid point nearest to ``xval[o:o+8]``
-    at ``scale`` in the ``w``-weighted squared distance (the first on ties), a coordinate of level l
-    standing for ``xx[l]`` (IQ2: 1, 3, 5; IQ1: -1, 0, 1 plus its shift); its levels go to ``L[o:o+8]``.
-    Returns its index. When every distance is inf or NaN ggml asserts (IQ2) or scans the whole grid
-    reading past its input (IQ1); this takes the first neighbour."""
+    """ggml's ``iq1_find_best_neighbour2``: among the neighbours of an off-grid candidate (``entry`` is its
+    negative ``kmap`` value) the grid point nearest to ``xval[o:o+8]`` at ``scale`` in the ``w``-weighted
+    squared distance (the first on ties), a coordinate of level l standing for ``xx[l]`` (-1, 0, 1 plus
+    the block's shift); its levels go to ``L[o:o+8]``. Returns its index. When every distance is inf or
+    NaN ggml scans the whole grid (reading past its input); this takes the first neighbour."""
     off = -entry - 1
     best_d2 = np.float32(3.4028234663852886e38)
     gi = -1

@@ -52,7 +52,7 @@ def _impl_search(x, qw, nmax, affine):
     return LT, d, the_min
 
 
-@njit
+@njit(inline="always")
 def _pack_q5(L, y, qh_at, qs_at):
     """32 five-bit levels: the low nibbles of values j and j + 16 in byte j at ``qs_at``, the fifth bits as
     the uint32 at ``qh_at`` (bit j of value j, bit j + 16 of value j + 16)."""
@@ -67,7 +67,7 @@ def _pack_q5(L, y, qh_at, qs_at):
         y[qh_at + k] = np.uint8((qh >> np.uint32(8 * k)) & np.uint32(0xFF))
 
 
-@njit
+@njit(inline="always")
 def _q5_levels(qs, qh, j):
     """The five-bit levels of values j and j + 16 (j < 16) of a block: nibbles in ``qs``, fifth bits in the
     uint32 ``qh``."""
@@ -80,7 +80,7 @@ def _q5_levels(qs, qh, j):
 # ---------------------------------------------------------------------------------------------
 # the reference levels of one block
 # ---------------------------------------------------------------------------------------------
-@njit
+@njit(inline="always")
 def _sym_ref_levels(xb, nmax, L):
     """``quantize_row_q{4,5}_0_ref`` for one block: ``d = max / -nmax`` (max the signed value of largest
     magnitude), levels ``MIN(2 nmax - 1, (int8_t)(x / d + nmax + 0.5))`` as C's casts leave them."""
@@ -92,7 +92,7 @@ def _sym_ref_levels(xb, nmax, L):
     return d
 
 
-@njit
+@njit(inline="always")
 def _affine_ref_levels(xb, nmax, L):
     """``quantize_row_q{4,5}_1_ref`` for one block: grid from min to max, round half up. Returns (d, min)
     and fills L with the 0..nmax levels as C's casts leave them."""
@@ -224,7 +224,7 @@ def quantize_row_q8_0_ref(x, y):
             y[o + _Q8_0_QS + j] = np.uint8(c_f2i(c_roundf(xb[j] * idl)) & 0xFF)
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q8_0(src, y):
     n32 = rt_len(32, y)
     d = ld_f16(src, _Q8_0_D)
