@@ -8,14 +8,16 @@ rows-to-blocks bookkeeping and the byte shape. A subclass only names its numba k
 * ``quantize_row_impl(x, y, qw)`` -- ggml's weighted ``quantize_row_X_impl`` for one row (``qw`` float32
   [n_per_row]), for a type whose bytes depend on the weights;
 * or ``quantize_row(x, y, qw)`` -- one function for both paths, ``qw`` empty for the reference one.
-  A function several types share takes their differences as trailing constants, ``row_args``.
-  The base builds ``quantize_rows(x, y, qw)`` from them: parallel over rows with ``prange``, each row
+  A function several types share is one plain-Python body naming their differences as globals
+  (``NMAX``, ``TS``, ...) and built per type with ``build_kernel`` (``jit.specialize``), so each build
+  sees them as literals (LLVM unrolls and vectorizes as it did per-type copies; passed as arguments they
+  cost the shared legacy row functions and decoders up to 2x). The base builds ``quantize_rows(x, y, qw)`` from them: parallel over rows with ``prange``, each row
   independent, so the bytes never depend on the thread count (a codec may give its own instead);
 * ``dequantize_row(src, y)``   -- ggml's ``dequantize_row_X`` for one row: uint8[row_bytes] ->
   float32[n_per_row], serial ``@njit``. It is *the* row decoder of the type: the kernels call it too
   (embedding rows, the prefill's tiles, the portable GEMV), so there is one copy. A type whose decoder
   works block by block gives ``dequantize_block(src, y)`` (one block's bytes -> its values) instead and
-  the base loops it over a row; a decoder several types share takes their constants, ``deq_args``.
+  the base loops it over a row; a decoder several types share is built per type as above.
   ``dequantize_rows`` (parallel over rows) is built from the row decoder.
 
 A type's sizes, block fields and the rest of its facts come from the type table
@@ -89,11 +91,6 @@ def _dequantize_rows_body(y, x):
         ROW(y[r], x[r])  # noqa: F821
 
 
-def _dequantize_row_args_body(src, y):
-    """A row decoded by ``DEQ``, a decoder several types share, with this type's constants ``ARGS``."""
-    DEQ(src, y, *ARGS)  # noqa: F821
-
-
 def _dequantize_row_body(src, y):
     """A row decoded block by block (``BLOCK``: a type's ``dequantize_block``; ``QK`` values from ``TS``
     bytes each)."""
@@ -105,21 +102,21 @@ def _quantize_rows_body(x, y, qw):
     """Every row by ``REF`` (no weights) or ``IMPL`` (weights ``qw``); prange over rows."""
     for r in prange(x.shape[0]):
         if qw.shape[0] == 0:
-            REF(x[r], y[r], *ARGS)  # noqa: F821
+            REF(x[r], y[r])  # noqa: F821
         else:
-            IMPL(x[r], y[r], qw, *ARGS)  # noqa: F821
+            IMPL(x[r], y[r], qw)  # noqa: F821
 
 
 def _quantize_rows_ref_body(x, y, qw):
     """Every row by ``REF``, for a type whose bytes ignore the weights; prange over rows."""
     for r in prange(x.shape[0]):
-        REF(x[r], y[r], *ARGS)  # noqa: F821
+        REF(x[r], y[r])  # noqa: F821
 
 
 def _quantize_rows_one_body(x, y, qw):
     """Every row by ``ROW``, one function for both paths; prange over rows."""
     for r in prange(x.shape[0]):
-        ROW(x[r], y[r], qw, *ARGS)  # noqa: F821
+        ROW(x[r], y[r], qw)  # noqa: F821
 
 
 def _build_kernels(cls) -> None:
@@ -127,9 +124,6 @@ def _build_kernels(cls) -> None:
     q = cls.qtype
     # what the class or a shared base below QuantType gives (a built kernel is set on its own class)
     d = {k for c in cls.__mro__[:cls.__mro__.index(QuantType)] for k in c.__dict__}
-    if "deq_args" in d:
-        cls.dequantize_row = build_kernel(_dequantize_row_args_body, q, False, DEQ=cls.dequantize_row,
-                                          ARGS=cls.deq_args)
     if "dequantize_row" not in d and "dequantize_block" in d:
         cls.dequantize_row = build_kernel(_dequantize_row_body, q, False, BLOCK=cls.dequantize_block,
                                           QK=cls.block_size, TS=cls.type_size)
@@ -137,14 +131,13 @@ def _build_kernels(cls) -> None:
         cls.dequantize_rows = build_kernel(_dequantize_rows_body, q, True, ROW=cls.dequantize_row)
     if "quantize_rows" in d:
         return
-    a = cls.row_args
     if "quantize_row" in d:
-        cls.quantize_rows = build_kernel(_quantize_rows_one_body, q, True, ROW=cls.quantize_row, ARGS=a)
+        cls.quantize_rows = build_kernel(_quantize_rows_one_body, q, True, ROW=cls.quantize_row)
     elif "quantize_row_impl" in d:
         cls.quantize_rows = build_kernel(_quantize_rows_body, q, True, REF=cls.quantize_row_ref,
-                                         IMPL=cls.quantize_row_impl, ARGS=a)
+                                         IMPL=cls.quantize_row_impl)
     else:
-        cls.quantize_rows = build_kernel(_quantize_rows_ref_body, q, True, REF=cls.quantize_row_ref, ARGS=a)
+        cls.quantize_rows = build_kernel(_quantize_rows_ref_body, q, True, REF=cls.quantize_row_ref)
 
 
 class QuantType:
@@ -162,10 +155,6 @@ class QuantType:
     quantize_row_ref: ClassVar[Callable]
     quantize_row_impl: ClassVar[Callable]
     quantize_row: ClassVar[Callable]
-    #: constants the row functions take after their arrays (a function shared by several types)
-    row_args: ClassVar[tuple] = ()
-    #: the same for a shared ``dequantize_row(src, y, *deq_args)``
-    deq_args: ClassVar[tuple]
     dequantize_row: ClassVar[Callable]
     dequantize_block: ClassVar[Callable]
     dequantize_rows: ClassVar[Callable]

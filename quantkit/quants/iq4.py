@@ -28,7 +28,7 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.formats import ggml_types
 from quantkit.jit import ld_u16, njit
-from quantkit.quants.base import QuantType
+from quantkit.quants.base import QuantType, build_kernel
 from quantkit.quants.common import (GROUP_MAX_EPS, absmax_lanes, absmax_signed, block_layout, ld_f16, nearest_int,
                                     pack_nibbles, put_f16, rt_len, sum_squares)
 
@@ -185,10 +185,10 @@ def quantize_superblock_iq4_xs(x, scales, y, pos, L):
     pack_nibbles(L, y, pos + 8, 256)
 
 
-@njit
-def _quantize_row(x, y, qw, super_size):
-    """IQ4_NL (``super_size`` 32) or IQ4_XS (256) of a row: every block's scale searched, then each
-    super-block written."""
+def _quantize_row_body(x, y, qw):
+    """IQ4_NL (``SUPER`` 32) or IQ4_XS (256) of a row: every block's scale searched, then each
+    super-block written. ``SUPER`` is bound per type (``jit.specialize``)."""
+    super_size = SUPER  # noqa: F821
     scales = np.empty(x.shape[0] // 32, dtype=np.float32)
     _row_search(x, qw, qw.shape[0] > 0, super_size, scales)
     L = np.empty(super_size, dtype=np.uint8)
@@ -202,28 +202,27 @@ def _quantize_row(x, y, qw, super_size):
 
 
 @njit(inline="always")
-def _decode32(q, d, yy):
-    """32 values from 16 bytes of table indices ``q`` (value j in the low nibble of byte j, value j + 16 in
-    the high nibble) times the scale ``d``."""
+def _decode32(src, qs, d, y, at):
+    """32 values ``y[at:at + 32]`` from the 16 bytes of table indices at ``src[qs:]`` (value j in the low
+    nibble of byte j, value j + 16 in the high nibble) times the scale ``d``."""
     kv = _KV_F32
-    n16 = rt_len(16, yy)
+    n16 = rt_len(16)
     for j in range(n16):
-        yy[j] = d * kv[np.int32(q[j]) & 15]
+        y[at + j] = d * kv[np.int32(src[qs + j]) & 15]
     for j in range(n16):
-        yy[j + 16] = d * kv[np.int32(q[j]) >> 4]
+        y[at + j + 16] = d * kv[np.int32(src[qs + j]) >> 4]
 
 
 @njit(inline="always")
 def dequantize_block_iq4_nl(src, y):
     """ggml's ``dequantize_row_iq4_nl`` for one block (the codec's and the kernels' row decoder is built
     from it)."""
-    _decode32(src[_NL_QS:_NL_QS + 16], ld_f16(src, _NL_D), y)
+    _decode32(src, _NL_QS, ld_f16(src, _NL_D), y, 0)
 
 
 class IQ4_NL(QuantType, qtype=T.IQ4_NL):
     """18 bytes per 32: fp16 d, qs[16] (4-bit indices into the table, as Q4_0's nibbles)."""
-    quantize_row = _quantize_row
-    row_args = (32,)
+    quantize_row = build_kernel(_quantize_row_body, T.IQ4_NL, False, SUPER=32)
     dequantize_block = dequantize_block_iq4_nl
 
 
@@ -241,12 +240,10 @@ def dequantize_block_iq4_xs(src, y):
     """ggml's ``dequantize_row_iq4_xs`` for one super-block."""
     d = ld_f16(src, _XS_D)
     for ib in range(8):
-        _decode32(src[_XS_QS + 16 * ib:_XS_QS + 16 * ib + 16], d * np.float32(_iq4_xs_scale(src, ib)),
-                  y[32 * ib:32 * ib + 32])
+        _decode32(src, _XS_QS + 16 * ib, d * np.float32(_iq4_xs_scale(src, ib)), y, 32 * ib)
 
 
 class IQ4_XS(QuantType, qtype=T.IQ4_XS):
     """136 bytes per 256: fp16 d, scales_h (uint16), scales_l[4], qs[128]."""
-    quantize_row = _quantize_row
-    row_args = (256,)
+    quantize_row = build_kernel(_quantize_row_body, T.IQ4_XS, False, SUPER=256)
     dequantize_block = dequantize_block_iq4_xs

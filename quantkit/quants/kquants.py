@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit
-from quantkit.quants.base import QuantType
+from quantkit.quants.base import QuantType, build_kernel
 from quantkit.quants.common import (GROUP_MAX_EPS, absmax_signed, block_layout, get_f16, get_f32, imatrix_weight,
                                     ld_f16, nearest_int, put_f16, put_f32, rt_len, sum_squares, wrap_i8)
 from quantkit.quants.search import (clamp, lanes, make_q3_quants_lanes, make_qkx2_quants, make_qkx2_quants_lanes,
@@ -166,7 +166,7 @@ def _plane2(g):
 
 @njit(inline="always")
 def dequantize_block_q2_k(src, y):
-    n16 = rt_len(16, y)
+    n16 = rt_len(16)
     d = ld_f16(src, _Q2_K_D)
     dmin = ld_f16(src, _Q2_K_DMIN)
     for g in range(16):
@@ -301,8 +301,11 @@ def _k32_requant(xb, yb, nmax, L):
             L[32 * j + ii] = clamp(0, nmax, nearest_int((xb[32 * j + ii] + dm) / d))
 
 
-@njit
-def _quantize_row_k32(x, y, qw, nmax, type_size):
+def _quantize_row_k32_body(x, y, qw):
+    """A row of Q4_K (``NMAX`` 15) or Q5_K (31), blocks of ``TS`` bytes: the type's constants, bound per
+    type (``jit.specialize``) so each build sees literals."""
+    nmax = NMAX  # noqa: F821
+    type_size = TS  # noqa: F821
     nb = x.shape[0] // QK_K
     XT, WT, LT, AT, scales = lanes(x, 32, np.uint8)  # the sub-blocks of 32 as lanes
     mins = np.empty_like(scales)
@@ -356,7 +359,7 @@ def _sub_scales_k4(d, dmin, sc12, j):
 
 @njit(inline="always")
 def dequantize_block_q4_k(src, y):
-    n32 = rt_len(32, y)
+    n32 = rt_len(32)
     d = ld_f16(src, _Q4_K_D)
     dmin = ld_f16(src, _Q4_K_DMIN)
     sc12 = src[_Q4_K_SCALES:_Q4_K_SCALES + 12]
@@ -373,8 +376,7 @@ def dequantize_block_q4_k(src, y):
 class Q4_K(QuantType, qtype=T.Q4_K):
     """144 bytes per 256: fp16 d and dmin, scales[12] (a 6-bit scale and min per 32 values,
     get_scale_min_k4 packing), qs[128] (4-bit quants)."""
-    quantize_row = _quantize_row_k32
-    row_args = (15, _Q4_K_TS)
+    quantize_row = build_kernel(_quantize_row_k32_body, T.Q4_K, False, NMAX=15, TS=_Q4_K_TS)
     dequantize_block = dequantize_block_q4_k
 
 
@@ -398,8 +400,7 @@ def dequantize_block_q5_k(src, y):
 
 class Q5_K(QuantType, qtype=T.Q5_K):
     """176 bytes per 256: as Q4_K, with qh[32] (the fifth bits) before qs[128]."""
-    quantize_row = _quantize_row_k32
-    row_args = (31, _Q5_K_TS)
+    quantize_row = build_kernel(_quantize_row_k32_body, T.Q5_K, False, NMAX=31, TS=_Q5_K_TS)
     dequantize_block = dequantize_block_q5_k
 
 
@@ -511,7 +512,7 @@ def q3_k_row_impl(x, y, qw):
 
 @njit(inline="always")
 def dequantize_block_q3_k(src, y):
-    n16 = rt_len(16, y)
+    n16 = rt_len(16)
     d_all = ld_f16(src, _Q3_K_D)
     sc = src[_Q3_K_SCALES:_Q3_K_SCALES + 12]
     for g in range(16):

@@ -20,9 +20,9 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import ld_u32, njit
-from quantkit.quants.base import QuantType
+from quantkit.quants.base import QuantType, build_kernel
 from quantkit.quants.common import (absmax_signed, block_layout, c_f2i, c_roundf, imatrix_weight, ld_f16,
-                                    pack_nibbles, put_f16, rt_len, sum_squares, wrap_i8)
+                                    put_f16, rt_len, sum_squares, wrap_i8)
 from quantkit.quants.search import lanes, make_qkx2_quants_lanes, make_qx_quants_lanes
 
 F32 = np.float32
@@ -53,49 +53,50 @@ def _impl_search(x, qw, nmax, affine):
 
 
 @njit(inline="always")
-def _pack_q5(L, y, qh_at, qs_at):
-    """32 five-bit levels: the low nibbles of values j and j + 16 in byte j at ``qs_at``, the fifth bits as
-    the uint32 at ``qh_at`` (bit j of value j, bit j + 16 of value j + 16)."""
-    qh = np.uint32(0)
-    for j in range(16):
-        a = np.int32(L[j])
-        b = np.int32(L[j + 16])
-        y[qs_at + j] = np.uint8((a & 0x0F) | ((b & 0x0F) << 4))
-        qh |= np.uint32((a & 0x10) >> 4) << np.uint32(j)
-        qh |= np.uint32((b & 0x10) >> 4) << np.uint32(j + 16)
-    for k in range(4):
-        y[qh_at + k] = np.uint8((qh >> np.uint32(8 * k)) & np.uint32(0xFF))
+def _put_pair(y, qs, j, l0, l1, qh, five):
+    """Levels ``l0`` (value j) and ``l1`` (value j + 16, j < 16) of a block: their low nibbles in byte
+    ``qs + j`` (stored as C's uint8 would: a 4-bit type's level is not masked) and, ``five``, their fifth
+    bits into ``qh`` (bit j of value j, bit j + 16 of value j + 16), which is returned."""
+    if five:
+        y[qs + j] = np.uint8((l0 & 0x0F) | ((l1 & 0x0F) << 4))
+        qh |= np.uint32((l0 & 0x10) >> 4) << np.uint32(j)
+        qh |= np.uint32((l1 & 0x10) >> 4) << np.uint32(j + 16)
+    else:
+        y[qs + j] = np.uint8((l0 | (l1 << 4)) & 0xFF)
+    return qh
 
 
 @njit(inline="always")
-def _q5_levels(qs, qh, j):
-    """The five-bit levels of values j and j + 16 (j < 16) of a block: nibbles in ``qs``, fifth bits in the
-    uint32 ``qh``."""
-    q = np.int32(qs[j])
+def _q5_levels(src, qs, qh, j):
+    """The five-bit levels of values j and j + 16 (j < 16) of a block: nibbles in the bytes at ``qs``, fifth
+    bits in the uint32 ``qh``."""
+    q = np.int32(src[qs + j])
     h0 = np.int32(((qh >> np.uint32(j)) << np.uint32(4)) & np.uint32(0x10))
     h1 = np.int32((qh >> np.uint32(j + 12)) & np.uint32(0x10))
     return (q & 15) | h0, (q >> 4) | h1
 
 
 # ---------------------------------------------------------------------------------------------
-# the reference levels of one block
+# the reference scale and levels of one block
 # ---------------------------------------------------------------------------------------------
 @njit(inline="always")
-def _sym_ref_levels(xb, nmax, L):
-    """``quantize_row_q{4,5}_0_ref`` for one block: ``d = max / -nmax`` (max the signed value of largest
-    magnitude), levels ``MIN(2 nmax - 1, (int8_t)(x / d + nmax + 0.5))`` as C's casts leave them."""
+def _sym_ref_scale(xb, nmax):
+    """``quantize_row_q{4,5}_0_ref``'s scale: ``d = max / -nmax`` (max the signed value of largest
+    magnitude) and its inverse."""
     vmax, _ = absmax_signed(xb)
-    d = np.float32(vmax / np.float32(-nmax))
-    idl = np.float32(np.float32(1.0) / d) if d != 0 else np.float32(0.0)
-    for j in range(QK):
-        L[j] = min(2 * nmax - 1, wrap_i8(c_f2i(np.float32(xb[j] * idl) + np.float32(nmax + 0.5)))) & 0xFF
-    return d
+    d = F32(vmax / F32(-nmax))
+    return d, (F32(F32(1.0) / d) if d != 0 else F32(0.0))
 
 
 @njit(inline="always")
-def _affine_ref_levels(xb, nmax, L):
-    """``quantize_row_q{4,5}_1_ref`` for one block: grid from min to max, round half up. Returns (d, min)
-    and fills L with the 0..nmax levels as C's casts leave them."""
+def _sym_ref_level(v, idl, nmax):
+    """A level ``MIN(2 nmax - 1, (int8_t)(x / d + nmax + 0.5))`` as C's casts leave it."""
+    return min(2 * nmax - 1, wrap_i8(c_f2i(F32(v * idl) + F32(nmax + 0.5)))) & 0xFF
+
+
+@njit(inline="always")
+def _affine_ref_scale(xb, nmax):
+    """``quantize_row_q{4,5}_1_ref``'s grid from min to max: (d, min, 1/d)."""
     mn = F32(3.4028234663852886e38)
     mx = F32(-3.4028234663852886e38)
     for j in range(QK):
@@ -105,67 +106,84 @@ def _affine_ref_levels(xb, nmax, L):
         if v > mx:
             mx = v
     d = (mx - mn) / F32(nmax)
-    idd = F32(1.0) / d if d != F32(0.0) else F32(0.0)
-    for j in range(QK):
-        t = c_f2i((xb[j] - mn) * idd + F32(0.5))
-        # Q4_1: (int8_t) cast, then MIN(15, .), stored to uint8; Q5_1: (uint8_t) cast
-        L[j] = (min(15, wrap_i8(t)) if nmax == 15 else t) & 0xFF
-    return d, mn
+    return d, mn, (F32(1.0) / d if d != F32(0.0) else F32(0.0))
+
+
+@njit(inline="always")
+def _affine_ref_level(v, mn, idd, nmax):
+    """A level, round half up, as C's casts leave it: Q4_1 ``MIN(15, (int8_t) .)`` stored to uint8,
+    Q5_1 ``(uint8_t) .``."""
+    t = c_f2i((v - mn) * idd + F32(0.5))
+    return (min(15, wrap_i8(t)) if nmax == 15 else t) & 0xFF
 
 
 # ---------------------------------------------------------------------------------------------
-# Q4_0, Q5_0, Q4_1, Q5_1: one row function and one decoder, the type's fields as constants
+# Q4_0, Q5_0, Q4_1, Q5_1: one row function and one decoder, built per type with its constants
 # ---------------------------------------------------------------------------------------------
-@njit
-def _quantize_row(x, y, qw, nmax, ts, affine, qh_at, qs_at):
-    """A row of Q4_0 / Q5_0 (levels -nmax..nmax-1 stored +nmax, nmax 8 / 16) or, ``affine``, Q4_1 / Q5_1
-    (levels 0..nmax, nmax 15 / 31): the reference levels, or with ``qw`` the weighted search's (every
+def _quantize_row_body(x, y, qw):
+    """A row of Q4_0 / Q5_0 (levels -NMAX..NMAX-1 stored +NMAX, NMAX 8 / 16) or, ``AFFINE``, Q4_1 / Q5_1
+    (levels 0..NMAX, NMAX 15 / 31): the reference levels, or with ``qw`` the weighted search's (every
     block's at once, one block per lane, bit-identical to ggml's block-by-block search: the
     latency-bound per-block loop made these types with an imatrix ~10x slower per value than Q4_K).
-    Blocks of ``ts`` bytes: fp16 d, [fp16 m], [uint32 qh at ``qh_at``, 5-bit types], nibbles at ``qs_at``."""
-    L = np.empty(QK, dtype=np.int32)
+    Blocks of ``TS`` bytes: fp16 d, [fp16 m], [uint32 qh at ``QH_AT``, 5-bit types], nibbles at ``QS_AT``.
+    The capitals are the type's constants, bound per type (``jit.specialize``), so each build's loops
+    see literals as the per-type copies did; each pair of levels is stored as it is computed."""
     weighted = qw.shape[0] > 0
     if weighted:
-        LT, scale, the_min = _impl_search(x, qw, nmax, affine)
-    m = F32(0.0)
+        LT, scale, the_min = _impl_search(x, qw, NMAX, AFFINE)  # noqa: F821
+    five = QH_AT >= 0  # noqa: F821
     for ib in range(x.shape[0] // QK):
-        o = ts * ib
+        o = TS * ib  # noqa: F821
+        qs = o + QS_AT  # noqa: F821
         xb = x[QK * ib:QK * (ib + 1)]
+        qh = np.uint32(0)
+        m = F32(0.0)
         if weighted:
             d = scale[ib]
             m = -the_min[ib]
-            L[:] = LT[:, ib]
-        elif affine:
-            d, m = _affine_ref_levels(xb, nmax, L)
-        else:
-            d = _sym_ref_levels(xb, nmax, L)
-        put_f16(y, o, d)
-        if affine:
-            put_f16(y, o + 2, m)
-        if qh_at < 0:
-            pack_nibbles(L, y, o + qs_at, QK)
-        else:
-            _pack_q5(L, y, o + qh_at, o + qs_at)
-
-
-@njit
-def _dequantize_row(src, y, nmax, ts, affine, qh_at, qs_at):
-    """ggml's ``dequantize_row_q{4,5}_{0,1}``: one row's bytes ``src`` -> float32 ``y`` (the codec's and the
-    kernels' row decoder), ``(q - 8) * d`` / ``(q - 16) * d``, or ``q * d + m`` when ``affine``."""
-    n16 = rt_len(16, y)
-    for b in range(y.shape[0] // QK):
-        o = ts * b
-        d = ld_f16(src, o)
-        m = ld_f16(src, o + 2) if affine else F32(0.0)
-        qs = src[o + qs_at:o + qs_at + 16]
-        yy = y[QK * b:QK * (b + 1)]
-        if qh_at >= 0:  # the fifth bits
-            qh = ld_u32(src, o + qh_at)
             for j in range(16):
-                l0, l1 = _q5_levels(qs, qh, j)
-                yy[j] = F32(l0) * d + m if affine else F32(l0 - 16) * d
-                yy[j + 16] = F32(l1) * d + m if affine else F32(l1 - 16) * d
-        elif affine:
+                qh = _put_pair(y, qs, j, np.int32(LT[j, ib]), np.int32(LT[j + 16, ib]), qh, five)
+        elif AFFINE:  # noqa: F821
+            d, m, idd = _affine_ref_scale(xb, NMAX)  # noqa: F821
+            for j in range(16):
+                qh = _put_pair(y, qs, j, _affine_ref_level(xb[j], m, idd, NMAX),  # noqa: F821
+                               _affine_ref_level(xb[j + 16], m, idd, NMAX), qh, five)  # noqa: F821
+        else:
+            d, idl = _sym_ref_scale(xb, NMAX)  # noqa: F821
+            for j in range(16):
+                qh = _put_pair(y, qs, j, _sym_ref_level(xb[j], idl, NMAX),  # noqa: F821
+                               _sym_ref_level(xb[j + 16], idl, NMAX), qh, five)  # noqa: F821
+        put_f16(y, o, d)
+        if AFFINE:  # noqa: F821
+            put_f16(y, o + 2, m)
+        if five:
+            for k in range(4):
+                y[o + QH_AT + k] = np.uint8((qh >> np.uint32(8 * k)) & np.uint32(0xFF))  # noqa: F821
+
+
+def _dequantize_row_body(src, y):
+    """ggml's ``dequantize_row_q{4,5}_{0,1}``: one row's bytes ``src`` -> float32 ``y`` (the codec's and the
+    kernels' row decoder), ``(q - 8) * d`` / ``(q - 16) * d``, or ``q * d + m`` when ``AFFINE``; the
+    constants as in ``_quantize_row_body``."""
+    n16 = rt_len(16)
+    for b in range(y.shape[0] // QK):
+        o = TS * b  # noqa: F821
+        d = ld_f16(src, o)
+        m = ld_f16(src, o + 2) if AFFINE else F32(0.0)  # noqa: F821
+        if QH_AT >= 0:  # the fifth bits  # noqa: F821
+            qh = ld_u32(src, o + QH_AT)  # noqa: F821
+            for j in range(16):
+                l0, l1 = _q5_levels(src, o + QS_AT, qh, j)  # noqa: F821
+                if AFFINE:  # noqa: F821
+                    y[QK * b + j] = F32(l0) * d + m
+                    y[QK * b + j + 16] = F32(l1) * d + m
+                else:
+                    y[QK * b + j] = F32(l0 - 16) * d
+                    y[QK * b + j + 16] = F32(l1 - 16) * d
+            continue
+        qs = src[o + QS_AT:o + QS_AT + 16]  # noqa: F821
+        yy = y[QK * b:QK * (b + 1)]
+        if AFFINE:  # noqa: F821
             for j in range(n16):
                 yy[j] = F32(np.int32(qs[j]) & 15) * d + m
             for j in range(n16):
@@ -178,15 +196,15 @@ def _dequantize_row(src, y, nmax, ts, affine, qh_at, qs_at):
 
 
 class _Legacy(QuantType):
-    """What Q4_0, Q5_0, Q4_1 and Q5_1 share: the row function and the decoder, given the type's ``nmax``
-    and its fields (from the type table) as constants."""
-    quantize_row = _quantize_row
-    dequantize_row = _dequantize_row
+    """What Q4_0, Q5_0, Q4_1 and Q5_1 share: the row function and the decoder, each built for the type
+    with its ``nmax`` and its fields (from the type table) as compile-time constants."""
 
     def __init_subclass__(cls, qtype: T, nmax: int) -> None:
         info = type_info(qtype)
         off = info.offsets
-        cls.row_args = cls.deq_args = (nmax, info.type_size, "m" in off, off.get("qh", -1), off["qs"])
+        k = dict(NMAX=nmax, TS=info.type_size, AFFINE="m" in off, QH_AT=off.get("qh", -1), QS_AT=off["qs"])
+        cls.quantize_row = build_kernel(_quantize_row_body, qtype, False, **k)
+        cls.dequantize_row = build_kernel(_dequantize_row_body, qtype, False, **k)
         super().__init_subclass__(qtype=qtype)
 
 
@@ -226,11 +244,10 @@ def quantize_row_q8_0_ref(x, y):
 
 @njit(inline="always")
 def dequantize_block_q8_0(src, y):
-    n32 = rt_len(32, y)
+    n32 = rt_len(32)
     d = ld_f16(src, _Q8_0_D)
-    q = src[_Q8_0_QS:_Q8_0_QS + 32]
     for j in range(n32):
-        y[j] = np.float32(np.int8(q[j])) * d
+        y[j] = np.float32(np.int8(src[_Q8_0_QS + j])) * d
 
 
 class Q8_0(QuantType, qtype=T.Q8_0):

@@ -88,7 +88,7 @@ def _e2m1x2(c):
     return np.float32(-v if c & 8 else v)
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_mxfp4(src, y):
     """One block's bytes -> float32, as ggml's ``dequantize_row_mxfp4``."""
     d = e8m0_to_fp32_half(src[_E])

@@ -40,7 +40,7 @@ def quantize_row_q1_0_ref(x, y):
         quantize_block_q1_0(x[QK1_0 * ib:QK1_0 * (ib + 1)], y, _BYTES * ib)
 
 
-@njit
+@njit(inline="always")
 def dequantize_block_q1_0(src, y):
     """One block's bytes -> float32, as ggml's ``dequantize_row_q1_0``."""
     d = get_f16(src, _D)

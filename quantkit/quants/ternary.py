@@ -20,7 +20,7 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit
-from quantkit.quants.base import QuantType
+from quantkit.quants.base import QuantType, build_kernel
 from quantkit.quants.common import block_layout, get_f16, put_f16
 
 QK_K = 256
@@ -135,13 +135,12 @@ def dequantize_block_tq2_0(ss, yy):
             yy[128 * j + 96 + m] = np.float32((b >> 6) - 1) * d
 
 
-@njit
-def _quantize_row(x, y, tq2):
-    """TQ1_0, or TQ2_0 (``tq2``), of a row."""
+def _quantize_row_body(x, y):
+    """TQ1_0, or TQ2_0 (``TQ2``, bound per type by ``jit.specialize``), of a row."""
     t = np.empty(QK_K, dtype=np.int32)
     for ib in range(x.shape[0] // QK_K):
         xb = x[QK_K * ib:QK_K * (ib + 1)]
-        if tq2:
+        if TQ2:  # noqa: F821
             quantize_block_tq2_0(xb, y, _TQ2_BYTES * ib, t)
         else:
             quantize_block_tq1_0(xb, y, _TQ1_BYTES * ib, t)
@@ -150,14 +149,12 @@ def _quantize_row(x, y, tq2):
 class TQ1_0(QuantType, qtype=T.TQ1_0):
     """54 bytes per 256 (module docstring): qs[48], qh[4], fp16 d."""
     uses_imatrix = False
-    quantize_row_ref = _quantize_row
-    row_args = (False,)
+    quantize_row_ref = build_kernel(_quantize_row_body, T.TQ1_0, False, TQ2=False)
     dequantize_block = dequantize_block_tq1_0
 
 
 class TQ2_0(QuantType, qtype=T.TQ2_0):
     """66 bytes per 256: qs[64], fp16 d."""
     uses_imatrix = False
-    quantize_row_ref = _quantize_row
-    row_args = (True,)
+    quantize_row_ref = build_kernel(_quantize_row_body, T.TQ2_0, False, TQ2=True)
     dequantize_block = dequantize_block_tq2_0
