@@ -11,8 +11,9 @@ rows-to-blocks bookkeeping and the byte shape. A subclass only names its numba k
   A function several types share is one plain-Python body naming their differences as globals
   (``NMAX``, ``TS``, ...) and built per type with ``build_kernel`` (``jit.specialize``), so each build
   sees them as literals (LLVM unrolls and vectorizes as it did per-type copies; passed as arguments they
-  cost the shared legacy row functions and decoders up to 2x). The base builds ``quantize_rows(x, y, qw)`` from them: parallel over rows with ``prange``, each row
-  independent, so the bytes never depend on the thread count (a codec may give its own instead);
+  cost the shared legacy row quantizer up to 1.5x). The base builds ``quantize_rows(x, y, qw)`` from
+  them: parallel over rows with ``prange``, each row independent, so the bytes never depend on the
+  thread count (a codec may give its own instead);
 * ``dequantize_row(src, y)``   -- ggml's ``dequantize_row_X`` for one row: uint8[row_bytes] ->
   float32[n_per_row], serial ``@njit``. It is *the* row decoder of the type: the kernels call it too
   (embedding rows, the prefill's tiles, the portable GEMV), so there is one copy. A type whose decoder
