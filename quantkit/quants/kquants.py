@@ -94,7 +94,7 @@ def _q2_k_weights(xb, qwb, WT, sw, lane0):
 def _q2_k_super_impl(yb, L, LT, lane0, scales, mins, sw, Ls, Lm):
     """After the row's search (``make_qkx3_quants`` per sub-block, run as lanes): the levels, then the
     sub-block scales and mins quantized with ``make_qp_quants``."""
-    untranspose(LT, lane0, L)
+    untranspose(LT, lane0, L, 16)
     dm = make_qp_quants(15, scales, Ls, sw)
     mm = make_qp_quants(15, mins, Lm, sw)
     put_f16(yb, 80, dm)
@@ -317,7 +317,7 @@ def _quantize_row_k32_body(x, y, qw):
     for i in range(nb):
         xb = x[i * QK_K:(i + 1) * QK_K]
         yb = y[i * type_size:(i + 1) * type_size]
-        untranspose(LT, 8 * i, L)
+        untranspose(LT, 8 * i, L, 32)
         if qw.shape[0] > 0:
             _k32_scales_impl(yb, nmax == 31, scales[8 * i:8 * i + 8], mins[8 * i:8 * i + 8], sw[8 * i:8 * i + 8],
                              Ls, Lm)
@@ -462,7 +462,7 @@ def q3_k_row_ref(x, y):
         xb = x[ib * QK_K:(ib + 1) * QK_K]
         o = ib * 110
         scales = sc[16 * ib:16 * ib + 16]
-        untranspose(LT, 16 * ib, L)
+        untranspose(LT, 16 * ib, L, 16)
         max_scale, _ = absmax_signed(scales)
         for k in range(12):
             y[o + 96 + k] = 0
@@ -499,7 +499,7 @@ def q3_k_row_impl(x, y, qw):
     for ib in range(nb):
         xb = x[ib * QK_K:(ib + 1) * QK_K]
         o = ib * 110
-        untranspose(LT, 16 * ib, L)
+        untranspose(LT, 16 * ib, L, 16)
         for k in range(12):
             y[o + 96 + k] = 0
         d_block = make_qx_quants(QK_K // 16, 32, sc[16 * ib:16 * ib + 16], Ls, 1, sw[16 * ib:16 * ib + 16])
@@ -555,7 +555,7 @@ def q6_k_row(x, y, qw):
         xb = x[ib * QK_K:(ib + 1) * QK_K]
         o = ib * 210
         scales = sc[16 * ib:16 * ib + 16]
-        untranspose(LT, 16 * ib, L)
+        untranspose(LT, 16 * ib, L, 16)
         max_scale, max_abs_scale = absmax_signed(scales)
         if max_abs_scale < GROUP_MAX_EPS:
             for k in range(210):

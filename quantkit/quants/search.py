@@ -34,7 +34,7 @@ def clamp(lo, hi, v):
     return lo if v < lo else (hi if v > hi else v)
 
 
-@njit
+@njit(inline="always")
 def lanes(x, n, ldtype):
     """A row as ``n``-value groups in columns, for the lane searches: values XT [n, ng], and empty
     weights WT, levels LT and scratch AT [n, ng] (levels of dtype ``ldtype``), scales [ng]."""
@@ -47,10 +47,10 @@ def lanes(x, n, ldtype):
             np.empty((n, ng), dtype=ldtype), np.empty(ng, dtype=np.float32))
 
 
-@njit
-def untranspose(LT, g0, L):
-    """Levels of groups g0, g0+1, ... (columns of LT) back in value order into L."""
-    n = LT.shape[0]
+@njit(inline="always")
+def untranspose(LT, g0, L, n):
+    """Levels of groups g0, g0+1, ... (columns of LT, ``n`` = LT.shape[0] values each) back in value order
+    into L. Inlined, with ``n`` a literal at the call, so the loops' counts are constants."""
     for j in range(L.shape[0] // n):
         for i in range(n):
             L[n * j + i] = LT[i, g0 + j]
@@ -293,12 +293,13 @@ def make_qkx2_quants(nmax, x, weights, L, Laux, rmin, rdelta, nstep, use_mad):
     return out[0], out[1]
 
 
-@njit
+@njit(inline="always")
 def _lanes_error(XT, WT, LT, scale, the_min, use_mad, err):
     """Every lane's weighted error of ``scale * L + min`` against its values: sum w * |diff| (``use_mad``) or
     sum w * diff^2, over i = 0..n-1 in order."""
     n, nl = XT.shape
-    err[:] = F32(0.0)
+    for k in range(nl):
+        err[k] = F32(0.0)
     for i in range(n):
         xi = XT[i]
         wi = WT[i]
