@@ -260,7 +260,7 @@ def absmax_signed(x):
     return vmax, amax
 
 
-@njit
+@njit(inline="always")
 def sum_squares(x):
     """sum(x^2) in float32, summed in order (every weighted path's sigma2 before its own scaling)."""
     s = np.float32(0.0)
@@ -269,7 +269,7 @@ def sum_squares(x):
     return s
 
 
-@njit
+@njit(inline="always")
 def imatrix_weight(qw, v, sigma2):
     """ggml's per-value weight of the weighted paths: qw * sqrt(sigma2 + x^2)."""
     return qw * np.float32(np.sqrt(np.float32(sigma2 + v * v)))
