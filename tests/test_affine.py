@@ -1,4 +1,5 @@
-"""Tests for the affine family (Q4_1, Q5_1, Q2_K, Q4_K, Q5_K) in quantkit.quants.affine.
+"""Tests for the affine types (a scale and a minimum per block): Q4_1, Q5_1 (quantkit/quants/legacy.py), Q2_K,
+Q4_K, Q5_K (quants/kquants.py).
 
 * dequantize == gguf.quants.dequantize, float32 bit patterns compared;
 * Q4_1/Q5_1 quantize without imatrix == gguf.quants.quantize (gguf-py's numpy reference);

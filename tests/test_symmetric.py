@@ -1,4 +1,5 @@
-"""Q4_0, Q5_0, Q8_0, Q3_K, Q6_K, Q8_K (quantkit/quants/symmetric.py): bytes against ggml (recorded
+"""The symmetric types Q4_0, Q5_0, Q8_0 (quantkit/quants/legacy.py), Q3_K, Q6_K, Q8_K (quants/kquants.py) and
+their scale searches (quants/search.py): bytes against ggml (recorded
 hashes), quantize and dequantize against gguf-py, the scale searches' properties, edge blocks,
 thread-count independence and error messages."""
 
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 
 from quantkit.errors import QuantError
 from quantkit.quants import TRAITS, dequantize, quantize
-from quantkit.quants.symmetric import make_q3_quants, make_qx_quants
+from quantkit.quants.search import make_q3_quants, make_qx_quants
 
 T = gguf.GGMLQuantizationType
 TYPES = ["Q4_0", "Q5_0", "Q8_0", "Q3_K", "Q6_K", "Q8_K"]

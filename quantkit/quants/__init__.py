@@ -7,7 +7,7 @@ caches to NUMBA_CACHE_DIR).
 from quantkit.quants.base import TRAITS, QuantType, dequantize, quantize, resolve_type, traits
 
 # Each module registers its types in TRAITS on import.
-from quantkit.quants import affine, floats, iq1, iq2, iq3, iq4, mxfp4, q1, symmetric, ternary  # noqa: F401,E402
+from quantkit.quants import floats, iq1, iq2, iq3, iq4, kquants, legacy, mxfp4, q1, ternary  # noqa: F401,E402
 
 from quantkit.quants.validate import count_invalid  # noqa: E402
 

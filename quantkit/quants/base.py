@@ -3,14 +3,23 @@
 The base class does, once for every type, what gguf-py's ``__Quant`` does: shape and dtype checks,
 rows-to-blocks bookkeeping and the byte shape. A subclass only names its numba kernels:
 
-* ``quantize_rows(x, y, qw)``  -- x float32[nrow, n_per_row], y uint8[nrow, row_bytes],
-  qw float32[n_per_row] importance weights, or an empty array for ggml's reference path
-  (``quant_weights == NULL``). Parallel over rows with ``prange``; each row independent, so the
-  bytes never depend on the thread count.
+* ``quantize_row_ref(x, y)``  -- ggml's ``quantize_row_X_ref`` for one row: float32[n_per_row] ->
+  uint8[row_bytes], the path without importance weights (``quant_weights == NULL``);
+* ``quantize_row_impl(x, y, qw)`` -- ggml's weighted ``quantize_row_X_impl`` for one row (``qw`` float32
+  [n_per_row]), for a type whose bytes depend on the weights;
+* or ``quantize_row(x, y, qw)`` -- one function for both paths, ``qw`` empty for the reference one.
+  A function several types share is one plain-Python body naming their differences as globals
+  (``NMAX``, ``TS``, ...) and built per type with ``build_kernel`` (``jit.specialize``), so each build
+  sees them as literals (LLVM unrolls and vectorizes as it did per-type copies; passed as arguments they
+  cost the shared legacy row quantizer up to 1.5x). The base builds ``quantize_rows(x, y, qw)`` from
+  them: parallel over rows with ``prange``, each row independent, so the bytes never depend on the
+  thread count (a codec may give its own instead);
 * ``dequantize_row(src, y)``   -- ggml's ``dequantize_row_X`` for one row: uint8[row_bytes] ->
   float32[n_per_row], serial ``@njit``. It is *the* row decoder of the type: the kernels call it too
-  (embedding rows, the prefill's tiles, the portable GEMV), so there is one copy. ``dequantize_rows``
-  (parallel over rows) is built from it unless a codec gives its own.
+  (embedding rows, the prefill's tiles, the portable GEMV), so there is one copy. A type whose decoder
+  works block by block gives ``dequantize_block(src, y)`` (one block's bytes -> its values) instead and
+  the base loops it over a row; a decoder several types share is built per type as above.
+  ``dequantize_rows`` (parallel over rows) is built from the row decoder.
 
 A type's sizes, block fields and the rest of its facts come from the type table
 (``quantkit.formats.ggml_types``), not from the codec. The traits table (``TRAITS``) maps
@@ -19,10 +28,11 @@ A type's sizes, block fields and the rest of its facts come from the type table
 
 from __future__ import annotations
 
+import functools
+import os
 from typing import Callable, ClassVar
 
 import numpy as np
-import os
 from gguf import GGMLQuantizationType
 
 from quantkit.errors import QuantError
@@ -61,17 +71,74 @@ def traits(qtype: GGMLQuantizationType | str | int) -> type["QuantType"]:
         ) from None
 
 
-def _rows_body(y, x):
+@functools.cache
+def _digest() -> str:
+    """A digest of every source a built kernel may inline (this package, the type table, jit.py): it goes
+    into the kernels' names, since numba's on-disk cache only watches the file a function is defined in."""
+    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.join(pkg, "quants")
+    files = [os.path.join(here, f) for f in sorted(os.listdir(here)) if f.endswith(".py")]
+    return source_digest(*files, os.path.join(pkg, "formats", "ggml_types.py"), os.path.join(pkg, "jit.py"))
+
+
+def build_kernel(body: Callable, qtype: GGMLQuantizationType, parallel: bool, **names) -> Callable:
+    """``body`` compiled for one type, its placeholder globals bound to ``names`` (``jit.specialize``)."""
+    return specialize(body, f"{qtype.name}_{_digest()}", parallel=parallel, **names)
+
+
+def _dequantize_rows_body(y, x):
     """x[r] = the decoded y[r] for every row (``ROW``: a type's ``dequantize_row``); prange over rows."""
     for r in prange(y.shape[0]):
         ROW(y[r], x[r])  # noqa: F821
 
 
-def _rows_kernel(qtype: GGMLQuantizationType, row: Callable) -> Callable:
-    """``dequantize_rows`` built from a type's row decoder; its name carries a digest of the decoder's file
-    and of quants/common.py (numba's cache watches only this file)."""
-    files = [row.py_func.__code__.co_filename, os.path.join(os.path.dirname(__file__), "common.py")]
-    return specialize(_rows_body, f"{qtype.name}_{source_digest(*files)}", parallel=True, ROW=row)
+def _dequantize_row_body(src, y):
+    """A row decoded block by block (``BLOCK``: a type's ``dequantize_block``; ``QK`` values from ``TS``
+    bytes each)."""
+    for i in range(y.shape[0] // QK):  # noqa: F821
+        BLOCK(src[TS * i:TS * (i + 1)], y[QK * i:QK * (i + 1)])  # noqa: F821
+
+
+def _quantize_rows_body(x, y, qw):
+    """Every row by ``REF`` (no weights) or ``IMPL`` (weights ``qw``); prange over rows."""
+    for r in prange(x.shape[0]):
+        if qw.shape[0] == 0:
+            REF(x[r], y[r])  # noqa: F821
+        else:
+            IMPL(x[r], y[r], qw)  # noqa: F821
+
+
+def _quantize_rows_ref_body(x, y, qw):
+    """Every row by ``REF``, for a type whose bytes ignore the weights; prange over rows."""
+    for r in prange(x.shape[0]):
+        REF(x[r], y[r])  # noqa: F821
+
+
+def _quantize_rows_one_body(x, y, qw):
+    """Every row by ``ROW``, one function for both paths; prange over rows."""
+    for r in prange(x.shape[0]):
+        ROW(x[r], y[r], qw)  # noqa: F821
+
+
+def _build_kernels(cls) -> None:
+    """The kernels a codec did not give itself, from the row and block functions it did."""
+    q = cls.qtype
+    # what the class or a shared base below QuantType gives (a built kernel is set on its own class)
+    d = {k for c in cls.__mro__[:cls.__mro__.index(QuantType)] for k in c.__dict__}
+    if "dequantize_row" not in d and "dequantize_block" in d:
+        cls.dequantize_row = build_kernel(_dequantize_row_body, q, False, BLOCK=cls.dequantize_block,
+                                          QK=cls.block_size, TS=cls.type_size)
+    if "dequantize_rows" not in d:
+        cls.dequantize_rows = build_kernel(_dequantize_rows_body, q, True, ROW=cls.dequantize_row)
+    if "quantize_rows" in d:
+        return
+    if "quantize_row" in d:
+        cls.quantize_rows = build_kernel(_quantize_rows_one_body, q, True, ROW=cls.quantize_row)
+    elif "quantize_row_impl" in d:
+        cls.quantize_rows = build_kernel(_quantize_rows_body, q, True, REF=cls.quantize_row_ref,
+                                         IMPL=cls.quantize_row_impl)
+    else:
+        cls.quantize_rows = build_kernel(_quantize_rows_ref_body, q, True, REF=cls.quantize_row_ref)
 
 
 class QuantType:
@@ -85,15 +152,21 @@ class QuantType:
     #: ggml_quantize_requires_imatrix: ggml_quantize_chunk asserts on a NULL imatrix for this type
     requires_imatrix: ClassVar[bool] = False
     quantize_rows: ClassVar[Callable]
+    #: what ``quantize_rows`` is built from unless given (module docstring)
+    quantize_row_ref: ClassVar[Callable]
+    quantize_row_impl: ClassVar[Callable]
+    quantize_row: ClassVar[Callable]
     dequantize_row: ClassVar[Callable]
+    dequantize_block: ClassVar[Callable]
     dequantize_rows: ClassVar[Callable]
 
-    def __init_subclass__(cls, qtype: GGMLQuantizationType) -> None:
+    def __init_subclass__(cls, qtype: GGMLQuantizationType | None = None) -> None:
+        if qtype is None:  # a base that types sharing their kernels derive from
+            return
         cls.qtype = qtype
         cls.info = type_info(qtype)
         cls.block_size, cls.type_size = cls.info.block_size, cls.info.type_size
-        if "dequantize_rows" not in cls.__dict__:
-            cls.dequantize_rows = _rows_kernel(qtype, cls.dequantize_row)
+        _build_kernels(cls)
         TRAITS[qtype] = cls
 
     # -- sizes -------------------------------------------------------------------------------

@@ -12,6 +12,9 @@ Conventions for every quantizer in this package (they are what make bytes match 
 from __future__ import annotations
 
 import numpy as np
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
 
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import (HAS_F16C, bits_to_f32, f32_to_bits, f32_to_half_bits, half_bits_to_f32, ld_f16_hw, ld_u16,
@@ -109,6 +112,24 @@ def nearest_int(fval):
 
 
 @njit
+def c_roundf(v):
+    """C's ``roundf``: nearest, ties away from zero (exact for every float32)."""
+    v = np.float32(v)
+    if not (np.abs(v) < np.float32(8388608.0)):  # already integral, inf or NaN
+        return v
+    t = np.float32(np.trunc(v))
+    if np.abs(np.float32(v - t)) >= np.float32(0.5):
+        t = t + (np.float32(1.0) if v > 0 else np.float32(-1.0))
+    return t
+
+
+@njit
+def wrap_i8(v):
+    """C's conversion of an int to int8_t (keep the low byte, two's complement)."""
+    return np.int32(((np.int64(v) & 0xFF) ^ 0x80) - 0x80)
+
+
+@njit
 def c_f2i(v):
     """C's float -> int conversion as x86 performs it (cvttss2si): truncate toward zero;
     NaN and values outside int32 give INT32_MIN."""
@@ -139,13 +160,31 @@ def block_layout(name: str, *fields: str) -> tuple[int, ...]:
     return (t.type_size, *(t.field(f) for f in fields))
 
 
-@njit
-def rt_len(k, y):
-    """``k`` as a run-time value: min(k, len(y)), which is k for every row decoded (a row holds at least one
-    block). An inner loop over a literal 16 or 32 is unrolled by LLVM and left scalar (its loads and stores
-    may alias for all it knows); over a run-time count it is vectorized with a run-time overlap check --
-    1.5-2x faster row decoders for the prefill's tiles."""
-    return min(k, y.shape[0])
+@intrinsic
+def _opaque(typingctx, v):
+    """``v`` unchanged, through an empty inline asm, so LLVM cannot see its value (nor fold it into a
+    constant); no side effect, so it is still hoisted out of loops."""
+    if not isinstance(v, types.Integer):
+        return None
+
+    def codegen(context, builder, signature, args):
+        t = context.get_value_type(signature.args[0])
+        return builder.call(ir.InlineAsm(ir.FunctionType(t, [t]), "", "=r,0"), [args[0]])
+
+    return v(v), codegen
+
+
+@njit(inline="always")
+def rt_len(k):
+    """``k`` as a run-time value no larger than ``k``. An inner loop over a literal 16 or 32 is unrolled by
+    LLVM and left scalar (its loads and stores may alias for all it knows); over a run-time count it is
+    vectorized with a run-time overlap check -- 1.5-2x faster row decoders for the prefill's tiles. The
+    count must be opaque, not merely computed (``min(k, len(block))`` of a block's slice LLVM folds to
+    the literal again), and known to be at most ``k``, else the vectorizer interleaves past it and a
+    32-value loop runs in its scalar remainder. Loop-invariant, so hoisted out of a row's block loop.
+    The block decoders index their block's bytes directly, not through a second slice, for the same
+    reason (the slices' bookkeeping costs a 32-value block a quarter of its time)."""
+    return min(k, _opaque(k))
 
 
 @njit
@@ -205,3 +244,100 @@ def absmax_lanes(XT):
             amax[k] = ax if take else amax[k]
             vmax[k] = xi[k] if take else vmax[k]
     return amax, vmax
+
+
+@njit
+def absmax_signed(x):
+    """The value of largest magnitude (the first on ties, as ggml's ``if (ax > amax)`` loops) and its
+    magnitude; both 0 for an all-zero ``x``."""
+    amax = np.float32(0.0)
+    vmax = np.float32(0.0)
+    for j in range(x.shape[0]):
+        a = np.abs(x[j])
+        if amax < a:
+            amax = a
+            vmax = x[j]
+    return vmax, amax
+
+
+@njit(inline="always")
+def sum_squares(x):
+    """sum(x^2) in float32, summed in order (every weighted path's sigma2 before its own scaling)."""
+    s = np.float32(0.0)
+    for j in range(x.shape[0]):
+        s += x[j] * x[j]
+    return s
+
+
+@njit(inline="always")
+def imatrix_weight(qw, v, sigma2):
+    """ggml's per-value weight of the weighted paths: qw * sqrt(sigma2 + x^2)."""
+    return qw * np.float32(np.sqrt(np.float32(sigma2 + v * v)))
+
+
+@njit(inline="always")
+def pack_nibbles(L, y, pos, n):
+    """Levels 0..15 of ``n`` values, 16 bytes per 32: value j of a 32-group in the low nibble of byte j,
+    value j + 16 in the high nibble (Q4_0, Q4_1, IQ4_NL, IQ4_XS); stored as C's uint8 would."""
+    for i in range(n // 32):
+        for j in range(16):
+            y[pos + 16 * i + j] = np.uint8((np.int32(L[32 * i + j]) | (np.int32(L[32 * i + 16 + j]) << 4)) & 0xFF)
+
+
+# -- pieces of the IQ types' grid searches (IQ1, IQ2, IQ3) -----------------------------------------
+@njit
+def max_of(x):
+    """The largest value of ``x`` (the first on ties), as ggml's ``max = MAX(max, x)`` loops."""
+    m = x[0]
+    for i in range(1, x.shape[0]):
+        m = m if m > x[i] else x[i]
+    return m
+
+
+@njit
+def odd_scale_level(inv, scale, top):
+    """A block scale as an odd multiple of the super-scale: ``clamp(nearest_int((inv * scale - 1) / 2),
+    0, top)`` (the IQ types' ``(2 l + 1) * d`` scales)."""
+    l = nearest_int(np.float32(0.5) * (inv * scale - np.float32(1.0)))
+    return 0 if l < 0 else (top if l > top else l)
+
+
+@njit
+def split_signs(xb, weight, xval, ngroup, even, signs):
+    """Magnitudes into ``xval`` and a sign mask per group of 8 into ``signs``; with ``even`` (IQ2_XXS,
+    IQ2_XS, IQ3_XXS, whose 8th sign is implied) an odd count of minus signs is made even by flipping the
+    value with the least ``w * x^2`` (its magnitude then enters the search negated), and the mask keeps
+    7 bits."""
+    for k in range(ngroup):
+        nflip = 0
+        s = 0
+        for i in range(8):
+            v = xb[8 * k + i]
+            if v >= np.float32(0.0):
+                xval[8 * k + i] = v
+            else:
+                xval[8 * k + i] = -v
+                nflip += 1
+                s |= 1 << i
+        if even:
+            if nflip % 2:
+                imin = 0
+                mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
+                for i in range(1, 8):
+                    ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
+                    if ax < mn:
+                        mn = ax
+                        imin = i
+                xval[8 * k + imin] = -xval[8 * k + imin]
+                s ^= 1 << imin
+            s &= 127
+        signs[k] = s
+
+
+@njit
+def search_scratch(n, ngroup):
+    """Work arrays of one block of ``n`` values searched in ``ngroup`` groups: weight, waux, xval, L, Laux
+    (n each), on_grid, on_aux (ngroup), signs (one per 8 values)."""
+    return (np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32), np.empty(n, dtype=np.float32),
+            np.zeros(n, dtype=np.int32), np.zeros(n, dtype=np.int32), np.empty(ngroup, dtype=np.bool_),
+            np.empty(ngroup, dtype=np.bool_), np.empty(n // 8, dtype=np.int32))

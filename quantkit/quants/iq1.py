@@ -25,10 +25,11 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import njit, njit_parallel, prange
+from quantkit.jit import njit
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import block_layout, fp16_to_fp32, fp32_to_fp16, get_f16, nearest_int, put_f16
-from quantkit.quants.lattice import dequant_grid, quantizer
+from quantkit.quants.common import (absmax_signed, block_layout, fp16_to_fp32, fp32_to_fp16, get_f16, imatrix_weight,
+                                    max_of, odd_scale_level, put_f16, sum_squares)
+from quantkit.quants.lattice import best_neighbour, dequant_grid, quantizer
 
 F32 = np.float32
 QK_K = 256
@@ -37,8 +38,8 @@ _GROUP_MAX_EPS_IQ1_S = F32(1e-12)
 _GROUP_MAX_EPS_IQ1_M = F32(1e-7)
 _FLT_MAX = F32(3.4028234663852886e38)
 # block sizes and field offsets, from the type table (formats/ggml_types.py)
-_S_BYTES, _S_QS, _S_QH = block_layout("IQ1_S", "qs", "qh")
-_M_BYTES, _M_QS, _M_QH, _M_SC = block_layout("IQ1_M", "qs", "qh", "scales")
+_, _S_QS, _S_QH = block_layout("IQ1_S", "qs", "qh")
+_, _M_QS, _M_QH, _M_SC = block_layout("IQ1_M", "qs", "qh", "scales")
 #: the grid as the dequantizers read it (values -1, 0, 1), float32 [2048, 8]
 _GRID = dequant_grid(T.IQ1_S)
 _X_P = np.array([-1.0 + 0.125, 0.125, 1.0 + 0.125], dtype=F32)  # levels with delta = +1/8
@@ -59,50 +60,20 @@ def _stable_order(xb, idx):
 
 
 @njit
-def best_neighbour_iq1(entry, neighbours, grid, xb, weight, o, scale, xx, L):
-    """ggml's ``iq1_find_best_neighbour2``: the neighbour of an off-grid candidate nearest to ``xb[o:o+8]``
-    with levels ``xx`` at ``scale`` (weighted squared distance, first on ties); levels into ``L``."""
-    off = -entry - 1
-    best = _FLT_MAX
-    gi = -1
-    for jj in range(1, np.int32(neighbours[off]) + 1):
-        j = np.int32(neighbours[off + jj])
-        d2 = F32(0.0)
-        for i in range(8):
-            q = xx[(np.int32(grid[j, i]) - 1) // 2]
-            diff = scale * q - xb[o + i]
-            d2 += weight[o + i] * diff * diff
-        if d2 < best:
-            best = d2
-            gi = j
-    if gi < 0:  # every distance inf or NaN: ggml then scans the whole grid (reading past its input)
-        gi = np.int32(neighbours[off + 1])
-    for i in range(8):
-        L[o + i] = (np.int32(grid[gi, i]) - 1) // 2
-    return gi
-
-
-@njit
 def _weights(xb, qw, use_qw, sigma2, weight):
     for i in range(xb.shape[0]):
-        weight[i] = qw[i] * np.sqrt(sigma2 + xb[i] * xb[i]) if use_qw else xb[i] * xb[i]
+        weight[i] = imatrix_weight(qw[i], xb[i], sigma2) if use_qw else xb[i] * xb[i]
 
 
 @njit
-def _absmax(xb):
-    m = np.abs(xb[0])
-    for i in range(1, xb.shape[0]):
-        a = np.abs(xb[i])
-        m = m if m > a else a
-    return m
-
-
-@njit
-def _sigma2(xbl):
-    sumx2 = F32(0.0)
-    for i in range(QK_K):
-        sumx2 += xbl[i] * xbl[i]
-    return F32(2.0) * sumx2 / F32(QK_K)
+def _block_start(xb, qw, use_qw, sigma2, weight, idx, eps):
+    """A block's weights, and, unless its largest magnitude is below ``eps`` (then False: all zeros), the
+    order of its values (``_stable_order``)."""
+    _weights(xb, qw, use_qw, sigma2, weight)
+    if absmax_signed(xb)[1] < eps:
+        return False
+    _stable_order(xb, idx)
+    return True
 
 
 @njit
@@ -129,7 +100,22 @@ def _snap(xb, weight, L, k, scale, xx, grid, kmap, neighbours):
     e = kmap[u]
     if e >= 0:
         return e, True
-    return best_neighbour_iq1(e, neighbours, grid, xb, weight, 8 * k, scale, xx, L), False
+    return best_neighbour(e, neighbours, grid, xb, weight, 8 * k, scale, xx, L), False
+
+
+@njit
+def _snap_all(xb, weight, L, index, ngroup, scale, xx0, xx1, grid, kmap, neighbours):
+    """Every group's grid index into ``index`` (group 0 with levels ``xx0``, the rest ``xx1``); when one
+    was off the grid, the scale refitted over the groups' points. Returns the scale."""
+    all_on = True
+    for k in range(ngroup):
+        index[k], on = _snap(xb, weight, L, k, scale, xx0 if k == 0 else xx1, grid, kmap, neighbours)
+        all_on = all_on and on
+    if not all_on:
+        sumqx, sumq2 = _refit(xb, weight, index, ngroup, grid, xx0, xx1)
+        if sumqx > F32(0.0) and sumq2 > F32(0.0):
+            scale = sumqx / sumq2
+    return scale
 
 
 @njit
@@ -163,7 +149,7 @@ def _split_search_s(xb, weight, idx, sumx, sumw):
         sumx[j + 1] = sumx[j] + weight[i] * xb[i]
         sumw[j + 1] = sumw[j] + weight[i]
     best = -_FLT_MAX
-    scale = _absmax(xb)
+    scale = absmax_signed(xb)[1]
     b1 = -1
     b2 = -1
     shift = 0
@@ -189,19 +175,16 @@ def _split_search_s(xb, weight, idx, sumx, sumw):
 
 
 @njit
-def _superblock_iq1_s(xbl, qw, grid, kmap, neighbours, y, pos, w):
+def _superblock_iq1_s(xbl, qw, use_qw, grid, kmap, neighbours, y, w):
     weight, L, idx, sumx, sumw, index, scales, shifts = w
-    y[pos:pos + _S_BYTES] = 0
-    sigma2 = _sigma2(xbl)
-    max_scale = F32(0.0)
+    y[:] = 0
+    sigma2 = F32(2.0) * sum_squares(xbl) / F32(QK_K)
     for ib in range(8):
         xb = xbl[32 * ib:32 * ib + 32]
-        _weights(xb, qw[32 * ib:32 * ib + 32], True, sigma2, weight)
         scales[ib] = F32(0.0)
         shifts[ib] = 1
-        if _absmax(xb) < _GROUP_MAX_EPS_IQ1_S:
+        if not _block_start(xb, qw[32 * ib:32 * ib + 32], use_qw, sigma2, weight, idx, _GROUP_MAX_EPS_IQ1_S):
             continue
-        _stable_order(xb, idx)
         i1, i2, shift, scale = _split_search_s(xb, weight, idx, sumx, sumw)
         if i1 < 0 or i2 < 0 or shift == 0:
             continue
@@ -209,34 +192,26 @@ def _superblock_iq1_s(xbl, qw, grid, kmap, neighbours, y, pos, w):
         if mirrored:
             shift = -shift
         xx = _X_P if shift == 1 else _X_M
-        all_on = True
-        for k in range(4):
-            index[k], on = _snap(xb, weight, L, k, scale, xx, grid, kmap, neighbours)
-            all_on = all_on and on
-        if not all_on:
-            sumqx, sumq2 = _refit(xb, weight, index, 4, grid, xx, xx)
-            if sumqx > F32(0.0) and sumq2 > F32(0.0):
-                scale = sumqx / sumq2
+        scale = _snap_all(xb, weight, L, index, 4, scale, xx, xx, grid, kmap, neighbours)
         h = 0
         for k in range(4):
-            y[pos + _S_QS + 4 * ib + k] = np.uint8(index[k] & 255)
+            y[_S_QS + 4 * ib + k] = np.uint8(index[k] & 255)
             h |= (index[k] >> 8) << (3 * k)
-        y[pos + _S_QH + 2 * ib] = np.uint8(h & 0xFF)
-        y[pos + _S_QH + 1 + 2 * ib] = np.uint8(h >> 8)
+        y[_S_QH + 2 * ib] = np.uint8(h & 0xFF)
+        y[_S_QH + 1 + 2 * ib] = np.uint8(h >> 8)
         scales[ib] = scale
         shifts[ib] = shift
-        max_scale = max_scale if max_scale > scale else scale
+    max_scale = max_of(scales)  # the skipped blocks' scales are 0, the others' positive
     if max_scale == F32(0.0):
         return
     d = max_scale / F32(15.0)
-    put_f16(y, pos, d * F32(1.125))
+    put_f16(y, 0, d * F32(1.125))
     inv = F32(1.0) / d
     for ib in range(8):
-        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
-        l = 0 if l < 0 else (7 if l > 7 else l)
+        l = odd_scale_level(inv, scales[ib], 7)
         if shifts[ib] == -1:
             l |= 8
-        y[pos + _S_QH + 1 + 2 * ib] |= np.uint8(l << 4)
+        y[_S_QH + 1 + 2 * ib] |= np.uint8(l << 4)
 
 
 @njit
@@ -247,14 +222,9 @@ def _work(n, nblock):
             np.zeros(nblock, dtype=F32), np.zeros(nblock, dtype=np.int32))
 
 
-@njit_parallel
-def _quantize_rows_iq1_s(x, y, qw, grid, kmap, neighbours):
-    nbl = x.shape[1] // QK_K
-    for r in prange(x.shape[0]):
-        w = _work(32, 8)
-        for ibl in range(nbl):
-            _superblock_iq1_s(x[r, QK_K * ibl:QK_K * (ibl + 1)], qw[QK_K * ibl:QK_K * (ibl + 1)], grid, kmap,
-                              neighbours, y[r], _S_BYTES * ibl, w)
+@njit
+def _work_s():
+    return _work(32, 8)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,7 +255,7 @@ def _split_search_m(xb, weight, idx, px, pw):
     cm1 = _X_M[0] * _X_M[0] - _X_M[1] * _X_M[1]
     cm2 = _X_M[1] * _X_M[1] - _X_M[2] * _X_M[2]
     best = -_FLT_MAX
-    scale = _absmax(xb)
+    scale = absmax_signed(xb)[1]
     b1 = -1
     b2 = -1
     bk = -1
@@ -320,20 +290,19 @@ def _levels_m(k):
 
 
 @njit
-def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw, blk_index):
+def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, work):
+    w, px, pw, blk_index = work
     weight, L, idx, _, _, index, scales, shifts = w
-    y[pos:pos + _M_BYTES] = 0
-    sigma2 = _sigma2(xbl)
-    max_scale = F32(0.0)
+    y[:] = 0
+    sigma2 = F32(2.0) * sum_squares(xbl) / F32(QK_K)
     blk_index[:] = 0
     for ib in range(16):
         xb = xbl[16 * ib:16 * ib + 16]
-        _weights(xb, qw[16 * ib:16 * ib + 16] if use_qw else qw, use_qw, sigma2, weight)
         scales[ib] = F32(0.0)
         shifts[ib] = 0
-        if _absmax(xb) < _GROUP_MAX_EPS_IQ1_M:
+        if not _block_start(xb, qw[16 * ib:16 * ib + 16] if use_qw else qw, use_qw, sigma2, weight, idx,
+                            _GROUP_MAX_EPS_IQ1_M):
             continue
-        _stable_order(xb, idx)
         i1, i2, bk, scale = _split_search_m(xb, weight, idx, px, pw)
         if i1 < 0 or i2 < 0 or bk < 0:
             continue
@@ -341,22 +310,15 @@ def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw
         if mirrored:
             bk = 3 - bk
         xx0, xx1 = _levels_m(bk)
-        all_on = True
-        for k in range(2):
-            index[k], on = _snap(xb, weight, L, k, scale, xx0 if k == 0 else xx1, grid, kmap, neighbours)
-            all_on = all_on and on
-        if not all_on:
-            sumqx, sumq2 = _refit(xb, weight, index, 2, grid, xx0, xx1)
-            if sumqx > F32(0.0) and sumq2 > F32(0.0):
-                scale = sumqx / sumq2
-        y[pos + _M_QS + 2 * ib] = np.uint8(index[0] & 255)
-        y[pos + _M_QS + 2 * ib + 1] = np.uint8(index[1] & 255)
-        y[pos + _M_QH + ib] = np.uint8((index[0] >> 8) | ((index[1] >> 8) << 4))
+        scale = _snap_all(xb, weight, L, index, 2, scale, xx0, xx1, grid, kmap, neighbours)
+        y[_M_QS + 2 * ib] = np.uint8(index[0] & 255)
+        y[_M_QS + 2 * ib + 1] = np.uint8(index[1] & 255)
+        y[_M_QH + ib] = np.uint8((index[0] >> 8) | ((index[1] >> 8) << 4))
         blk_index[2 * ib] = index[0]
         blk_index[2 * ib + 1] = index[1]
         scales[ib] = scale
         shifts[ib] = bk
-        max_scale = max_scale if max_scale > scale else scale
+    max_scale = max_of(scales)
     if max_scale == F32(0.0):
         return
     # the 3-bit block scales, then the super-scale refitted over the whole super-block with them
@@ -366,10 +328,9 @@ def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw
     sumqx = F32(0.0)
     sumq2 = F32(0.0)
     for ib in range(16):
-        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
-        l = 0 if l < 0 else (7 if l > 7 else l)
+        l = odd_scale_level(inv, scales[ib], 7)
         sc[ib // 4] |= l << (3 * (ib % 4))
-        y[pos + _M_QH + ib] |= np.uint8((0x80 if shifts[ib] % 2 else 0) | (0x08 if shifts[ib] >= 2 else 0))
+        y[_M_QH + ib] |= np.uint8((0x80 if shifts[ib] % 2 else 0) | (0x08 if shifts[ib] >= 2 else 0))
         xb = xbl[16 * ib:16 * ib + 16]
         _weights(xb, qw[16 * ib:16 * ib + 16] if use_qw else qw, use_qw, sigma2, weight)
         xx0, xx1 = _levels_m(shifts[ib])
@@ -389,23 +350,14 @@ def _superblock_iq1_m(xbl, qw, use_qw, grid, kmap, neighbours, y, pos, w, px, pw
     sc[2] |= (s & 0x0F00) << 4
     sc[3] |= s & 0xF000
     for i in range(4):
-        y[pos + _M_SC + 2 * i] = np.uint8(sc[i] & 0xFF)
-        y[pos + _M_SC + 1 + 2 * i] = np.uint8((sc[i] >> 8) & 0xFF)
+        y[_M_SC + 2 * i] = np.uint8(sc[i] & 0xFF)
+        y[_M_SC + 1 + 2 * i] = np.uint8((sc[i] >> 8) & 0xFF)
 
 
-@njit_parallel
-def _quantize_rows_iq1_m(x, y, qw, grid, kmap, neighbours):
-    use_qw = qw.shape[0] > 0
-    nbl = x.shape[1] // QK_K
-    for r in prange(x.shape[0]):
-        w = _work(16, 16)
-        px = np.empty((2, 17), dtype=F32)
-        pw = np.empty((2, 17), dtype=F32)
-        blk_index = np.empty(32, dtype=np.int32)
-        for ibl in range(nbl):
-            q = qw[QK_K * ibl:QK_K * (ibl + 1)] if use_qw else qw
-            _superblock_iq1_m(x[r, QK_K * ibl:QK_K * (ibl + 1)], q, use_qw, grid, kmap, neighbours, y[r],
-                              _M_BYTES * ibl, w, px, pw, blk_index)
+@njit
+def _work_m():
+    """IQ1_M's work arrays: ``_work``'s, and the prefix sums px, pw and the block's grid indices."""
+    return _work(16, 16), np.empty((2, 17), dtype=F32), np.empty((2, 17), dtype=F32), np.empty(32, dtype=np.int32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -419,56 +371,42 @@ def _put_group(out, o, dl, grid, gi, delta):
 
 
 @njit
-def decode_iq1_s(src, p, out, o):
-    """The 256 values of the IQ1_S super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
-    d = get_f16(src, p)
+def dequantize_block_iq1_s(src, out):
+    """ggml's ``dequantize_row_iq1_s`` for one super-block: its bytes ``src`` -> 256 values ``out``."""
+    d = get_f16(src, 0)
     for ib in range(8):
-        qh = np.int32(src[p + _S_QH + 2 * ib]) | (np.int32(src[p + _S_QH + 1 + 2 * ib]) << 8)
+        qh = np.int32(src[_S_QH + 2 * ib]) | (np.int32(src[_S_QH + 1 + 2 * ib]) << 8)
         dl = d * F32(2 * ((qh >> 12) & 7) + 1)
         delta = -DELTA if qh & 0x8000 else DELTA
         for l in range(4):
-            gi = np.int32(src[p + _S_QS + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
-            _put_group(out, o + 32 * ib + 8 * l, dl, _GRID, gi, delta)
+            gi = np.int32(src[_S_QS + 4 * ib + l]) | (((qh >> (3 * l)) & 7) << 8)
+            _put_group(out, 32 * ib + 8 * l, dl, _GRID, gi, delta)
 
 
 @njit
-def iq1_m_scale(src, p):
+def iq1_m_scale(src):
     """IQ1_M's fp16 super-scale, spread over the top nibbles of its four scale words, as float32."""
     u = 0
     for i in range(4):
-        w = np.int32(src[p + _M_SC + 2 * i]) | (np.int32(src[p + _M_SC + 1 + 2 * i]) << 8)
+        w = np.int32(src[_M_SC + 2 * i]) | (np.int32(src[_M_SC + 1 + 2 * i]) << 8)
         u |= (w >> 12) << (4 * i)
     return fp16_to_fp32(np.uint16(u))
 
 
 @njit
-def decode_iq1_m(src, p, out, o):
-    """The 256 values of the IQ1_M super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
-    d = iq1_m_scale(src, p)
+def dequantize_block_iq1_m(src, out):
+    """ggml's ``dequantize_row_iq1_m`` for one super-block."""
+    d = iq1_m_scale(src)
     for ib in range(8):
-        sc = np.int32(src[p + _M_SC + 2 * (ib // 2)]) | (np.int32(src[p + _M_SC + 1 + 2 * (ib // 2)]) << 8)
+        sc = np.int32(src[_M_SC + 2 * (ib // 2)]) | (np.int32(src[_M_SC + 1 + 2 * (ib // 2)]) << 8)
         sh = 6 * (ib % 2)
         for l in range(4):
             half = l // 2  # groups 0, 1 use the first 16-block's scale, 2, 3 the second's
-            qh = np.int32(src[p + _M_QH + 2 * ib + half])
+            qh = np.int32(src[_M_QH + 2 * ib + half])
             hi = (qh >> (4 * (l % 2))) & 0xF
             dl = d * F32(2 * ((sc >> (sh + 3 * half)) & 7) + 1)
-            gi = np.int32(src[p + _M_QS + 4 * ib + l]) | ((hi & 7) << 8)
-            _put_group(out, o + 32 * ib + 8 * l, dl, _GRID, gi, -DELTA if hi & 8 else DELTA)
-
-
-@njit
-def dequantize_row_iq1_s(src, y):
-    """ggml's ``dequantize_row_iq1_s``: one row of IQ1_S bytes -> float32."""
-    for i in range(y.shape[0] // QK_K):
-        decode_iq1_s(src, _S_BYTES * i, y, QK_K * i)
-
-
-@njit
-def dequantize_row_iq1_m(src, y):
-    """ggml's ``dequantize_row_iq1_m``."""
-    for i in range(y.shape[0] // QK_K):
-        decode_iq1_m(src, _M_BYTES * i, y, QK_K * i)
+            gi = np.int32(src[_M_QS + 4 * ib + l]) | ((hi & 7) << 8)
+            _put_group(out, 32 * ib + 8 * l, dl, _GRID, gi, -DELTA if hi & 8 else DELTA)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -476,11 +414,14 @@ def dequantize_row_iq1_m(src, y):
 # ---------------------------------------------------------------------------------------------
 
 class IQ1_S(QuantType, qtype=T.IQ1_S):
+    """50 bytes per 256 (module docstring): fp16 d, qs[32], qh[8] uint16."""
     requires_imatrix = True
-    quantize_rows = quantizer(T.IQ1_S, _quantize_rows_iq1_s)
-    dequantize_row = dequantize_row_iq1_s
+    quantize_rows = quantizer(T.IQ1_S, _superblock_iq1_s, _work_s)
+    dequantize_block = dequantize_block_iq1_s
 
 
 class IQ1_M(QuantType, qtype=T.IQ1_M):
-    quantize_rows = quantizer(T.IQ1_M, _quantize_rows_iq1_m)
-    dequantize_row = dequantize_row_iq1_m
+    """56 bytes per 256: qs[32], qh[16], four uint16 scale words holding the fp16 super-scale in
+    their top nibbles."""
+    quantize_rows = quantizer(T.IQ1_M, _superblock_iq1_m, _work_m)
+    dequantize_block = dequantize_block_iq1_m

@@ -27,25 +27,26 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import njit, njit_parallel, prange
-from quantkit.quants.affine import make_qp_quants
+from quantkit.jit import njit
+from quantkit.quants.search import make_qp_quants
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import GROUP_MAX_EPS, block_layout, get_f16, nearest_int, put_f16
+from quantkit.quants.common import (GROUP_MAX_EPS, block_layout, get_f16, imatrix_weight, max_of, nearest_int,
+                                    odd_scale_level, put_f16, search_scratch, split_signs, sum_squares)
 from quantkit.quants.lattice import dequant_grid, quantizer
 
 F32 = np.float32
 QK_K = 256
 _GROUP_MAX_EPS_IQ2_S = F32(1e-8)
-_FLT_MAX = F32(3.4028234663852886e38)
 # block sizes and field offsets, from the type table (formats/ggml_types.py)
-_XXS_BYTES, _XXS_QS = block_layout("IQ2_XXS", "qs")
-_XS_BYTES, _XS_QS, _XS_SC = block_layout("IQ2_XS", "qs", "scales")
-_S_BYTES, _S_QS, _S_QH, _S_SC = block_layout("IQ2_S", "qs", "qh", "scales")
+_, _XXS_QS = block_layout("IQ2_XXS", "qs")
+_, _XS_QS, _XS_SC = block_layout("IQ2_XS", "qs", "scales")
+_, _S_QS, _S_QH, _S_SC = block_layout("IQ2_S", "qs", "qh", "scales")
 _S_SIGNS = _S_QS + QK_K // 8  # the second half of qs: 8 sign bits per group (ggml: ``qs + QK_K/8``)
 #: the grids as the dequantizers read them (values 8, 25, 43), float32 [points, 8]
 _GRID_XXS = dequant_grid(T.IQ2_XXS)
 _GRID_XS = dequant_grid(T.IQ2_XS)
 _GRID_S = dequant_grid(T.IQ2_S)
+_FLT_MAX = F32(3.4028234663852886e38)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -56,7 +57,9 @@ _GRID_S = dequant_grid(T.IQ2_S)
 def best_neighbour(entry, neighbours, grid, xval, w, o, scale, L):
     """ggml's ``iq2_find_best_neighbour``: among the neighbours of an off-grid candidate (``entry`` is its
     negative ``kmap`` value) the grid point nearest to ``xval[o:o+8]`` at ``scale`` in the ``w``-weighted
-    squared distance (the first on ties); its levels go to ``L[o:o+8]``. Returns its index."""
+    squared distance (the first on ties); its levels go to ``L[o:o+8]``. Returns its index. IQ1's
+    ``lattice.best_neighbour`` differs in reading each coordinate through its shifted levels; sharing it
+    (a table lookup per coordinate here) made IQ2 quantization 25-40 % slower, measured."""
     off = -entry - 1
     best_d2 = _FLT_MAX
     gi = -1
@@ -74,7 +77,6 @@ def best_neighbour(entry, neighbours, grid, xval, w, o, scale, L):
     for i in range(8):
         L[o + i] = (np.int32(grid[gi, i]) - 1) // 2
     return gi
-
 
 @njit
 def _round_group(xval, o, inv, kmap, L):
@@ -156,70 +158,14 @@ def _grid_index(L, o, kmap):
 
 
 @njit
-def _weights(xb, qw, use_qw, sigma2, weight, waux, n):
-    for i in range(n):
+def _weights(xb, qw, use_qw, sigma2, weight, waux):
+    for i in range(xb.shape[0]):
         if use_qw:
-            weight[i] = qw[i] * np.sqrt(sigma2 + xb[i] * xb[i])
+            weight[i] = imatrix_weight(qw[i], xb[i], sigma2)
         else:  # IQ2_S without an imatrix
             weight[i] = F32(0.25) * sigma2 + xb[i] * xb[i]
-    for i in range(n):
+    for i in range(xb.shape[0]):
         waux[i] = np.sqrt(weight[i])
-
-
-@njit
-def _signs(xb, weight, xval, ngroup, even, signs):
-    """Magnitudes into ``xval`` and a sign mask per group of 8; with ``even`` (IQ2_XXS / IQ2_XS, whose
-    8th sign is implied) an odd count of minus signs is made even by flipping the value with the least
-    ``w * x^2`` (its magnitude then enters the search negated), and the mask keeps 7 bits."""
-    for k in range(ngroup):
-        nflip = 0
-        s = 0
-        for i in range(8):
-            v = xb[8 * k + i]
-            if v >= F32(0.0):
-                xval[8 * k + i] = v
-            else:
-                xval[8 * k + i] = -v
-                nflip += 1
-                s |= 1 << i
-        if even:
-            if nflip % 2:
-                imin = 0
-                mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
-                for i in range(1, 8):
-                    ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                    if ax < mn:
-                        mn = ax
-                        imin = i
-                xval[8 * k + imin] = -xval[8 * k + imin]
-                s ^= 1 << imin
-            s &= 127
-        signs[k] = s
-
-
-@njit
-def _vmax(xval, n):
-    m = xval[0]
-    for i in range(1, n):
-        m = m if m > xval[i] else xval[i]
-    return m
-
-
-@njit
-def _sigma2(xbl, twice):
-    sumx2 = F32(0.0)
-    for i in range(QK_K):
-        sumx2 += xbl[i] * xbl[i]
-    return (F32(2.0) * sumx2 if twice else sumx2) / F32(QK_K)
-
-
-@njit
-def _scratch(ngroup):
-    """Work arrays of one block of ``8 * ngroup`` values: weight, waux, xval, L, Laux, on_grid, on_aux, signs."""
-    n = 8 * ngroup
-    return (np.empty(n, dtype=F32), np.empty(n, dtype=F32), np.empty(n, dtype=F32), np.zeros(n, dtype=np.int32),
-            np.zeros(n, dtype=np.int32), np.empty(ngroup, dtype=np.bool_), np.empty(ngroup, dtype=np.bool_),
-            np.empty(ngroup, dtype=np.int32))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -227,18 +173,18 @@ def _scratch(ngroup):
 # ---------------------------------------------------------------------------------------------
 
 @njit
-def _superblock_iq2_xxs(xbl, qw, grid, kmap, neighbours, y, pos):
-    weight, waux, xval, L, Laux, on_grid, on_aux, signs = _scratch(4)
-    Lqp = np.zeros(32, dtype=np.int32)
-    scales = np.zeros(8, dtype=F32)
-    q2 = np.zeros(16, dtype=np.uint32)
-    sigma2 = _sigma2(xbl, False)
+def _superblock_iq2_xxs(xbl, qw, use_qw, grid, kmap, neighbours, y, w):
+    (weight, waux, xval, L, Laux, on_grid, on_aux, signs), Lqp, scales, q2 = w
+    q2[:] = 0
+    L[:] = 0
+    sigma2 = sum_squares(xbl) / F32(QK_K)
     max_scale = F32(0.0)
     for ib in range(8):
         xb = xbl[32 * ib:32 * ib + 32]
-        _weights(xb, qw[32 * ib:32 * ib + 32], True, sigma2, weight, waux, 32)
-        _signs(xb, weight, xval, 4, True, signs)
-        if _vmax(xval, 32) < GROUP_MAX_EPS:
+        scales[ib] = F32(0.0)
+        _weights(xb, qw[32 * ib:32 * ib + 32], use_qw, sigma2, weight, waux)
+        split_signs(xb, weight, xval, 4, True, signs)
+        if max_of(xval) < GROUP_MAX_EPS:
             continue
         scale = make_qp_quants(4, xval, Lqp, weight)
         eff_max = scale * F32(3.0)
@@ -256,28 +202,23 @@ def _superblock_iq2_xxs(xbl, qw, grid, kmap, neighbours, y, pos):
         scales[ib] = scale
         max_scale = max_scale if max_scale > scale else scale
     if max_scale == F32(0.0):
-        put_f16(y, pos, F32(0.0))
-        y[pos + _XXS_QS:pos + _XXS_BYTES] = 0
+        y[:] = 0
         return
     d = max_scale / F32(31.0)
-    put_f16(y, pos, d)
+    put_f16(y, 0, d)
     inv = F32(1.0) / d
     for ib in range(8):
-        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
-        l = 0 if l < 0 else (15 if l > 15 else l)
-        q2[2 * ib + 1] |= np.uint32(l) << np.uint32(28)
+        q2[2 * ib + 1] |= np.uint32(odd_scale_level(inv, scales[ib], 15)) << np.uint32(28)
     for j in range(16):
         for b in range(4):
-            y[pos + _XXS_QS + 4 * j + b] = np.uint8((q2[j] >> np.uint32(8 * b)) & np.uint32(0xFF))
+            y[_XXS_QS + 4 * j + b] = np.uint8((q2[j] >> np.uint32(8 * b)) & np.uint32(0xFF))
 
 
-@njit_parallel
-def _quantize_rows_iq2_xxs(x, y, qw, grid, kmap, neighbours):
-    nbl = x.shape[1] // QK_K
-    for r in prange(x.shape[0]):
-        for ibl in range(nbl):
-            _superblock_iq2_xxs(x[r, QK_K * ibl:QK_K * (ibl + 1)], qw[QK_K * ibl:QK_K * (ibl + 1)], grid, kmap,
-                                neighbours, y[r], _XXS_BYTES * ibl)
+@njit
+def _work_xxs():
+    """IQ2_XXS's work arrays: a block's search arrays, make_qp_quants' levels, the block scales and the
+    super-block's uint32 words."""
+    return search_scratch(32, 4), np.zeros(32, dtype=np.int32), np.zeros(8, dtype=F32), np.zeros(16, dtype=np.uint32)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -285,19 +226,20 @@ def _quantize_rows_iq2_xxs(x, y, qw, grid, kmap, neighbours):
 # ---------------------------------------------------------------------------------------------
 
 @njit
-def _superblock_16(xbl, qw, use_qw, is_s, grid, kmap, neighbours, scales, idx, sgn):
+def _superblock_16(xbl, qw, use_qw, is_s, grid, kmap, neighbours, w):
     """The search of IQ2_XS (``is_s`` False) or IQ2_S over the 16 blocks of 16 of a super-block: block
-    scales into ``scales``, grid indices and sign masks per group of 8 into ``idx`` / ``sgn``; returns
-    the largest block scale."""
-    weight, waux, xval, L, Laux, on_grid, on_aux, signs = _scratch(2)
-    sigma2 = _sigma2(xbl, is_s)
+    scales into ``scales``, grid indices and sign masks per group of 8 into ``idx`` / ``sgn`` (of the work
+    arrays ``w``); returns the largest block scale."""
+    (weight, waux, xval, L, Laux, on_grid, on_aux, signs), scales, idx, sgn = w
+    s2 = sum_squares(xbl)
+    sigma2 = (F32(2.0) * s2 if is_s else s2) / F32(QK_K)
     eps = _GROUP_MAX_EPS_IQ2_S if is_s else GROUP_MAX_EPS
     max_scale = F32(0.0)
     for ib in range(16):
         xb = xbl[16 * ib:16 * ib + 16]
-        _weights(xb, qw[16 * ib:16 * ib + 16], use_qw, sigma2, weight, waux, 16)
-        _signs(xb, weight, xval, 2, not is_s, signs)
-        mx = _vmax(xval, 16)
+        _weights(xb, qw[16 * ib:16 * ib + 16] if use_qw else qw, use_qw, sigma2, weight, waux)
+        split_signs(xb, weight, xval, 2, not is_s, signs)
+        mx = max_of(xval)
         scales[ib] = F32(0.0)
         for k in range(2):
             idx[2 * ib + k] = 0
@@ -323,63 +265,51 @@ def _superblock_16(xbl, qw, use_qw, is_s, grid, kmap, neighbours, scales, idx, s
 def _put_scales16(y, at, scales, inv):
     """4-bit ``nearest_int((inv * scale - 1) / 2)`` per block of 16, two per byte (low nibble first)."""
     for ib in range(16):
-        l = nearest_int(F32(0.5) * (inv * scales[ib] - F32(1.0)))
-        l = 0 if l < 0 else (15 if l > 15 else l)
+        l = odd_scale_level(inv, scales[ib], 15)
         if ib % 2 == 0:
             y[at + ib // 2] = np.uint8(l)
         else:
             y[at + ib // 2] |= np.uint8(l << 4)
 
 
-@njit_parallel
-def _quantize_rows_iq2_xs(x, y, qw, grid, kmap, neighbours):
-    nbl = x.shape[1] // QK_K
-    for r in prange(x.shape[0]):
-        scales = np.empty(16, dtype=F32)
-        idx = np.empty(32, dtype=np.int32)
-        sgn = np.empty(32, dtype=np.int32)
-        yr = y[r]
-        for ibl in range(nbl):
-            pos = _XS_BYTES * ibl
-            max_scale = _superblock_16(x[r, QK_K * ibl:QK_K * (ibl + 1)], qw[QK_K * ibl:QK_K * (ibl + 1)], True,
-                                       False, grid, kmap, neighbours, scales, idx, sgn)
-            yr[pos:pos + _XS_BYTES] = 0
-            if max_scale == F32(0.0):
-                continue
-            d = max_scale / F32(31.0)
-            put_f16(yr, pos, d)
-            for j in range(32):
-                v = idx[j] | (sgn[j] << 9)
-                yr[pos + _XS_QS + 2 * j] = np.uint8(v & 0xFF)
-                yr[pos + _XS_QS + 1 + 2 * j] = np.uint8(v >> 8)
-            _put_scales16(yr, pos + _XS_SC, scales, F32(1.0) / d)
+@njit
+def _work_16():
+    """IQ2_XS's and IQ2_S's work arrays: a block's search arrays, and the super-block's block scales, grid
+    indices and sign masks."""
+    return search_scratch(16, 2), np.empty(16, dtype=F32), np.empty(32, dtype=np.int32), np.empty(32, dtype=np.int32)
 
 
-@njit_parallel
-def _quantize_rows_iq2_s(x, y, qw, grid, kmap, neighbours):
-    use_qw = qw.shape[0] > 0
-    nbl = x.shape[1] // QK_K
-    for r in prange(x.shape[0]):
-        scales = np.empty(16, dtype=F32)
-        idx = np.empty(32, dtype=np.int32)
-        sgn = np.empty(32, dtype=np.int32)
-        yr = y[r]
-        for ibl in range(nbl):
-            pos = _S_BYTES * ibl
-            q = qw[QK_K * ibl:QK_K * (ibl + 1)] if use_qw else qw
-            max_scale = _superblock_16(x[r, QK_K * ibl:QK_K * (ibl + 1)], q, use_qw, True, grid, kmap, neighbours,
-                                       scales, idx, sgn)
-            yr[pos:pos + _S_BYTES] = 0
-            # ggml writes the grid indices and signs in its block loop, before it looks at max_scale
-            for j in range(32):
-                yr[pos + _S_QS + j] = np.uint8(idx[j] & 0xFF)
-                yr[pos + _S_QH + j // 4] |= np.uint8((idx[j] >> 8) << (2 * (j % 4)))
-                yr[pos + _S_SIGNS + j] = np.uint8(sgn[j] & 0xFF)
-            if max_scale == F32(0.0):
-                continue
-            d = max_scale / F32(31.0)
-            put_f16(yr, pos, d * F32(0.9875))
-            _put_scales16(yr, pos + _S_SC, scales, F32(1.0) / d)
+@njit
+def _superblock_iq2_xs(xbl, qw, use_qw, grid, kmap, neighbours, y, w):
+    max_scale = _superblock_16(xbl, qw, use_qw, False, grid, kmap, neighbours, w)
+    _, scales, idx, sgn = w
+    y[:] = 0
+    if max_scale == F32(0.0):
+        return
+    d = max_scale / F32(31.0)
+    put_f16(y, 0, d)
+    for j in range(32):
+        v = idx[j] | (sgn[j] << 9)
+        y[_XS_QS + 2 * j] = np.uint8(v & 0xFF)
+        y[_XS_QS + 1 + 2 * j] = np.uint8(v >> 8)
+    _put_scales16(y, _XS_SC, scales, F32(1.0) / d)
+
+
+@njit
+def _superblock_iq2_s(xbl, qw, use_qw, grid, kmap, neighbours, y, w):
+    max_scale = _superblock_16(xbl, qw, use_qw, True, grid, kmap, neighbours, w)
+    _, scales, idx, sgn = w
+    y[:] = 0
+    # ggml writes the grid indices and signs in its block loop, before it looks at max_scale
+    for j in range(32):
+        y[_S_QS + j] = np.uint8(idx[j] & 0xFF)
+        y[_S_QH + j // 4] |= np.uint8((idx[j] >> 8) << (2 * (j % 4)))
+        y[_S_SIGNS + j] = np.uint8(sgn[j] & 0xFF)
+    if max_scale == F32(0.0):
+        return
+    d = max_scale / F32(31.0)
+    put_f16(y, 0, d * F32(0.9875))
+    _put_scales16(y, _S_SC, scales, F32(1.0) / d)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -404,64 +334,43 @@ def _even_signs(s7):
 
 
 @njit
-def decode_iq2_xxs(src, p, out, o):
-    """The 256 values of the IQ2_XXS super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
-    d = get_f16(src, p)
+def dequantize_block_iq2_xxs(src, out):
+    """ggml's ``dequantize_row_iq2_xxs`` for one super-block: its bytes ``src`` -> 256 values ``out``."""
+    d = get_f16(src, 0)
     for ib in range(8):
-        a = p + _XXS_QS + 8 * ib
+        a = _XXS_QS + 8 * ib
         aux1 = (np.uint32(src[a + 4]) | (np.uint32(src[a + 5]) << np.uint32(8))
                 | (np.uint32(src[a + 6]) << np.uint32(16)) | (np.uint32(src[a + 7]) << np.uint32(24)))
         db = d * (F32(0.5) + F32(aux1 >> np.uint32(28))) * F32(0.25)
         for l in range(4):
             s = _even_signs(np.int32((aux1 >> np.uint32(7 * l)) & np.uint32(127)))
-            _put_group(out, o + 32 * ib + 8 * l, db, _GRID_XXS, np.int32(src[a + l]), s)
+            _put_group(out, 32 * ib + 8 * l, db, _GRID_XXS, np.int32(src[a + l]), s)
 
 
 @njit
-def decode_iq2_xs(src, p, out, o):
-    """The 256 values of the IQ2_XS super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
-    d = get_f16(src, p)
+def dequantize_block_iq2_xs(src, out):
+    """ggml's ``dequantize_row_iq2_xs`` for one super-block."""
+    d = get_f16(src, 0)
     for ib in range(8):
-        sc = np.int32(src[p + _XS_SC + ib])
+        sc = np.int32(src[_XS_SC + ib])
         for l in range(4):
             db = d * (F32(0.5) + F32((sc >> (4 * (l // 2))) & 0xF)) * F32(0.25)
-            a = p + _XS_QS + 8 * ib + 2 * l
+            a = _XS_QS + 8 * ib + 2 * l
             v = np.int32(src[a]) | (np.int32(src[a + 1]) << 8)
-            _put_group(out, o + 32 * ib + 8 * l, db, _GRID_XS, v & 511, _even_signs(v >> 9))
+            _put_group(out, 32 * ib + 8 * l, db, _GRID_XS, v & 511, _even_signs(v >> 9))
 
 
 @njit
-def decode_iq2_s(src, p, out, o):
-    """The 256 values of the IQ2_S super-block at byte ``p`` of ``src`` into ``out[o:o+256]``."""
-    d = get_f16(src, p)
+def dequantize_block_iq2_s(src, out):
+    """ggml's ``dequantize_row_iq2_s`` for one super-block."""
+    d = get_f16(src, 0)
     for ib in range(8):
-        sc = np.int32(src[p + _S_SC + ib])
-        qh = np.int32(src[p + _S_QH + ib])
+        sc = np.int32(src[_S_SC + ib])
+        qh = np.int32(src[_S_QH + ib])
         for l in range(4):
             db = d * (F32(0.5) + F32((sc >> (4 * (l // 2))) & 0xF)) * F32(0.25)
-            gi = np.int32(src[p + _S_QS + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300)
-            _put_group(out, o + 32 * ib + 8 * l, db, _GRID_S, gi, np.int32(src[p + _S_SIGNS + 4 * ib + l]))
-
-
-@njit
-def dequantize_row_iq2_xxs(src, y):
-    """ggml's ``dequantize_row_iq2_xxs``: one row of IQ2_XXS bytes -> float32."""
-    for i in range(y.shape[0] // QK_K):
-        decode_iq2_xxs(src, _XXS_BYTES * i, y, QK_K * i)
-
-
-@njit
-def dequantize_row_iq2_xs(src, y):
-    """ggml's ``dequantize_row_iq2_xs``."""
-    for i in range(y.shape[0] // QK_K):
-        decode_iq2_xs(src, _XS_BYTES * i, y, QK_K * i)
-
-
-@njit
-def dequantize_row_iq2_s(src, y):
-    """ggml's ``dequantize_row_iq2_s``."""
-    for i in range(y.shape[0] // QK_K):
-        decode_iq2_s(src, _S_BYTES * i, y, QK_K * i)
+            gi = np.int32(src[_S_QS + 4 * ib + l]) | ((qh << (8 - 2 * l)) & 0x300)
+            _put_group(out, 32 * ib + 8 * l, db, _GRID_S, gi, np.int32(src[_S_SIGNS + 4 * ib + l]))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -469,17 +378,20 @@ def dequantize_row_iq2_s(src, y):
 # ---------------------------------------------------------------------------------------------
 
 class IQ2_XXS(QuantType, qtype=T.IQ2_XXS):
+    """66 bytes per 256 (module docstring): fp16 d, then per 32 values two uint32."""
     requires_imatrix = True
-    quantize_rows = quantizer(T.IQ2_XXS, _quantize_rows_iq2_xxs)
-    dequantize_row = dequantize_row_iq2_xxs
+    quantize_rows = quantizer(T.IQ2_XXS, _superblock_iq2_xxs, _work_xxs)
+    dequantize_block = dequantize_block_iq2_xxs
 
 
 class IQ2_XS(QuantType, qtype=T.IQ2_XS):
+    """74 bytes per 256: fp16 d, qs[32] uint16 (index | signs << 9), scales[8]."""
     requires_imatrix = True
-    quantize_rows = quantizer(T.IQ2_XS, _quantize_rows_iq2_xs)
-    dequantize_row = dequantize_row_iq2_xs
+    quantize_rows = quantizer(T.IQ2_XS, _superblock_iq2_xs, _work_16)
+    dequantize_block = dequantize_block_iq2_xs
 
 
 class IQ2_S(QuantType, qtype=T.IQ2_S):
-    quantize_rows = quantizer(T.IQ2_S, _quantize_rows_iq2_s)
-    dequantize_row = dequantize_row_iq2_s
+    """82 bytes per 256: fp16 d, qs[64] (low index bytes, then the signs), qh[8], scales[8]."""
+    quantize_rows = quantizer(T.IQ2_S, _superblock_iq2_s, _work_16)
+    dequantize_block = dequantize_block_iq2_s

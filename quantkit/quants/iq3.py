@@ -42,7 +42,8 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.jit import njit, njit_parallel, prange
 from quantkit.quants.base import QuantType
-from quantkit.quants.common import block_layout, get_f16, nearest_int, put_f16
+from quantkit.quants.common import (block_layout, get_f16, imatrix_weight, max_of, nearest_int, odd_scale_level,
+                                    put_f16, search_scratch, split_signs, sum_squares)
 
 QK_K = 256
 _XXS_BYTES, _XXS_D, _XXS_QS = block_layout("IQ3_XXS", "d", "qs")
@@ -172,36 +173,12 @@ def _search_block(xb, qw, qoff, use_qw, sigma2, xxs, q, kmap, nstart, nbr, weigh
     """One 32-value block: fills ``L`` (levels), ``signs`` (4 bytes, one per 8 values; 7 bits for
     IQ3_XXS) and returns (scale, skipped). ``xxs`` selects IQ3_XXS's variant of the search."""
     for i in range(32):
-        weight[i] = qw[qoff + i] * np.sqrt(sigma2 + xb[i] * xb[i]) if use_qw else xb[i] * xb[i]
+        weight[i] = imatrix_weight(qw[qoff + i], xb[i], sigma2) if use_qw else xb[i] * xb[i]
     for i in range(32):
         waux[i] = np.sqrt(weight[i])
-    for k in range(4):
-        s = 0
-        nflip = 0
-        for i in range(8):
-            v = xb[8 * k + i]
-            if v >= np.float32(0.0):
-                xval[8 * k + i] = v
-            else:
-                xval[8 * k + i] = -v
-                nflip += 1
-                s |= 1 << i
-        if xxs and nflip % 2:
-            imin = 0
-            mn = weight[8 * k] * xb[8 * k] * xb[8 * k]
-            for i in range(1, 8):
-                ax = weight[8 * k + i] * xb[8 * k + i] * xb[8 * k + i]
-                if ax < mn:
-                    mn = ax
-                    imin = i
-            xval[8 * k + imin] = -xval[8 * k + imin]
-            s ^= 1 << imin
-        signs[k] = s & 127 if xxs else s
-    mx = xval[0]
-    for i in range(1, 32):
-        mx = mx if mx > xval[i] else xval[i]
-    for i in range(32):
-        L[i] = 0
+    split_signs(xb, weight, xval, 4, xxs, signs)
+    mx = max_of(xval)
+    L[:] = 0
     if (mx < _GROUP_MAX_EPS_IQ3_XXS) if xxs else (mx == np.float32(0.0)):
         return np.float32(0.0), True
     best = np.float32(0.0)
@@ -260,28 +237,8 @@ def _group_index(L, k, kmap):
 
 
 @njit
-def _scale_nibble(inv_d, scale):
-    return max(0, min(15, nearest_int(np.float32(0.5) * (inv_d * scale - np.float32(1.0)))))
-
-
-@njit
-def _sigma2(xbl):
-    s = np.float32(0.0)
-    for i in range(QK_K):
-        s += xbl[i] * xbl[i]
-    return np.float32(2.0) * s / np.float32(QK_K)
-
-
-@njit
 def _quantize_row(x, y, qw, use_qw, xxs, q, kmap, nstart, nbr):
-    weight = np.empty(32, dtype=np.float32)
-    waux = np.empty(32, dtype=np.float32)
-    xval = np.empty(32, dtype=np.float32)
-    L = np.empty(32, dtype=np.int32)
-    Laux = np.empty(32, dtype=np.int32)
-    signs = np.empty(4, dtype=np.int32)
-    on_grid = np.empty(8, dtype=np.bool_)
-    on_grid_aux = np.empty(8, dtype=np.bool_)
+    weight, waux, xval, L, Laux, on_grid, on_grid_aux, signs = search_scratch(32, 8)  # groups of 4
     scales = np.empty(8, dtype=np.float32)
     sas = np.empty(8, dtype=np.uint32)  # IQ3_XXS: signs and scale of each 32-block
     nbytes = _XXS_BYTES if xxs else _S_BYTES
@@ -290,7 +247,7 @@ def _quantize_row(x, y, qw, use_qw, xxs, q, kmap, nstart, nbr):
         for j in range(nbytes):
             y[pos + j] = 0
         xbl = x[QK_K * ibl:QK_K * (ibl + 1)]
-        sigma2 = _sigma2(xbl)
+        sigma2 = np.float32(2.0) * sum_squares(xbl) / np.float32(QK_K)
         max_scale = np.float32(0.0)
         qs = pos + _S_QS  # IQ3_S: where the next non-zero block's indices go
         sg = pos + _S_SIGNS
@@ -326,13 +283,13 @@ def _quantize_row(x, y, qw, use_qw, xxs, q, kmap, nstart, nbr):
         inv_d = np.float32(1.0) / d
         if xxs:
             for ib in range(8):
-                v = sas[ib] | (np.uint32(_scale_nibble(inv_d, scales[ib])) << np.uint32(28))
+                v = sas[ib] | (np.uint32(odd_scale_level(inv_d, scales[ib], 15)) << np.uint32(28))
                 for b in range(4):
                     y[pos + _XXS_SAS + 4 * ib + b] = np.uint8((v >> np.uint32(8 * b)) & np.uint32(255))
         else:
             for ib in range(0, 8, 2):
                 y[pos + _S_SCALES + ib // 2] = np.uint8(
-                    _scale_nibble(inv_d, scales[ib]) | (_scale_nibble(inv_d, scales[ib + 1]) << 4))
+                    odd_scale_level(inv_d, scales[ib], 15) | (odd_scale_level(inv_d, scales[ib + 1], 15) << 4))
 
 
 @njit_parallel
@@ -364,47 +321,41 @@ def _put_group8(out, o, db, grid, g1, g2, signs):
 
 
 @njit
-def dequantize_row_iq3_xxs(src, y):
-    """One row's bytes -> float32, as ggml's ``dequantize_row_iq3_xxs``."""
-    grid = GRID_IQ3_XXS
-    for ibl in range(y.shape[0] // QK_K):
-        p = _XXS_BYTES * ibl
-        d = get_f16(src, p + _XXS_D)
-        for ib in range(8):
-            a = p + _XXS_SAS + 4 * ib
-            aux = (np.uint32(src[a]) | (np.uint32(src[a + 1]) << np.uint32(8))
-                   | (np.uint32(src[a + 2]) << np.uint32(16)) | (np.uint32(src[a + 3]) << np.uint32(24)))
-            db = d * (np.float32(0.5) + np.float32(aux >> np.uint32(28))) * np.float32(0.5)
-            for l in range(4):
-                s7 = np.int32((aux >> np.uint32(7 * l)) & np.uint32(127))
-                qs = p + _XXS_QS + 8 * ib + 2 * l
-                _put_group8(y, QK_K * ibl + 32 * ib + 8 * l, db, grid, src[qs], src[qs + 1], s7 | (parity7(s7) << 7))
+def dequantize_block_iq3_xxs(src, out):
+    """ggml's ``dequantize_row_iq3_xxs`` for one super-block: its bytes ``src`` -> 256 values ``out``."""
+    d = get_f16(src, _XXS_D)
+    for ib in range(8):
+        a = _XXS_SAS + 4 * ib
+        aux = (np.uint32(src[a]) | (np.uint32(src[a + 1]) << np.uint32(8))
+               | (np.uint32(src[a + 2]) << np.uint32(16)) | (np.uint32(src[a + 3]) << np.uint32(24)))
+        db = d * (np.float32(0.5) + np.float32(aux >> np.uint32(28))) * np.float32(0.5)
+        for l in range(4):
+            s7 = np.int32((aux >> np.uint32(7 * l)) & np.uint32(127))
+            qs = _XXS_QS + 8 * ib + 2 * l
+            _put_group8(out, 32 * ib + 8 * l, db, GRID_IQ3_XXS, src[qs], src[qs + 1], s7 | (parity7(s7) << 7))
 
 
 @njit
-def dequantize_row_iq3_s(src, y):
-    """One row's bytes -> float32, as ggml's ``dequantize_row_iq3_s``."""
-    grid = GRID_IQ3_S
-    for ibl in range(y.shape[0] // QK_K):
-        p = _S_BYTES * ibl
-        d = get_f16(src, p + _S_D)
-        for ib in range(8):
-            sc = (np.int32(src[p + _S_SCALES + ib // 2]) >> (4 * (ib % 2))) & 15
-            db = d * np.float32(1 + 2 * sc)
-            qh = np.int32(src[p + _S_QH + ib])
-            for l in range(4):
-                qs = p + _S_QS + 8 * ib + 2 * l
-                g1 = np.int32(src[qs]) | (((qh >> (2 * l)) & 1) << 8)
-                g2 = np.int32(src[qs + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
-                _put_group8(y, QK_K * ibl + 32 * ib + 8 * l, db, grid, g1, g2,
-                            np.int32(src[p + _S_SIGNS + 4 * ib + l]))
+def dequantize_block_iq3_s(src, out):
+    """ggml's ``dequantize_row_iq3_s`` for one super-block."""
+    d = get_f16(src, _S_D)
+    for ib in range(8):
+        db = d * np.float32(1 + 2 * ((np.int32(src[_S_SCALES + ib // 2]) >> (4 * (ib % 2))) & 15))
+        qh = np.int32(src[_S_QH + ib])
+        for l in range(4):
+            qs = _S_QS + 8 * ib + 2 * l
+            g1 = np.int32(src[qs]) | (((qh >> (2 * l)) & 1) << 8)
+            g2 = np.int32(src[qs + 1]) | (((qh >> (2 * l + 1)) & 1) << 8)
+            _put_group8(out, 32 * ib + 8 * l, db, GRID_IQ3_S, g1, g2, np.int32(src[_S_SIGNS + 4 * ib + l]))
 
 
 class IQ3_XXS(QuantType, qtype=T.IQ3_XXS):
+    """98 bytes per 256 (module docstring): fp16 d, qs[96]."""
     quantize_rows = staticmethod(_quantizer("IQ3_XXS", True))
-    dequantize_row = dequantize_row_iq3_xxs
+    dequantize_block = dequantize_block_iq3_xxs
 
 
 class IQ3_S(QuantType, qtype=T.IQ3_S):
+    """110 bytes per 256: fp16 d, qs[64], qh[8], signs[32], scales[4]."""
     quantize_rows = staticmethod(_quantizer("IQ3_S", False))
-    dequantize_row = dequantize_row_iq3_s
+    dequantize_block = dequantize_block_iq3_s

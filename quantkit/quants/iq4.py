@@ -27,9 +27,10 @@ import numpy as np
 from gguf import GGMLQuantizationType as T
 
 from quantkit.formats import ggml_types
-from quantkit.jit import ld_u16, njit, njit_parallel, prange
-from quantkit.quants.base import QuantType
-from quantkit.quants.common import GROUP_MAX_EPS, absmax_lanes, block_layout, ld_f16, nearest_int, put_f16, rt_len
+from quantkit.jit import ld_u16, njit
+from quantkit.quants.base import QuantType, build_kernel
+from quantkit.quants.common import (GROUP_MAX_EPS, absmax_lanes, absmax_signed, block_layout, ld_f16, nearest_int,
+                                    pack_nibbles, put_f16, rt_len, sum_squares)
 
 #: the 16 reconstruction levels shared by IQ4_NL and IQ4_XS (ggml's kvalues_iq4nl; the type table's)
 KVALUES_IQ4NL = np.array(ggml_types.KVALUES_IQ4NL, dtype=np.int8)
@@ -63,22 +64,6 @@ def best_index_iq4nl(x):
 
 
 @njit
-def _sigma2(x):
-    s = np.float32(0.0)
-    for j in range(x.shape[0]):
-        s += x[j] * x[j]
-    return s * np.float32(np.float32(2.0) / np.float32(x.shape[0]))
-
-
-@njit
-def _pack_nibbles(L, y, pos, n):
-    """Element j of each 32-group in the low nibble of byte j, element j+16 in the high nibble."""
-    for i in range(n // 32):
-        for j in range(16):
-            y[pos + 16 * i + j] = np.uint8(L[32 * i + j] | (L[32 * i + 16 + j] << 4))
-
-
-@njit
 def _best_index_counted(al):
     """``best_index_iq4nl`` for a finite ``al`` without branches: the level above ``al`` is the count of
     levels <= al (the table is strictly increasing), then the same tie rule; so it vectorizes over lanes."""
@@ -97,9 +82,8 @@ def _fit_lanes(XT, WT, inv, sumqx, sumq2):
     """Every lane's weighted fit at inverse scale ``inv[k]``: sum w*q*x and sum w*q*q over its 32 values."""
     kv = _KV_F32
     n, nl = XT.shape
-    for k in range(nl):
-        sumqx[k] = np.float32(0.0)
-        sumq2[k] = np.float32(0.0)
+    sumqx[:] = np.float32(0.0)
+    sumq2[:] = np.float32(0.0)
     for j in range(n):
         xj = XT[j]
         wj = WT[j]
@@ -155,7 +139,8 @@ def _row_search(x, qw, use_qw, super_size, scales):
             XT[j, ib] = x[32 * ib + j]
     per = super_size // 32
     for isb in range(nblock // per):
-        sigma2 = _sigma2(x[super_size * isb:super_size * (isb + 1)])
+        xs = x[super_size * isb:super_size * (isb + 1)]
+        sigma2 = sum_squares(xs) * np.float32(np.float32(2.0) / np.float32(super_size))
         for ib in range(per * isb, per * isb + per):
             for j in range(32):
                 v = XT[j, ib]
@@ -170,19 +155,13 @@ def quantize_block_iq4_nl(x, d, y, pos, L):
     inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
     for j in range(32):
         L[j] = best_index_iq4nl(inv * x[j])
-    _pack_nibbles(L, y, pos + 2, 32)
+    pack_nibbles(L, y, pos + 2, 32)
 
 
 @njit
 def quantize_superblock_iq4_xs(x, scales, y, pos, L):
     """One 256-element super-block ``x`` with its eight searched block scales -> 136 bytes at ``y[pos:]``."""
-    max_scale = np.float32(0.0)
-    amax_scale = np.float32(0.0)
-    for ib in range(8):
-        s = scales[ib]
-        if np.abs(s) > amax_scale:
-            amax_scale = np.abs(s)
-            max_scale = s
+    max_scale, _ = absmax_signed(scales)
     d = -max_scale / np.float32(32.0)  # -0.0 for an all-negligible super-block, as in ggml
     put_f16(y, pos, d)
     inv = np.float32(1.0) / d if d != np.float32(0.0) else np.float32(0.0)
@@ -203,82 +182,68 @@ def quantize_superblock_iq4_xs(x, scales, y, pos, L):
         scales_h |= np.uint32((l >> 4) & 3) << np.uint32(2 * ib)
     y[pos + 2] = np.uint8(scales_h & np.uint32(0xFF))
     y[pos + 3] = np.uint8(scales_h >> np.uint32(8))
-    _pack_nibbles(L, y, pos + 8, 256)
+    pack_nibbles(L, y, pos + 8, 256)
 
 
-@njit_parallel
-def quantize_rows_iq4_nl(x, y, qw):
-    use_qw = qw.shape[0] > 0
-    nblock = x.shape[1] // 32
-    for r in prange(x.shape[0]):
-        scales = np.empty(nblock, dtype=np.float32)
-        _row_search(x[r], qw, use_qw, 32, scales)
-        L = np.empty(32, dtype=np.uint8)
-        for ib in range(nblock):
-            quantize_block_iq4_nl(x[r, 32 * ib:32 * ib + 32], scales[ib], y[r], _NL_BYTES * ib, L)
+def _quantize_row_body(x, y, qw):
+    """IQ4_NL (``SUPER`` 32) or IQ4_XS (256) of a row: every block's scale searched, then each
+    super-block written. ``SUPER`` is bound per type (``jit.specialize``)."""
+    super_size = SUPER  # noqa: F821
+    scales = np.empty(x.shape[0] // 32, dtype=np.float32)
+    _row_search(x, qw, qw.shape[0] > 0, super_size, scales)
+    L = np.empty(super_size, dtype=np.uint8)
+    per = super_size // 32
+    for ib in range(x.shape[0] // super_size):
+        xs = x[super_size * ib:super_size * (ib + 1)]
+        if super_size == 32:
+            quantize_block_iq4_nl(xs, scales[ib], y, _NL_BYTES * ib, L)
+        else:
+            quantize_superblock_iq4_xs(xs, scales[per * ib:per * (ib + 1)], y, _XS_BYTES * ib, L)
 
 
-@njit_parallel
-def quantize_rows_iq4_xs(x, y, qw):
-    use_qw = qw.shape[0] > 0
-    nblock = x.shape[1] // 256
-    for r in prange(x.shape[0]):
-        scales = np.empty(8 * nblock, dtype=np.float32)
-        _row_search(x[r], qw, use_qw, 256, scales)
-        L = np.empty(256, dtype=np.uint8)
-        for ib in range(nblock):
-            quantize_superblock_iq4_xs(x[r, 256 * ib:256 * ib + 256], scales[8 * ib:8 * ib + 8], y[r],
-                                       _XS_BYTES * ib, L)
-
-
-@njit
-def dequantize_row_iq4_nl(src, y):
-    """ggml's ``dequantize_row_iq4_nl``: one row's bytes ``src`` -> float32 ``y`` (the codec's and the
-    kernels' row decoder)."""
+@njit(inline="always")
+def _decode32(src, qs, d, y, at):
+    """32 values ``y[at:at + 32]`` from the 16 bytes of table indices at ``src[qs:]`` (value j in the low
+    nibble of byte j, value j + 16 in the high nibble) times the scale ``d``."""
     kv = _KV_F32
-    n16 = rt_len(16, y)
-    for b in range(y.shape[0] // 32):
-        o = _NL_BYTES * b
-        d = ld_f16(src, o + _NL_D)
-        qs = src[o + _NL_QS:o + _NL_QS + 16]
-        yy = y[32 * b:32 * b + 32]
-        for j in range(n16):
-            yy[j] = d * kv[np.int32(qs[j]) & 15]
-        for j in range(n16):
-            yy[j + 16] = d * kv[np.int32(qs[j]) >> 4]
+    n16 = rt_len(16)
+    for j in range(n16):
+        y[at + j] = d * kv[np.int32(src[qs + j]) & 15]
+    for j in range(n16):
+        y[at + j + 16] = d * kv[np.int32(src[qs + j]) >> 4]
+
+
+@njit(inline="always")
+def dequantize_block_iq4_nl(src, y):
+    """ggml's ``dequantize_row_iq4_nl`` for one block (the codec's and the kernels' row decoder is built
+    from it)."""
+    _decode32(src, _NL_QS, ld_f16(src, _NL_D), y, 0)
+
+
+class IQ4_NL(QuantType, qtype=T.IQ4_NL):
+    """18 bytes per 32: fp16 d, qs[16] (4-bit indices into the table, as Q4_0's nibbles)."""
+    quantize_row = build_kernel(_quantize_row_body, T.IQ4_NL, False, SUPER=32)
+    dequantize_block = dequantize_block_iq4_nl
 
 
 @njit
-def _iq4_xs_scale(src, o, ib):
-    """The signed 6-bit scale of block ``ib`` of the IQ4_XS super-block at byte ``o``."""
-    sh = ld_u16(src, o + _XS_SCALES_H)
-    low = (np.int32(src[o + _XS_SCALES_L + ib // 2]) >> (4 * (ib % 2))) & 15
+def _iq4_xs_scale(src, ib):
+    """The signed 6-bit scale of block ``ib`` of an IQ4_XS super-block."""
+    sh = ld_u16(src, _XS_SCALES_H)
+    low = (np.int32(src[_XS_SCALES_L + ib // 2]) >> (4 * (ib % 2))) & 15
     high = np.int32((sh >> np.uint32(2 * ib)) & np.uint32(3))
     return (low | (high << 4)) - 32
 
 
-@njit
-def dequantize_row_iq4_xs(src, y):
-    kv = _KV_F32
-    n16 = rt_len(16, y)
-    for b in range(y.shape[0] // 256):
-        o = _XS_BYTES * b
-        d = ld_f16(src, o + _XS_D)
-        for ib in range(8):
-            dl = d * np.float32(_iq4_xs_scale(src, o, ib))
-            q = src[o + _XS_QS + 16 * ib:o + _XS_QS + 16 + 16 * ib]
-            yy = y[256 * b + 32 * ib:256 * b + 32 * ib + 32]
-            for j in range(n16):
-                yy[j] = dl * kv[np.int32(q[j]) & 15]
-            for j in range(n16):
-                yy[j + 16] = dl * kv[np.int32(q[j]) >> 4]
-
-
-class IQ4_NL(QuantType, qtype=T.IQ4_NL):
-    quantize_rows = quantize_rows_iq4_nl
-    dequantize_row = dequantize_row_iq4_nl
+@njit(inline="always")
+def dequantize_block_iq4_xs(src, y):
+    """ggml's ``dequantize_row_iq4_xs`` for one super-block."""
+    d = ld_f16(src, _XS_D)
+    for ib in range(8):
+        _decode32(src, _XS_QS + 16 * ib, d * np.float32(_iq4_xs_scale(src, ib)), y, 32 * ib)
 
 
 class IQ4_XS(QuantType, qtype=T.IQ4_XS):
-    quantize_rows = quantize_rows_iq4_xs
-    dequantize_row = dequantize_row_iq4_xs
+    """136 bytes per 256: fp16 d, scales_h (uint16), scales_l[4], qs[128]."""
+    quantize_row = build_kernel(_quantize_row_body, T.IQ4_XS, False, SUPER=256)
+    dequantize_block = dequantize_block_iq4_xs

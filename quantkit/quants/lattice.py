@@ -24,10 +24,13 @@ from typing import NamedTuple
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import njit
+from quantkit.formats.ggml_types import type_info
+from quantkit.jit import njit, prange
+from quantkit.quants.base import build_kernel
 from quantkit.quants.grids import grid_levels, grid_values
 
 KMAP_SIZE = 43692
+QK_K = 256
 #: ggml's ``nwant`` per type (iq2xs_init_impl)
 _NWANT = {T.IQ2_XXS: 2, T.IQ2_XS: 2, T.IQ2_S: 1, T.IQ1_S: 3, T.IQ1_M: 3}
 _MAX_D2 = 8 * 6 * 6  # largest squared distance between two points with coordinates in 1, 3, 5, 7
@@ -115,6 +118,32 @@ def lattice_tables(qtype: T) -> LatticeTables:
     return _tables(_SHARED.get(t, t))
 
 
+@njit
+def best_neighbour(entry, neighbours, grid, xval, w, o, scale, xx, L):
+    """ggml's ``iq1_find_best_neighbour2``: among the neighbours of an off-grid candidate (``entry`` is its
+    negative ``kmap`` value) the grid point nearest to ``xval[o:o+8]`` at ``scale`` in the ``w``-weighted
+    squared distance (the first on ties), a coordinate of level l standing for ``xx[l]`` (-1, 0, 1 plus
+    the block's shift); its levels go to ``L[o:o+8]``. Returns its index. When every distance is inf or
+    NaN ggml scans the whole grid (reading past its input); this takes the first neighbour."""
+    off = -entry - 1
+    best_d2 = np.float32(3.4028234663852886e38)
+    gi = -1
+    for jj in range(1, np.int32(neighbours[off]) + 1):
+        j = np.int32(neighbours[off + jj])
+        d2 = np.float32(0.0)
+        for i in range(8):
+            diff = scale * xx[(np.int32(grid[j, i]) - 1) // 2] - xval[o + i]
+            d2 += w[o + i] * diff * diff
+        if d2 < best_d2:
+            best_d2 = d2
+            gi = j
+    if gi < 0:
+        gi = np.int32(neighbours[off + 1])
+    for i in range(8):
+        L[o + i] = (np.int32(grid[gi, i]) - 1) // 2
+    return gi
+
+
 # -- dequantization ---------------------------------------------------------------------------
 
 @functools.cache
@@ -125,12 +154,27 @@ def dequant_grid(qtype: T) -> np.ndarray:
     return g
 
 
-def quantizer(qtype: T, rows_kernel):
-    """A type's ``quantize_rows(x, y, qw)`` from its kernel ``rows_kernel(x, y, qw, grid, kmap, neighbours)``."""
+def _rows_body(x, y, qw, grid, kmap, neighbours):
+    """Every super-block of every row by ``SUPER`` (a type's super-block quantizer, ``TS`` bytes out) with
+    the row's work arrays ``WORK()``; prange over rows."""
+    use_qw = qw.shape[0] > 0
+    for r in prange(x.shape[0]):
+        w = WORK()  # noqa: F821
+        for ibl in range(x.shape[1] // QK_K):
+            q = qw[QK_K * ibl:QK_K * (ibl + 1)] if use_qw else qw
+            SUPER(x[r, QK_K * ibl:QK_K * (ibl + 1)], q, use_qw, grid, kmap, neighbours,  # noqa: F821
+                  y[r, TS * ibl:TS * (ibl + 1)], w)  # noqa: F821
+
+
+def quantizer(qtype: T, superblock, work):
+    """A type's ``quantize_rows(x, y, qw)``: ``superblock(xbl, qw, use_qw, grid, kmap, neighbours, yb, w)``
+    quantizes 256 values ``xbl`` into the block's bytes ``yb`` (``qw`` their weights when ``use_qw``),
+    ``w = work()`` the work arrays a row reuses; the search tables are built on first use."""
     t = T(qtype)
+    kernel = build_kernel(_rows_body, t, True, SUPER=superblock, WORK=work, TS=type_info(t).type_size)
 
     def quantize_rows(x, y, qw):
         tb = lattice_tables(t)
-        rows_kernel(x, y, qw, tb.grid, tb.kmap, tb.neighbours)
+        kernel(x, y, qw, tb.grid, tb.kmap, tb.neighbours)
     quantize_rows.__name__ = f"quantize_rows_{t.name.lower()}"
     return staticmethod(quantize_rows)

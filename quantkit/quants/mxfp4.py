@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import bits_to_f32, njit, njit_parallel, prange
+from quantkit.jit import bits_to_f32, njit
 from quantkit.quants.base import QuantType
 from quantkit.quants.common import block_layout, c_f2i
 
@@ -70,13 +70,12 @@ def quantize_block_mxfp4(x, y, pos, best, best_err):
         y[pos + _QS + j] = np.uint8(best[j] | (best[j + 16] << 4))
 
 
-@njit_parallel
-def quantize_rows_mxfp4(x, y, qw):
-    for r in prange(x.shape[0]):
-        best = np.empty(QK_MXFP4, dtype=np.int32)
-        best_err = np.empty(QK_MXFP4, dtype=np.float32)
-        for ib in range(x.shape[1] // QK_MXFP4):
-            quantize_block_mxfp4(x[r, QK_MXFP4 * ib:QK_MXFP4 * (ib + 1)], y[r], _BYTES * ib, best, best_err)
+@njit
+def quantize_row_mxfp4_ref(x, y):
+    best = np.empty(QK_MXFP4, dtype=np.int32)
+    best_err = np.empty(QK_MXFP4, dtype=np.float32)
+    for ib in range(x.shape[0] // QK_MXFP4):
+        quantize_block_mxfp4(x[QK_MXFP4 * ib:QK_MXFP4 * (ib + 1)], y, _BYTES * ib, best, best_err)
 
 
 @njit
@@ -89,20 +88,18 @@ def _e2m1x2(c):
     return np.float32(-v if c & 8 else v)
 
 
-@njit
-def dequantize_row_mxfp4(src, y):
-    """One row's bytes -> float32, as ggml's ``dequantize_row_mxfp4``."""
-    for ib in range(y.shape[0] // QK_MXFP4):
-        p = _BYTES * ib
-        o = QK_MXFP4 * ib
-        d = e8m0_to_fp32_half(src[p + _E])
-        for j in range(16):
-            b = np.int32(src[p + _QS + j])
-            y[o + j] = _e2m1x2(b & 0xF) * d
-            y[o + 16 + j] = _e2m1x2(b >> 4) * d
+@njit(inline="always")
+def dequantize_block_mxfp4(src, y):
+    """One block's bytes -> float32, as ggml's ``dequantize_row_mxfp4``."""
+    d = e8m0_to_fp32_half(src[_E])
+    for j in range(16):
+        b = np.int32(src[_QS + j])
+        y[j] = _e2m1x2(b & 0xF) * d
+        y[16 + j] = _e2m1x2(b >> 4) * d
 
 
 class MXFP4(QuantType, qtype=T.MXFP4):
+    """17 bytes per 32: the E8M0 exponent e, qs[16] (E2M1 codes, value j + 16 in the high nibbles)."""
     uses_imatrix = False
-    quantize_rows = quantize_rows_mxfp4
-    dequantize_row = dequantize_row_mxfp4
+    quantize_row_ref = quantize_row_mxfp4_ref
+    dequantize_block = dequantize_block_mxfp4

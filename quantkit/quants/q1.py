@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import njit, njit_parallel, prange
+from quantkit.jit import njit
 from quantkit.quants.base import QuantType
 from quantkit.quants.common import block_layout, get_f16, put_f16
 
@@ -34,24 +34,22 @@ def quantize_block_q1_0(x, y, pos):
         y[pos + _QS + b] = np.uint8(q)
 
 
-@njit_parallel
-def quantize_rows_q1_0(x, y, qw):
-    for r in prange(x.shape[0]):
-        for ib in range(x.shape[1] // QK1_0):
-            quantize_block_q1_0(x[r, QK1_0 * ib:QK1_0 * (ib + 1)], y[r], _BYTES * ib)
-
-
 @njit
-def dequantize_row_q1_0(src, y):
-    """One row's bytes -> float32, as ggml's ``dequantize_row_q1_0``."""
-    for ib in range(y.shape[0] // QK1_0):
-        p = _BYTES * ib
-        d = get_f16(src, p + _D)
-        for j in range(QK1_0):
-            y[QK1_0 * ib + j] = d if (src[p + _QS + j // 8] >> (j % 8)) & 1 else -d
+def quantize_row_q1_0_ref(x, y):
+    for ib in range(x.shape[0] // QK1_0):
+        quantize_block_q1_0(x[QK1_0 * ib:QK1_0 * (ib + 1)], y, _BYTES * ib)
+
+
+@njit(inline="always")
+def dequantize_block_q1_0(src, y):
+    """One block's bytes -> float32, as ggml's ``dequantize_row_q1_0``."""
+    d = get_f16(src, _D)
+    for j in range(QK1_0):
+        y[j] = d if (src[_QS + j // 8] >> (j % 8)) & 1 else -d
 
 
 class Q1_0(QuantType, qtype=T.Q1_0):
+    """18 bytes per 128: fp16 d, qs[16] (the signs)."""
     uses_imatrix = False
-    quantize_rows = quantize_rows_q1_0
-    dequantize_row = dequantize_row_q1_0
+    quantize_row_ref = quantize_row_q1_0_ref
+    dequantize_block = dequantize_block_q1_0

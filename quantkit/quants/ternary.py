@@ -19,8 +19,8 @@ from __future__ import annotations
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import njit, njit_parallel, prange
-from quantkit.quants.base import QuantType
+from quantkit.jit import njit
+from quantkit.quants.base import QuantType, build_kernel
 from quantkit.quants.common import block_layout, get_f16, put_f16
 
 QK_K = 256
@@ -97,7 +97,8 @@ def _t(b, p3):
 # The decoders write each byte's values with straight-line stores (TQ2_0: 1.3 -> 7.7 G values/s on one
 # core, TQ1_0: 0.4 -> 2.6, against loops over the bit position; measured).
 @njit
-def _deq_block_tq1_0(ss, yy):
+def dequantize_block_tq1_0(ss, yy):
+    """ggml's ``dequantize_row_tq1_0`` for one block: its bytes ``ss`` -> 256 values ``yy``."""
     d = get_f16(ss, _TQ1_D)
     for m in range(32):
         b = np.int32(ss[_TQ1_QS + m])
@@ -122,7 +123,8 @@ def _deq_block_tq1_0(ss, yy):
 
 
 @njit
-def _deq_block_tq2_0(ss, yy):
+def dequantize_block_tq2_0(ss, yy):
+    """ggml's ``dequantize_row_tq2_0`` for one block."""
     d = get_f16(ss, _TQ2_D)
     for j in range(2):
         for m in range(32):
@@ -133,43 +135,26 @@ def _deq_block_tq2_0(ss, yy):
             yy[128 * j + 96 + m] = np.float32((b >> 6) - 1) * d
 
 
-@njit
-def dequantize_row_tq1_0(src, y):
-    """One row's bytes -> float32, as ggml's ``dequantize_row_tq1_0``."""
-    for ib in range(y.shape[0] // QK_K):
-        _deq_block_tq1_0(src[_TQ1_BYTES * ib:_TQ1_BYTES * (ib + 1)], y[QK_K * ib:QK_K * (ib + 1)])
-
-
-@njit
-def dequantize_row_tq2_0(src, y):
-    """One row's bytes -> float32, as ggml's ``dequantize_row_tq2_0``."""
-    for ib in range(y.shape[0] // QK_K):
-        _deq_block_tq2_0(src[_TQ2_BYTES * ib:_TQ2_BYTES * (ib + 1)], y[QK_K * ib:QK_K * (ib + 1)])
-
-
-@njit_parallel
-def quantize_rows_tq1_0(x, y, qw):
-    for r in prange(x.shape[0]):
-        t = np.empty(QK_K, dtype=np.int32)
-        for ib in range(x.shape[1] // QK_K):
-            quantize_block_tq1_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ1_BYTES * ib, t)
-
-
-@njit_parallel
-def quantize_rows_tq2_0(x, y, qw):
-    for r in prange(x.shape[0]):
-        t = np.empty(QK_K, dtype=np.int32)
-        for ib in range(x.shape[1] // QK_K):
-            quantize_block_tq2_0(x[r, QK_K * ib:QK_K * (ib + 1)], y[r], _TQ2_BYTES * ib, t)
+def _quantize_row_body(x, y):
+    """TQ1_0, or TQ2_0 (``TQ2``, bound per type by ``jit.specialize``), of a row."""
+    t = np.empty(QK_K, dtype=np.int32)
+    for ib in range(x.shape[0] // QK_K):
+        xb = x[QK_K * ib:QK_K * (ib + 1)]
+        if TQ2:  # noqa: F821
+            quantize_block_tq2_0(xb, y, _TQ2_BYTES * ib, t)
+        else:
+            quantize_block_tq1_0(xb, y, _TQ1_BYTES * ib, t)
 
 
 class TQ1_0(QuantType, qtype=T.TQ1_0):
+    """54 bytes per 256 (module docstring): qs[48], qh[4], fp16 d."""
     uses_imatrix = False
-    quantize_rows = quantize_rows_tq1_0
-    dequantize_row = dequantize_row_tq1_0
+    quantize_row_ref = build_kernel(_quantize_row_body, T.TQ1_0, False, TQ2=False)
+    dequantize_block = dequantize_block_tq1_0
 
 
 class TQ2_0(QuantType, qtype=T.TQ2_0):
+    """66 bytes per 256: qs[64], fp16 d."""
     uses_imatrix = False
-    quantize_rows = quantize_rows_tq2_0
-    dequantize_row = dequantize_row_tq2_0
+    quantize_row_ref = build_kernel(_quantize_row_body, T.TQ2_0, False, TQ2=True)
+    dequantize_block = dequantize_block_tq2_0
