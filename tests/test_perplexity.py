@@ -48,8 +48,12 @@ PPL_BOUND = 5e-3
 # moves with the float summation order of the attention softmax alone: Q4_0 11.1800 when that sum was
 # left unvectorized and 11.1647 (-0.50 %) vectorized; summed in float64 as ggml does, 11.1339 (-0.78 %),
 # and Q8_0 moved by as much (measured 2026-12-01, docs/imatrix-perplexity.md). Over 40 chunks the two
-# tools agree within 0.05 %, so this is the test's noise, not a bias.
-PPL_BOUND_QUANT = 7.5e-3
+# tools agree within 0.05 %, so this is the test's noise, not a bias. Which sgemm kernel OpenBLAS picks
+# moves it as much again: on a Zen 5 host with no OPENBLAS_CORETYPE (OpenBLAS's AVX-512 kernel) the
+# attention's BLAS products give Q4_0 11.0898 (-1.17 %) at every -b from 32 to 128, with
+# OPENBLAS_CORETYPE=Haswell 11.1544 (-0.60 %), through the numba attention (-b 16) 11.1857 (-0.32 %);
+# llama.cpp itself gives 11.1902-11.2366 on the same file and its standard error is +-1.90 (2026-12-02).
+PPL_BOUND_QUANT = 1.5e-2
 
 
 @pytest.fixture(scope="session")
@@ -167,7 +171,9 @@ def test_kld_q8_0(models, base):
     assert r.exit_code == 0, r.output
     ours, ref = kld_stats(r.output), GOLDEN["kld"]["Q8_0"]
     assert abs(ours["ppl"] / ref["ppl"] - 1) < PPL_BOUND_QUANT
-    assert abs(ours["kld"] / ref["kld"] - 1) < 0.15, (ours["kld"], ref["kld"])
+    # llama.cpp's own Q8_0 KLD on this file: 0.005410 at -b 128, 0.006094 at -b 16 (+13 %), each
+    # +-0.0008..0.0016 (one standard error, 15-26 %); ours 0.0046-0.0050 by OpenBLAS's kernel (2026-12-02)
+    assert abs(ours["kld"] / ref["kld"] - 1) < 0.3, (ours["kld"], ref["kld"])
     # 252 scored tokens: +-1.1 % is one standard error of "same top p"; both sides sit near 97-99 %
     assert ours["same_top"] > 95
 
