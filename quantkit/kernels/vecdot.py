@@ -30,7 +30,7 @@ F = np.float32
 
 
 def rowdot_ir(wr, xq, xd, xs, sc):
-    """A quantized row: one IR intrinsic (ir.ROW_SPECS) does the whole row."""
+    """A quantized row: one IR intrinsic (ir_rowdot.ROW_SPECS) does the whole row."""
     return ROW(wr, xq, xd, xs)  # noqa: F821
 
 
@@ -195,7 +195,7 @@ def get_rows_body(w, ids, out):
 
 # -- the traits table ------------------------------------------------------------------------------
 
-#: weight type -> its fast row dot body: the float types' loops, and one IR intrinsic (ir.ROW_SPECS) for
+#: weight type -> its fast row dot body: the float types' loops, and one IR intrinsic (ir_rowdot.ROW_SPECS) for
 #: each quantized type that has one. The activations are the type's vec_dot type (the type table's). A type
 #: with a codec but no entry here runs on ``rowdot_deq`` with float32 activations.
 #: kernels/lowbit.py (TQ1_0, TQ2_0, MXFP4, IQ3_XXS, IQ3_S) and kernels/vecdot_iq.py (IQ2_XXS, IQ2_XS,
@@ -266,7 +266,7 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
                  ROWDOT2=rowdot2_kernel(t, variant))
 
 
-# -- the 8-row interleaved layout (ir.X8_SPECS) ----------------------------------------------------
+# -- the 8-row interleaved layout (ir_x8.X8_SPECS) ------------------------------------------------
 
 def x8_types() -> tuple:
     """The weight types with an x8 kernel on this CPU (none without 512-bit VNNI)."""
@@ -299,7 +299,7 @@ def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def rowx8_kernel(wtype):
-    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an x8 type (ir.row_dots_x8)."""
+    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an x8 type (ir_x8.row_dots_x8)."""
     if "x8" not in _DOTS:
         _DOTS["x8"] = row_dots_x8()
     return _DOTS["x8"][T(wtype).name]
