@@ -21,10 +21,12 @@ os.environ["QUANTKIT_COMPILE_NOTICE"] = "0"
 # name, and the index can end up naming the other process's code; numba issue #10128 is such a crash).
 # numba reads NUMBA_CACHE_DIR when it is imported, so this comes before anything imports quantkit; the
 # subprocesses that tests start inherit it.
-_WORKER = os.environ.get("PYTEST_XDIST_WORKER")
-if _WORKER and os.environ.get("NUMBA_CACHE_DIR"):
+# (Once: some tests import this module again as tests.conftest.)
+_WORKER_CACHE = f"xdist-{os.environ.get('PYTEST_XDIST_WORKER')}"
+if (os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("NUMBA_CACHE_DIR")
+        and os.path.basename(os.environ["NUMBA_CACHE_DIR"]) != _WORKER_CACHE):
     assert "numba" not in sys.modules, "numba was imported before conftest could give this worker its own cache"
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(os.environ["NUMBA_CACHE_DIR"], f"xdist-{_WORKER}")
+    os.environ["NUMBA_CACHE_DIR"] = os.path.join(os.environ["NUMBA_CACHE_DIR"], _WORKER_CACHE)
 
 from quantkit.cli import main
 from quantkit.formats.locate import bundled_model
