@@ -40,8 +40,12 @@ demo: setup
 warmup: setup
 	$(BIN)/quantkit warmup
 
+# Two pytest-xdist workers, a test file each at a time (module fixtures are built once): most of a cold
+# suite is numba compiling, one core per process, so a second process uses the second core
+# (docs/DEVELOPING.md, "Test suite time"). TEST_WORKERS=0 runs it in one process.
+TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q tests
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) tests
 
 bench: setup
 	$(BIN)/python benchmarks/bench_quantize_model.py
