@@ -25,7 +25,7 @@ from __future__ import annotations
 import numpy as np
 
 from quantkit.formats.ggml_types import block_size
-from quantkit.jit import bits_to_f32, f32_to_bits, njit, njit_parallel, prange
+from quantkit.jit import bits_to_f32, f32_to_bits, njit, njit_parallel, prange, specialize
 from quantkit.quants.common import bf16_to_fp32, fp16_to_fp32, fp32_to_bf16, fp32_to_fp16, nearest_int
 
 
@@ -221,22 +221,11 @@ def round_half_rows(x, out, bf16):
 # The batch forms, prange over tokens (one row per iteration: the same bytes for any thread count). They
 # live beside the quantizers they call: numba's on-disk cache only watches the file a function is in.
 
-@njit_parallel
-def quantize_rows_q8_0(x, qs, d, s):
+def quantize_rows_body(x, qs, d, s):
+    """``QUANT`` (one of the quantizers above) over the rows of x, prange over tokens; built per kind
+    below (``ACT_QUANTIZER_ROWS``)."""
     for t in prange(x.shape[0]):
-        quantize_q8_0_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-@njit_parallel
-def quantize_rows_q8_1(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_1_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
-
-
-@njit_parallel
-def quantize_rows_q8_k(x, qs, d, s):
-    for t in prange(x.shape[0]):
-        quantize_q8_k_into(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])
+        QUANT(x[t:t + 1], qs[t:t + 1], d[t:t + 1], s[t:t + 1])  # noqa: F821
 
 
 #: float activation kinds: 'F32' is x itself, 'F16' / 'BF16' x rounded to that type (as float32)
@@ -250,7 +239,7 @@ ACT_SUM_DTYPE = {"Q8_0": np.int32, "Q8_1": np.float32, "Q8_K": np.int32, "F32": 
 #: activation kind -> the njit quantizer (x, qs, d, s)
 ACT_QUANTIZER = {"Q8_0": quantize_q8_0_into, "Q8_1": quantize_q8_1_into, "Q8_K": quantize_q8_k_into}
 #: the same, prange over tokens
-ACT_QUANTIZER_ROWS = {"Q8_0": quantize_rows_q8_0, "Q8_1": quantize_rows_q8_1, "Q8_K": quantize_rows_q8_k}
+ACT_QUANTIZER_ROWS = {k: specialize(quantize_rows_body, k, parallel=True, QUANT=f) for k, f in ACT_QUANTIZER.items()}
 
 
 def empty_activations(kind: str, n_tok: int, n_in: int):
