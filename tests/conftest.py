@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import os
-from pathlib import Path
-
 import sys
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner

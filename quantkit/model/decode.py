@@ -75,6 +75,8 @@ CHUNK_SPLIT, CHUNK_MAX = 16, 256
 def chunk_rows(n_rows: int) -> int:
     """Rows per prange chunk of a matrix of ``n_rows`` rows (a multiple of 16, so of the x8 groups)."""
     return min(CHUNK_MAX, max(16, n_rows // CHUNK_SPLIT // 16 * 16))
+
+
 #: ``DecodeStep.make_x8`` packs a matrix this many bytes of rows at a time, releasing each slice's file
 #: pages before the next: the packing's transient is one slice, not the largest matrix (8B's output)
 X8_SLICE_BYTES = 4 << 20

@@ -211,6 +211,18 @@ def _keep_freed_buffers() -> None:
         pass
 
 
+def return_freed_memory() -> None:
+    """Give the heap's free pages back to the OS (glibc's malloc_trim; nothing elsewhere): what
+    ``_keep_freed_buffers`` keeps for the next batch. bench calls it before each test, which would
+    otherwise count the previous test's freed prompt buffers in its peak RSS."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 class Runner:
     """Run state for one sequence: buffers for ``n_batch`` tokens and a KV cache of ``n_ctx`` positions.
 

@@ -155,18 +155,6 @@ def cpu_info() -> str:
 # -- memory -----------------------------------------------------------------------------------------
 
 
-def return_freed_memory() -> None:
-    """Give the heap's free pages back to the OS (glibc's malloc_trim; nothing elsewhere). The batch
-    path keeps freed buffers in the heap (``model.forward._keep_freed_buffers``), so without this a test
-    would count the previous test's freed prompt buffers in its peak RSS."""
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
-
-
 def reset_peak_rss() -> bool:
     """Reset the kernel's peak-RSS mark (VmHWM) for this process; False where not possible."""
     try:

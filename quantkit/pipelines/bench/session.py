@@ -12,8 +12,7 @@ import numpy as np
 
 from quantkit.errors import BenchError, ModelError
 from quantkit.pipelines.bench.glibc_rand import GlibcRand
-from quantkit.pipelines.bench.host import (Affinity, CompileClock, cpu_info, peak_rss_bytes, reset_peak_rss,
-                                           return_freed_memory)
+from quantkit.pipelines.bench.host import Affinity, CompileClock, cpu_info, peak_rss_bytes, reset_peak_rss
 from quantkit.pipelines.bench.model_desc import ModelInfo, model_info
 from quantkit.pipelines.bench.params import BenchParams, Instance, instances, validate
 from quantkit.pipelines.bench.printers import Printer
@@ -136,6 +135,7 @@ class BenchSession:
 
     def run_test(self, inst: Instance, idx: int, count: int) -> TestResult:
         from quantkit.jit import set_threads
+        from quantkit.model.forward import return_freed_memory
 
         self._idx, self._count = idx, count
         P = self.params
