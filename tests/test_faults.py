@@ -8,12 +8,14 @@ hash pins (tests/data/quantize/golden.json).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import resource
 import shutil
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -97,13 +99,32 @@ def test_full_disk_refused_before_the_first_byte(smollm2_f16, small_fs, tmp_path
     assert listing(small_fs) == ["filler"]
 
 
+def _fill(d: Path, leave: int) -> None:
+    """Take all but ``leave`` bytes of ``d``'s file system, in 1 MiB writes that stop at a full disk:
+    a paused quantize's write-behind thread may still be writing the tensor before the pause, so the
+    free space read first can shrink while this writes."""
+    st = os.statvfs(d)
+    want = st.f_bavail * st.f_frsize - leave
+    block = bytes(1 << 20)
+    fd = os.open(d / "filler", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        while want > 0:
+            try:
+                want -= os.write(fd, block[:min(want, len(block))])
+            except OSError as e:
+                if e.errno != errno.ENOSPC:
+                    raise
+                break
+    finally:
+        os.close(fd)
+
+
 def test_disk_fills_up_mid_write(smollm2_f16, small_fs, tmp_path):
     """Enough room at the start, then another writer takes it: 'the disk is full', where, how much
     the output needs and how much was written; the temporary file is removed."""
     job = quantize(smollm2_f16, small_fs / "o.gguf", tmp_path / "ctl", pause=("quantize.tensor", 3))
     job.wait_paused()
-    st = os.statvfs(small_fs)
-    (small_fs / "filler").write_bytes(bytes(st.f_bavail * st.f_frsize - (1 << 20)))
+    _fill(small_fs, leave=1 << 20)
     job.resume()
     job.finish()
     one_line_error(job, "the disk is full", str(small_fs), "the quantized model needs 87.5 MiB", "were written")
@@ -220,6 +241,53 @@ def test_signal_stops_every_command_at_once(command, sig, smollm2_f16, dirs):
     name = "Ctrl-C" if sig == signal.SIGINT else "SIGTERM"
     assert job.err.strip().splitlines()[-1] == f"interrupted ({name})", job.err[-500:]
     assert not [n for n in listing(out) if n.endswith(".partial")]
+
+
+# A command whose work calls Python back from C (as LLVM calls llvmlite's object-cache hooks while
+# numba compiles) and takes the signal there: "known" is named as those hooks, "other" is not.
+_CALLBACK_COMMAND = """
+import ctypes, os, signal, sys, time
+import click
+from quantkit.cli import entry, main
+
+def _raw_object_cache_notify():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(200000):     # bytecodes: the handler runs in here
+        pass
+    print("callback finished", flush=True)
+
+def other():
+    os.kill(os.getpid(), signal.SIGINT)
+    for _ in range(200000):
+        pass
+    print("callback finished", flush=True)
+
+@main.command("fault")
+@click.argument("which")
+def fault(which):
+    ctypes.CFUNCTYPE(None)({"known": _raw_object_cache_notify, "other": other}[which])()
+    time.sleep(60)
+    print("not stopped", flush=True)
+
+entry()
+"""
+
+
+@pytest.mark.parametrize("which", ["known", "other"])
+def test_signal_taken_inside_a_callback_from_c_still_stops(which, tmp_path):
+    """ctypes drops an exception raised in a callback ("Exception ignored") and goes on, so a Ctrl-C
+    handled there was lost and the job ran to its end with exit code 0. A known callback (llvmlite's
+    object-cache hooks) finishes its work and the signal is raised after it; any other drop is sent
+    again. Either way: 130, one 'interrupted' line, no traceback, long before the work's end."""
+    script = tmp_path / "fault.py"
+    script.write_text(_CALLBACK_COMMAND, encoding="utf-8")
+    res = subprocess.run([sys.executable, str(script), "fault", which], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 130, (res.returncode, res.stdout, res.stderr)
+    assert "not stopped" not in res.stdout
+    assert ("callback finished" in res.stdout) == (which == "known"), res.stdout
+    assert "Traceback" not in res.stderr and "Exception ignored" not in res.stderr, res.stderr
+    assert res.stderr.strip().splitlines()[-1] == "interrupted (Ctrl-C)", res.stderr
 
 
 # -- long jobs resumable -----------------------------------------------------------------------

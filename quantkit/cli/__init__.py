@@ -14,54 +14,18 @@ import sys
 
 import click
 
-from quantkit import __version__, config
+from quantkit import __version__, config, interrupt
 from quantkit.errors import QuantkitError
 
 CONTEXT_SETTINGS = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 
 
-class Interrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM, unwinding the stack like Ctrl-C so every temporary file is removed."""
-
-    def __init__(self, signum: int):
-        super().__init__(signum)
-        self.signum = signum
-
-
-_received: list[int] = []
-
-
-def _on_signal(signum, frame):
-    # Later signals are ignored from here on, so the cleanup that the unwinding runs (removing
-    # temporary files) is not itself interrupted halfway; SIGKILL still stops a stuck process.
-    for s in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(s, signal.SIG_IGN)
-    _received.append(signum)
-    raise Interrupted(signum)
-
-
-def _catch_signals() -> dict:
-    """SIGTERM, and Ctrl-C unless the process started with it ignored (a background job), raise
-    ``Interrupted``; returns the handlers replaced."""
-    previous = {}
-    try:
-        for signum in (signal.SIGTERM, signal.SIGINT):
-            old = signal.getsignal(signum)
-            if signum == signal.SIGINT and old is signal.SIG_IGN:
-                continue
-            signal.signal(signum, _on_signal)
-            previous[signum] = old
-    except ValueError:  # not the main thread (e.g. under a test runner's thread)
-        pass
-    return previous
-
-
 def interrupted_exit(signum: int | None = None) -> None:
     """The one-line note and the shell's exit code for a run stopped by a signal (130 for Ctrl-C)."""
-    signum = signum or (_received[0] if _received else int(signal.SIGINT))
+    signum = signum or interrupt.received() or int(signal.SIGINT)
     name = "Ctrl-C" if signum == signal.SIGINT else signal.Signals(signum).name
     click.echo(f"interrupted ({name})", err=True)
-    if _received:
+    if interrupt.received():
         # The unwinding has closed and removed every temporary file. Skip the interpreter's teardown:
         # with numba's compiled modules loaded it takes ~0.9 s, and a stopped job should stop now.
         for stream in (sys.stdout, sys.stderr):
@@ -75,20 +39,20 @@ def interrupted_exit(signum: int | None = None) -> None:
 
 class _Group(click.Group):
     def invoke(self, ctx):
-        previous = _catch_signals()
+        previous = interrupt.catch_signals()
         try:
             return super().invoke(ctx)
         except QuantkitError as e:
             raise click.ClickException(str(e)) from None
         except KeyboardInterrupt as e:
+            interrupt.handled(e)
             interrupted_exit(getattr(e, "signum", None))
         except BrokenPipeError:
             sys.exit(1)
         except MemoryError:
             raise click.ClickException("out of memory") from None
         finally:
-            for signum, handler in previous.items():     # in-process callers (tests) get theirs back
-                signal.signal(signum, handler)
+            interrupt.restore(previous)                   # in-process callers (tests) get theirs back
             if "quantkit.jit" in sys.modules:  # the compile summary, if the command compiled anything
                 sys.modules["quantkit.jit"].compiles_done()
 

@@ -14,6 +14,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from quantkit import interrupt
 from quantkit.errors import ModelError
 from quantkit.kernels import PREFILL_MIN_TOKENS
 from quantkit.model.forward import BLAS_ATTENTION_MIN_TOKENS, Runner
@@ -122,7 +123,8 @@ def generate(runner: Runner, prompt_ids: Sequence[int], n_predict: int, sampler:
             logits = runner.forward([tok])
             tm.eval_s += time.perf_counter() - t0
             tm.n_eval += 1
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
+        interrupt.handled(e)
         out.stop = "interrupted"
     tm.total_s = time.perf_counter() - t_start + load_s
     return out
