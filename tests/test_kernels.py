@@ -446,9 +446,17 @@ def test_x8_types_known():
 def test_pack_x8_layout(t):
     """Byte range [a, a + n) of a row's block -> [8a, 8a + 8n) of the 8-row group's block: header
     element k of row r at 8a + (8k + r) * e, quant slice j (bytes 8j..8j+7) of row r at 8a + 64j + 8r
-    (ir.py's x8 layout), written out here byte by byte."""
+    (ir.py's x8 layout), written out here byte by byte. Q6_K: its header first (scales at 0, d at 128),
+    then from 144 its slices in the order its kernel first reads them: per half n, ql slice 8n + s and
+    qh slice 16 + 4n + s for s = 0..3, then ql slices 8n + 4..8n + 7."""
     bs, ts = GGML_QUANT_SIZES[t]
     fields, (q0, q1) = X8_HEADERS[t]
+    at = {a: 8 * a for a, _, _ in fields}
+    slot = {j: 8 * q0 + 64 * j for j in range((q1 - q0) // 8)}
+    if t == T.Q6_K:
+        at = {192: 0, 208: 128}
+        order = [0, 16, 1, 17, 2, 18, 3, 19, 4, 5, 6, 7, 8, 20, 9, 21, 10, 22, 11, 23, 12, 13, 14, 15]
+        slot = {j: 144 + 64 * pos for pos, j in enumerate(order)}
     w = make_weights(t, 16, 3 * bs, seed=2)
     got = K.pack_x8(w, t)
     want = np.zeros((2, 8 * w.shape[1]), np.uint8)
@@ -459,10 +467,10 @@ def test_pack_x8_layout(t):
                 row = w[8 * g + r, i * ts:(i + 1) * ts]
                 for a, size, e in fields:
                     for k in range(size // e):
-                        o = base + 8 * a + (8 * k + r) * e
+                        o = base + at[a] + (8 * k + r) * e
                         want[g, o:o + e] = row[a + k * e:a + (k + 1) * e]
                 for j in range((q1 - q0) // 8):
-                    o = base + 8 * q0 + 64 * j + 8 * r
+                    o = base + slot[j] + 8 * r
                     want[g, o:o + 8] = row[q0 + 8 * j:q0 + 8 * j + 8]
     np.testing.assert_array_equal(got, want)
     with pytest.raises(ValueError):

@@ -22,7 +22,9 @@ from quantkit.kernels.ir_rowdot import _IQ4_U
 # [8a, 8a + 8n) of the group's block: a header field (X8_SPECS: fp16 scales, sub-block scales) of
 # e-byte elements holds element k of row r at 8a + (8k + r) * e (so the 8 rows' values of one element
 # are one vector load); the quant bytes are 64-byte slices, slice j holding bytes 8j..8j+7 of each row's
-# quants (row r at 8r). Only bytes move: the copy is as large as the file's matrix.
+# quants (row r at 8r). Only bytes move: the copy is as large as the file's matrix. Q6_K is the one
+# exception (``X8_SLICE_ORDER``): its header comes first and its slices in the order its kernel first
+# reads them.
 #
 # Lanes 2r and 2r+1 of a 16-lane vpdpbusd result belong to row r (``_pairs16`` adds them). Per block
 # the emitters give the same integer dot (and sub-block scale / min / offset terms) as the 1-row loop
@@ -271,25 +273,28 @@ def _x8_q3_k(k):
 
 
 def _x8_q6_k(k):
-    """Q6_K: quants ql (0..1023: 8 x 128 bytes) and qh (1024..1535), then the 16 int8 scales (1536,
-    element g of row r at 1536 + 8g + r) and d (1664). Per 16 elements: 2 slices, one scale. The
-    unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
+    """Q6_K, header first (``x8_places``): the 16 int8 scales (element g of row r at 8g + r), d (128),
+    then the 24 slices of ql (row bytes 0..127: slice 8n + 4h + s, half n, nibble chunk h) and qh (row
+    bytes 128..191: slice 16 + 4n + s) from 144 in ``X8_SLICE_ORDER``. Per 16 elements: 2 slices, one
+    scale. The unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
     b = k.b
     lo4, hi2 = _splat(I8, 64, 0x0F), _splat(I8, 64, 0x30)
+    (sc_at, d_at), q_at, order = x8_places("Q6_K")
+    slot = {j: q_at + 64 * pos for pos, j in enumerate(order)}
 
     def unpack(g, s):
         n, i = g // 8, g % 8 // 2  # chunk i of half n
-        ql = _ld(b, k.gb, 512 * n + 256 * (i % 2) + 64 * s, V64I8)
-        qh = _ld(b, k.gb, 1024 + 256 * n + 64 * s, V64I8)
+        ql = _ld(b, k.gb, slot[8 * n + 4 * (i % 2) + s], V64I8)
+        qh = _ld(b, k.gb, slot[16 + 4 * n + s], V64I8)
         # ql's nibble to bits 0..3, bits 2i, 2i+1 of qh to bits 4, 5, the rest 0
         lo = b.and_(ql, lo4) if i < 2 else _x8_bits(b, ql, 4, 4)
         return b.or_(lo, b.and_(qh, hi2) if i == 2 else _x8_bits(b, qh, 2 * i, 2, 4))
 
     def scale(g):
-        return b.sext(_ld(b, k.gb, 1536 + 8 * g, ir.VectorType(I8, 8)), V8I32), None
+        return b.sext(_ld(b, k.gb, sc_at + 8 * g, ir.VectorType(I8, 8)), V8I32), None
 
     isum, _ = _x8_scaled16(k, unpack, scale, False, 5)  # sub-block dots - 32 * bsums
-    return [(isum, b.fmul(_x8_f16(b, k.gb, 1664), k.dxv(), flags=_FM))]
+    return [(isum, b.fmul(_x8_f16(b, k.gb, d_at), k.dxv(), flags=_FM))]
 
 
 def _x8_iq4_xs(k):
@@ -338,6 +343,33 @@ X8_SPECS = {
 }
 #: rows per interleaved group
 X8_ROWS = 8
+
+#: Types whose x8 block puts the header first and the quant slices in this order (slice indexes in the
+#: order they are laid out) instead of the row block's. Q6_K's kernel reads ql and qh slices of a half
+#: together and its scales with the first pair: in the row block's order (ql 0..1023, qh 1024..1535,
+#: scales 1536) the reads of a block jump back and forth over 1.7 KB, and Zen 4's prefetchers, which
+#: follow ascending streams, stopped: one thread read a Q6_K matrix from DRAM at 7-8 GB/s against 25-27
+#: for Q4_K / Q4_0 (docs/performance.md). In the order of first reads (per half n: ql chunk 0 and qh
+#: alternating, then ql chunk 1) it reads at 20-23 GB/s.
+X8_SLICE_ORDER = {
+    "Q6_K": [j for n in range(2) for j in
+             [x for s in range(4) for x in (8 * n + s, 16 + 4 * n + s)] + [8 * n + 4 + s for s in range(4)]],
+}
+
+
+def x8_places(name):
+    """Where the x8 block of ``name`` puts things: (the x8 offset of each header field, in X8_SPECS's
+    order; the offset of the first quant slice; the slice order, None for the row block's)."""
+    ts, _, _, fields, (q0, q1), _ = X8_SPECS[name]
+    order = X8_SLICE_ORDER.get(name)
+    if order is None:
+        return [X8_ROWS * off for off, _, _ in fields], X8_ROWS * q0, None
+    at, offs = 0, []
+    for _, size, _ in fields:
+        offs.append(at)
+        at += X8_ROWS * size
+    assert sorted(order) == list(range((q1 - q0) // 8)) and at + X8_ROWS * (q1 - q0) == X8_ROWS * ts
+    return offs, at, order
 #: the x8 kernels need 512-bit VNNI (AVX512-VNNI + BW)
 HAS_X8 = HAS_VNNI512
 

@@ -22,7 +22,7 @@ from quantkit.jit import prange, specialize
 from quantkit.kernels import lowbit
 from quantkit.kernels.ir import IR_DIGEST, PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch
 from quantkit.kernels.ir_rowdot import ROW_SPECS, row_dots
-from quantkit.kernels.ir_x8 import HAS_X8, X8_ROWS, X8_SPECS, row_dots_x8
+from quantkit.kernels.ir_x8 import HAS_X8, X8_ROWS, X8_SPECS, row_dots_x8, x8_places
 from quantkit.kernels import vecdot_iq  # noqa: F401  (adds the lattice types' IR entries to ROW_SPECS)
 from quantkit.quants import traits
 
@@ -276,9 +276,12 @@ def x8_types() -> tuple:
 def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
     """w uint8 (n_rows, row_bytes) of an x8 type, n_rows a multiple of 8 -> its x8 layout (ir_x8.py):
     uint8 (n_rows / 8, 8 * row_bytes); per group and block index, the header fields with the 8 rows'
-    values of each element side by side and the quants in 64-byte slices of 8 bytes per row. Into
-    ``out`` (any uint8 array of that size) if given."""
-    ts, _, _, fields, (q0, q1), _ = X8_SPECS[T(wtype).name]
+    values of each element side by side and the quants in 64-byte slices of 8 bytes per row, where
+    ``x8_places`` says (Q6_K: header first, slices in its kernel's reading order). Into ``out`` (any
+    uint8 array of that size) if given."""
+    name = T(wtype).name
+    ts, _, _, fields, (q0, q1), _ = X8_SPECS[name]
+    f_at, q_at, order = x8_places(name)
     n, rb = w.shape
     if n % X8_ROWS or rb % ts:
         raise ValueError(f"pack_x8: {n} rows of {rb} bytes do not make {X8_ROWS}-row groups of {ts}-byte blocks")
@@ -290,11 +293,13 @@ def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
     R = X8_ROWS
     for i in range(ng):  # one group at a time: no whole-matrix temporaries
         gi = g[i]
-        for off, size, el in fields:  # (rows, nb, elements, el) -> (nb, elements, rows, el)
+        for (off, size, el), at in zip(fields, f_at):  # (rows, nb, elements, el) -> (nb, elements, rows, el)
             f = gi[:, :, off:off + size].reshape(R, nb, size // el, el).transpose(1, 2, 0, 3)
-            o[i, :, R * off:R * (off + size)] = f.reshape(nb, R * size)
-        q = gi[:, :, q0:q1].reshape(R, nb, qb // 8, 8).transpose(1, 2, 0, 3)
-        o[i, :, R * q0:R * q1] = q.reshape(nb, R * qb)
+            o[i, :, at:at + R * size] = f.reshape(nb, R * size)
+        q = gi[:, :, q0:q1].reshape(R, nb, qb // 8, 8).transpose(1, 2, 0, 3)  # (nb, slices, rows, 8)
+        if order is not None:
+            q = q[:, order]
+        o[i, :, q_at:q_at + R * qb] = q.reshape(nb, R * qb)
     return out.reshape(ng, R * rb)
 
 
