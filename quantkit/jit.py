@@ -6,6 +6,9 @@
 * ``njit_fast_parallel``
 * ``specialize(fn, tag, ...)`` -- one kernel body, compiled once per binding of the kernels it calls.
 * ``ld_f32`` / ``ld_u16`` / ``ld_u32`` / ``ld_f16_hw`` -- little-endian loads at a byte offset of an array.
+* ``fetch_add(a, i, v)`` -- atomic ``a[i] += v`` returning the old value: a chunk counter that the
+  threads of a ``prange`` share, so each takes the next chunk when it is free (ggml's threadpool
+  does the same) instead of the fixed share a ``prange`` alone gives it.
 
 Compiled code is cached in ``NUMBA_CACHE_DIR`` (the Makefile points it inside the checkout).
 ``announce_compiles()`` makes a cold compile visible: numba raises its ``numba:compile`` event only
@@ -227,6 +230,23 @@ ld_u16 = _load_at("ld_u16", types.uint32, ir.IntType(16), lambda b, v: b.zext(v,
 ld_u32 = _load_at("ld_u32", types.uint32, ir.IntType(32))
 #: the fp16 at byte ``off`` of array ``a`` as float32, exact, with ``fpext half`` (F16C on x86)
 ld_f16_hw = _load_at("ld_f16_hw", types.float32, ir.HalfType(), lambda b, v: b.fpext(v, ir.FloatType()))
+
+
+@intrinsic
+def fetch_add(typingctx, a, i, v):
+    """Atomically add ``v`` to ``a[i]`` (a C-contiguous int64 array) and return its previous value."""
+    if not (isinstance(a, types.Array) and a.dtype == types.int64 and _is_int(i) and _is_int(v)):
+        return None
+    sig = types.int64(a, i, v)
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        idx = context.cast(builder, args[1], signature.args[1], types.intp)
+        val = context.cast(builder, args[2], signature.args[2], types.int64)
+        ptr = builder.gep(ary.data, [idx])
+        return builder.atomic_rmw("add", ptr, val, "seq_cst")
+
+    return sig, codegen
 
 
 @functools.cache

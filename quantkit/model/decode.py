@@ -32,10 +32,15 @@ How the weights get in, and the type dispatch:
   (``KERNEL_TRAITS``'s activation kind). Before a product the step quantizes the input only to the
   kinds its consumers need (``need`` bit masks, computed here from the types).
 
-Parallelism: ``prange`` over chunks of ``chunk_rows`` output rows in each product (Q, K and V in one
-region; gate and up in one region that also applies the GLU to its own rows), and over heads in the
-attention. Each output element is computed by one thread with the same code, so the logits do not
-depend on the thread count. Everything else (norms, quantization, RoPE) runs on the calling thread.
+Parallelism: each product is split into chunks of ``chunk_rows`` output rows (Q, K and V in one
+region; gate and up in one region that also applies the GLU to its own rows), and the threads of a
+``prange`` claim them one at a time from a shared counter (``jit.fetch_add``), as ggml's threadpool
+does: a thread that runs slower -- on this project's 2-vCPU Zen 4 host one often did, for hundreds of
+milliseconds -- takes fewer chunks instead of holding the others at the region's end, as a fixed split
+did (1B Q4_K_M, 2 threads: tg 0.72 -> 0.83 of llama-bench's, medians of interleaved rounds). The
+attention is a ``prange`` over heads. Each output element is computed by one thread with the same code,
+so the logits do not depend on the thread count or on which thread took a chunk. Everything else
+(norms, quantization, RoPE) runs on the calling thread.
 
 The KV cache is passed in as ``uint16`` (fp16 bits, as llama.cpp's default f16 cache) or float32;
 one body is built for each (``ST_KV``, and ``attend_kernel``'s ``LD_KV``).
@@ -49,7 +54,7 @@ import numpy as np
 
 from quantkit import config
 from quantkit.errors import ModelError
-from quantkit.jit import njit_fast, prange
+from quantkit.jit import fetch_add, get_threads, njit_fast, prange
 from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
                               rowdot_kernel)
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
@@ -77,6 +82,9 @@ def chunk_rows(n_rows: int) -> int:
     return min(CHUNK_MAX, max(16, n_rows // CHUNK_SPLIT // 16 * 16))
 
 
+#: the slot of ``DecodeStep.ctr`` that counts a product's claimed chunks: 512 bytes from the array's
+#: start and end, so no other data shares its cache line, which both threads write
+CTR = 64
 #: ``DecodeStep.make_x8`` packs a matrix this many bytes of rows at a time, releasing each slice's file
 #: pages before the next: the packing's transient is one slice, not the largest matrix (8B's output)
 X8_SLICE_BYTES = 4 << 20
@@ -168,6 +176,17 @@ def nchunks(m):
     return (m[2] + m[4] - 1) // m[4]
 
 
+def product_body(m, buf, pbuf, a, out, sc, ctr, nth):
+    """out = the matrix ``m`` (a ``wt`` row) . a, over ``nth`` threads that claim its chunks from the
+    counter ``ctr[CTR]`` as each becomes free (``ROWS``: rows_body bound to the slot set)."""
+    ctr[CTR] = 0
+    for _ in prange(nth):
+        c = fetch_add(ctr, CTR, 1)
+        while c < nchunks(m):
+            ROWS(m, c, buf, pbuf, a, out, 0, sc)  # noqa: F821
+            c = fetch_add(ctr, CTR, 1)
+
+
 # -- the activation forms a product needs ----------------------------------------------------------
 
 @njit_fast
@@ -186,8 +205,8 @@ def quantize_needed(mask, a):
 # -- the step ---------------------------------------------------------------------------------------
 
 def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
-              aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, dims, eps, scale, lay, bias, qk_norm, post_norm,
-              gelu_tab, embd_scale):
+              aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, ctr, nth, dims, eps, scale, lay, bias, qk_norm,
+              post_norm, gelu_tab, embd_scale):
     """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
     ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
     dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms);
@@ -219,13 +238,17 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         rmsnorm1(x, attn_norm[l], eps, xa)
         quantize_needed(need[l, 0], aE)
         cq, ck, cv = nchunks(w[0]), nchunks(w[1]), nchunks(w[2])
-        for c in prange(cq + ck + cv):
-            if c < cq:
-                ROWS(w[0], c, buf, pbuf, aE, qkv, 0, sc)  # noqa: F821
-            elif c < cq + ck:
-                ROWS(w[1], c - cq, buf, pbuf, aE, qkv, Q, sc)  # noqa: F821
-            else:
-                ROWS(w[2], c - cq - ck, buf, pbuf, aE, qkv, Q + KV, sc)  # noqa: F821
+        ctr[CTR] = 0
+        for _ in prange(nth):
+            c = fetch_add(ctr, CTR, 1)
+            while c < cq + ck + cv:
+                if c < cq:
+                    ROWS(w[0], c, buf, pbuf, aE, qkv, 0, sc)  # noqa: F821
+                elif c < cq + ck:
+                    ROWS(w[1], c - cq, buf, pbuf, aE, qkv, Q, sc)  # noqa: F821
+                else:
+                    ROWS(w[2], c - cq - ck, buf, pbuf, aE, qkv, Q + KV, sc)  # noqa: F821
+                c = fetch_add(ctr, CTR, 1)
         bl = bias[l]
         has_b = bl.shape[0] != 0
         qkv_q = qkv[:Q]
@@ -247,27 +270,28 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, scores[h],  # noqa: F821
                    xo[h * hd:(h + 1) * hd])
         quantize_needed(need[l, 1], aQ)
-        for c in prange(nchunks(w[3])):
-            ROWS(w[3], c, buf, pbuf, aQ, xb2, 0, sc)  # noqa: F821
+        PRODUCT(w[3], buf, pbuf, aQ, xb2, sc, ctr, nth)  # noqa: F821
         add_block(x, xb2, post_norm[l, 0], eps)
         # -- feed-forward: norm, gate and up with the GLU (one parallel region), down, (post-norm), add
         rmsnorm1(x, ffn_norm[l], eps, xa)
         quantize_needed(need[l, 2], aE)
-        for c in prange(nchunks(w[4])):  # gate and up have the same rows, so the same chunks
-            ROWS(w[4], c, buf, pbuf, aE, hg, 0, sc)  # noqa: F821
-            ROWS(w[5], c, buf, pbuf, aE, hu, 0, sc)  # noqa: F821
-            r0 = np.int64(c) * w[4, 4]
-            r1 = min(r0 + w[4, 4], w[4, 2])
-            glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
+        ctr[CTR] = 0
+        for _ in prange(nth):
+            c = fetch_add(ctr, CTR, 1)
+            while c < nchunks(w[4]):  # gate and up have the same rows, so the same chunks
+                ROWS(w[4], c, buf, pbuf, aE, hg, 0, sc)  # noqa: F821
+                ROWS(w[5], c, buf, pbuf, aE, hu, 0, sc)  # noqa: F821
+                r0 = c * w[4, 4]
+                r1 = min(r0 + w[4, 4], w[4, 2])
+                glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
+                c = fetch_add(ctr, CTR, 1)
         quantize_needed(need[l, 3], aF)
-        for c in prange(nchunks(w[6])):
-            ROWS(w[6], c, buf, pbuf, aF, xb2, 0, sc)  # noqa: F821
+        PRODUCT(w[6], buf, pbuf, aF, xb2, sc, ctr, nth)  # noqa: F821
         add_block(x, xb2, post_norm[l, 1], eps)
     if want:
         rmsnorm1(x, out_norm, eps, xa)
         quantize_needed(need[n_layer, 0], aE)
-        for c in prange(nchunks(ot)):
-            ROWS(ot, c, buf, pbuf, aE, logits, 0, sc)  # noqa: F821
+        PRODUCT(ot, buf, pbuf, aE, logits, sc, ctr, nth)  # noqa: F821
 
 
 # -- building it for a model ------------------------------------------------------------------------
@@ -353,7 +377,9 @@ def step_kernel(slots: tuple, variant: str, kv_f16: bool):
     rows_fn = build(rows_body, tag, False, SLOT=build(slot_body, f"{tag}_rows", False, **rows))
     deq_fn = build(slot_body, f"{tag}_deq", False, **deqs)
     ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
-    return build(step_body, tag, True, ROWS=rows_fn, DEQROW=deq_fn, ST_KV=st, ATTEND=attend_kernel(kv_f16))
+    product = build(product_body, tag, True, ROWS=rows_fn)
+    return build(step_body, tag, True, ROWS=rows_fn, PRODUCT=product, DEQROW=deq_fn, ST_KV=st,
+                 ATTEND=attend_kernel(kv_f16))
 
 
 class DecodeStep:
@@ -427,6 +453,7 @@ class DecodeStep:
         self.hg = np.zeros(c.n_ff, np.float32)
         self.hu = np.zeros(c.n_ff, np.float32)
         self.sc = np.zeros(16, np.int32)
+        self.ctr = np.zeros(2 * CTR, np.int64)
         a = c.arch
         self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, a.rope_neox, GLU_KINDS.index(a.glu),
                               a.qk_norm, a.post_norms], np.int64)
@@ -474,8 +501,8 @@ class DecodeStep:
             self.make_x8()
         self.fn(tok, pos, want, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
                 self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
-                self.hg, self.hu, scores, logits, self.sc, self.dims, self.eps, self.scale, lay, self.bias,
-                self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale)
+                self.hg, self.hu, scores, logits, self.sc, self.ctr, get_threads(), self.dims, self.eps, self.scale,
+                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale)
 
 
 def layer_biases(model: Llama) -> np.ndarray:
