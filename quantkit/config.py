@@ -40,7 +40,7 @@ SWITCHES = (
            "software prefetch distance in bytes in the row dots; 0 turns it off"),
     Switch("QUANTKIT_GEMM", "1", "call",
            "0: batches of quantized weights run on dequantize + BLAS instead of the integer GEMM (AVX512-VNNI)"),
-    Switch("QUANTKIT_X8_PREFETCH", "4096", "import",
+    Switch("QUANTKIT_X8_PREFETCH", "0", "import",
            "software prefetch distance in bytes in the 8-row interleaved (x8) decode dots; 0 turns it off"),
     Switch("QUANTKIT_X8", "1", "call",
            "0: the compiled decode step reads every matrix in the file's layout (no 8-row interleaved copy)"),

@@ -66,7 +66,10 @@ PAIRS_512 = config.pairs_512()
 #: prefetchers alone left the loads exposed (SmolLM2 Q4_1, 1 thread: 20.5 -> 14.5 CPU-ms per token
 #: with 2048; 1024 and 4096 were slower, and so were prefetcht1 and prefetchnta).
 PREFETCH = config.prefetch_distance()
-#: the same for the 8-row interleaved (x8) loops, whose one stream carries 8 rows (``QUANTKIT_X8_PREFETCH``)
+#: the same for the 8-row interleaved (x8) loops, whose one stream carries 8 rows (``QUANTKIT_X8_PREFETCH``).
+#: Off by default: their reads ascend through one stream, which the hardware prefetchers follow, and
+#: on Zen 4 a GEMV from DRAM ran at 0.91-1.06 of a plain streaming read without it against 0.63-0.91
+#: with 4096 (Q4_K, Q8_0, IQ4_XS, Q6_K; docs/performance.md)
 X8_PREFETCH = config.x8_prefetch_distance()
 
 
@@ -84,7 +87,7 @@ def _digest() -> str:
 
 
 IR_DIGEST = _digest() + ("_512" if PAIRS_512 else "") + (f"_pf{PREFETCH}" if PREFETCH != 2048 else "") + (
-    f"_xpf{X8_PREFETCH}" if X8_PREFETCH != 4096 else "") + ("" if config.k512() else "_k256")
+    f"_xpf{X8_PREFETCH}" if X8_PREFETCH else "") + ("" if config.k512() else "_k256")
 
 
 def default_variant() -> str:
