@@ -1,7 +1,7 @@
 """Prompt (pp) and generation (tg) speed: ``quantkit bench`` beside llama.cpp, with a bandwidth yardstick.
 
     python benchmarks/bench_vs_llama.py [-m FILE ...] [-t 2] [-p 512] [-n 128] [-r 5]
-        [--llama-bench PATH] [--llama-python PATH] [--no-llama] [--bw-mib 512]
+        [--llama-bench PATH] [--llama-python PATH] [--no-llama] [--bw-mib 512] [--rounds 1]
 
 For each model (the bundled SmolLM2-135M-Instruct Q4_1, plus every -m), at one thread count:
 
@@ -14,6 +14,10 @@ For each model (the bundled SmolLM2-135M-Instruct Q4_1, plus every -m), at one t
   runs follow quantkit's run of the same model, so the two are measured close together in time. Without the binary, llama-cpp-python's ``Llama`` in a subprocess
   of /opt/llamaref/venv (--llama-python) times the same pp/tg loops through the low-level API (random
   tokens, no sampling, KV cleared per repetition; rerun with ``use_extra_bufts = false`` if it crashes). Without either, llama.cpp is skipped with a note.
+* --rounds N repeats each model's pair of runs (quantkit, then llama.cpp) N times and ends with the
+  median and range of the per-round ratios: on a host whose memory throughput drifts within minutes
+  (docs/performance.md), a ratio of two runs made seconds apart is what compares the tools, and one round
+  is an anecdote.
 * memory bandwidth, measured in the same run: a numba ``prange`` sum over a --bw-mib array (256 MiB at
   least), best of 5, on 1 thread and on the benchmark's thread count. A decode step reads every weight
   once, so tg t/s <= bandwidth / weight bytes per token; the table prints the fraction of that limit
@@ -232,8 +236,12 @@ def main() -> int:
     ap.add_argument("--llama-modes", default="default,repack0",
                     help="llama-bench configurations to run, the faster reported: default and/or repack0")
     ap.add_argument("--no-bundled", action="store_true", help="only the -m files, not the bundled SmolLM2")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="pairs of runs per model, interleaved; the summary gives the ratios' median and range")
     ap.add_argument("-v", "--verbose", action="store_true")
     a = ap.parse_args()
+    if a.rounds < 1:
+        ap.error("--rounds must be at least 1")
 
     from quantkit.formats.locate import bundled_model
     from quantkit.pipelines.bench import RSS_OVERHEAD_MIB, default_threads
@@ -262,7 +270,8 @@ def main() -> int:
             f"tg x bytes/token / bandwidth |")
     rows = [head, "|" + " --- |" * 8]
     notes = []
-    for m in models:
+    per_round = {}  # (model, metric) -> [ratio of each round]
+    for m in [m for m in models for _ in range(a.rounds)]:
         wb = weight_bytes_per_token(m)
         qk = run_quantkit([m], a)  # each model right before llama.cpp's run of it: side by side
         ours = {"pp": qk.get((m, "pp"), {}).get("ts"), "tg": qk.get((m, "tg"), {}).get("ts")}
@@ -284,6 +293,9 @@ def main() -> int:
 
         rows.append(f"| {name} | {a.threads} | quantkit | {f(ours['pp'])} | {f(ours['tg'])} | {ratio('pp')} | "
                     f"{ratio('tg')} | {frac(ours['tg'])} |")
+        for k in ("pp", "tg"):
+            if ours.get(k) and ref.get(k):
+                per_round.setdefault((name, k), []).append(ours[k] / ref[k])
         if ref:
             rows.append(f"| {name} | {a.threads} | {note} | {f(ref.get('pp'))} | {f(ref.get('tg'))} | 1.00 | 1.00 | "
                         f"{frac(ref.get('tg'))} |")
@@ -295,6 +307,12 @@ def main() -> int:
                      f"{q.get('rss_bound_mib', 0):.0f} MiB (file + KV cache + {RSS_OVERHEAD_MIB} MiB)")
     print(f"\nload average at the end {os.getloadavg()[0]:.2f}\n")
     print("\n".join(rows + [""] + notes))
+    if a.rounds > 1 and per_round:
+        print(f"\n| model | metric | rounds | median ratio | range |\n| --- | --- | ---: | ---: | --- |")
+        for (name, k), v in per_round.items():
+            v = sorted(v)
+            med = v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2
+            print(f"| {name} | {pp if k == 'pp' else tg} | {len(v)} | {med:.2f} | {v[0]:.2f}-{v[-1]:.2f} |")
     return 0
 
 
