@@ -370,6 +370,10 @@ def x8_places(name):
         at += X8_ROWS * size
     assert sorted(order) == list(range((q1 - q0) // 8)) and at + X8_ROWS * (q1 - q0) == X8_ROWS * ts
     return offs, at, order
+#: blocks per loop iteration (and float accumulators) where not the default of 4 (32-element blocks) or
+#: 2 (super-blocks). Q6_K runs one: at two threads on Zen 4 its GEMV from DRAM streamed at 26-31 GB/s
+#: against 23-26 with two, cache-resident rates equal (docs/performance.md, "Decode on two threads")
+X8_UNROLL = {"Q6_K": 1}
 #: the x8 kernels need 512-bit VNNI (AVX512-VNNI + BW)
 HAS_X8 = HAS_VNNI512
 
@@ -377,7 +381,7 @@ HAS_X8 = HAS_VNNI512
 def _row_dot_x8(name):
     ts, qk, ns, _, _, emit = X8_SPECS[name]
     gts = X8_ROWS * ts
-    unroll = 4 if qk == 32 else 2
+    unroll = X8_UNROLL.get(name, 4 if qk == 32 else 2)
 
     def impl(typingctx, wg, xq, xd, xs):
         sig = types.UniTuple(types.float32, X8_ROWS)(wg, xq, xd, xs)
