@@ -370,6 +370,8 @@ def x8_places(name):
         at += X8_ROWS * size
     assert sorted(order) == list(range((q1 - q0) // 8)) and at + X8_ROWS * (q1 - q0) == X8_ROWS * ts
     return offs, at, order
+
+
 #: blocks per loop iteration (and float accumulators) where not the default of 4 (32-element blocks) or
 #: 2 (super-blocks). Q6_K runs one: at two threads on Zen 4 its GEMV from DRAM streamed at 26-31 GB/s
 #: against 23-26 with two, cache-resident rates equal (docs/performance.md, "Decode on two threads")
