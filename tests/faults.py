@@ -16,6 +16,13 @@ import time
 from pathlib import Path
 
 
+def default_sigint() -> None:
+    """For a child's ``preexec_fn``: a suite started in the background by a shell inherits SIGINT ignored
+    (POSIX, for asynchronous commands without job control); give the child the default disposition so
+    Python installs its Ctrl-C handler, as in a terminal."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 class Job:
     def __init__(self, args, ctl: Path, pause: tuple[str, int] | None = None, cwd=None, rlimit_fsize=None):
         ctl.mkdir(parents=True, exist_ok=True)
@@ -27,9 +34,7 @@ class Job:
             env["QUANTKIT_PAUSE_FILE"] = str(self.marker)
 
         def preexec():
-            # a job started in the background by a shell inherits SIGINT ignored; give the child the
-            # default disposition so Python installs its Ctrl-C handler, as in a terminal
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            default_sigint()
             if rlimit_fsize is not None:
                 import resource
 

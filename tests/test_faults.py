@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from conftest import sha256
-from faults import Job, listing, one_line_error, prompt
+from faults import Job, default_sigint, listing, one_line_error, prompt
 
 GOLDEN = json.loads((Path(__file__).parent / "data" / "quantize" / "golden.json").read_text())["cases"]
 Q4_0 = GOLDEN["q4_0"]
@@ -282,7 +282,7 @@ def test_signal_taken_inside_a_callback_from_c_still_stops(which, tmp_path):
     script = tmp_path / "fault.py"
     script.write_text(_CALLBACK_COMMAND, encoding="utf-8")
     res = subprocess.run([sys.executable, str(script), "fault", which], capture_output=True, text=True,
-                         timeout=120)
+                         timeout=120, preexec_fn=default_sigint)
     assert res.returncode == 130, (res.returncode, res.stdout, res.stderr)
     assert "not stopped" not in res.stdout
     assert ("callback finished" in res.stdout) == (which == "known"), res.stdout
