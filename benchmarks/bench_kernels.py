@@ -3,7 +3,9 @@
 GEMV (1 token): GB/s of weight bytes read per second, per type, at 1 and 2 threads, on a matrix of
 about --mib MiB of weights (compile time reported apart). Memory bandwidth: a prange sum over a
 --bw-mib MiB array; the GEMV figures are also given as a fraction of it. Prefill: GFLOP/s of
-matmul for --prefill-tokens tokens on a 2048 x 2048 matrix.
+matmul for --prefill-tokens tokens on a 2048 x 2048 matrix; with 512-bit VNNI, the integer GEMM's
+rate is also given as a fraction of the ``vpdpbusd zmm`` peak measured in the same run (``vnni_peak``:
+independent chains on registers, no loads), its compute yardstick.
 
 ``--shape llama-3.2-1b`` (any name of make_model.py's SHAPES) instead times the decode step's GEMVs on
 that model's matrices: a ring of copies of one layer's seven matrices (q, k, v, o, gate, up, down; at
@@ -21,6 +23,7 @@ at load), its passes interleaved with the plain layout's in each repetition (A/B
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import time
 
@@ -34,6 +37,8 @@ from gguf import GGMLQuantizationType as T  # noqa: E402
 
 from quantkit import kernels as K  # noqa: E402
 from quantkit.formats.ggml_types import type_info  # noqa: E402
+from quantkit.kernels.ir import HAS_VNNI512  # noqa: E402
+from quantkit.kernels.mul_mat import integer_gemm  # noqa: E402
 from quantkit.jit import njit_fast_parallel, prange, set_threads  # noqa: E402
 
 def random_weights(t, n_out, n_in, rng):
@@ -136,6 +141,70 @@ def bandwidth(mib, threads):
     a = np.ones(mib * 2**20 // 4, np.float32)
     _psum(a)
     return a.nbytes / best_of(lambda: _psum(a), 5) / 1e9
+
+
+#: independent vpdpbusd chains in the peak loop (more than latency x throughput on Zen 4 / Zen 5)
+_PEAK_CHAINS = 12
+
+
+def _vnni_loop_intrinsic():
+    """``loop(n, seed) -> int64``: n iterations of _PEAK_CHAINS independent ``vpdpbusd zmm`` on registers
+    (no loads): the machine's integer-dot ceiling, which the prefill GEMM (kernels/gemm.py) is bound by."""
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    from quantkit.kernels.ir import I32, I64, _decl
+
+    v16 = ir.VectorType(I32, 16)
+
+    @intrinsic
+    def loop(typingctx, n, seed):
+        def codegen(context, b, signature, args):
+            dp = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", v16, [v16] * 3)
+            s = b.insert_element(ir.Constant(v16, None), b.trunc(args[1], I32), ir.Constant(I32, 0))
+            s = b.shuffle_vector(s, s, ir.Constant(v16, [0] * 16))
+            u, x = b.add(s, ir.Constant(v16, list(range(16)))), b.add(s, ir.Constant(v16, [3 * i + 1 for i in range(16)]))
+            accs = [cgutils.alloca_once_value(b, b.add(s, ir.Constant(v16, [k] * 16))) for k in range(_PEAK_CHAINS)]
+            with cgutils.for_range(b, args[0]):
+                for a in accs:
+                    b.store(b.call(dp, [b.load(a), u, x]), a)
+            tot = b.load(accs[0])
+            for a in accs[1:]:
+                tot = b.add(tot, b.load(a))
+            return b.sext(b.extract_element(tot, ir.Constant(I32, 0)), I64)
+
+        return types.int64(types.int64, types.int64), codegen
+
+    return loop
+
+
+@functools.lru_cache(maxsize=None)
+def _vnni_runner():
+    """``run(n, threads)``: ``threads`` prange iterations, each one register-only loop of n steps."""
+    loop = _vnni_loop_intrinsic()
+
+    @njit_fast_parallel
+    def run(n, th):
+        s = 0
+        for t in prange(th):
+            s += loop(n, t + 1)
+        return s
+
+    return run
+
+
+def vnni_peak(threads, n=20_000_000):
+    """GOP/s (2 x int8 multiply-adds) of ``vpdpbusd zmm`` on ``threads`` threads, each running the
+    register-only loop: the compute yardstick of the integer GEMM, as ``bandwidth`` is the GEMV's.
+    None without 512-bit VNNI."""
+    if not HAS_VNNI512:
+        return None
+    run = _vnni_runner()
+    set_threads(threads)
+    run(1000, threads)
+    return n * _PEAK_CHAINS * threads * 128 / best_of(lambda: run(n, threads), 5) / 1e9
 
 
 def wall_and_cpu(fn, reps):
@@ -318,9 +387,13 @@ def main():
         return
     print()
     m = args.prefill_tokens
-    print(f"prefill: {m} tokens x 2048 x 2048, GFLOP/s")
-    print("| type | 1 thr | 2 thr |")
-    print("| --- | ---: | ---: |")
+    peak = {n: vnni_peak(n) for n in (1, 2)}
+    print(f"prefill: {m} tokens x 2048 x 2048, GFLOP/s (integer GEMM: GOP/s)")
+    if peak[1]:
+        print(f"vpdpbusd zmm peak (register-only loop, {_PEAK_CHAINS} chains per thread): "
+              f"1 thread {peak[1]:.0f} GOP/s, 2 threads {peak[2]:.0f} GOP/s")
+    print("| type | 1 thr | 2 thr | of the vpdpbusd peak, 1 / 2 thr |")
+    print("| --- | ---: | ---: | ---: |")
     for t in types:
         w = random_weights(t, 2048, 2048, rng)
         x = rng.standard_normal((m, 2048), dtype=np.float32)
@@ -330,7 +403,8 @@ def main():
         for n in (1, 2):
             set_threads(n)
             res[n] = 2.0 * m * 2048 * 2048 / best_of(lambda: K.matmul(w, t, x, out=out), 3) / 1e9
-        print(f"| {t.name} | {res[1]:.1f} | {res[2]:.1f} |", flush=True)
+        frac = f"{res[1] / peak[1]:.0%} / {res[2] / peak[2]:.0%}" if peak[1] and integer_gemm(t) else "-"
+        print(f"| {t.name} | {res[1]:.1f} | {res[2]:.1f} | {frac} |", flush=True)
 
 
 if __name__ == "__main__":
