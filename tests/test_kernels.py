@@ -120,6 +120,17 @@ def test_variants_agree(t, variant):
     assert rel_err(out, ref) < tol, (variant, rel_err(out, ref))
 
 
+def q8_1_min_term_shift(w, t, kind, qs, d, s):
+    """(n_tok, n_out) float64: what ggml's Q4_1 / Q5_1 dot adds over the exact dequantized product, its
+    min term taking Q8_1's stored fp16 s in place of d * sum(qs); zeros for other activation kinds."""
+    if kind != "Q8_1":
+        return np.zeros((qs.shape[0], w.shape[0]))
+    bs = 20 if t == T.Q4_1 else 24
+    m = w.reshape(w.shape[0], -1, bs)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)
+    exact = d.astype(np.float64) * qs.reshape(qs.shape[0], -1, 32).astype(np.float64).sum(-1)
+    return (s.astype(np.float64) - exact) @ m.T
+
+
 @pytest.mark.parametrize("variant", [v for v in VARIANTS if v != "plain"])
 @pytest.mark.parametrize("t", [t for t in ALL if K.activation_kind(t, "generic") not in FLOAT_KINDS], ids=lambda t: t.name)
 def test_integer_dot_exact(t, variant):
@@ -132,12 +143,7 @@ def test_integer_dot_exact(t, variant):
     qs, d, s = K.quantize_activations(x, kind)
     per = 256 if kind == "Q8_K" else 32
     xdeq = (qs.astype(np.float64).reshape(1, -1, per) * d.astype(np.float64)[:, :, None]).reshape(1, -1)
-    ref = xdeq @ ref_dequantize(w, t).astype(np.float64).T
-    if kind == "Q8_1":  # ggml's min term uses the stored fp16 s in place of d * sum(qs)
-        bs = 20 if t == T.Q4_1 else 24
-        m = w.reshape(5, -1, bs)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)
-        exact = d.astype(np.float64) * qs.reshape(1, -1, 32).astype(np.float64).sum(-1)
-        ref = ref + (m * (s.astype(np.float64) - exact)).sum(-1)[None, :]
+    ref = xdeq @ ref_dequantize(w, t).astype(np.float64).T + q8_1_min_term_shift(w, t, kind, qs, d, s)
     out = np.empty((1, 5), np.float32)
     K.matvec_kernel(t, variant)(w, qs, d, s, out, 16)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
@@ -428,6 +434,7 @@ needs_x8 = pytest.mark.skipif(not X8, reason="no 512-bit VNNI: no x8 kernels")
 #: the x8 layout as ir.py's comment states it: per type, the block's header fields (offset, bytes,
 #: element bytes) and its quant bytes (start, end)
 X8_HEADERS = {T.Q8_0: (((0, 2, 2),), (2, 34)), T.Q4_0: (((0, 2, 2),), (2, 18)),
+              T.Q4_1: (((0, 2, 2), (2, 2, 2)), (4, 20)),
               T.Q2_K: (((0, 16, 1), (80, 2, 2), (82, 2, 2)), (16, 80)),
               T.Q3_K: (((96, 12, 4), (108, 2, 2)), (0, 96)),
               T.Q4_K: (((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144)),
@@ -490,7 +497,7 @@ def test_x8_dot_exact(t):
     qs, d, s = K.quantize_activations(x, kind)
     per = 256 if kind == "Q8_K" else 32
     xdeq = (qs.astype(np.float64).reshape(2, -1, per) * d.astype(np.float64)[:, :, None]).reshape(2, -1)
-    ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T
+    ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T + q8_1_min_term_shift(w, t, kind, qs, d, s)
     got = np.empty((2, n_out), np.float32)
     K.matvec_x8_kernel(t)(K.pack_x8(w, t), qs, d, s, got, 16)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())

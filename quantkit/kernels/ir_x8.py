@@ -138,6 +138,21 @@ def _x8_legacy(q_off, offset, nibbles):
     return emit
 
 
+def _x8_q4_1(k):
+    """Q4_1 (d at 0, m at 16, the two nibble slices from 32): d * d_x * dot(nibbles, x) + m * s_x, with
+    Q8_1's float s_x = fp16(d_x * sum(x)) as ggml's vec_dot takes it. The min term enters the sum as
+    (1, m * s_x): the emitters' (integer, scale) pairs."""
+    b = k.b
+    acc = ir.Constant(V16I32, None)
+    for j in range(2):
+        v = _ld(b, k.gb, 32 + 64 * j, V64I8)
+        acc = _x8_dot(b, k.dpb, acc, b.and_(v, _splat(I8, 64, 15)), k.xb, 8 * j)
+        acc = _x8_dot(b, k.dpb, acc, b.lshr(v, _splat(I8, 64, 4)), k.xb, 16 + 8 * j)
+    sx = b.load(b.bitcast(k.sb, F32T.as_pointer()))
+    return [(_pairs16(b, acc), b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM)),
+            (ir.Constant(V8I32, [1] * 8), b.fmul(_x8_f16(b, k.gb, 16), _bcast(b, sx, V8F32), flags=_FM))]
+
+
 def _x8_q4k_like(qs_off, qh_off=None):
     """Q4_K (and Q5_K, whose fifth bits ``qh`` sit before the nibbles): header d (0), dmin (16), the
     12 scale bytes as three u32 elements (32, 64, 96); nibbles from ``qs_off``: pair p of sub-blocks
@@ -334,6 +349,7 @@ def _x8_iq4_xs(k):
 X8_SPECS = {
     "Q8_0": (34, 32, 1, ((0, 2, 2),), (2, 34), _x8_legacy(16, 128, False)),
     "Q4_0": (18, 32, 1, ((0, 2, 2),), (2, 18), _x8_legacy(16, 8, True)),
+    "Q4_1": (20, 32, 1, ((0, 2, 2), (2, 2, 2)), (4, 20), _x8_q4_1),
     "Q2_K": (84, 256, 16, ((0, 16, 1), (80, 2, 2), (82, 2, 2)), (16, 80), _x8_q2_k),
     "Q3_K": (110, 256, 16, ((96, 12, 4), (108, 2, 2)), (0, 96), _x8_q3_k),
     "Q4_K": (144, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144), _x8_q4k_like(128)),

@@ -397,7 +397,19 @@ class DecodeStep:
         # which is looked up by row from the map)
         xt = set(x8_types()) if use_x8(variant) else set()
         packed = [w.type in xt and w.data.shape[0] % X8_ROWS == 0 for w in weights[:-1]] + [False]
-        slots = tuple(sorted({(w.type, p) for w, p in zip(weights, packed)}, key=lambda k: (int(k[0]), k[1])))
+
+        def slot_set(packed):
+            return tuple(sorted({(w.type, p) for w, p in zip(weights, packed)}, key=lambda k: (int(k[0]), k[1])))
+
+        slots = slot_set(packed)
+        # over the slot count: a type that needs both layouts (e.g. the embedding's type, also a packed
+        # layer matrix's) reads the file's rows for all its matrices, fewest packed bytes first
+        twice = [t for t, p in slots if p and (t, False) in slots]
+        for t in sorted(twice, key=lambda t: sum(w.data.nbytes for w, p in zip(weights, packed) if p and w.type == t)):
+            if len(slots) <= SLOTS:
+                break
+            packed = [p and w.type != t for w, p in zip(weights, packed)]
+            slots = slot_set(packed)
         if len(slots) > SLOTS >= len(types):  # no slot left for an x8 layout: the file's rows then
             packed = [False] * len(weights)
             slots = tuple((t, False) for t in types)
