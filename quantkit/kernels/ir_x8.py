@@ -117,17 +117,25 @@ def _twice(p):
 # Each emitter: (k: _X8) -> [(<8 x i32> per-row integer, <8 x float> per-row scale)], summed as
 # acc += float(integer) * scale.
 
+def _x8_nibbles_dot(k, q_off):
+    """The <16 x i32> vpdpbusd sums of a 32-block's two nibble slices at ``q_off`` (Q4_0, Q4_1): low
+    nibbles are elements 8j.., high ones 16 + 8j.. of slice j."""
+    b = k.b
+    acc = ir.Constant(V16I32, None)
+    for j in range(2):
+        v = _ld(b, k.gb, q_off + 64 * j, V64I8)
+        acc = _x8_dot(b, k.dpb, acc, b.and_(v, _splat(I8, 64, 15)), k.xb, 8 * j)
+        acc = _x8_dot(b, k.dpb, acc, b.lshr(v, _splat(I8, 64, 4)), k.xb, 16 + 8 * j)
+    return acc
+
+
 def _x8_legacy(q_off, offset, nibbles):
     def emit(k):
         b = k.b
-        zero = ir.Constant(V16I32, None)
-        acc = zero
-        if nibbles:  # Q4_0: 2 slices; low nibbles elements 8j.., high 16+8j..
-            for j in range(2):
-                v = _ld(b, k.gb, q_off + 64 * j, V64I8)
-                acc = _x8_dot(b, k.dpb, acc, b.and_(v, _splat(I8, 64, 15)), k.xb, 8 * j)
-                acc = _x8_dot(b, k.dpb, acc, b.lshr(v, _splat(I8, 64, 4)), k.xb, 16 + 8 * j)
+        if nibbles:  # Q4_0
+            acc = _x8_nibbles_dot(k, q_off)
         else:  # Q8_0: 4 slices of int8, made unsigned by + 128
+            acc = ir.Constant(V16I32, None)
             for j in range(4):
                 u = b.xor(_ld(b, k.gb, q_off + 64 * j, V64I8), _splat(I8, 64, 0x80))
                 acc = _x8_dot(b, k.dpb, acc, u, k.xb, 8 * j)
@@ -143,11 +151,7 @@ def _x8_q4_1(k):
     Q8_1's float s_x = fp16(d_x * sum(x)) as ggml's vec_dot takes it. The min term enters the sum as
     (1, m * s_x): the emitters' (integer, scale) pairs."""
     b = k.b
-    acc = ir.Constant(V16I32, None)
-    for j in range(2):
-        v = _ld(b, k.gb, 32 + 64 * j, V64I8)
-        acc = _x8_dot(b, k.dpb, acc, b.and_(v, _splat(I8, 64, 15)), k.xb, 8 * j)
-        acc = _x8_dot(b, k.dpb, acc, b.lshr(v, _splat(I8, 64, 4)), k.xb, 16 + 8 * j)
+    acc = _x8_nibbles_dot(k, 32)
     sx = b.load(b.bitcast(k.sb, F32T.as_pointer()))
     return [(_pairs16(b, acc), b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM)),
             (ir.Constant(V8I32, [1] * 8), b.fmul(_x8_f16(b, k.gb, 16), _bcast(b, sx, V8F32), flags=_FM))]

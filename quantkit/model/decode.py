@@ -403,16 +403,14 @@ class DecodeStep:
 
         slots = slot_set(packed)
         # over the slot count: a type that needs both layouts (e.g. the embedding's type, also a packed
-        # layer matrix's) reads the file's rows for all its matrices, fewest packed bytes first
+        # layer matrix's) reads the file's rows for all its matrices, fewest packed bytes first; with
+        # every such type done there is one slot per type
         twice = [t for t, p in slots if p and (t, False) in slots]
         for t in sorted(twice, key=lambda t: sum(w.data.nbytes for w, p in zip(weights, packed) if p and w.type == t)):
             if len(slots) <= SLOTS:
                 break
             packed = [p and w.type != t for w, p in zip(weights, packed)]
             slots = slot_set(packed)
-        if len(slots) > SLOTS >= len(types):  # no slot left for an x8 layout: the file's rows then
-            packed = [False] * len(weights)
-            slots = tuple((t, False) for t in types)
         if len(slots) > SLOTS:
             raise ModelError(f"{len(types)} distinct matrix types; the compiled step handles {SLOTS}")
         self.types, self.slots = types, slots
