@@ -51,10 +51,10 @@ bench: setup
 	$(BIN)/python benchmarks/bench_quantize_model.py
 
 # Regenerate golden files from the real ggml: runs in a separate venv with llama-cpp-python, never in
-# .venv (see tests/data/README.md for how to create it). Override: make golden LLAMAREF_PY=/path/python
-LLAMAREF_PY ?= /opt/llamaref/venv/bin/python
+# .venv; QUANTKIT_LLAMA_PY is that venv's python (docs/DEVELOPING.md, "Environment").
 golden:
-	$(LLAMAREF_PY) tools/make_golden.py
+	@test -n "$(QUANTKIT_LLAMA_PY)" || { echo "make golden: set QUANTKIT_LLAMA_PY to the python of a venv with llama-cpp-python (docs/DEVELOPING.md, Environment)" >&2; exit 2; }
+	$(QUANTKIT_LLAMA_PY) tools/make_golden.py
 
 clean:
 	rm -rf $(NUMBA_CACHE_DIR) .pytest_cache $(OUT)

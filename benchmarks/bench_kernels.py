@@ -81,10 +81,17 @@ def _psum(a):
 
 def ggml_vec_dot_rate(t, nbytes, rng, reps, lib=None):
     """GB/s (CPU time, one thread) of ggml's own vec_dot for type t over ~nbytes of weights, through
-    the libggml-cpu.so in directory ``lib`` (llama.cpp's build/bin) or else llama-cpp-python's bundled
-    one (a yardstick; None when neither is there)."""
+    the libggml-cpu.so in directory ``lib`` (llama.cpp's build/bin), else in the reference build's
+    ($QUANTKIT_LLAMA_CPP/build/bin), else llama-cpp-python's bundled one (a yardstick; None when none is
+    there)."""
     import ctypes
+    import sys
 
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+    import llamaref
+
+    if not lib:
+        lib = os.path.dirname(llamaref.find("libggml-cpu.so") or "")
     if not lib:
         try:
             import llama_cpp
@@ -328,9 +335,10 @@ def main():
     ap.add_argument("--x8", action="store_true", help="--shape: also time the 8-row interleaved layout "
                     "(kernels.pack_x8) of the types that have it, A/B with the rows in file order")
     ap.add_argument("--ggml", action="store_true",
-                    help="also time ggml's own vec_dot per core (needs llama-cpp-python, or --ggml-lib)")
+                    help="also time ggml's own vec_dot per core (needs --ggml-lib, $QUANTKIT_LLAMA_CPP's build "
+                    "or llama-cpp-python)")
     ap.add_argument("--ggml-lib", default="", help="directory holding libggml-base.so and libggml-cpu.so "
-                    "(e.g. llama.cpp's build/bin) for --ggml")
+                    "(default: $QUANTKIT_LLAMA_CPP/build/bin) for --ggml")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     types = [T[n.strip().upper()] for n in args.types.split(",") if n.strip()]

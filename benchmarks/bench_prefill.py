@@ -12,7 +12,7 @@ quantkit / the faster llama.cpp configuration (which one is named), and the load
 With ``--cpu-diff R2`` each tool also runs with ``-r R2``: (CPU(R2) - CPU(R)) / (R2 - R) is the CPU
 time of one pp repetition without start-up, loading and warmup -- the figure that other jobs on the
 machine disturb least (at ``-t 1`` it is the work one pass takes).
-llama-bench is found as in bench_vs_llama.py (--llama-bench, $LLAMA_BENCH, PATH).
+llama-bench is found as in bench_vs_llama.py (--llama-bench, $QUANTKIT_LLAMA_CPP/build/bin, PATH).
 
 quantkit runs with its defaults (the integer GEMM on AVX512-VNNI CPUs; ``--ab-blas`` adds its
 dequantize + BLAS prefill, ``QUANTKIT_GEMM=0``; ``--ab-src DIR`` adds the quantkit package in DIR, another
@@ -42,8 +42,8 @@ import sys
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_vs_llama import find_llama_bench  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import llamaref  # noqa: E402  (where the reference llama.cpp is)
 
 
 def _env_cmd(cmd: list[str]) -> tuple[dict, list[str]]:
@@ -217,7 +217,7 @@ def main(argv=None) -> int:
     ap.add_argument("-p", "--n-prompt", type=int, default=512, help="prompt tokens (default 512)")
     ap.add_argument("-r", "--reps", type=int, default=3, help="repetitions per tool run (default 3)")
     ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds (default 2)")
-    ap.add_argument("--llama-bench", help="llama-bench binary (default: $LLAMA_BENCH, PATH)")
+    ap.add_argument("--llama-bench", help="llama-bench binary (default: $QUANTKIT_LLAMA_CPP/build/bin's, PATH)")
     ap.add_argument("--ppl-text", help="also time perplexity on this text file (-c 512)")
     ap.add_argument("--ppl-chunks", type=int, default=4, help="perplexity chunks (default 4)")
     ap.add_argument("--no-pp", action="store_true", help="skip the pp runs (perplexity only)")
@@ -234,7 +234,7 @@ def main(argv=None) -> int:
     a = ap.parse_args(argv)
     if a.profile:
         return profile(a)
-    exe = find_llama_bench(a.llama_bench)
+    exe = llamaref.find("llama-bench", a.llama_bench)
     common = ["-p", str(a.n_prompt), "-n", "0", "-t", str(a.threads), "-r", str(a.reps), "-o", "json"]
     qk = [sys.executable, "-m", "quantkit", "bench"]
     tools = {"quantkit": qk}
@@ -248,7 +248,7 @@ def main(argv=None) -> int:
         tools["llama.cpp"] = [exe]
         tools["llama.cpp -nr"] = [exe, "--repack", "0"]
     else:
-        print("llama-bench not found: quantkit only", file=sys.stderr)
+        print(f"{llamaref.missing('llama-bench', a.llama_bench)}: quantkit only", file=sys.stderr)
     if a.ppl_text:
         ppl_table(a, exe)
     if a.no_pp:

@@ -8,11 +8,11 @@ at 1 and 2 threads, per type and path (``ref``: no imatrix, ``imatrix``: with we
   kernel from NUMBA_CACHE_DIR when it is there (``--cold`` uses an empty cache dir, so it is compile).
   One kernel serves both paths and every thread count, so it is paid once per type.
 * steady state -- best of ``--repeat`` runs on the whole matrix, as elements per second.
-* ggml -- loaded with ctypes from llama-cpp-python's ``libggml-base.so`` (``--lib``, else the
-  /opt/llamaref venv); skipped with a note when it cannot be found. Q8_K, which ggml_quantize_chunk
-  does not handle, uses ``quantize_row_q8_K_ref``. ``==ggml`` says whether the bytes were identical.
-  At 2 threads ggml is called from two Python threads on the two halves of the rows (ctypes releases
-  the GIL), as llama-quantize splits a tensor's rows over its threads.
+* ggml -- loaded with ctypes from the reference build's ``libggml-base.so`` (``--lib``, else
+  $QUANTKIT_LLAMA_CPP/build/bin's: tools/llamaref.py); skipped with a note when it cannot be found.
+  Q8_K, which ggml_quantize_chunk does not handle, uses ``quantize_row_q8_K_ref``. ``==ggml`` says
+  whether the bytes were identical. At 2 threads ggml is called from two Python threads on the two
+  halves of the rows (ctypes releases the GIL), as llama-quantize splits a tensor's rows over its threads.
 * ``qk2/ggml1``, ``qk2/ggml2`` -- quantkit-2-threads throughput divided by ggml's at 1 and 2 threads.
 * ``--dist student_t`` -- heavy-tailed weights (Student-t, 4 degrees of freedom) instead of normal ones.
 * types that ggml quantizes only with an importance matrix (IQ2_XXS, IQ2_XS, IQ1_S) show only that path.
@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import ctypes
-import glob
 import os
 import shutil
 import sys
@@ -33,10 +32,12 @@ from pathlib import Path
 
 import numpy as np
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import llamaref  # noqa: E402  (where the reference llama.cpp is)
+
 TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0",
          "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "Q8_K", "IQ4_NL", "IQ4_XS",
          "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ1_S", "IQ1_M", "TQ1_0", "TQ2_0", "MXFP4", "Q1_0", "IQ3_XXS", "IQ3_S"]
-GGML_LIB_GLOB = "/opt/llamaref/venv/lib/python3*/site-packages/llama_cpp/lib/libggml-base.so"
 
 
 class Ggml:
@@ -76,15 +77,14 @@ class Ggml:
 
 
 def find_ggml(arg: str | None) -> tuple[Ggml | None, str]:
-    cands = [arg] if arg else sorted(glob.glob(GGML_LIB_GLOB))
-    if not cands or not cands[0] or not Path(cands[0]).exists():
-        where = arg or GGML_LIB_GLOB
-        return None, f"ggml not benchmarked: no libggml-base.so at {where} (pass --lib PATH)"
+    lib = llamaref.find("libggml-base.so", arg)
+    if lib is None:
+        return None, f"ggml not benchmarked: {llamaref.missing('libggml-base.so', arg)} (or pass --lib PATH)"
     try:
-        g = Ggml(cands[0])
+        g = Ggml(lib)
     except (OSError, AttributeError) as e:
-        return None, f"ggml not benchmarked: cannot load {cands[0]}: {e}"
-    return g, f"ggml {g.version} from {cands[0]}"
+        return None, f"ggml not benchmarked: cannot load {lib}: {e}"
+    return g, f"ggml {g.version} from {lib}"
 
 
 CLOCKS = {"wall": time.perf_counter, "cpu": time.process_time}
@@ -106,7 +106,7 @@ def main(argv=None) -> int:
     ap.add_argument("--cols", type=int, default=4096, help="columns = n_per_row (default 4096, multiple of 256)")
     ap.add_argument("--types", default=",".join(TYPES), help="comma-separated type names (default: all)")
     ap.add_argument("--repeat", type=int, default=3, help="steady-state runs per measurement; best is kept")
-    ap.add_argument("--lib", help="path to libggml-base.so (default: " + GGML_LIB_GLOB + ")")
+    ap.add_argument("--lib", help="path to libggml-base.so (default: $QUANTKIT_LLAMA_CPP/build/bin's)")
     ap.add_argument("--no-ggml", action="store_true", help="do not benchmark ggml")
     ap.add_argument("--clock", choices=sorted(CLOCKS), default="wall",
                     help="wall: elapsed time; cpu: the process's CPU time (user+sys of every thread), which "

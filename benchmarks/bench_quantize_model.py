@@ -7,8 +7,8 @@ Without --model the F16 source is made first from the bundled SmolLM2 Q4_1 (by q
 llama-quantize's). Both tools run as subprocesses, alternately (quantkit, then llama-quantize, per repeat),
 so both pay their start-up and their peak RSS is their own; each child's user+sys CPU seconds and
 ru_maxrss come from wait4. quantkit's numba cache is warmed by one untimed run first. llama-quantize is
-found by --llama-quantize, $LLAMA_QUANTIZE, PATH or llama.cpp's build tree under /opt/llamaref (else
-skipped with a note). Outputs are compared byte for byte. On a busy machine compare the CPU columns:
+found by --llama-quantize, else in $QUANTKIT_LLAMA_CPP/build/bin, else on PATH (tools/llamaref.py;
+else skipped with a note). Outputs are compared byte for byte. On a busy machine compare the CPU columns:
 wall time there measures the neighbours as much as the tools.
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,8 @@ import tempfile
 import time
 from pathlib import Path
 
-DEFAULT_LLAMA = "/opt/llamaref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-quantize"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import llamaref  # noqa: E402  (where the reference llama.cpp is)
 
 
 def sha(p: Path) -> str:
@@ -34,13 +34,6 @@ def sha(p: Path) -> str:
         for chunk in iter(lambda: f.read(1 << 24), b""):
             h.update(chunk)
     return h.hexdigest()
-
-
-def find_llama(arg: str | None) -> str | None:
-    for cand in (arg, os.environ.get("LLAMA_QUANTIZE"), shutil.which("llama-quantize"), DEFAULT_LLAMA):
-        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return cand
-    return None
 
 
 def timed(cmd: list[str]) -> tuple[float, float, float]:
@@ -63,12 +56,13 @@ def main() -> int:
     ap.add_argument("--types", default="Q4_K_M,Q8_0", help="comma-separated llama-quantize type names")
     ap.add_argument("--threads", type=int, default=2, help="threads for both tools (default 2)")
     ap.add_argument("--repeat", type=int, default=1, help="timed runs per tool and type (default 1)")
-    ap.add_argument("--llama-quantize", default=None, help="path of llama-quantize")
+    ap.add_argument("--llama-quantize", default=None,
+                    help="path of llama-quantize (default: $QUANTKIT_LLAMA_CPP/build/bin's, else PATH)")
     ap.add_argument("--no-warm", action="store_true", help="skip the untimed quantkit run per type (numba cache already warm)")
     ap.add_argument("--keep", help="directory for the outputs (default: a temporary one)")
     a = ap.parse_args()
 
-    llama = find_llama(a.llama_quantize)
+    llama = llamaref.find("llama-quantize", a.llama_quantize)
     qk = [sys.executable, "-m", "quantkit", "quantize", "-q"]
     with tempfile.TemporaryDirectory() as tmpd:
         tmp = Path(a.keep or tmpd)
@@ -96,8 +90,9 @@ def main() -> int:
             rows.append((ft, runs, same))
             print(f"{ft}: quantkit {runs['qk']}, llama-quantize {runs['ll']}, same bytes: {same}", file=sys.stderr,
                   flush=True)
+    where = llama or f"{llamaref.missing('llama-quantize', a.llama_quantize)} (skipped)"
     print(f"\nsource {a.model or 'SmolLM2 F16'}{', imatrix ' + a.imatrix if a.imatrix else ''}; threads={a.threads}, "
-          f"repeat={a.repeat} (median shown); llama-quantize: {llama or 'not found (skipped)'}")
+          f"repeat={a.repeat} (median shown); llama-quantize: {where}")
     print("| type | quantkit wall s | quantkit CPU s | quantkit RSS MiB | llama wall s | llama CPU s | llama RSS MiB "
           "| wall ratio | CPU ratio | same bytes |")
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|:---:|")

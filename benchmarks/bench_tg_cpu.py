@@ -6,10 +6,12 @@ compiling, packing and the 1-token warm-up). Configurations: quantkit, llama-ben
 
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_tg_cpu.py MODEL 1,2 ROUNDS [LONG]
 
-``LLAMA_BENCH`` names the llama-bench binary (default: the reference build's path below).
+llama-bench is the reference build's ($QUANTKIT_LLAMA_CPP/build/bin), else the one on PATH (tools/llamaref.py).
 """
 import json, os, resource, subprocess, sys, time
-LB = os.environ.get("LLAMA_BENCH", "llama-bench")
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+import llamaref
+LB = llamaref.need("llama-bench")
 QK = os.path.abspath(".venv/bin/quantkit")
 model, thread_list, rounds = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3])
 SHORT, LONG = 8, int(sys.argv[4]) if len(sys.argv) > 4 else 64

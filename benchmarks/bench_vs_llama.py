@@ -1,19 +1,22 @@
 """Prompt (pp) and generation (tg) speed: ``quantkit bench`` beside llama.cpp, with a bandwidth yardstick.
 
     python benchmarks/bench_vs_llama.py [-m FILE ...] [-t 2] [-p 512] [-n 128] [-r 5]
-        [--llama-bench PATH] [--llama-python PATH] [--no-llama] [--bw-mib 512] [--rounds 1]
+        [--llama-bench PATH] [--llama-build native|avx2] [--llama-python PATH] [--no-llama] [--bw-mib 512]
+        [--rounds 1]
 
 For each model (the bundled SmolLM2-135M-Instruct Q4_1, plus every -m), at one thread count:
 
 * quantkit: ``quantkit.pipelines.bench.run_bench`` in this process -- the procedure of ``quantkit bench``
   (warmup, repetitions, random tokens; numba compile time is reported apart, never in t/s).
-* llama.cpp: the ``llama-bench`` binary when found (--llama-bench, $LLAMA_BENCH, PATH, or llama.cpp's
-  build tree under /opt/llamaref), run as ``llama-bench -m FILE -p P -n N -t T -r R -o json`` with its
+* llama.cpp: the ``llama-bench`` binary when found (--llama-bench, else the reference build under
+  $QUANTKIT_LLAMA_CPP -- ``build/bin``, or ``build-avx2/bin`` with ``--llama-build avx2`` --, else PATH;
+  tools/llamaref.py), run as ``llama-bench -m FILE -p P -n N -t T -r R -o json`` with its
   defaults (the repacked path) and with ``--repack 0``; for pp and for tg the faster is reported and named (a configuration
   that crashes -- some builds segfault with repacked AMX buffers -- is skipped). Each model's llama.cpp
   runs follow quantkit's run of the same model, so the two are measured close together in time. Without the binary, llama-cpp-python's ``Llama`` in a subprocess
-  of /opt/llamaref/venv (--llama-python) times the same pp/tg loops through the low-level API (random
-  tokens, no sampling, KV cleared per repetition; rerun with ``use_extra_bufts = false`` if it crashes). Without either, llama.cpp is skipped with a note.
+  of its venv's python (--llama-python, else $QUANTKIT_LLAMA_PY) times the same pp/tg loops through the
+  low-level API (random tokens, no sampling, KV cleared per repetition; rerun with ``use_extra_bufts =
+  false`` if it crashes). Without either, llama.cpp is skipped with a note.
 * --rounds N repeats each model's pair of runs (quantkit, then llama.cpp) N times and ends with the
   median and range of the per-round ratios: on a host whose memory throughput drifts within minutes
   (docs/performance.md), a ratio of two runs made seconds apart is what compares the tools, and one round
@@ -38,15 +41,14 @@ for _k in ("OPENBLAS_CORETYPE", "OPENBLAS_L2_SIZE"):
 import argparse  # noqa: E402
 import io  # noqa: E402
 import json  # noqa: E402
-import shutil  # noqa: E402
 import subprocess  # noqa: E402
 import sys  # noqa: E402
 import textwrap  # noqa: E402
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
-DEFAULT_LLAMA_BENCH = "/opt/llamaref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin/llama-bench"
-DEFAULT_LLAMA_PYTHON = "/opt/llamaref/venv/bin/python"
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tools"))
+import llamaref  # noqa: E402  (where the reference llama.cpp is)
 
 
 # -- memory bandwidth -------------------------------------------------------------------------------
@@ -110,13 +112,6 @@ def run_quantkit(models: list[str], a) -> dict[tuple[str, str], dict]:
 
 
 # -- llama.cpp ---------------------------------------------------------------------------------------
-
-def find_llama_bench(arg: str | None) -> str | None:
-    for cand in (arg, os.environ.get("LLAMA_BENCH"), shutil.which("llama-bench"), DEFAULT_LLAMA_BENCH):
-        if cand and Path(cand).is_file() and os.access(cand, os.X_OK):
-            return cand
-    return None
-
 
 def run_llama_bench(exe: str, model: str, a) -> tuple[dict[str, float], str]:
     """llama-bench with its defaults (the repacked CPU path where the CPU has it) and with ``--repack 0``
@@ -228,9 +223,13 @@ def main() -> int:
     ap.add_argument("-p", "--n-prompt", type=int, default=512)
     ap.add_argument("-n", "--n-gen", type=int, default=128)
     ap.add_argument("-r", "--reps", type=int, default=5)
-    ap.add_argument("--llama-bench", default=None, help="llama-bench binary")
-    ap.add_argument("--llama-python", default=DEFAULT_LLAMA_PYTHON,
-                    help="python with llama_cpp installed, used when no llama-bench binary is found")
+    ap.add_argument("--llama-bench", default=None,
+                    help="llama-bench binary (default: the --llama-build under $QUANTKIT_LLAMA_CPP, else PATH)")
+    ap.add_argument("--llama-build", choices=sorted(llamaref.BUILDS), default="native",
+                    help="which build of $QUANTKIT_LLAMA_CPP: native (build/bin) or avx2 (build-avx2/bin)")
+    ap.add_argument("--llama-python", default=None,
+                    help="python with llama_cpp installed, used when no llama-bench binary is found "
+                         "(default: $QUANTKIT_LLAMA_PY)")
     ap.add_argument("--no-llama", action="store_true", help="quantkit and the bandwidth only")
     ap.add_argument("--bw-mib", type=int, default=512, help="array size of the bandwidth probe (>= 256)")
     ap.add_argument("--llama-modes", default="default,repack0",
@@ -258,12 +257,14 @@ def main() -> int:
     print("memory bandwidth (numba prange float32 sum, best of 5): "
           + ", ".join(f"{bw[t]:.1f} GB/s on {t} thread{'s' if t > 1 else ''}" for t in sorted(bw)))
 
-    exe = None if a.no_llama else find_llama_bench(a.llama_bench)
+    exe = None if a.no_llama else llamaref.find("llama-bench", a.llama_bench, a.llama_build)
+    a.llama_python = llamaref.python(a.llama_python)
     use_py = not a.no_llama and exe is None and llama_cpp_python_usable(a.llama_python)
     if a.no_llama:
         print("llama.cpp: skipped (--no-llama)")
     elif exe is None and not use_py:
-        print("llama.cpp: skipped (no llama-bench binary and no llama-cpp-python found)")
+        print(f"llama.cpp: skipped ({llamaref.missing('llama-bench', a.llama_bench, a.llama_build)}; "
+              f"no llama-cpp-python either: --llama-python or ${llamaref.LLAMA_PY})")
 
     pp, tg = f"pp{a.n_prompt}", f"tg{a.n_gen}"
     head = (f"| model | threads | tool | {pp} t/s | {tg} t/s | {pp} ratio | {tg} ratio | "

@@ -13,12 +13,14 @@
 #   quant-1b                    F16 -> each type: benchmarks/bench_quantize_model.py (bytes compared)
 # MODELDIR holds llama-3.2-1b-f16.gguf and {llama-3.2-1b,llama-3.2-3b,llama-3.1-8b}-{Q4_K_M,Q4_0,Q8_0,Q6_K,
 # IQ4_XS}.gguf (benchmarks/make_model.py SHAPE F16, then `quantkit quantize F16 OUT TYPE`); missing files
-# are skipped. LLAMA_BIN (llama.cpp's build/bin) and THREADS come from the environment. Run from the
-# checkout on an idle machine; OUTDIR gets one .md/.log per step, times.tsv, load.log (uptime every 30 s).
+# are skipped. QUANTKIT_LLAMA_CPP (the reference llama.cpp; its build/bin is used) and THREADS come from the
+# environment. Run from the checkout on an idle machine; OUTDIR gets one .md/.log per step, times.tsv,
+# load.log (uptime every 30 s).
 set -euo pipefail
 MD=${1:?MODELDIR}; OUT=${2:?OUTDIR}; shift 2
 STEPS=${*:-bench-1b bench-8b ppl-1b quant-1b bench-3b ppl-8b ppl-3b}
-BIN=${LLAMA_BIN:-/opt/llamaref/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
+NEED="set it to the reference llama.cpp source directory (docs/DEVELOPING.md, Environment)"
+BIN=${QUANTKIT_LLAMA_CPP:?$NEED}/build/bin
 T=${THREADS:-2}; TYPES="Q4_K_M Q4_0 Q8_0 Q6_K IQ4_XS"
 PY="$PWD/.venv/bin/python"; Q="$PWD/.venv/bin/quantkit"; export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
 mkdir -p "$OUT"

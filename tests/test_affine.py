@@ -5,7 +5,8 @@ Q4_K, Q5_K (quants/kquants.py).
 * Q4_1/Q5_1 quantize without imatrix == gguf.quants.quantize (gguf-py's numpy reference);
 * quantize == ggml, through SHA-256 digests of ggml's output on deterministic inputs. The digests
   were made with ``ggml_quantize_chunk`` from ``libggml-base.so`` 0.25.3 (llama-cpp-python 0.3.36);
-  ``python tests/test_affine.py --regen`` recomputes them (it needs llama-cpp-python; the tests don't);
+  ``python tests/test_affine.py --regen <llama.cpp>/build/bin/libggml-base.so`` recomputes them (it needs
+  that library, the reference llama.cpp's of docs/DEVELOPING.md; the tests don't);
 * 1 thread == 2 threads, byte for byte; property tests on edge blocks.
 """
 
@@ -251,7 +252,7 @@ def test_bad_input_raises_quant_error(qt):
         dequantize(np.zeros((2, TRAITS[qt].type_size + 1), np.uint8), qt)
 
 
-# -- regenerating the digests (development only; needs llama-cpp-python's libggml-base.so) ----------
+# -- regenerating the digests (development only; needs the reference llama.cpp's libggml-base.so) ---
 
 def _regen(lib_path):  # pragma: no cover
     import ctypes
@@ -272,8 +273,9 @@ def _regen(lib_path):  # pragma: no cover
 
 if __name__ == "__main__":  # pragma: no cover
     if "--regen" in sys.argv:
-        _regen(sys.argv[-1] if sys.argv[-1].endswith(".so") else
-               "/opt/llamaref/venv/lib/python3.11/site-packages/llama_cpp/lib/libggml-base.so")
+        if not sys.argv[-1].endswith(".so"):
+            sys.exit("usage: python tests/test_affine.py --regen <llama.cpp>/build/bin/libggml-base.so")
+        _regen(sys.argv[-1])
 
 
 def test_q4_1_fp16_overflow_is_ggmls():

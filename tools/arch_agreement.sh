@@ -2,10 +2,11 @@
 # The Gemma 3 270M agreement table of docs/run.md ("Architectures"): llama.cpp's own micro-batch noise
 # (-ub 16 against -ub 512) and quantkit against the same -ub 512 logits, KL divergence over the
 # evaluation text (10 chunks of 512; the tokens are llama.cpp's, read from the base file).
-#   tools/arch_agreement.sh MODEL.gguf OUTDIR [LLAMA_BIN_DIR]
+#   tools/arch_agreement.sh MODEL.gguf OUTDIR [LLAMA_BIN_DIR]    (default: $QUANTKIT_LLAMA_CPP/build/bin)
 # Run from the checkout (.venv/bin/quantkit). Results: OUTDIR/{llama-ub16,quantkit}.out.
 set -euo pipefail
-M=$(realpath "${1:?MODEL.gguf}"); OUT=${2:?OUTDIR}; BIN=${3:?LLAMA_BIN_DIR (llama.cpp build/bin)}
+NEED="set it to the reference llama.cpp source directory (docs/DEVELOPING.md, Environment)"
+M=$(realpath "${1:?MODEL.gguf}"); OUT=${2:?OUTDIR}; BIN=${3:-${QUANTKIT_LLAMA_CPP:?$NEED}/build/bin}
 Q="$PWD/.venv/bin/quantkit"; PY="$PWD/.venv/bin/python"; export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
 mkdir -p "$OUT"; cd "$OUT"
 $PY -c "from quantkit.formats.texts import calibration_texts as c; open('evaluation.txt', 'w', encoding='utf-8').write(c()[1])"

@@ -2,7 +2,7 @@
 
 Development-time only: run it with the interpreter of a venv that has llama-cpp-python, e.g.
 
-    /opt/llamaref/venv/bin/python tools/llama_quantize_ref.py IN.gguf OUT.gguf Q4_K_M --allow-requantize
+    $QUANTKIT_LLAMA_PY tools/llama_quantize_ref.py IN.gguf OUT.gguf Q4_K_M --allow-requantize
 
 It accepts the llama-quantize options that the library's params struct exposes. The imatrix (GGUF form)
 is turned into per-column weights as llama-quantize's loader does (sums / count, 1.0 where count is 0).

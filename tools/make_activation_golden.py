@@ -1,6 +1,6 @@
 """Golden bytes of ggml's CPU activation quantizers (the vec_dot types' ``from_float``).
 
-    /opt/llamaref/venv/bin/python tools/make_activation_golden.py [--lib DIR]
+    $QUANTKIT_LLAMA_PY tools/make_activation_golden.py [--lib DIR]
 
 llama.cpp quantizes every matmul's activations on the fly with the CPU backend's ``from_float`` of the
 weight type's vec_dot type (Q8_0, Q8_1, Q8_K). On x86 these are SIMD routines whose rounding differs from

@@ -3,11 +3,13 @@
 Run under a reference venv that has numpy, gguf and llama-cpp-python (its Python package, here pointed
 at a llama.cpp build of the same commit with LLAMA_CPP_LIB_PATH), never quantkit's:
 
-    LLAMA_CPP_LIB_PATH=<llama.cpp>/build/bin PYTHONPATH=<llama-cpp-python source> \\
-        <ref venv>/bin/python tools/make_arch_golden.py [WORKDIR]
+    LLAMA_CPP_LIB_PATH=$QUANTKIT_LLAMA_CPP/build/bin PYTHONPATH=$QUANTKIT_LLAMA_CPP/../.. \\
+        $QUANTKIT_LLAMA_PY tools/make_arch_golden.py [WORKDIR]
+
+(``$QUANTKIT_LLAMA_CPP/../..`` is the llama-cpp-python source the llama.cpp directory came from.)
 
 For each tiny model of tests/archmodels.py (qwen2, qwen3, gemma3; variants F16 and Q), written to
-WORKDIR (default /tmp) by the same function the tests call:
+WORKDIR (default: a temporary directory, removed at the end) by the same function the tests call:
 
 * ``ids``: N_EVAL token ids drawn with a fixed seed; ``logits``: llama.cpp's float32 logits of every
   position, the N_EVAL ids in one batch (n_ubatch 512).
@@ -24,6 +26,7 @@ false, 2 threads, flash attention and the KV cache type at their defaults: auto 
 from __future__ import annotations
 
 import sys
+import tempfile
 from pathlib import Path
 
 import llama_cpp as L
@@ -68,7 +71,8 @@ def golden(path: Path, n_vocab: int) -> dict:
 
 
 def main() -> None:
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path("/tmp")
+    scratch = tempfile.TemporaryDirectory()  # removed at exit
+    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(scratch.name)
     L.llama_backend_init()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     for arch, spec in archmodels.SPECS.items():

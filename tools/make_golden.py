@@ -3,7 +3,7 @@
 
 Runs in a separate venv that has llama-cpp-python (it ships ggml's libggml-base.so), e.g.::
 
-    /opt/llamaref/venv/bin/python tools/make_golden.py          # or: make golden
+    $QUANTKIT_LLAMA_PY tools/make_golden.py          # or: make golden
 
 It must not import quantkit: the point is an independent reference. ggml is loaded with ctypes.
 
@@ -69,15 +69,21 @@ ROW_FN = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64
 
 
 def find_lib() -> Path:
+    """llama-cpp-python's libggml-base.so when this python has the package, else the reference build's
+    (tools/llamaref.py)."""
     import importlib.util
 
+    import llamaref
+
     spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        sys.exit("make_golden: llama_cpp (llama-cpp-python) is not importable; pass --lib PATH/libggml-base.so")
-    lib = Path(spec.origin).parent / "lib" / "libggml-base.so"
-    if not lib.exists():
-        sys.exit(f"make_golden: {lib} does not exist; pass --lib PATH/libggml-base.so")
-    return lib
+    lib = Path(spec.origin).parent / "lib" / "libggml-base.so" if spec is not None and spec.origin else None
+    if lib is not None and lib.exists():
+        return lib
+    found = llamaref.find("libggml-base.so")
+    if found is None:
+        sys.exit(f"{llamaref.missing('libggml-base.so')}, and this python has no llama_cpp package; "
+                 "or pass --lib PATH/libggml-base.so")
+    return Path(found)
 
 
 class Ggml:
@@ -207,7 +213,8 @@ def dedupe(arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], dict[s
 def arg_parser(doc: str, default_out: Path) -> argparse.ArgumentParser:
     """The options every golden-data script takes: --lib and --out."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
-    ap.add_argument("--lib", type=Path, help="path to libggml-base.so (default: from the llama_cpp package)")
+    ap.add_argument("--lib", type=Path, help="path to libggml-base.so (default: the llama_cpp package's, "
+                    "else $QUANTKIT_LLAMA_CPP/build/bin's)")
     ap.add_argument("--out", type=Path, default=default_out, help=f"output .npz (default {default_out})")
     return ap
 

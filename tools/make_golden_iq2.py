@@ -11,7 +11,7 @@ names (IQ2_XXS, IQ2_XS, IQ1_S), which would abort the process, so there is nothi
 
 Needs only numpy and ctypes (never quantkit)::
 
-    python tools/make_golden_iq2.py --lib <llama.cpp build>/bin/libggml-base.so
+    python tools/make_golden_iq2.py [--lib <llama.cpp>/build/bin/libggml-base.so]
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 IQ3_XXS and IQ3_S (the types of issue #15 this file covers), the same way tools/make_golden.py does it
 for the first sixteen types (see docs/golden.md): ctypes on libggml-base.so, never quantkit.
 
-    python tools/make_golden_lowbit.py --lib .../llama.cpp/build/bin/libggml-base.so
+    python tools/make_golden_lowbit.py [--lib <llama.cpp>/build/bin/libggml-base.so]
 
 Keys are those of make_golden.py: ``x:<case>``, ``w:<case>``, ``q:<TYPE>:<case>:<ref|imatrix>`` (bytes
 of ``ggml_quantize_chunk`` with ``quant_weights`` NULL or the case's weights), ``d:<TYPE>:<case>:<path>``

@@ -2,7 +2,7 @@
 
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_imatrix_golden.py [LLAMA_BIN_DIR]
 
-LLAMA_BIN_DIR defaults to $LLAMA_BIN or /opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin.
+LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py).
 Development only: the test suite never runs llama.cpp. Writes:
 
 * ``calibration-sample.txt``: the first ~3000 characters of quantkit's calibration text (cut at a
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -36,11 +35,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = ROOT / "tests" / "data" / "imatrix"
-DEFAULT_BIN = "/opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
 N_CTX, N_CHUNKS = 128, 4
 FLAGS = ["-nr", "-t", "2"]
 
 sys.path.insert(0, str(ROOT))
+
+import llamaref  # noqa: E402  (tools/, this script's folder)
 
 
 def sha256(p: Path) -> str:
@@ -80,7 +80,7 @@ def make_f16(dst: Path) -> Path:
 
 def main() -> None:
 
-    bindir = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LLAMA_BIN", DEFAULT_BIN))
+    bindir = llamaref.need_bin_dir(sys.argv[1] if len(sys.argv) > 1 else None)
     exe = str(bindir / "llama-imatrix")
     version = run([exe, "--version"], ROOT)[1].strip().splitlines()
     OUT.mkdir(parents=True, exist_ok=True)

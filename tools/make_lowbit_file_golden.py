@@ -4,7 +4,7 @@ tiny model takes one of TQ1_0, TQ2_0, MXFP4, Q1_0, IQ3_XXS, IQ3_S, IQ2_XXS, IQ2_
 (``--tensor-type``), with and without an importance matrix, and what it writes for each of the new file
 types (``FILE_TYPES``: llama.cpp's own per-tensor mix, ``llama_tensor_get_type``) with the imatrix.
 
-    python tools/make_lowbit_file_golden.py --bin <llama.cpp>/build/bin
+    python tools/make_lowbit_file_golden.py [--bin <llama.cpp>/build/bin]    # default: $QUANTKIT_LLAMA_CPP's
 
 Writes tests/data/lowbit/:
 
@@ -36,6 +36,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 from archmodels import write_model  # noqa: E402
 
+import llamaref  # noqa: E402  (tools/, this script's folder)
+
 OUT = HERE.parent / "tests" / "data" / "lowbit"
 TYPES = ["tq1_0", "tq2_0", "mxfp4", "q1_0", "iq3_xxs", "iq3_s", "iq2_xxs", "iq2_xs", "iq2_s", "iq1_s", "iq1_m"]
 #: llama-quantize's file types added with these codecs, each run with the imatrix and no overrides
@@ -61,8 +63,10 @@ def quantize_args(t: str | None, imatrix: Path | None) -> list[str]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", type=Path, required=True, help="llama.cpp's build/bin (llama-quantize, llama-imatrix)")
+    ap.add_argument("--bin", type=Path, help="llama.cpp's build/bin (llama-quantize, llama-imatrix; "
+                    "default: $QUANTKIT_LLAMA_CPP/build/bin)")
     args = ap.parse_args(argv)
+    args.bin = llamaref.need_bin_dir(args.bin)
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as td:
         td = Path(td)

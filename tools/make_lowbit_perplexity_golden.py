@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """llama-perplexity on each new file type of issue #15: golden data for tests/test_lowbit_perplexity.py.
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_lowbit_perplexity_golden.py --bin <llama.cpp>/build/bin
+    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_lowbit_perplexity_golden.py \\
+        [--bin <llama.cpp>/build/bin]    # default: $QUANTKIT_LLAMA_CPP/build/bin
 
 For every file type of tools/make_lowbit_file_golden.py's ``FILE_TYPES`` (IQ2_XXS .. IQ3_M, TQ1_0, TQ2_0,
 Q1_0, MXFP4_MOE, Q2_K_S), llama-quantize makes the file from the same tiny qwen3 (tests/archmodels.py,
@@ -48,6 +49,8 @@ sys.path.insert(0, str(HERE))
 from archmodels import write_model  # noqa: E402
 from make_lowbit_file_golden import ARCH, FILE_TYPES, SEED  # noqa: E402
 
+import llamaref  # noqa: E402
+
 from quantkit.formats.logits import open_logits  # noqa: E402
 
 OUT = ROOT / "tests" / "data" / "lowbit"
@@ -89,9 +92,11 @@ def perplexity(exe: Path, model: Path, flags: list[str], kld: Path, tries: int) 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bin", type=Path, required=True, help="llama.cpp's build/bin (llama-quantize, llama-perplexity)")
+    ap.add_argument("--bin", type=Path, help="llama.cpp's build/bin (llama-quantize, llama-perplexity; "
+                    "default: $QUANTKIT_LLAMA_CPP/build/bin)")
     ap.add_argument("--tries", type=int, default=20, help="runs of llama-perplexity before giving up (default 20)")
     args = ap.parse_args(argv)
+    args.bin = llamaref.need_bin_dir(args.bin)
     res: dict = {}
     tops, lps = {}, {}
     with tempfile.TemporaryDirectory() as td:

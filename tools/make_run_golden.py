@@ -2,10 +2,11 @@
 
 Run under the reference venv, never quantkit's:
 
-    /opt/llamaref/venv/bin/python tools/make_run_golden.py [WORKDIR]
+    $QUANTKIT_LLAMA_PY tools/make_run_golden.py [WORKDIR]
 
 Models: the bundled SmolLM2-135M-Instruct Q4_1 (found without importing quantkit) and three files
-llama.cpp's own quantizer (``llama_model_quantize``) makes from it in WORKDIR (default /tmp): F16 (from
+llama.cpp's own quantizer (``llama_model_quantize``) makes from it in WORKDIR (default: a temporary
+directory, removed at the end): F16 (from
 the Q4_1, allow_requantize), then Q8_0 and Q4_K_M from that F16. quantkit's quantize writes the same
 bytes (tests/test_quantize.py); each golden file stores the model's sha256 so the tests can check it.
 
@@ -44,6 +45,7 @@ import importlib.util
 import json
 import platform
 import sys
+import tempfile
 from pathlib import Path
 
 import llama_cpp as L
@@ -255,7 +257,8 @@ def add_spread(out: Path, model: Path) -> None:
 def main() -> None:
     args = [a for a in sys.argv[1:] if a != "--spread"]
     spread_only = len(args) < len(sys.argv) - 1
-    work = Path(args[0]) if args else Path("/tmp")
+    scratch = tempfile.TemporaryDirectory()  # removed at exit
+    work = Path(args[0]) if args else Path(scratch.name)
     L.llama_backend_init()
     spec = importlib.util.spec_from_file_location("texts", HERE.parent / "quantkit" / "formats" / "texts.py")
     texts = importlib.util.module_from_spec(spec)

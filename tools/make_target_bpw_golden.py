@@ -2,7 +2,7 @@
 writes the same file byte for byte.
 
     NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_target_bpw_golden.py \
-        --llama-quantize /path/to/llama.cpp/build/bin/llama-quantize
+        [--llama-quantize <llama.cpp>/build/bin/llama-quantize]    # default: $QUANTKIT_LLAMA_CPP's, else PATH
 
 Steps: the bundled SmolLM2 is converted to F16 by quantkit (tests/test_quantize.py checks that this
 F16 is llama.cpp's own conversion, byte for byte); ``quantkit quantize --target-bpw 5.0 --imatrix
@@ -29,6 +29,8 @@ from pathlib import Path
 import gguf
 import numpy as np
 
+import llamaref  # tools/, this script's folder
+
 HERE = Path(__file__).resolve().parent
 DATA = HERE.parent / "tests" / "data" / "quantize"
 TARGET = "5.0"
@@ -48,8 +50,10 @@ def describe(path: Path) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--llama-quantize", required=True, help="path of llama.cpp's llama-quantize binary")
+    ap.add_argument("--llama-quantize", help="path of llama.cpp's llama-quantize binary (default: "
+                    "$QUANTKIT_LLAMA_CPP/build/bin's, else PATH)")
     a = ap.parse_args()
+    a.llama_quantize = llamaref.need("llama-quantize", a.llama_quantize)
     qk = [sys.executable, "-m", "quantkit"]
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)

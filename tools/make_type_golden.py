@@ -1,6 +1,7 @@
 """ggml's own type traits, for checking quantkit's type table (quantkit/formats/ggml_types.py).
 
-    python tools/make_type_golden.py --lib DIR    # DIR holds libggml-base.so and libggml-cpu.so
+    python tools/make_type_golden.py [--lib DIR]    # DIR holds libggml-base.so and libggml-cpu.so;
+                                                    # default: $QUANTKIT_LLAMA_CPP/build/bin
 
 For every ggml type id below GGML_TYPE_COUNT that ggml still defines: ``ggml_get_type_traits`` (type
 name, block size, type size, is_quantized) from libggml-base and, where the CPU backend has a vec_dot
@@ -15,6 +16,8 @@ import ctypes
 import json
 import time
 from pathlib import Path
+
+import llamaref  # tools/, this script's folder
 
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "golden" / "type_traits.json"
 
@@ -32,10 +35,11 @@ class TraitsCPU(ctypes.Structure):
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True, help="folder holding libggml-base.so and libggml-cpu.so")
+    ap.add_argument("--lib", help="folder holding libggml-base.so and libggml-cpu.so (default: "
+                    "$QUANTKIT_LLAMA_CPP/build/bin)")
     ap.add_argument("--count", type=int, default=43, help="GGML_TYPE_COUNT of that build (ggml.h)")
     a = ap.parse_args()
-    libdir = Path(a.lib)
+    libdir = llamaref.need_bin_dir(a.lib)
     base = ctypes.CDLL(str(libdir / "libggml-base.so"), mode=ctypes.RTLD_GLOBAL)
     cpu = ctypes.CDLL(str(libdir / "libggml-cpu.so"))
     cpu.ggml_cpu_init()

@@ -2,7 +2,7 @@
 # The quality table of docs/imatrix-perplexity.md: SmolLM2-135M quantized from our F16, with and
 # without an imatrix collected on the calibration half, scored on the evaluation half by quantkit and
 # by llama.cpp on the same files.
-#   tools/perplexity_table.sh OUTDIR [CHUNKS=20] [LLAMA_BIN_DIR]
+#   tools/perplexity_table.sh OUTDIR [CHUNKS=20] [LLAMA_BIN_DIR]    (default: $QUANTKIT_LLAMA_CPP/build/bin)
 # Run from the checkout (.venv/bin/quantkit). Both tools: -c 512 --chunks CHUNKS -t 2; llama.cpp always
 # with -nr (its repacked CPU paths crash on this AMX machine, so not its best speed). Each step runs
 # quantkit then llama.cpp back to back, so both see the same machine load:
@@ -16,7 +16,8 @@
 # Untimed first: the quantizations and a tiny run of every file and mode (-c 128, 2 chunks) so numba's
 # compiled kernels are in its cache. A rerun skips the steps already in times.log.
 set -euo pipefail
-OUT=${1:?OUTDIR}; CHUNKS=${2:-20}; BIN=${3:-/opt/llamaref/src/llama_cpp_python-0.3.36/vendor/llama.cpp/build/bin}
+NEED="set it to the reference llama.cpp source directory (docs/DEVELOPING.md, Environment)"
+OUT=${1:?OUTDIR}; CHUNKS=${2:-20}; BIN=${3:-${QUANTKIT_LLAMA_CPP:?$NEED}/build/bin}
 Q="$PWD/.venv/bin/quantkit"; PY="$PWD/.venv/bin/python"; export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
 BUNDLED=$($PY -c "from quantkit.formats.locate import bundled_model; print(bundled_model())")
 REV=$(git rev-parse --short HEAD)$(git diff --quiet HEAD -- quantkit || echo "+uncommitted quantkit changes")

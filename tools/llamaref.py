@@ -1,0 +1,73 @@
+"""Where the reference llama.cpp is: two environment variables, read here for tools/ and benchmarks/.
+
+* ``QUANTKIT_LLAMA_CPP`` -- the llama.cpp source directory (``vendor/llama.cpp`` of the llama-cpp-python
+  0.3.36 sdist). Its builds: ``build/bin`` (native) and ``build-avx2/bin`` (the AVX2-only copy).
+* ``QUANTKIT_LLAMA_PY`` -- the python of a venv with llama-cpp-python, for the scripts that start it.
+
+How to build it: docs/DEVELOPING.md, "Environment". The package and the test suite never read either.
+A program or library is looked up as: the path given on the command line, then the build under
+``$QUANTKIT_LLAMA_CPP``, then (programs only) ``PATH``. The scripts of tools/ run from anywhere
+(``python tools/X.py`` puts tools/ on sys.path); benchmarks/ put tools/ on it before importing this.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+LLAMA_CPP = "QUANTKIT_LLAMA_CPP"
+LLAMA_PY = "QUANTKIT_LLAMA_PY"
+BUILDS = {"native": "build", "avx2": "build-avx2"}
+
+
+def bin_dir(build: str = "native") -> Path | None:
+    """``$QUANTKIT_LLAMA_CPP/<build>/bin``, or None when the variable is unset."""
+    root = os.environ.get(LLAMA_CPP)
+    return Path(root) / BUILDS[build] / "bin" if root else None
+
+
+def find(name: str, given: str | os.PathLike | None = None, build: str = "native") -> str | None:
+    """The program or library ``name`` (``llama-bench``, ``libggml-base.so``): ``given``, else the build's
+    bin directory, else (a program) PATH; None when none has it."""
+    if given:
+        return str(given) if Path(given).exists() else None
+    d = bin_dir(build)
+    if d is not None and (d / name).exists():
+        return str(d / name)
+    return None if name.endswith(".so") else shutil.which(name)
+
+
+def missing(name: str, given: str | os.PathLike | None = None, build: str = "native") -> str:
+    """The one line that says why ``find`` found nothing."""
+    if given:
+        return f"{name}: {given} does not exist"
+    if bin_dir(build) is None:
+        return (f"{name} not found: set {LLAMA_CPP} to the reference llama.cpp's source directory "
+                f"(docs/DEVELOPING.md, \"Environment\")")
+    return f"{name} not found in {bin_dir(build)} or on PATH (docs/DEVELOPING.md, \"Environment\": how to build it)"
+
+
+def need(name: str, given: str | os.PathLike | None = None, build: str = "native") -> str:
+    """``find``, or exit with ``missing``'s line."""
+    found = find(name, given, build)
+    if found is None:
+        raise SystemExit(missing(name, given, build))
+    return found
+
+
+def need_bin_dir(given: str | os.PathLike | None = None, build: str = "native") -> Path:
+    """A build's bin directory: ``given``, else ``$QUANTKIT_LLAMA_CPP/<build>/bin``; exits with one line
+    when neither is there."""
+    d = Path(given) if given else bin_dir(build)
+    if d is None:
+        raise SystemExit(f"no llama.cpp build: pass its bin directory or set {LLAMA_CPP} to the reference "
+                         f"llama.cpp's source directory (docs/DEVELOPING.md, \"Environment\")")
+    if not d.is_dir():
+        raise SystemExit(f"{d}: no such directory (docs/DEVELOPING.md, \"Environment\": how to build llama.cpp)")
+    return d
+
+
+def python(given: str | None = None) -> str | None:
+    """The llama-cpp-python venv's python: ``given``, else ``$QUANTKIT_LLAMA_PY``; None when neither."""
+    return given or os.environ.get(LLAMA_PY) or None
