@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 LLAMA_CPP = "QUANTKIT_LLAMA_CPP"
@@ -71,3 +72,13 @@ def need_bin_dir(given: str | os.PathLike | None = None, build: str = "native") 
 def python(given: str | None = None) -> str | None:
     """The llama-cpp-python venv's python: ``given``, else ``$QUANTKIT_LLAMA_PY``; None when neither."""
     return given or os.environ.get(LLAMA_PY) or None
+
+
+def portable(text: str) -> str:
+    """``text`` (a command line, a library path) as a golden file's provenance records it: the values of
+    the two variables, this interpreter and its prefix written as names, so no machine's paths are stored."""
+    subs = [(os.environ.get(LLAMA_CPP), f"${LLAMA_CPP}"), (os.environ.get(LLAMA_PY), f"${LLAMA_PY}"),
+            (sys.executable, "python"), (sys.prefix, "<python prefix>")]
+    for value, name in sorted((s for s in subs if s[0]), key=lambda s: -len(s[0])):
+        text = text.replace(value, name)
+    return text

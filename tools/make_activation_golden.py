@@ -22,6 +22,8 @@ from pathlib import Path
 
 import numpy as np
 
+import llamaref  # tools/, this script's folder
+
 OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "golden" / "activations.npz"
 TYPES = {"Q8_0": (8, 32, 34), "Q8_1": (9, 32, 36), "Q8_K": (15, 256, 292)}
 
@@ -64,7 +66,7 @@ def main() -> int:
     store["meta"] = np.array(json.dumps({
         "tool": "tools/make_activation_golden.py (ggml_get_type_traits_cpu(t)->from_float via ctypes)",
         "llama_cpp_python": importlib.metadata.version("llama_cpp_python"),
-        "lib": str(libdir), "date": time.strftime("%Y-%m-%d"),
+        "lib": llamaref.portable(str(libdir)), "date": time.strftime("%Y-%m-%d"),
     }))
     np.savez_compressed(OUT, **store)
     print(f"wrote {OUT}")

@@ -36,6 +36,8 @@ from pathlib import Path
 
 import numpy as np
 
+import llamaref  # tools/, this script's folder (not quantkit)
+
 # ggml's enum ggml_type values (include/ggml.h); block size and bytes per block are read from the lib.
 GGML_TYPES = {
     "F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q5_0": 6, "Q5_1": 7, "Q8_0": 8,
@@ -72,8 +74,6 @@ def find_lib() -> Path:
     """llama-cpp-python's libggml-base.so when this python has the package, else the reference build's
     (tools/llamaref.py)."""
     import importlib.util
-
-    import llamaref
 
     spec = importlib.util.find_spec("llama_cpp")
     lib = Path(spec.origin).parent / "lib" / "libggml-base.so" if spec is not None and spec.origin else None
@@ -261,7 +261,7 @@ def provenance(g: Ggml, lib_path: Path, not_installed: str, command: list[str]) 
         "python": platform.python_version(),
         "machine": platform.machine(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "command": shlex.join(command),
+        "command": llamaref.portable(shlex.join(command)),
     }
 
 

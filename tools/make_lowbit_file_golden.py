@@ -76,8 +76,9 @@ def main(argv=None) -> int:
         text = td / "text.txt"
         text.write_text(" ".join(words))
         imat = OUT / "imatrix.gguf"
-        subprocess.run([str(args.bin / "llama-imatrix"), "-m", str(model), "-f", str(text), "-o", str(imat),
-                        "-c", "64", "--chunks", "4", "-t", "1"], check=True, capture_output=True)
+        # run in td with the text's bare name: llama-imatrix records that path in the file it writes
+        subprocess.run([str(args.bin / "llama-imatrix"), "-m", str(model), "-f", text.name, "-o", str(imat),
+                        "-c", "64", "--chunks", "4", "-t", "1"], check=True, capture_output=True, cwd=td)
         res = {}
         for name, t, im, ftype in cases():
             out = td / f"{name}.gguf"
