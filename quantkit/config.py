@@ -30,9 +30,9 @@ class Switch:
 
 SWITCHES = (
     Switch("QUANTKIT_KERNELS", "", "call",
-           "force the kernel variant: `vnni`, `generic` or `plain` (vnni falls back to generic on a CPU "
-           "without VNNI); docs/kernels.md"),
-    Switch("QUANTKIT_NO_VNNI", "0", "call", "1: the `generic` variant even where the CPU has VNNI"),
+           "force a CPU level the host can run: `avx512vnni`, `avxvnni`, `avx2`, `neon` or `generic` (set at "
+           "process start, LLVM then emits nothing above it for any kernel), or `plain` (numba-only reference "
+           "kernels); unset: the best level the CPU runs (quantkit/isa.py, docs/kernels.md)"),
     Switch("QUANTKIT_512", "0", "import",
            "1: 32-element blocks two at a time with a 512-bit vpdpbusd (slower on the machines measured)"),
     Switch("QUANTKIT_K512", "1", "import", "0: the K-quant super-block dots keep the 256-bit loop"),
@@ -73,13 +73,9 @@ def _on(name: str) -> bool:
 
 # -- kernels -----------------------------------------------------------------------------------------
 
-def kernels_variant() -> str:
+def kernels_level() -> str:
     """``QUANTKIT_KERNELS``, stripped and lower-cased ("" when unset)."""
     return _get("QUANTKIT_KERNELS").strip().lower()
-
-
-def no_vnni() -> bool:
-    return _on("QUANTKIT_NO_VNNI")
 
 
 def pairs_512() -> bool:

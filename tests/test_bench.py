@@ -21,6 +21,7 @@ import pytest
 from click.testing import CliRunner
 from gguf import GGMLQuantizationType as T
 
+from quantkit import isa
 from quantkit.cli import main
 from quantkit.cli.lists import parse_bool_list, parse_int_range, parse_pair
 from quantkit.jit import get_threads, set_threads
@@ -183,7 +184,8 @@ def test_injected_timings_and_md(tiny):
     assert cells[0] == "llama ?B Q8_0" and cells[3] == "CPU" and cells[4] == "1" and cells[5] == "pp8"
     assert cells[6] == f"{np.mean(ts):.2f} ± {np.std(ts, ddof=1):.2f}"
     assert all(len(ln) == len(lines[0]) for ln in lines[:4])
-    assert lines[-1] == "build: quantkit-" + __import__("quantkit").__version__ + " (0)" and lines[-2] == ""
+    assert lines[-2] == ""
+    assert lines[-1] == f"build: quantkit-{__import__('quantkit').__version__} (0), kernels: {isa.describe()}"
 
 
 def test_md_optional_columns(tiny):

@@ -56,7 +56,7 @@ def test_docs_table_lists_every_switch():
     ("QUANTKIT_COMPILE_NOTICE", None, config.compile_notice, False),
     ("QUANTKIT_COMPILE_NOTICE", "0", config.compile_notice, False),
     ("QUANTKIT_COMPILE_NOTICE", "", config.compile_notice, True),
-    ("QUANTKIT_KERNELS", " Plain ", config.kernels_variant, "plain"),
+    ("QUANTKIT_KERNELS", " AVX2 ", config.kernels_level, "avx2"),
     ("QUANTKIT_PAUSE_AT", "write:3", config.pause_at, ("write", 3)),
     ("QUANTKIT_PAUSE_AT", None, config.pause_at, ("", 1)),
 ])

@@ -11,6 +11,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
+from quantkit import isa
 from quantkit import kernels as K
 from quantkit import quants as Q
 from quantkit.errors import QuantError
@@ -25,7 +26,7 @@ def f16_fields(t):
     """Byte offsets of the fp16 scale fields (the type table's), for building random but valid K / IQ blocks."""
     return type_info(t).check_offsets
 ALL = K.WEIGHT_TYPES
-VARIANTS = [v for v in K.VARIANTS if v != "vnni" or K.HAS_VNNI]
+VARIANTS = list(K.RUNNABLE_VARIANTS)
 
 
 def make_weights(t, n_out, n_in, seed=0):
@@ -238,15 +239,12 @@ def test_vec_dot_type_table():
     assert K.VEC_DOT_TYPE[T.Q4_1] == T.Q8_1 and K.VEC_DOT_TYPE[T.IQ4_XS] == T.Q8_K
 
 
-@pytest.mark.parametrize("env, want", [({"QUANTKIT_NO_VNNI": "1"}, "generic"),
-                                       ({"QUANTKIT_KERNELS": "plain"}, "plain"),
-                                       ({"QUANTKIT_KERNELS": "generic"}, "generic")])
-def test_env_switches_variant(monkeypatch, env, want):
-    """The fallbacks are reachable through the environment, and matmul stays correct under them."""
-    monkeypatch.delenv("QUANTKIT_KERNELS", raising=False)
-    monkeypatch.delenv("QUANTKIT_NO_VNNI", raising=False)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
+@pytest.mark.parametrize("level", [*isa.runnable(), "plain"])
+def test_env_switches_variant(monkeypatch, level):
+    """Every level the host runs (and the plain kernels) is reachable through QUANTKIT_KERNELS, and
+    matmul stays correct under it."""
+    monkeypatch.setenv("QUANTKIT_KERNELS", level)
+    want = "plain" if level == "plain" else isa.BY_NAME[level].variant
     assert K.default_variant() == want
     for t in (T.Q4_K, T.Q5_0):
         n_in = n_in_for(t)
@@ -268,6 +266,7 @@ sys.path.insert(0, %r)
 from test_kernels import make_weights, ref_dequantize, rel_err
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
+from quantkit import isa
 from quantkit import kernels as K
 from quantkit.kernels import ir
 assert ir.PAIRS_512 == ir.HAS_VNNI512
@@ -297,6 +296,7 @@ import numpy as np, sys
 sys.path.insert(0, %r)
 from test_kernels import make_weights
 from gguf import GGMLQuantizationType as T
+from quantkit import isa
 from quantkit import kernels as K
 for t in (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS):
     for n_out in (7, 8):

@@ -10,7 +10,7 @@ import pytest
 import quantkit.quants as Q
 from quantkit.kernels.activations import ACT_LAYOUT, quantize_activations
 from quantkit.formats.ggml_types import type_info
-from quantkit.kernels.ir import HAS_VNNI
+from quantkit.kernels.ir import RUNNABLE_VARIANTS
 from quantkit.kernels.ir_rowdot import row_dots
 from quantkit.kernels.lowbit import SPECS, row_q1_0
 from quantkit.kernels.vecdot import build, rowdot_ir
@@ -28,8 +28,8 @@ def _operands(t: str, kind: str, rows: np.ndarray, seed: int):
 
 
 def _impls():
-    return [pytest.param(t, v, id=f"{t}-{v}", marks=pytest.mark.skipif(v == "vnni" and not HAS_VNNI, reason="no AVX-VNNI"))
-            for v in ("vnni", "generic") for t in sorted([*SPECS, "Q1_0"])]
+    return [pytest.param(t, v, id=f"{t}-{v}") for v in RUNNABLE_VARIANTS if v != "plain"
+            for t in sorted([*SPECS, "Q1_0"])]
 
 
 def _rowdot(t: str, impl: str):

@@ -13,13 +13,13 @@ import quantkit.kernels as K
 import quantkit.quants as Q
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.activations import quantize_q8_k_into
-from quantkit.kernels.ir import HAS_VNNI
+from quantkit.kernels.ir import RUNNABLE_VARIANTS
 from quantkit.kernels.ir_rowdot import row_dots
 from quantkit.kernels.vecdot import build, rowdot2_ir, rowdot_ir
 from quantkit.kernels.vecdot_iq import SPECS
 
 TYPES = sorted(SPECS)
-VARIANTS = [pytest.param("vnni", marks=pytest.mark.skipif(not HAS_VNNI, reason="no AVX-VNNI")), "generic"]
+VARIANTS = [v for v in RUNNABLE_VARIANTS if v != "plain"]
 
 
 def _weights(t, n_out, n_in, seed):

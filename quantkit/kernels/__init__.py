@@ -22,7 +22,7 @@ from quantkit.jit import get_threads, set_threads
 from quantkit.kernels.activations import (empty_activations, pack_q8_0, pack_q8_1, pack_q8_k, quantize_activations,
                                           quantize_q8_01_into, quantize_q8_0_into, quantize_q8_1_into,
                                           quantize_q8_k_into)
-from quantkit.kernels.ir import HAS_F16, HAS_VNNI, VARIANTS, default_variant
+from quantkit.kernels.ir import HAS_F16, HAS_VNNI, RUNNABLE_VARIANTS, VARIANTS, default_variant
 from quantkit.kernels.mul_mat import CHUNK_ROWS, GEMM_MIN_TOKENS, PREFILL_MIN_TOKENS, TILE_ROWS, blas_limit, get_rows, matmul
 from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_kernel, gemv_kernel, matvec_kernel,
                                      matvec_x8_kernel, pack_x8, rowdot_kernel, x8_types)
@@ -36,7 +36,7 @@ VEC_DOT_TYPE = {T(t.id): T[t.vec_dot_type] for t in TYPES if t.vec_dot_type and 
 WEIGHT_TYPES = tuple(KERNEL_TRAITS)
 
 __all__ = [
-    "CHUNK_ROWS", "GEMM_MIN_TOKENS", "HAS_F16", "HAS_VNNI", "PREFILL_MIN_TOKENS", "TILE_ROWS", "VARIANTS", "VEC_DOT_TYPE",
+    "CHUNK_ROWS", "GEMM_MIN_TOKENS", "HAS_F16", "HAS_VNNI", "PREFILL_MIN_TOKENS", "RUNNABLE_VARIANTS", "TILE_ROWS", "VARIANTS", "VEC_DOT_TYPE",
     "WEIGHT_TYPES", "activation_kind", "default_variant", "deq_kernel", "empty_activations", "get_rows",
     "get_threads", "matmul", "matvec_kernel", "pack_q8_0", "pack_q8_1", "pack_q8_k", "quantize_activations",
     "quantize_q8_01_into", "quantize_q8_0_into", "quantize_q8_1_into", "quantize_q8_k_into", "rowdot_kernel", "set_threads",

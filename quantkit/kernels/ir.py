@@ -21,7 +21,7 @@ A chunk dot produces 8 int32 lanes, lane i holding bytes 4i..4i+3; so lanes 0-3 
 elements and 4-7 the last 16, which is how per-16 scales (Q2_K, Q3_K, Q6_K) are applied before the
 single horizontal reduction per (super-)block.
 
-This module holds what every emitter shares: the host's features, the kernels' source digest, the
+This module holds what every emitter shares: the host's features, the
 variant in force, the IR helpers and the prefetch intrinsic. The emitters themselves: ``ir_rowdot``
 (the chunk loaders and the whole-row dots, ``ROW_SPECS``) and ``ir_x8`` (the 8-row interleaved layout,
 ``X8_SPECS``).
@@ -29,17 +29,15 @@ variant in force, the IR helpers and the prefetch intrinsic. The emitters themse
 
 from __future__ import annotations
 
-import os
 
 from llvmlite import ir
 from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quantkit import config
+from quantkit import config, isa
 from quantkit.jit import IS_X86, host_features
 from quantkit.jit import byte_ptr as _byte_ptr
-from quantkit.jit import source_digest
 from quantkit.jit import ld_f32, ld_u16, ld_u32  # noqa: F401  (re-exported: the kernels' scalar loads)
 from quantkit.quants.common import ld_bf16, ld_f16  # noqa: F401
 
@@ -56,7 +54,10 @@ HAS_BMI2 = IS_X86 and "bmi2" in _FEATURES
 #: GFNI's vgf2p8affineqb (a byte's bits moved in one instruction: the x8 Q6_K unpack)
 HAS_GFNI = IS_X86 and "gfni" in _FEATURES
 
-VARIANTS = ("vnni", "generic", "plain")
+#: the IR flavours of the integer dots (``_dot``), and ``plain`` (numba only, no IR)
+VARIANTS = ("vnni", "avx2", "generic", "plain")
+#: those this host can execute (the tests' parametrization)
+RUNNABLE_VARIANTS = isa.runnable_variants()
 #: opt-in (QUANTKIT_512=1): 32-element blocks two at a time with a 512-bit vpdpbusd where the CPU has
 #: AVX512-VNNI. Off by default: on the development Xeon it measured 15-25% slower per core than the
 #: 256-bit loop (zmm clock licence / extra shuffles); it may pay on CPUs without that penalty (Zen 4).
@@ -73,34 +74,10 @@ PREFETCH = config.prefetch_distance()
 X8_PREFETCH = config.x8_prefetch_distance()
 
 
-def _digest() -> str:
-    """A digest of the sources the built kernels inline (this package, the codecs' row decoders in quants/,
-    the type table, jit.py). It goes into the built kernels' names: numba's on-disk cache only watches the
-    file a function is defined in, so without it an edit to a callee in another file would leave stale
-    machine code."""
-    here = os.path.dirname(os.path.abspath(__file__))
-    pkg = os.path.dirname(here)
-    files = [os.path.join(d, f) for d in (here, os.path.join(pkg, "quants"))
-             for f in sorted(os.listdir(d)) if f.endswith(".py")]
-    files += [os.path.join(pkg, "formats", "ggml_types.py"), os.path.join(pkg, "jit.py")]
-    return source_digest(*files)
-
-
-IR_DIGEST = _digest() + ("_512" if PAIRS_512 else "") + (f"_pf{PREFETCH}" if PREFETCH != 2048 else "") + (
-    f"_xpf{X8_PREFETCH}" if X8_PREFETCH else "") + ("" if config.k512() else "_k256")
-
-
 def default_variant() -> str:
-    """The kernel variant in force: ``QUANTKIT_KERNELS=vnni|generic|plain`` overrides;
-    ``QUANTKIT_NO_VNNI=1`` forces ``generic``; otherwise ``vnni`` where the CPU has it."""
-    v = config.kernels_variant()
-    if v in VARIANTS:
-        if v == "vnni" and not HAS_VNNI:
-            return "generic"
-        return v
-    if config.no_vnni():
-        return "generic"
-    return "vnni" if HAS_VNNI else "generic"
+    """The kernels' IR flavour for the CPU level in force (quantkit/isa.py): ``vnni`` (AVX-512 VNNI or
+    AVX-VNNI), ``avx2``, ``generic``, or ``plain`` when ``QUANTKIT_KERNELS=plain``."""
+    return isa.variant()
 
 
 # -- IR helpers ------------------------------------------------------------------------------------
@@ -147,7 +124,7 @@ def _bits_to_bytes(builder, word_i32, shift):
 
 def _lut16(builder, variant, idx, table):
     """Look up 32 nibble indices in a 16-entry byte table."""
-    if variant == "vnni":  # AVX2 pshufb works within 128-bit lanes: the table is repeated
+    if variant in ("vnni", "avx2"):  # AVX2 pshufb works within 128-bit lanes: the table is repeated
         fn = _decl(builder.module, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
         return builder.call(fn, [ir.Constant(V32I8, list(table) * 2), idx])
     # portable: a tree of selects on the index bits
@@ -160,12 +137,59 @@ def _lut16(builder, variant, idx, table):
     return level[0]
 
 
-def _dot(builder, variant, acc, u, x):
-    """acc (<8 x i32> or None) + per-4-byte-lane sums of u8 u * s8 x."""
+def _maddubs(builder, u, x):
+    """AVX2 ``vpmaddubsw``: <16 x i16> of u8 u[2i] * s8 x[2i] + u[2i+1] * x[2i+1], saturated to int16."""
+    fn = _decl(builder.module, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
+    return builder.call(fn, [u, x])
+
+
+def _madd16(builder, a, b16):
+    """AVX2 ``vpmaddwd``: <8 x i32> of a[2i] * b[2i] + a[2i+1] * b[2i+1] (i16 x i16, exact)."""
+    fn = _decl(builder.module, "llvm.x86.avx2.pmadd.wd", V8I32, [V16I16, V16I16])
+    return builder.call(fn, [a, b16])
+
+
+def _pairs_to_lanes(builder, p16):
+    """<16 x i16> pair sums -> <8 x i32> sums of 4 bytes (``vpmaddwd`` with ones, as ggml's AVX2 dots)."""
+    return _madd16(builder, p16, _splat(I16, 16, 1))
+
+
+def _madd_acc(builder, variant, acc, p16, s16):
+    """acc + pairs of i16 ``p16 * s16`` summed to <8 x i32>: one ``vpdpwssd`` with VNNI, ``vpmaddwd`` + add
+    on AVX2 (the scale step of ggml's AVX2 K-quant dots)."""
+    if variant == "vnni":
+        fn = _decl(builder.module, "llvm.x86.avx512.vpdpwssd.256", V8I32, [V8I32, V8I32, V8I32])
+        return builder.call(fn, [acc, builder.bitcast(p16, V8I32), builder.bitcast(s16, V8I32)])
+    return builder.add(acc, _madd16(builder, builder.bitcast(p16, V16I16), builder.bitcast(s16, V16I16)))
+
+
+def _dot_s8(builder, acc, s, x):
+    """AVX2: acc + per-4-byte-lane sums of s8 s * s8 x, with ggml's sign trick (``mul_sum_i8_pairs``):
+    ``vpmaddubsw(|s|, sign(x, s))``. Exact while x > -128 (activations are quantized to -127..127)."""
+    sign = _decl(builder.module, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
+    ab = _decl(builder.module, "llvm.abs.v32i8", V32I8, [V32I8, ir.IntType(1)])
+    t = _pairs_to_lanes(builder, _maddubs(builder, builder.call(ab, [s, ir.Constant(ir.IntType(1), 0)]),
+                                          builder.call(sign, [x, s])))
+    return t if acc is None else builder.add(acc, t)
+
+
+def _dot(builder, variant, acc, u, x, wide=True):
+    """acc (<8 x i32> or None) + per-4-byte-lane sums of u8 u * s8 x.
+
+    ``wide=False`` says every u is below 128, so a pair of products fits int16: AVX2 then needs only
+    ``vpmaddubsw`` + ``vpmaddwd``. A wide u (Q8_0's q ^ 0x80, the IQ4 / MXFP4 tables offset by 128) is
+    ``s + 128`` with s = u ^ 0x80 signed: the signed dot plus 128 * the activations' sum."""
     if variant == "vnni":
         fn = _decl(builder.module, "llvm.x86.avx512.vpdpbusd.256", V8I32, [V8I32, V8I32, V8I32])
         a = acc if acc is not None else ir.Constant(V8I32, None)
         return builder.call(fn, [a, builder.bitcast(u, V8I32), builder.bitcast(x, V8I32)])
+    if variant == "avx2":
+        if not wide:
+            t = _pairs_to_lanes(builder, _maddubs(builder, u, x))
+            return t if acc is None else builder.add(acc, t)
+        s = builder.xor(u, _splat(I8, 32, 0x80))
+        xsum = _pairs_to_lanes(builder, _maddubs(builder, _splat(I8, 32, 0x80), x))  # 128 * sums of x
+        return _dot_s8(builder, builder.add(xsum, acc) if acc is not None else xsum, s, x)
     m = builder.mul(builder.zext(u, V32I32), builder.sext(x, V32I32))
     parts = [builder.shuffle_vector(m, m, ir.Constant(V8I32, [4 * i + j for i in range(8)])) for j in range(4)]
     s = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))

@@ -13,7 +13,7 @@ from quantkit import config
 from quantkit.formats.ggml_types import KVALUES_IQ4NL, type_info
 from quantkit.kernels.ir import (F32T, HAS_VNNI512, I8, I16, I32, I64, PAIRS_512, PREFETCH, V8F32, V8I32, V16I8, V16I16, V32I8,
                                  _FM,
-                                 _bits_to_bytes, _byte_ptr, _decl, _dot, _f16, _fma_acc, _fold16, _gep, _ld, _load, _lut16,
+                                 _bits_to_bytes, _byte_ptr, _decl, _dot, _f16, _madd_acc, _maddubs, _fma_acc, _fold16, _gep, _ld, _load, _lut16,
                                  _nibbles16, _pairs16, _shuf, _splat, _vconst)
 
 
@@ -117,23 +117,21 @@ def _scaled_chunks(builder, variant, chunk, wq, xb, scv, per, small=True):
     Where the CPU has 512-bit VNNI (and ``K512``), chunks go two at a time (``_scaled_chunk_pairs``)."""
     if variant == "vnni" and HAS_VNNI512 and K512:
         return _scaled_chunk_pairs(builder, chunk, wq, xb, scv, per, small)
-    if variant == "vnni" and small:
+    if variant in ("vnni", "avx2") and small:
         n = 8 if per == 32 else 16
         sc16 = builder.trunc(scv, ir.VectorType(I16, n))
-        mad = _decl(builder.module, "llvm.x86.avx2.pmadd.ub.sw", V16I16, [V32I8, V32I8])
-        dpw = _decl(builder.module, "llvm.x86.avx512.vpdpwssd.256", V8I32, [V8I32, V8I32, V8I32])
         accs = [ir.Constant(V8I32, None)] * NACC
         for k in range(8):
-            p16 = builder.call(mad, [chunk(builder, variant, wq, k), _ld(builder, xb, 32 * k, V32I8)])
+            p16 = _maddubs(builder, chunk(builder, variant, wq, k), _ld(builder, xb, 32 * k, V32I8))
             mask = [k] * 16 if per == 32 else [2 * k] * 8 + [2 * k + 1] * 8
             s16 = builder.shuffle_vector(sc16, sc16, _vconst(mask))
-            accs[k % NACC] = builder.call(dpw, [accs[k % NACC], builder.bitcast(p16, V8I32), builder.bitcast(s16, V8I32)])
+            accs[k % NACC] = _madd_acc(builder, variant, accs[k % NACC], p16, s16)
         while len(accs) > 1:  # integer sums: the same result in any order
             accs = [builder.add(accs[i], accs[i + 1]) for i in range(0, len(accs), 2)]
         return accs[0]
     acc = ir.Constant(V8I32, None)
     for k in range(8):
-        t = _dot(builder, variant, None, chunk(builder, variant, wq, k), _ld(builder, xb, 32 * k, V32I8))
+        t = _dot(builder, variant, None, chunk(builder, variant, wq, k), _ld(builder, xb, 32 * k, V32I8), wide=not small)
         mask = [k] * 8 if per == 32 else [2 * k] * 4 + [2 * k + 1] * 4
         acc = builder.add(acc, builder.mul(t, _shuf(builder, scv, mask)))
     return acc
@@ -238,7 +236,7 @@ def _legacy(ts, q_off, chunk, offset, has_min):
         if offset:  # the dot starts from -offset * sum(x_q) in lane 0 (offset is a power of two)
             neg = b.sub(ir.Constant(I32, 0), b.shl(xsum, ir.Constant(I32, offset.bit_length() - 1)))
             init = b.insert_element(ir.Constant(V8I32, None), neg, ir.Constant(I32, 0))
-        t = _dot(b, k.v, init, chunk(b, k.v, _gep(b, k.wb, q_off), 0), _ld(b, k.xb, 0, V32I8))
+        t = _dot(b, k.v, init, chunk(b, k.v, _gep(b, k.wb, q_off), 0), _ld(b, k.xb, 0, V32I8), wide=offset >= 128)
         acc = _fma_acc(b, acc, t, s)
         if has_min:  # + m * (d_x * sum(x_q)): Q8_1's s, float32
             mt = b.fmul(_f16(b, k.wb, 2), _ld(b, k.sb, 0, F32T), flags=_FM)
@@ -459,6 +457,6 @@ def row_dots(variant: str, nrows: int = 1) -> dict:
     """``{type name: ROW intrinsic}`` for one IR variant ('vnni' or 'generic'). With ``nrows`` > 1 the
     intrinsic dots that many consecutive rows (``wr`` holds them one after another) with the same
     activations and returns a tuple; each row's sum is computed exactly as the 1-row dot's."""
-    if variant not in ("vnni", "generic"):
+    if variant not in ("vnni", "avx2", "generic"):
         raise ValueError(f"no IR dots for variant {variant!r}")
     return {name: _row_dot(variant, name, nrows) for name in ROW_SPECS}

@@ -74,7 +74,8 @@ def _emit_tq2_0(blk, acc, extra):
     b = blk.b
     ai = None
     for c in range(8):  # chunk c: elements 128 * (c // 4) + 32 * (c % 4) + m, Q2_K's qs layout
-        ai = K._dot(b, blk.v, ai, ir_rowdot._chunk_q2_k(b, blk.v, K._gep(b, blk.wb, _TQ2_QS), c), K._ld(b, blk.xb, 32 * c, K.V32I8))
+        ai = K._dot(b, blk.v, ai, ir_rowdot._chunk_q2_k(b, blk.v, K._gep(b, blk.wb, _TQ2_QS), c), K._ld(b, blk.xb, 32 * c, K.V32I8),
+                    wide=False)
     return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ2_D)), extra
 
 
@@ -100,7 +101,7 @@ def _emit_tq1_0(blk, acc, extra):
     chunks.append(K._concat16(b, _trits(b, v16, 81), _trits(b, qh16, [1] * 4 + [3] * 4 + [9] * 4 + [27] * 4)))
     ai = None
     for c in range(8):
-        ai = K._dot(b, blk.v, ai, chunks[c], K._ld(b, blk.xb, 32 * c, K.V32I8))
+        ai = K._dot(b, blk.v, ai, chunks[c], K._ld(b, blk.xb, 32 * c, K.V32I8), wide=False)
     return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ1_D)), extra
 
 
@@ -188,15 +189,12 @@ def _signed_chunk_dot(b, blk, acc, grid_words, signs32, c, ls):
         x = b.select(neg, b.sub(ir.Constant(K.V32I8, None), x), x)
     u = b.bitcast(grid_words, K.V32I8)
     lo, hi = ls if isinstance(ls, tuple) else (ls, ls)
-    if blk.v == "vnni":
-        mad = K._decl(b.module, "llvm.x86.avx2.pmadd.ub.sw", K.V16I16, [K.V32I8, K.V32I8])
-        dpw = K._decl(b.module, "llvm.x86.avx512.vpdpwssd.256", K.V8I32, [K.V8I32, K.V8I32, K.V8I32])
+    if blk.v in ("vnni", "avx2"):
         lv = b.insert_element(ir.Constant(K.V16I16, None), b.trunc(lo, K.I16), ir.Constant(K.I32, 0))
         lv = b.insert_element(lv, b.trunc(hi, K.I16), ir.Constant(K.I32, 1))
         lv = b.shuffle_vector(lv, lv, K._vconst([0] * 8 + [1] * 8))
-        p16 = b.call(mad, [u, x])
-        return b.call(dpw, [acc, b.bitcast(p16, K.V8I32), b.bitcast(lv, K.V8I32)])
-    t = K._dot(b, blk.v, None, u, x)
+        return K._madd_acc(b, blk.v, acc, K._maddubs(b, u, x), lv)
+    t = K._dot(b, blk.v, None, u, x, wide=False)
     lv = b.insert_element(ir.Constant(K.V8I32, None), lo, ir.Constant(K.I32, 0))
     lv = K._shuf(b, b.insert_element(lv, hi, ir.Constant(K.I32, 1)), [0] * 4 + [1] * 4)
     return b.add(acc, b.mul(t, lv))
@@ -295,7 +293,7 @@ def row_q1_0(variant):
                     neg = b.sub(ir.Constant(K.I32, 0), b.load(b.gep(sp, [j])))
                     init = b.insert_element(ir.Constant(K.V8I32, None), neg, ir.Constant(K.I32, 0))
                     x = b.load(b.bitcast(b.gep(xp, [b.mul(j, ir.Constant(j.type, 32))]), K.V32I8.as_pointer()), align=1)
-                    t = K._dot(b, variant, init, u, x)
+                    t = K._dot(b, variant, init, u, x, wide=False)
                     acc = K._fma_acc(b, b.load(accps[k % 2]), t, b.fmul(dw, b.load(b.gep(dp, [j])), flags=K._FM))
                     b.store(acc, accps[k % 2])
             acc = b.fadd(b.load(accps[0]), b.load(accps[1]), flags=K._FM)
@@ -309,7 +307,7 @@ def row_q1_0(variant):
     return intrinsic(impl)
 
 
-_ROW_Q1_0 = row_q1_0("vnni" if K.HAS_VNNI else "generic")
+_ROW_Q1_0 = row_q1_0(K.default_variant() if K.default_variant() != "plain" else "generic")
 
 
 @njit_fast

@@ -163,7 +163,10 @@ class MarkdownPrinter(Printer):
         self.out.write("|" + "".join(f" {self._pad(self.cell(f, r), self.width(f))} |" for f in self.fields) + "\n")
 
     def footer(self):
-        self.out.write(f"\nbuild: quantkit-{__version__} (0)\n")
+        from quantkit import isa
+
+        # llama-bench's build line; quantkit's kernels depend on the CPU level, so it says which ran
+        self.out.write(f"\nbuild: quantkit-{__version__} (0), kernels: {isa.describe()}\n")
 
 
 PRINTERS: dict[str, type[Printer]] = {"csv": CsvPrinter, "json": JsonPrinter, "jsonl": JsonlPrinter,
