@@ -2,7 +2,8 @@
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-export NUMBA_CACHE_DIR := $(CURDIR)/.numba_cache
+# numba's compile cache: quantkit's own per-user folder (`quantkit cache` shows it), the same for make,
+# a command typed by hand and an installed package; a NUMBA_CACHE_DIR set in the environment wins
 
 .PHONY: setup demo test bench golden clean warmup
 
@@ -35,8 +36,8 @@ demo: setup
 	$(BIN)/quantkit quantize $(OUT)/smollm2-f16.gguf $(OUT)/smollm2-Q4_K_M.gguf Q4_K_M
 	$(BIN)/quantkit run -m $(OUT)/smollm2-Q4_K_M.gguf -p "The three primary colors are" -n 32 --temp 0
 
-# Compile every kernel ahead of time (first run only; numba caches them in .numba_cache/): the codecs of
-# every type and what run / bench / perplexity need for the bundled model.
+# Compile every kernel ahead of time (first run only; cached in the folder `quantkit cache` shows): the
+# codecs of every type and what run / bench / perplexity need for the bundled model.
 warmup: setup
 	$(BIN)/quantkit warmup
 
@@ -57,4 +58,5 @@ golden:
 	$(QUANTKIT_LLAMA_PY) tools/make_golden.py
 
 clean:
-	rm -rf $(NUMBA_CACHE_DIR) .pytest_cache $(OUT)
+	rm -rf .pytest_cache $(OUT)
+	$(BIN)/quantkit cache --clear

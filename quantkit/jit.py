@@ -10,9 +10,11 @@
   threads of a ``prange`` share, so each takes the next chunk when it is free (ggml's threadpool
   does the same) instead of the fixed share a ``prange`` alone gives it.
 
-Compiled code is cached in ``NUMBA_CACHE_DIR`` (the Makefile points it inside the checkout).
-``announce_compiles()`` makes a cold compile visible: numba raises its ``numba:compile`` event only
-when a kernel is really compiled, not when it is loaded from that cache.
+Compiled code is cached in one folder per user, quantkit version and CPU level (``quantkit.cache``,
+which this module points numba at before importing it); processes that share it take turns at each
+kernel (``_compile_once``), so two never compile the same one at once. ``announce_compiles()`` makes a
+cold compile visible: numba raises its ``numba:compile`` event only when a kernel is really compiled,
+not when it is loaded from that cache.
 """
 
 from __future__ import annotations
@@ -20,18 +22,19 @@ from __future__ import annotations
 import functools
 import hashlib
 import os
-import platform
 import re
 import sys
 import time
 import types as pytypes
 
-import numba
+from quantkit import cache, config, isa
+
+cache.configure()  # before numba reads its environment
+
+import numba  # noqa: E402
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
-
-from quantkit import config
 
 # Pin the threading layer: omp launches prange loops in 1-2 us, workqueue in 60-90 us
 # (docs/kernels.md). Fall back silently where omp is missing.
@@ -78,6 +81,61 @@ def _load_cached_without_refresh() -> None:
 _load_cached_without_refresh()
 
 
+def _compile_once() -> None:
+    """Take turns at each kernel across processes that share the cache folder.
+
+    numba's on-disk cache is not safe for two processes that compile the same function at once
+    (``IndexDataCacheFile.save`` reads the index, picks a free data file name and writes both,
+    unlocked: two writers can pick one name, and the index can end up naming the other's code;
+    numba issue #10128). So ``Dispatcher.compile`` -- which looks in the cache, compiles on a miss
+    and saves -- runs under an exclusive ``flock`` on a lock file beside the function's index: a
+    second process waits, then loads what the first saved instead of compiling it again (the test
+    suite's two workers, or two commands a user starts at once). The lock is taken inside numba's
+    own compiler lock, so within a process only one thread ever holds one, and a kernel whose
+    compile compiles its callees takes their locks caller first (calls form no cycles). Left as numba
+    has it when its internals are not the ones this was written for (numba 0.60-0.68) or where
+    there is no ``fcntl``."""
+    try:
+        import fcntl
+
+        from numba.core.compiler_lock import global_compiler_lock
+        from numba.core.dispatcher import Dispatcher
+    except ImportError:
+        return
+    original = Dispatcher.compile
+    held: set[str] = set()
+
+    def index_path(disp) -> str | None:
+        cache_file = getattr(getattr(disp, "_cache", None), "_cache_file", None)
+        return getattr(cache_file, "_index_path", None)
+
+    @functools.wraps(original)
+    def compile(self, sig):
+        path = index_path(self)
+        if path is None or not self._can_compile:
+            return original(self, sig)
+        with global_compiler_lock:
+            if path in held:                        # this thread already holds it (a recursive compile)
+                return original(self, sig)
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:                         # a read-only cache: numba falls back on its own
+                return original(self, sig)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                held.add(path)
+                return original(self, sig)
+            finally:
+                held.discard(path)
+                os.close(fd)                        # closing releases the lock
+
+    Dispatcher.compile = compile
+
+
+_compile_once()
+
+
 # fastmath=False is written out, not left unset: numba's CPU target inherits an unset fastmath from the
 # caller (CPUTargetOptions.finalize: flags.inherit_if_not_set("fastmath")), so a codec compiled as the
 # callee of a fastmath kernel got FMA contraction -- Q8_K activations quantized in the decode step rounded
@@ -109,14 +167,145 @@ prange = numba.prange
 
 
 def source_digest(*paths: str) -> str:
-    """A short digest of source files, for the names of kernels that inline code from them: numba's on-disk
-    cache only watches the file a function is defined in, so an edit to a callee in another file would
-    otherwise leave stale machine code behind."""
+    """A short digest of source files (for names that must change when those files do)."""
     h = hashlib.sha1()
     for p in paths:
-        with open(p, "rb") as fh:
-            h.update(fh.read())
+        h.update(_file_hash(p).encode())
     return h.hexdigest()[:10]
+
+
+@functools.cache
+def _file_hash(path: str) -> str:
+    with open(path, "rb") as fh:
+        return hashlib.sha1(fh.read()).hexdigest()
+
+
+_PKG_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_CONSTANTS = (bool, int, float, complex, str, bytes, type(None))
+_ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
+
+
+class _Deps:
+    """What a kernel is built from: the package's source files its body, the kernels and intrinsics it
+    binds, and everything they reach (through the names their code uses, closures and nested functions)
+    are defined in, and the values of the constants they read (sizes, tables, switches). An object's
+    answer is remembered (with the object, so its ``id`` is not reused) unless its walk was cut short by
+    a cycle through an object still being walked: then the answer depends on where the walk began."""
+
+    def __init__(self):
+        self.done: dict[int, tuple[object, frozenset[str], str]] = {}
+        self.open: set[int] = set()
+        self.root = None
+
+    def of(self, obj) -> tuple[frozenset[str], str]:
+        """(source files, fingerprint of constant values) of ``obj``: a kernel body is walked wherever it
+        is defined, what it reaches only inside this package."""
+        self.root = obj
+        files, consts, _ = self._walk(obj)
+        return files, consts
+
+    def _walk(self, obj) -> tuple[frozenset[str], str, frozenset[int]]:
+        if isinstance(obj, _CONSTANTS):
+            return frozenset(), repr(obj), frozenset()
+        hit = self.done.get(id(obj))
+        if hit is not None:
+            return hit[1], hit[2], frozenset()
+        if id(obj) in self.open:                                       # a cycle: cut here
+            return frozenset(), "", frozenset({id(obj)})
+        self.open.add(id(obj))
+        files: set[str] = set()
+        parts: list[str] = []
+        cut: set[int] = set()
+
+        def add(x, label=""):
+            f, c, o = self._walk(x)
+            files.update(f)
+            cut.update(o)
+            if c:
+                parts.append(f"{label}={c}" if label else c)
+
+        try:
+            self._parts(obj, files, parts, add)
+        finally:
+            self.open.discard(id(obj))
+        text = _ADDRESS.sub("", "|".join(parts))                     # no object addresses: the same in every run
+        out = (frozenset(files), hashlib.sha1(text.encode()).hexdigest()[:12] if parts else "")
+        cut.discard(id(obj))
+        if not cut:
+            self.done[id(obj)] = (obj, *out)
+        return (*out, frozenset(cut))
+
+    def _parts(self, obj, files, parts, add):
+        import numpy as np
+
+        if isinstance(obj, np.ndarray):
+            parts.append(f"{obj.dtype}{obj.shape}:{hashlib.sha1(np.ascontiguousarray(obj).tobytes()).hexdigest()}")
+        elif isinstance(obj, np.generic):
+            parts.append(repr(obj))
+        elif isinstance(obj, (tuple, list)):
+            for x in obj:
+                add(x)
+        elif isinstance(obj, (set, frozenset)):
+            for x in sorted(obj, key=repr):
+                add(x)
+        elif isinstance(obj, dict):
+            for k, v in obj.items():
+                add(v, repr(k))
+        elif isinstance(obj, pytypes.ModuleType):
+            f = getattr(obj, "__file__", None) or ""
+            if f.startswith(_PKG_DIR):
+                files.add(f)
+        elif isinstance(obj, pytypes.FunctionType):
+            self._function(obj, obj.__code__, files, add)
+        elif hasattr(obj, "py_func"):                                  # a numba dispatcher
+            add(obj.py_func)
+        elif hasattr(obj, "_defn"):                                    # a numba intrinsic
+            add(obj._defn)
+        elif isinstance(obj, type):
+            mod = sys.modules.get(obj.__module__)
+            f = getattr(mod, "__file__", None) or ""
+            if f.startswith(_PKG_DIR):
+                files.add(f)
+            parts.append(f"{obj.__module__}.{obj.__qualname__}")
+        else:                                                          # LLVM / numba types, dataclasses
+            mod = type(obj).__module__
+            if mod.startswith("quantkit") and hasattr(obj, "__dict__"):
+                add(vars(obj))
+            else:
+                parts.append(f"{type(obj).__qualname__}:{obj}" if mod.startswith(("llvmlite", "numba"))
+                             else type(obj).__qualname__)
+
+    def _function(self, fn, code, files, add):
+        f = code.co_filename
+        if f.startswith(_PKG_DIR):
+            files.add(f)
+        elif fn is not self.root:
+            return
+        g = fn.__globals__
+        for name in code.co_names:
+            if name in g:
+                add(g[name], name)
+        for cell_name, cell in zip(code.co_freevars, fn.__closure__ or ()):
+            try:
+                add(cell.cell_contents, cell_name)
+            except ValueError:                                         # an empty cell
+                pass
+        for const in code.co_consts:
+            if isinstance(const, pytypes.CodeType):
+                self._function(fn, const, files, add)
+        for d in fn.__defaults__ or ():
+            add(d)
+
+
+_DEPS = _Deps()
+
+
+def build_digest(fn) -> str:
+    """A digest of what the kernel ``fn`` (a plain function, its globals bound) is built from: it goes
+    into the kernel's name, because numba's on-disk cache only watches the file a function is defined in.
+    Editing one codec thus recompiles the kernels that reach it, and only those."""
+    files, consts = _DEPS.of(fn)
+    return source_digest(*sorted(files)) + (consts[:6] if consts else "")
 
 
 _SPECIALIZED: dict[tuple, object] = {}
@@ -129,15 +318,17 @@ def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, **na
     dot, an IR variant -- and compiled per binding (the umap habit: one body, several builds): the
     body names a placeholder global (``ROW``, ``DEQ``, ... marked ``noqa: F821``) and each
     specialization supplies it. ``tag`` makes the copy's name, and so numba's on-disk cache entry,
-    unique per binding (numba caches by function name and file, and cannot cache closures); put a
-    ``source_digest`` of the callees' files in it. ``fast`` compiles with fastmath (dots, not codecs)."""
+    unique per binding (numba caches by function name and file, and cannot cache closures); the name
+    also carries ``build_digest`` of what the copy reaches, so an edit anywhere in it is a new entry.
+    ``fast`` compiles with fastmath (dots, not codecs)."""
     key = (fn.__module__, fn.__qualname__, tag, parallel, fast)
     if key in _SPECIALIZED:
         return _SPECIALIZED[key]
     g = dict(fn.__globals__)
     g.update(names)
-    suffix = f"__{tag}_{'par' if parallel else 'ser'}"
-    new = pytypes.FunctionType(fn.__code__, g, fn.__name__ + suffix, fn.__defaults__, fn.__closure__)
+    new = pytypes.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
+    suffix = f"__{tag}_{build_digest(new)}_{'par' if parallel else 'ser'}"
+    new.__name__ = fn.__name__ + suffix
     new.__qualname__ = fn.__qualname__ + suffix
     new.__module__ = fn.__module__
     new.__doc__ = fn.__doc__
@@ -249,16 +440,13 @@ def fetch_add(typingctx, a, i, v):
     return sig, codegen
 
 
-@functools.cache
 def host_features() -> frozenset[str]:
-    """CPU features LLVM sees on this machine, e.g. {'avx512vnni', 'f16c', ...}: detected once, here;
-    kernels/ir.py derives the kernel variants' flags (HAS_VNNI, ...) from it."""
-    import llvmlite.binding as llvm
-
-    return frozenset(k for k, v in llvm.get_host_cpu_features().items() if v)
+    """CPU features the kernels may use, e.g. {'avx512vnni', 'f16c', ...}: the host's, less those above
+    a forced CPU level (quantkit/isa.py); kernels/ir.py derives the kernels' flags (HAS_VNNI, ...) from it."""
+    return isa.target_features()
 
 
-IS_X86 = platform.machine().lower() in ("x86_64", "amd64", "i686", "x86")
+IS_X86 = isa.ARCH == "x86"
 HAS_F16C = "f16c" in host_features()
 
 

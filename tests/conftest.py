@@ -14,18 +14,9 @@ from click.testing import CliRunner
 # has its own test.
 os.environ["QUANTKIT_COMPILE_NOTICE"] = "0"
 
-# Under pytest-xdist (`make test` runs two workers) each worker compiles into a numba cache of its own:
-# numba's cache is not safe for two processes compiling the same function at once (IndexDataCacheFile.save
-# reads the index, picks the next free data file name and writes both, unlocked: two writers can pick one
-# name, and the index can end up naming the other process's code; numba issue #10128 is such a crash).
-# numba reads NUMBA_CACHE_DIR when it is imported, so this comes before anything imports quantkit; the
-# subprocesses that tests start inherit it.
-# (Once: some tests import this module again as tests.conftest.)
-_WORKER_CACHE = f"xdist-{os.environ.get('PYTEST_XDIST_WORKER')}"
-if (os.environ.get("PYTEST_XDIST_WORKER") and os.environ.get("NUMBA_CACHE_DIR")
-        and os.path.basename(os.environ["NUMBA_CACHE_DIR"]) != _WORKER_CACHE):
-    assert "numba" not in sys.modules, "numba was imported before conftest could give this worker its own cache"
-    os.environ["NUMBA_CACHE_DIR"] = os.path.join(os.environ["NUMBA_CACHE_DIR"], _WORKER_CACHE)
+# Under pytest-xdist (`make test` runs two workers) the workers share one numba cache, the one every
+# quantkit process uses (quantkit/cache.py): quantkit.jit makes them take turns at each kernel, so a
+# kernel one worker compiled is loaded, not compiled again, by the other.
 
 from quantkit.cli import main
 from quantkit.formats.locate import bundled_model

@@ -20,7 +20,7 @@ from gguf import GGMLQuantizationType as T
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
 from quantkit.kernels import lowbit
-from quantkit.kernels.ir import IR_DIGEST, PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch
+from quantkit.kernels.ir import PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch
 from quantkit.kernels.ir_rowdot import ROW_SPECS, row_dots
 from quantkit.kernels.ir_x8 import HAS_X8, X8_ROWS, X8_SPECS, row_dots_x8, x8_places
 from quantkit.kernels import vecdot_iq  # noqa: F401  (adds the lattice types' IR entries to ROW_SPECS)
@@ -214,8 +214,8 @@ def _rows(variant, nrows=1):
 
 
 def build(fn, tag: str, parallel: bool, **names):
-    """``jit.specialize`` for the kernels: fastmath, and ``IR_DIGEST`` in the name (the sources they inline)."""
-    return specialize(fn, f"{tag}_{IR_DIGEST}", parallel=parallel, fast=True, **names)
+    """``jit.specialize`` for the kernels: fastmath (the name carries the digest of what they are built from)."""
+    return specialize(fn, tag, parallel=parallel, fast=True, **names)
 
 
 def activation_kind(wtype, variant: str | None = None) -> str:

@@ -28,8 +28,6 @@ A type's sizes, block fields and the rest of its facts come from the type table
 
 from __future__ import annotations
 
-import functools
-import os
 from typing import Callable, ClassVar
 
 import numpy as np
@@ -37,7 +35,7 @@ from gguf import GGMLQuantizationType
 
 from quantkit.errors import QuantError
 from quantkit.formats.ggml_types import TypeInfo, type_info
-from quantkit.jit import prange, source_digest, specialize
+from quantkit.jit import prange, specialize
 
 TRAITS: dict[GGMLQuantizationType, type["QuantType"]] = {}
 
@@ -71,19 +69,9 @@ def traits(qtype: GGMLQuantizationType | str | int) -> type["QuantType"]:
         ) from None
 
 
-@functools.cache
-def _digest() -> str:
-    """A digest of every source a built kernel may inline (this package, the type table, jit.py): it goes
-    into the kernels' names, since numba's on-disk cache only watches the file a function is defined in."""
-    pkg = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    here = os.path.join(pkg, "quants")
-    files = [os.path.join(here, f) for f in sorted(os.listdir(here)) if f.endswith(".py")]
-    return source_digest(*files, os.path.join(pkg, "formats", "ggml_types.py"), os.path.join(pkg, "jit.py"))
-
-
 def build_kernel(body: Callable, qtype: GGMLQuantizationType, parallel: bool, **names) -> Callable:
     """``body`` compiled for one type, its placeholder globals bound to ``names`` (``jit.specialize``)."""
-    return specialize(body, f"{qtype.name}_{_digest()}", parallel=parallel, **names)
+    return specialize(body, qtype.name, parallel=parallel, **names)
 
 
 def _dequantize_rows_body(y, x):
