@@ -283,7 +283,7 @@ def gemv_shape(args, types, rng):
         # layouts timed A/B in turn within each repetition: the rows as in the file, and (where this CPU
         # has the kernel and --x8) the 8-row interleaved copy the decode step makes (kernels.pack_x8)
         layouts = {"rows": (K.matvec_kernel(t), lambda w: w)}
-        if args.x8 and t in K.x8_types() and K.default_variant() == "vnni":
+        if args.x8 and t in K.x8_types():
             layouts["x8"] = (K.matvec_x8_kernel(t), lambda w: K.pack_x8(w, t))
         passes = {}
         for name, (mv, prep) in layouts.items():

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
 
+from quantkit import isa
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import x8_types
 from quantkit.model.ops import expf
@@ -46,12 +47,15 @@ def test_step_equals_batch_path(tiny, type_kv, monkeypatch):
     np.testing.assert_array_equal(r.key_cache[:, :len(TOKENS)], r2.key_cache[:, :len(TOKENS)])
 
 
-@pytest.mark.skipif(not x8_types(), reason="no 512-bit VNNI: no x8 kernels")
-def test_x8_step_vs_reference(tiny, monkeypatch):
+@pytest.mark.parametrize("level", [lv for lv in isa.runnable() if x8_types(isa.BY_NAME[lv].variant)] or
+                         [pytest.param("none", marks=pytest.mark.skip(reason="no AVX2: no x8 kernels"))])
+def test_x8_step_vs_reference(tiny, monkeypatch, level):
     """The step with the Q8_0 matrices in the 8-row interleaved layout (attn_k; the 300-row output is
     not a multiple of 8 and keeps the file's rows): as close to the float64 reference as the step on
     the file's rows. Not equal to it: the x8 dot sums blocks in another float order, and the
-    activations' re-quantization to 8 bits carries any last-bit difference on (docs/run.md)."""
+    activations' re-quantization to 8 bits carries any last-bit difference on (docs/run.md). For every
+    level with x8 kernels the host runs (their kernels, in this process: LLVM may use more)."""
+    monkeypatch.setenv("QUANTKIT_KERNELS", level)
     ref = reference_logits(tiny, TOKENS)
     scale = np.abs(ref).max()
     errs = {}
@@ -155,7 +159,7 @@ def _present_pages(a: np.ndarray) -> tuple[int, int]:
     return int(np.count_nonzero(entries >> np.uint64(63))), last - first
 
 
-@pytest.mark.skipif(not x8_types(), reason="no 512-bit VNNI: no x8 kernels")
+@pytest.mark.skipif(not x8_types(), reason="no AVX2: no x8 kernels")
 def test_x8_copy_replaces_the_file_pages(tmp_path, monkeypatch):
     """The x8 copy is packed a slice of rows at a time and each slice's file pages leave this process as
     soon as it is packed (``X8_SLICE_BYTES``; here 8 rows a slice): once packed, no whole page of a

@@ -427,8 +427,11 @@ def test_type_without_a_codec_is_one_line_before_compute():
 
 # -- the 8-row interleaved (x8) layout of the decode step (AVX512-VNNI CPUs) ---------------------------
 
-X8 = K.x8_types()
-needs_x8 = pytest.mark.skipif(not X8, reason="no 512-bit VNNI: no x8 kernels")
+X8 = sorted({t for v in VARIANTS for t in K.x8_types(v)})
+#: the variants with x8 kernels on this host (vnni: 512-bit with AVX512-VNNI, 256-bit halves with
+#: AVX-VNNI; avx2: 256-bit halves)
+X8_VARIANTS = [v for v in VARIANTS if K.x8_types(v)]
+needs_x8 = pytest.mark.skipif(not X8, reason="no AVX2: no x8 kernels")
 
 
 #: the x8 layout as ir.py's comment states it: per type, the block's header fields (offset, bytes,
@@ -485,8 +488,9 @@ def test_pack_x8_layout(t):
 
 
 @needs_x8
+@pytest.mark.parametrize("variant", X8_VARIANTS)
 @pytest.mark.parametrize("t", X8, ids=lambda t: t.name)
-def test_x8_dot_exact(t):
+def test_x8_dot_exact(t, variant):
     """The x8 GEMV equals the exact sum of dequantized weight x dequantized activation up to float32
     accumulation (as test_integer_dot_exact), and the file-rows GEMV up to summation order."""
     n_in, n_out = 2048, 48
@@ -499,16 +503,17 @@ def test_x8_dot_exact(t):
     xdeq = (qs.astype(np.float64).reshape(2, -1, per) * d.astype(np.float64)[:, :, None]).reshape(2, -1)
     ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T + q8_1_min_term_shift(w, t, kind, qs, d, s)
     got = np.empty((2, n_out), np.float32)
-    K.matvec_x8_kernel(t)(K.pack_x8(w, t), qs, d, s, got, 16)
+    K.matvec_x8_kernel(t, variant=variant)(K.pack_x8(w, t), qs, d, s, got, 16)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
     rows = np.empty((2, n_out), np.float32)
-    K.matvec_kernel(t, "vnni")(w, qs, d, s, rows, 16)
+    K.matvec_kernel(t, variant)(w, qs, d, s, rows, 16)
     np.testing.assert_allclose(got, rows, rtol=0, atol=2e-6 * np.abs(ref).max())
 
 
 @needs_x8
+@pytest.mark.parametrize("variant", X8_VARIANTS)
 @pytest.mark.parametrize("t", X8, ids=lambda t: t.name)
-def test_x8_threads_identical(t):
+def test_x8_threads_identical(t, variant):
     n_in = n_in_for(t)
     w = K.pack_x8(make_weights(t, 64, n_in, seed=3), t)
     x = np.random.default_rng(6).standard_normal((1, n_in)).astype(np.float32)
@@ -516,7 +521,7 @@ def test_x8_threads_identical(t):
     out = [np.empty((1, 64), np.float32) for _ in range(2)]
     for n, o in zip((1, 2), out):
         set_threads(n)
-        K.matvec_x8_kernel(t)(w, qs, d, s, o, 16)
+        K.matvec_x8_kernel(t, variant=variant)(w, qs, d, s, o, 16)
     np.testing.assert_array_equal(out[0], out[1])
 
 

@@ -47,6 +47,8 @@ _FEATURES = host_features()
 HAS_VNNI = IS_X86 and (("avx512vnni" in _FEATURES and "avx512vl" in _FEATURES) or "avxvnni" in _FEATURES)
 #: 512-bit vpdpbusd (two 32-element blocks per instruction)
 HAS_VNNI512 = IS_X86 and {"avx512f", "avx512bw", "avx512vnni"} <= _FEATURES
+#: AVX2 (vpmaddubsw, vpmaddwd, pshufb on 256 bits): the avx2 variant and the 256-bit x8 dots
+HAS_AVX2 = IS_X86 and "avx2" in _FEATURES
 #: hardware half -> float (``fpext half``): F16C on x86; native elsewhere
 HAS_F16 = (not IS_X86) or "f16c" in _FEATURES
 #: BMI2's pdep (the lattice types' grid indices, kernels/lowbit.py)

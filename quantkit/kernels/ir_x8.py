@@ -8,8 +8,9 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quantkit.kernels.ir import (F32T, HAS_GFNI, HAS_VNNI512, I8, I16, I32, I64, V8F32, V8I32, X8_PREFETCH, _FM, _byte_ptr,
-                                 _decl, _fold16, _ld, _pairs16, _shuf, _splat, _vconst)
+from quantkit.kernels.ir import (F32T, HAS_AVX2, HAS_GFNI, HAS_VNNI512, I8, I16, I32, I64, V8F32, V8I32, V32I8,
+                                 X8_PREFETCH, _FM, _byte_ptr, _decl, _dot, _fold16, _ld, _pairs16, _shuf, _splat,
+                                 _vconst)
 from quantkit.kernels.ir_rowdot import _IQ4_U
 
 
@@ -54,22 +55,33 @@ def _x8_f16(b, gb, off):
     return b.fpext(_ld(b, gb, off, V8F16), V8F32)
 
 
-def _x8_dot(b, dpb, acc, u, xb, off):
-    """acc + vpdpbusd(u (8 bytes per row), activations xb[off:off+8] broadcast)."""
-    return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
+def _x8_dot(b, dpb, acc, u, xb, off, wide=False):
+    """acc + vpdpbusd(u (8 bytes per row), activations xb[off:off+8] broadcast). ``dpb`` is the 512-bit
+    vpdpbusd, or ``"avx2"``: then each 32-byte half of u (rows 0-3, rows 4-7) goes through the avx2
+    variant's ``_dot`` (``wide``: u may reach 128 and more, as ``_dot`` says) and the two 8-lane results
+    are the 16 lanes vpdpbusd gives (lanes 2r, 2r+1: row r)."""
+    if dpb != "avx2":
+        return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
+    q = _ld(b, xb, off, I64)
+    x = b.insert_element(ir.Constant(ir.VectorType(I64, 4), None), q, ir.Constant(I32, 0))
+    x = b.bitcast(b.shuffle_vector(x, x, _vconst([0] * 4)), V32I8)
+    lo, hi = (_dot(b, "avx2", None, b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32))), x, wide=wide)
+              for h in range(2))
+    return b.add(acc, b.shuffle_vector(lo, hi, _vconst(range(16))))
 
 
-def _x8_bits(b, v, shift, width, to=0):
+def _x8_bits(k, v, shift, width, to=0):
     """Bits shift..shift+width-1 of each byte of <64 x i8> v at bits to..to+width-1, the rest 0: one bit
     field of 64 packed quant bytes, moved into place (one GFNI affine, ``_gf2_bits``)."""
-    return _gf2_bits(b, v, {to + e: shift + e for e in range(width)})
+    return _gf2_bits(k, v, {to + e: shift + e for e in range(width)})
 
 
-def _gf2_bits(b, v, moves):
+def _gf2_bits(k, v, moves):
     """Each byte of <64 x i8> v with its bits moved (``moves``: {bit out: bit in}), the other bits 0:
-    one ``vgf2p8affineqb`` (a shift and a mask in one instruction; GFNI, with AVX-512 here). The
-    matrix byte 7 - o holds the input bits that make output bit o."""
-    if not HAS_GFNI:  # the moves are one shift: shift and mask
+    one ``vgf2p8affineqb`` (a shift and a mask in one instruction; GFNI, with AVX-512: the 512-bit
+    flavour only). The matrix byte 7 - o holds the input bits that make output bit o."""
+    b = k.b
+    if not (HAS_GFNI and k.dpb != "avx2"):  # the moves are one shift: shift and mask
         (d,) = {o - i for o, i in moves.items()}
         mask = _splat(I8, 64, sum(1 << o for o in moves))
         return b.and_(b.shl(v, _splat(I8, 64, d)) if d > 0 else b.lshr(v, _splat(I8, 64, -d)) if d else v, mask)
@@ -81,8 +93,8 @@ def _gf2_bits(b, v, moves):
 
 
 class _X8:
-    """What an x8 emitter gets: builder, vpdpbusd, group-block pointer, this block's activations
-    (quants, float scale, int32 sums pointer)."""
+    """What an x8 emitter gets: builder, vpdpbusd (or ``"avx2"``, ``_x8_dot``), group-block pointer, this
+    block's activations (quants, float scale, int32 sums pointer)."""
 
     def __init__(self, b, dpb, gb, xb, dx, sb):
         self.b, self.dpb, self.gb, self.xb, self.dx, self.sb = b, dpb, gb, xb, dx, sb
@@ -96,6 +108,17 @@ class _X8:
     def bsums(self):
         """The 16 activation sums of a super-block (one per 16 elements) -> <16 x i32>."""
         return _ld(self.b, self.b.bitcast(self.sb, I8.as_pointer()), 0, V16I32)
+
+    def lut(self, table, idx):
+        """<64 x i8> bytes of the 16-entry ``table`` at the nibble indices ``idx`` (pshufb)."""
+        b = self.b
+        if self.dpb != "avx2":
+            fn = _decl(b.module, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
+            return b.call(fn, [ir.Constant(V64I8, list(table) * 4), idx])
+        fn = _decl(b.module, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
+        t = ir.Constant(V32I8, list(table) * 2)
+        lo, hi = (b.call(fn, [t, b.shuffle_vector(idx, idx, _vconst(range(32 * h, 32 * h + 32)))]) for h in range(2))
+        return b.shuffle_vector(lo, hi, _vconst(range(64)))
 
     def sums32(self):
         """The activation sums per 32 elements of a super-block -> <8 x i32>."""
@@ -138,7 +161,7 @@ def _x8_legacy(q_off, offset, nibbles):
             acc = ir.Constant(V16I32, None)
             for j in range(4):
                 u = b.xor(_ld(b, k.gb, q_off + 64 * j, V64I8), _splat(I8, 64, 0x80))
-                acc = _x8_dot(b, k.dpb, acc, u, k.xb, 8 * j)
+                acc = _x8_dot(b, k.dpb, acc, u, k.xb, 8 * j, wide=True)
         t8 = _pairs16(b, acc)
         neg = b.shl(k.xsum(0), ir.Constant(I32, offset.bit_length() - 1))
         t8 = b.sub(t8, _bcast(b, neg, V8I32))
@@ -181,7 +204,7 @@ def _x8_q4k_like(qs_off, qh_off=None):
             if qh_off is None:
                 return None
             h = _ld(b, k.gb, qh_off + 64 * j, V64I8)
-            return _x8_bits(b, h, sub, 1, 4)
+            return _x8_bits(k, h, sub, 1, 4)
 
         xs8 = k.sums32()
         isum = msum = None
@@ -249,7 +272,7 @@ def _x8_q2_k(k):
 
     def unpack(g, s):
         n, j = g // 8, g % 8 // 2
-        return _x8_bits(b, _ld(b, k.gb, 128 + 64 * (4 * n + s), V64I8), 2 * j, 2)
+        return _x8_bits(k, _ld(b, k.gb, 128 + 64 * (4 * n + s), V64I8), 2 * j, 2)
 
     def scale(g):
         v = b.zext(_ld(b, k.gb, 8 * g, ir.VectorType(I8, 8)), V8I32)
@@ -279,8 +302,8 @@ def _x8_q3_k(k):
     def unpack(g, s):
         ch = g // 2
         n, j = divmod(ch, 4)
-        low = _x8_bits(b, _ld(b, k.gb, 256 + 64 * (4 * n + s), V64I8), 2 * j, 2)
-        return b.or_(low, _x8_bits(b, _ld(b, k.gb, 64 * s, V64I8), ch, 1, 2))
+        low = _x8_bits(k, _ld(b, k.gb, 256 + 64 * (4 * n + s), V64I8), 2 * j, 2)
+        return b.or_(low, _x8_bits(k, _ld(b, k.gb, 64 * s, V64I8), ch, 1, 2))
 
     def scale(g):
         w = aux[g // 4]
@@ -306,8 +329,8 @@ def _x8_q6_k(k):
         ql = _ld(b, k.gb, slot[8 * n + 4 * (i % 2) + s], V64I8)
         qh = _ld(b, k.gb, slot[16 + 4 * n + s], V64I8)
         # ql's nibble to bits 0..3, bits 2i, 2i+1 of qh to bits 4, 5, the rest 0
-        lo = b.and_(ql, lo4) if i < 2 else _x8_bits(b, ql, 4, 4)
-        return b.or_(lo, b.and_(qh, hi2) if i == 2 else _x8_bits(b, qh, 2 * i, 2, 4))
+        lo = b.and_(ql, lo4) if i < 2 else _x8_bits(k, ql, 4, 4)
+        return b.or_(lo, b.and_(qh, hi2) if i == 2 else _x8_bits(k, qh, 2 * i, 2, 4))
 
     def scale(g):
         return b.sext(_ld(b, k.gb, sc_at + 8 * g, ir.VectorType(I8, 8)), V8I32), None
@@ -325,8 +348,6 @@ def _x8_iq4_xs(k):
     sh = dup(b.zext(_ld(b, k.gb, 16, ir.VectorType(I16, 8)), V8I32))
     sl = dup(_ld(b, k.gb, 32, V8I32))
     c = lambda n: _splat(I32, 16, n)  # noqa: E731
-    lut = _decl(b.module, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
-    table = ir.Constant(V64I8, list(_IQ4_U) * 4)
     xs = b.shl(k.sums32(), _splat(I32, 8, 7))  # 128 * sums: the table values' offset
     isum = None
     for p in range(4):
@@ -335,10 +356,10 @@ def _x8_iq4_xs(k):
             dot = ir.Constant(V16I32, None)
             for h in range(2):
                 v = _ld(b, k.gb, 64 + 64 * (2 * ch + h), V64I8)
-                lo = b.call(lut, [table, b.and_(v, _splat(I8, 64, 15))])
-                hi = b.call(lut, [table, b.lshr(v, _splat(I8, 64, 4))])
-                dot = _x8_dot(b, k.dpb, dot, lo, k.xb, 32 * ch + 8 * h)
-                dot = _x8_dot(b, k.dpb, dot, hi, k.xb, 32 * ch + 16 + 8 * h)
+                lo = k.lut(_IQ4_U, b.and_(v, _splat(I8, 64, 15)))
+                hi = k.lut(_IQ4_U, b.lshr(v, _splat(I8, 64, 4)))
+                dot = _x8_dot(b, k.dpb, dot, lo, k.xb, 32 * ch + 8 * h, wide=True)
+                dot = _x8_dot(b, k.dpb, dot, hi, k.xb, 32 * ch + 16 + 8 * h, wide=True)
             dots.append(dot)
         low = b.and_(b.lshr(sl, _vconst([4 * e for e in _twice(p)])), c(15))
         high = b.shl(b.and_(b.lshr(sh, _vconst([2 * e for e in _twice(p)])), c(3)), c(4))
@@ -396,11 +417,16 @@ def x8_places(name):
 #: 2 (super-blocks). Q6_K runs one: at two threads on Zen 4 its GEMV from DRAM streamed at 26-31 GB/s
 #: against 23-26 with two, cache-resident rates equal (docs/performance.md, "Decode on two threads")
 X8_UNROLL = {"Q6_K": 1}
-#: the x8 kernels need 512-bit VNNI (AVX512-VNNI + BW)
-HAS_X8 = HAS_VNNI512
+def x8_flavour(variant: str) -> str | None:
+    """Which x8 dots a kernel variant gets: ``vnni`` (512-bit vpdpbusd, where the CPU has 512-bit VNNI),
+    ``avx2`` (two 256-bit halves, ``_x8_dot``: the avx2 variant, and vnni on AVX-VNNI CPUs without
+    AVX-512), or None (generic, plain: no x8 layout)."""
+    if variant == "vnni" and HAS_VNNI512:
+        return "vnni"
+    return "avx2" if variant in ("vnni", "avx2") and HAS_AVX2 else None
 
 
-def _row_dot_x8(name):
+def _row_dot_x8(name, flavour):
     ts, qk, ns, _, _, emit = X8_SPECS[name]
     gts = X8_ROWS * ts
     unroll = X8_UNROLL.get(name, 4 if qk == 32 else 2)
@@ -417,7 +443,8 @@ def _row_dot_x8(name):
             dp = b.bitcast(_byte_ptr(context, b, ta[2], args[2], zero, types.intp), F32T.as_pointer())
             sp = b.bitcast(_byte_ptr(context, b, ta[3], args[3], zero, types.intp), I32.as_pointer())
             nb = cgutils.unpack_tuple(b, context.make_array(ta[2])(context, b, args[2]).shape)[0]
-            dpb = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32])
+            dpb = ("avx2" if flavour == "avx2" else
+                   _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32]))
             pf = _decl(b.module, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
             accps = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(unroll)]
 
@@ -450,11 +477,12 @@ def _row_dot_x8(name):
 
         return sig, codegen
 
-    impl.__name__ = f"row_{name.lower()}_x8"
+    impl.__name__ = f"row_{name.lower()}_x8_{flavour}"
     return intrinsic(impl)
 
 
-def row_dots_x8() -> dict:
+def row_dots_x8(flavour: str) -> dict:
     """``{type name: ROWX8 intrinsic}``: ``ROWX8(wg, xq, xd, xs) -> 8 x float32``, the dots of the 8 rows
-    of one x8 group (``wg``: its nb * 8 * block bytes) with one token's activations (vnni, 512-bit)."""
-    return {name: _row_dot_x8(name) for name in X8_SPECS}
+    of one x8 group (``wg``: its nb * 8 * block bytes) with one token's activations, for an
+    ``x8_flavour``."""
+    return {name: _row_dot_x8(name, flavour) for name in X8_SPECS}

@@ -22,7 +22,7 @@ from quantkit.jit import prange, specialize
 from quantkit.kernels import lowbit
 from quantkit.kernels.ir import PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch
 from quantkit.kernels.ir_rowdot import ROW_SPECS, row_dots
-from quantkit.kernels.ir_x8 import HAS_X8, X8_ROWS, X8_SPECS, row_dots_x8, x8_places
+from quantkit.kernels.ir_x8 import X8_ROWS, X8_SPECS, row_dots_x8, x8_flavour, x8_places
 from quantkit.kernels import vecdot_iq  # noqa: F401  (adds the lattice types' IR entries to ROW_SPECS)
 from quantkit.quants import traits
 
@@ -268,9 +268,9 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
 
 # -- the 8-row interleaved layout (ir_x8.X8_SPECS) ------------------------------------------------
 
-def x8_types() -> tuple:
-    """The weight types with an x8 kernel on this CPU (none without 512-bit VNNI)."""
-    return tuple(T[name] for name in X8_SPECS) if HAS_X8 else ()
+def x8_types(variant: str | None = None) -> tuple:
+    """The weight types with an x8 kernel for a variant on this CPU (none for generic and plain)."""
+    return tuple(T[name] for name in X8_SPECS) if x8_flavour(variant or default_variant()) else ()
 
 
 def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
@@ -303,18 +303,23 @@ def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
     return out.reshape(ng, R * rb)
 
 
-def rowx8_kernel(wtype):
-    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an x8 type (ir_x8.row_dots_x8)."""
-    if "x8" not in _DOTS:
-        _DOTS["x8"] = row_dots_x8()
-    return _DOTS["x8"][T(wtype).name]
+def rowx8_kernel(wtype, variant: str | None = None):
+    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an x8 type (ir_x8.row_dots_x8) for a
+    variant's x8 flavour."""
+    flavour = x8_flavour(variant or default_variant())
+    if flavour is None:
+        raise ValueError(f"no x8 kernels for variant {variant or default_variant()!r}")
+    if ("x8", flavour) not in _DOTS:
+        _DOTS["x8", flavour] = row_dots_x8(flavour)
+    return _DOTS["x8", flavour][T(wtype).name]
 
 
-def matvec_x8_kernel(wtype, parallel: bool = True):
+def matvec_x8_kernel(wtype, parallel: bool = True, variant: str | None = None):
     """The compiled ``matvec(wp, xq, xd, xs, out, chunk)`` for ``pack_x8`` weights of ``wtype``
     (activations as ``activation_kind(wtype)``)."""
     t = T(wtype)
-    return build(matvec_x8_body, f"{t.name}_x8", parallel, ROWX8=rowx8_kernel(t))
+    flavour = x8_flavour(variant or default_variant())
+    return build(matvec_x8_body, f"{t.name}_x8{flavour}", parallel, ROWX8=rowx8_kernel(t, variant))
 
 
 def gemv_kernel(wtype, variant: str | None = None):

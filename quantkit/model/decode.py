@@ -331,9 +331,9 @@ def _huge_copy(src: np.ndarray) -> np.ndarray:
 
 
 def use_x8(variant: str) -> bool:
-    """Whether the decode step reads the x8 types' matrices from an 8-row interleaved copy: the vnni
-    variant on a CPU with 512-bit VNNI, unless ``QUANTKIT_X8=0``."""
-    return variant == "vnni" and bool(x8_types()) and config.x8()
+    """Whether the decode step reads the x8 types' matrices from an 8-row interleaved copy: the vnni and
+    avx2 variants (ir_x8.x8_flavour), unless ``QUANTKIT_X8=0``."""
+    return bool(x8_types(variant)) and config.x8()
 
 
 def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[int], bool]:
@@ -369,7 +369,8 @@ def step_kernel(slots: tuple, variant: str, kv_f16: bool):
         tv = f"{t.name}_{variant}"
         aq, ad, as_ = ACT_FIELDS[kind]
         if x8:
-            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8", False, ROWX8=rowx8_kernel(t), AQ=aq, AD=ad, AS=as_)
+            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8_{variant}", False, ROWX8=rowx8_kernel(t, variant), AQ=aq,
+                                    AD=ad, AS=as_)
         else:
             rows[f"RUN{k}"] = build(run_rows, tv, False, ROWDOT=rowdot_kernel(t, variant),
                                     ROWDOT2=rowdot2_kernel(t, variant), AQ=aq, AD=ad, AS=as_)
@@ -395,7 +396,7 @@ class DecodeStep:
         types = tuple(sorted({w.type for w in weights}, key=int))
         # the products of an x8 type with whole 8-row groups read an interleaved copy (not the embedding,
         # which is looked up by row from the map)
-        xt = set(x8_types()) if use_x8(variant) else set()
+        xt = set(x8_types(variant)) if use_x8(variant) else set()
         packed = [w.type in xt and w.data.shape[0] % X8_ROWS == 0 for w in weights[:-1]] + [False]
 
         def slot_set(packed):
