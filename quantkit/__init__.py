@@ -14,4 +14,13 @@ import os
 # numpy; a user's own setting wins.
 os.environ.setdefault("OPENBLAS_THREAD_TIMEOUT", "4")
 
+# A forced CPU level (QUANTKIT_KERNELS, quantkit/isa.py) holds numba's LLVM to it; OpenBLAS, which the
+# batch path calls, picks its kernels from the CPU when numpy loads it, so it is held too: its Haswell
+# kernels are its AVX2 ones. Without this, QUANTKIT_KERNELS=avx2 on an AVX-512 machine ran the prefill's
+# matrix products on OpenBLAS's AVX-512 kernels. A user's own OPENBLAS_CORETYPE wins.
+from quantkit import config  # noqa: E402  (no numpy, no numba)
+
+if config.kernels_level() in ("avx2", "avxvnni"):
+    os.environ.setdefault("OPENBLAS_CORETYPE", "Haswell")
+
 __version__ = "0.1.0"

@@ -10,14 +10,17 @@ import pytest
 from gguf import GGMLQuantizationType as T
 from gguf import quants as gq
 
+from quantkit import isa
 from quantkit import kernels as K
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import gemm as G
-from quantkit.kernels.ir import HAS_VNNI512
+from quantkit.kernels.ir import RUNNABLE_VARIANTS, int8_flavour
 
 from test_kernels import _restore_threads, make_weights  # noqa: F401 (autouse fixture)
 
-pytestmark = pytest.mark.skipif(not HAS_VNNI512, reason="the integer GEMM needs AVX512-VNNI")
+#: the GEMM's flavours this host executes (vnni: 512-bit VNNI; avx2: any AVX2 CPU)
+FLAVOURS = sorted({f for f in map(int8_flavour, RUNNABLE_VARIANTS) if f})
+pytestmark = pytest.mark.skipif(not FLAVOURS, reason="the integer GEMM needs AVX2")
 TYPES = list(G.SPECS)
 
 
@@ -42,22 +45,24 @@ def n_in(t, wide=False):
     return (1024 if wide else 512) if G.SPECS[t].qk == 256 else (1088 if wide else 576)
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("t", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("n_tok,n_out", [(19, 37), (40, 64), (1, 16)])
-def test_gemm_exact(t, n_tok, n_out):
+def test_gemm_exact(t, n_tok, n_out, flavour):
     """Within float32 accumulation of the exact integer math: any unpacking, scale or offset slip shows."""
     k = n_in(t, wide=n_tok == 40)
     w = make_weights(t, n_out, k, seed=n_tok + n_out)
     x = (np.random.default_rng(n_tok).standard_normal((n_tok, k)) * 3).astype(np.float32)
     x[0, :40] = 0  # a zero block (zero activation scale)
     out = np.full((n_tok, n_out), np.nan, np.float32)
-    G.gemm(w, t, x, out, {}, get_threads())
+    G.gemm(w, t, x, out, {}, get_threads(), flavour)
     ref = exact_reference(w, t, x)
     np.testing.assert_allclose(out, ref, rtol=2e-6, atol=2e-6 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("flavour", FLAVOURS)
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.Q4_1, T.Q4_K, T.Q6_K, T.Q2_K, T.IQ4_XS], ids=lambda t: t.name)
-def test_gemm_threads_identical(t):
+def test_gemm_threads_identical(t, flavour):
     k = n_in(t)
     w = make_weights(t, 200, k, seed=4)
     x = np.random.default_rng(5).standard_normal((45, k)).astype(np.float32)
@@ -65,20 +70,21 @@ def test_gemm_threads_identical(t):
     for n in (1, 2):
         set_threads(n)
         out = np.empty((45, 200), np.float32)
-        G.gemm(w, t, x, out, {}, n)
+        G.gemm(w, t, x, out, {}, n, flavour)
         outs.append(out)
     assert outs[0].tobytes() == outs[1].tobytes()
 
 
-def test_tokens_do_not_interact():
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_tokens_do_not_interact(flavour):
     """A token's outputs do not depend on which other tokens share its micro-kernel group."""
     t = T.Q4_K
     w = make_weights(t, 48, 512, seed=1)
     x = np.random.default_rng(6).standard_normal((21, 512)).astype(np.float32)
     full = np.empty((21, 48), np.float32)
-    G.gemm(w, t, x, full, {}, get_threads())
+    G.gemm(w, t, x, full, {}, get_threads(), flavour)
     part = np.empty((5, 48), np.float32)
-    G.gemm(w, t, x[13:18], part, {}, get_threads())
+    G.gemm(w, t, x[13:18], part, {}, get_threads(), flavour)
     assert part.tobytes() == full[13:18].tobytes()
 
 
@@ -92,18 +98,24 @@ def test_activations_are_the_gemvs(kind):
         assert a[:11].tobytes() == b.tobytes()
 
 
-def test_matmul_routes_batches_to_gemm(monkeypatch):
+@pytest.mark.parametrize("level", [lv for lv in isa.runnable() if int8_flavour(isa.BY_NAME[lv].variant)])
+def test_matmul_routes_batches_to_gemm(monkeypatch, level):
     """By default (QUANTKIT_GEMM unset), from GEMM_MIN_TOKENS tokens on (and only then) matmul runs the
-    GEMM; its result is matmul's. QUANTKIT_GEMM=0 switches back to the dequantize + BLAS prefill."""
+    GEMM of the level's flavour; its result is matmul's. QUANTKIT_GEMM=0 switches back to the
+    dequantize + BLAS prefill."""
     monkeypatch.delenv("QUANTKIT_GEMM", raising=False)
+    monkeypatch.setenv("QUANTKIT_KERNELS", level)
     t = T.Q6_K
     w = make_weights(t, 32, 512, seed=2)
     x = np.random.default_rng(8).standard_normal((K.GEMM_MIN_TOKENS, 512)).astype(np.float32)
     calls = []
     real = G.gemm
     monkeypatch.setattr(G, "gemm", lambda *a: calls.append(a[1]) or real(*a))
+    flavours = []
+    real_kernel = G.gemm_kernel
+    monkeypatch.setattr(G, "gemm_kernel", lambda t, fl, *a: flavours.append(fl) or real_kernel(t, fl, *a))
     y = K.matmul(w, t, x)
-    assert calls == [t]
+    assert calls == [t] and flavours == [int8_flavour(isa.BY_NAME[level].variant)]
     np.testing.assert_allclose(y, exact_reference(w, t, x), rtol=2e-6, atol=2e-6 * np.abs(y).max())
     K.matmul(w, t, x[1:])
     assert calls == [t]

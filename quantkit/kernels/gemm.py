@@ -26,7 +26,9 @@ Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mu
 
 The sum over a row's blocks is in float32 in a fixed order (blocks in order, one accumulator per
 output), so results do not depend on the thread count or on how tokens are grouped. Needs AVX512-VNNI
-(``ir.HAS_VNNI512``); elsewhere ``mul_mat`` keeps its dequantize + BLAS prefill.
+(``ir.HAS_VNNI512``) for the ``vnni`` flavour; the ``avx2`` flavour (``_Ops``, ``ir.int8_flavour``) runs the
+same tiles on AVX2 with half the tokens per micro-kernel; elsewhere ``mul_mat`` keeps its dequantize +
+BLAS prefill.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from numba.extending import intrinsic
 from quantkit.jit import njit_parallel, prange
 from quantkit.kernels import ir_rowdot as kir
 from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
-from quantkit.kernels.ir import F32T, I8, I16, I32, I64, V8I32, _byte_ptr, _decl, _f16, _gep, _ld, _splat
+from quantkit.kernels.ir import (F32T, I8, I16, I32, I64, V8I32, V16I16, V32I8, _byte_ptr, _decl, _f16, _gep, _ld, _madd16,
+                                 _maddubs, _pairs_to_lanes, _splat)
 
 #: tokens per micro-kernel call (activation columns held in registers)
 COLS = 8
@@ -179,7 +182,7 @@ def _store_lanes(b, p, off, rowvecs):
             _put(b, p, b.add(off, ir.Constant(I64, (h + j) * 64)), v)
 
 
-def _unpack_tile(name: str, spec: Spec, ts: int):
+def _unpack_tile(name: str, spec: Spec, ts: int, flavour: str = "vnni"):
     """``unpack(w, r0, nr, wu, sc, mn, dd, dm)``: weight rows r0 .. r0 + nr - 1 (nr <= 16) of w (uint8
     (n_out, row_bytes)) into a 16-row sub-tile (layout above); the lanes past nr repeat the last row.
     Per 32-element chunk the 16 rows' decoded bytes are transposed in registers (``_transpose16x8``)
@@ -209,7 +212,7 @@ def _unpack_tile(name: str, spec: Spec, ts: int):
                 wbs = [b.gep(rp, [_mul(b, i, ts)]) for rp in rows]
                 ub = b.gep(up, [_mul(b, i, qk * LANES)])
                 for k in range(qk // 32):
-                    c = [b.bitcast(spec.chunk(b, "vnni", _gep(b, wb, spec.q_off), k), V8I32) for wb in wbs]
+                    c = [b.bitcast(spec.chunk(b, flavour, _gep(b, wb, spec.q_off), k), V8I32) for wb in wbs]
                     for j, v in enumerate(_transpose16x8(b, c)):
                         _put(b, ub, (8 * k + j) * 64, v)
                 per = [spec.scales(b, wb) for wb in wbs]  # per row: (scales, mins, d, dmin-or-m)
@@ -227,7 +230,7 @@ def _unpack_tile(name: str, spec: Spec, ts: int):
 
         return sig, codegen
 
-    impl.__name__ = f"gemm_unpack_{name}"
+    impl.__name__ = f"gemm_unpack_{name}_{flavour}"
     return intrinsic(impl)
 
 
@@ -240,12 +243,78 @@ def _splat16(builder, scalar):
 _FM = ("contract",)
 
 
-def _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, vpdpbusd):
+class _Ops:
+    """The micro-kernel's integer products on 16 int32 lanes (one per weight row), per flavour
+    (``ir.int8_flavour``). ``vnni``: one 512-bit ``vpdpbusd`` / ``vpdpwssd``. ``avx2``: each 64-byte
+    weight vector as two 32-byte halves (rows 0-7, rows 8-15) through ``vpmaddubsw`` + ``vpmaddwd``
+    (ggml's AVX2 dots); for the types whose unsigned values are offset by 128 (``signed``: Q8_0,
+    IQ4_NL, IQ4_XS, whose values reach 255 and would saturate ``vpmaddubsw``'s int16 pairs) the weights
+    are made signed again (``u ^ 0x80``) and multiplied with ggml's sign trick, so their dots need no
+    ``-128 * sum(x)`` start."""
+
+    def __init__(self, b, flavour, spec):
+        self.b, self.flavour = b, flavour
+        self.signed = flavour == "avx2" and spec.offset == 128
+        if flavour == "vnni":
+            self.dpb = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
+            self.dpw = _decl(b.module, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
+
+    def _halves(self, v, n):
+        b = self.b
+        return [b.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, n // 2), list(range(h * n // 2, (h + 1) * n // 2))))
+                for h in range(2)]
+
+    def _join(self, lo, hi):
+        return self.b.shuffle_vector(lo, hi, ir.Constant(V16I32, list(range(16))))
+
+    def weights(self, w):
+        """A loaded <16 x i32> weight vector, made ready for ``dot`` (once per load, shared by the tokens)."""
+        if self.flavour == "vnni":
+            return w
+        b = self.b
+        halves = self._halves(b.bitcast(w, ir.VectorType(I8, 64)), 64)
+        if not self.signed:
+            return halves
+        s = [b.xor(h, _splat(I8, 32, 0x80)) for h in halves]
+        ab = _decl(b.module, "llvm.abs.v32i8", V32I8, [V32I8, ir.IntType(1)])
+        return [(b.call(ab, [x, ir.Constant(ir.IntType(1), 0)]), x) for x in s]
+
+    def acts(self, x4):
+        """4 activation bytes (an i32) broadcast to every row."""
+        if self.flavour == "vnni":
+            return _splat16(self.b, x4)
+        b = self.b
+        v = b.insert_element(ir.Constant(V8I32, None), x4, ir.Constant(I32, 0))
+        return b.bitcast(b.shuffle_vector(v, v, ir.Constant(V8I32, [0] * 8)), V32I8)
+
+    def dot(self, acc, w, x):
+        """acc + per row, the dot of its 4 weight bytes with the 4 activation bytes."""
+        b = self.b
+        if self.flavour == "vnni":
+            return b.call(self.dpb, [acc, w, x])
+        if self.signed:
+            sign = _decl(b.module, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
+            parts = [_pairs_to_lanes(b, _maddubs(b, a, b.call(sign, [x, sv]))) for a, sv in w]
+        else:
+            parts = [_pairs_to_lanes(b, _maddubs(b, h, x)) for h in w]
+        return b.add(acc, self._join(*parts))
+
+    def madd_pairs(self, acc, m, x2):
+        """acc + per row, its int16 pair ``m`` times the int16 pair ``x2`` (an i32), summed (vpdpwssd)."""
+        b = self.b
+        if self.flavour == "vnni":
+            return b.call(self.dpw, [acc, m, _splat16(b, x2)])
+        xv = b.bitcast(self.acts(x2), V16I16)
+        parts = [_madd16(b, b.bitcast(h, V16I16), xv) for h in self._halves(m, 16)]
+        return b.add(acc, self._join(*parts))
+
+
+def _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, ops):
     """The integer dots of group ``gi`` (an i64 value) of super-block ``i``: per sub-tile j (``wsb[j]``)
     and token c, <16 x i32> of sum(u * x) (minus offset * sum(x) where the type has an offset). Each
     activation broadcast serves every sub-tile."""
     g, ng = spec.g, spec.ng
-    if spec.offset:
+    if spec.offset and not ops.signed:
         gidx = [b.add(b.mul(t, ngr), b.add(_mul(b, i, ng), gi)) for t in toks]
         init = [_splat16(b, _at(b, xcp, _mul(b, gx, 4), I32)) for gx in gidx]
     else:
@@ -254,27 +323,27 @@ def _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, vpdpbusd):
     wg = [b.gep(w, [_mul(b, gi, g * LANES)]) for w in wsb]
     xg = [b.gep(x, [_mul(b, gi, g)]) for x in xsb]
     for q in range(g // 4):
-        wv = [_at(b, w, q * 64, V16I32) for w in wg]
+        wv = [ops.weights(_at(b, w, q * 64, V16I32)) for w in wg]
         for c in range(cols):
-            xv = _splat16(b, _at(b, xg[c], 4 * q, I32))
+            xv = ops.acts(_at(b, xg[c], 4 * q, I32))
             for j, w in enumerate(wv):
-                iacc[j][c] = b.call(vpdpbusd, [iacc[j][c], w, xv])
+                iacc[j][c] = ops.dot(iacc[j][c], w, xv)
     return iacc
 
 
-def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, vpdpbusd):
+def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, ops):
     """Per sub-tile and token, the scale-weighted sum over super-block ``i``'s groups: <16 x i32> (one
     group, or integer scales of groups of 32) or <16 x float> (per-16 scales: float products; ``vpmulld``
     there measured 20 % slower). The groups run as a loop, not unrolled: unrolled, LLVM interleaved the
     groups' accumulators and spilled them (IQ4_XS's tile 1.5x slower than Q4_K's)."""
     ng, g = spec.ng, spec.g
     if ng == 1:
-        return _group(b, spec, cols, i, ir.Constant(I64, 0), toks, ngr, wsb, xsb, xcp, vpdpbusd)
+        return _group(b, spec, cols, i, ir.Constant(I64, 0), toks, ngr, wsb, xsb, xcp, ops)
     vt = V16F32 if g == 16 else V16I32
     slots = [[cgutils.alloca_once_value(b, ir.Constant(vt, None)) for _ in range(cols)] for _ in wsb]
     with cgutils.for_range(b, ir.Constant(I64, ng)) as loop:
         gi = loop.index
-        iacc = _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, vpdpbusd)
+        iacc = _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, ops)
         for j, sp in enumerate(sps):
             s = _at(b, sp, b.add(_mul(b, i, 4 * ng * LANES), _mul(b, gi, 4 * LANES)), V16I32)
             if g == 16:
@@ -288,7 +357,7 @@ def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, vpdpbusd):
     return [[b.load(x) for x in row] for row in slots]
 
 
-def _micro(name: str, spec: Spec, cols: int, ns: int = 1):
+def _micro(name: str, spec: Spec, cols: int, ns: int = 1, flavour: str = "vnni"):
     """``mk(wu, sc, mn, dd, dm, xq, dx, xc, xm, out, t0, ct, r0, nr)``: out[t0 + c, r0 + l] for c < ct,
     l < nr = ``ns`` consecutive 16-row sub-tiles (wu...; all ns present, the last may be partial) times
     the activations of tokens t0 .. t0 + cols - 1 (planar: xq int8 (n, K), dx float32 (n, K/qk), xc
@@ -314,8 +383,7 @@ def _micro(name: str, spec: Spec, cols: int, ns: int = 1):
                                   for j in range(ns)]  # noqa: E731
             ups, sps, mps = sub(up, qk * LANES), sub(sp, 4 * ng * LANES), sub(mp, 2 * ng * LANES)
             dps, eps = sub(dp, 4 * LANES), sub(ep, 4 * LANES)
-            vpdpbusd = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
-            vpdpwssd = _decl(b.module, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
+            ops = _Ops(b, flavour, spec)
             toks = [b.add(t0_, ir.Constant(I64, c)) for c in range(cols)]
             xrow = [b.gep(xp, [b.mul(t, kdim)]) for t in toks]
             facc = [[cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(cols)] for _ in range(ns)]
@@ -325,7 +393,7 @@ def _micro(name: str, spec: Spec, cols: int, ns: int = 1):
                 wsb = [b.gep(u, [_mul(b, i, qk * LANES)]) for u in ups]
                 xsb = [b.gep(xr, [_mul(b, i, qk)]) for xr in xrow]
                 dxs = [_at(b, xdp, b.mul(b.add(b.mul(t, nsb), i), ir.Constant(I64, 4)), F32T) for t in toks]
-                sacc = _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, vpdpbusd)
+                sacc = _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, ops)
                 for j in range(ns):
                     dv = _at(b, dps[j], _mul(b, i, 4 * LANES), V16F32)
                     acc = [b.load(f) for f in facc[j]]
@@ -340,8 +408,7 @@ def _micro(name: str, spec: Spec, cols: int, ns: int = 1):
                                      V16I32)
                             for c in range(cols):
                                 gx = b.add(b.mul(toks[c], ngr), b.add(_mul(b, i, ng), ir.Constant(I64, 2 * p)))
-                                xv = _splat16(b, _at(b, xmp, _mul(b, gx, 2), I32))
-                                macc[c] = b.call(vpdpwssd, [macc[c], mv, xv])
+                                macc[c] = ops.madd_pairs(macc[c], mv, _at(b, xmp, _mul(b, gx, 2), I32))
                         mdv = _at(b, eps[j], _mul(b, i, 4 * LANES), V16F32)
                         for c in range(cols):
                             sv = b.fmul(mdv, _splat16(b, dxs[c]), flags=_FM)
@@ -372,7 +439,7 @@ def _micro(name: str, spec: Spec, cols: int, ns: int = 1):
 
         return sig, codegen
 
-    impl.__name__ = f"gemm_micro_{name}_{cols}_{ns}"
+    impl.__name__ = f"gemm_micro_{name}_{cols}_{ns}_{flavour}"
     return intrinsic(impl)
 
 
@@ -419,17 +486,25 @@ def gemm_body(w, xq, dx, xc, xm, out, mr):
 _KERNELS: dict = {}
 
 
-def gemm_kernel(wtype, cols: int = COLS):
-    """The compiled ``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` (a type in SPECS)."""
+#: tokens per micro-kernel call per flavour: 16 ymm registers hold half the accumulators 32 zmm do
+FLAVOUR_COLS = {"vnni": COLS, "avx2": COLS // 2}
+
+
+def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None):
+    """The compiled ``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` (a type in SPECS) for an
+    ``ir.int8_flavour``."""
     from quantkit.kernels.vecdot import build
 
     t = T(wtype)
-    key = (t, cols)
+    cols = cols or FLAVOUR_COLS[flavour]
+    key = (t, cols, flavour)
     if key not in _KERNELS:
         spec = SPECS[t]
         ts = GGML_QUANT_SIZES[t][1]
-        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}", True, UNPACK=_unpack_tile(t.name, spec, ts),
-                              MK=_micro(t.name, spec, cols), MK2=_micro(t.name, spec, cols // 2, 2), QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
+        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}_{flavour}", True,
+                              UNPACK=_unpack_tile(t.name, spec, ts, flavour), MK=_micro(t.name, spec, cols, 1, flavour),
+                              MK2=_micro(t.name, spec, cols // 2, 2, flavour), QK=spec.qk, NG=spec.ng, LANES=LANES,
+                              COLS=cols)
     return _KERNELS[key]
 
 
@@ -491,8 +566,9 @@ def tile_rows(n_out: int, kdim: int, threads: int) -> int:
     return max(unit, min(mr, -(-per // unit) * unit))
 
 
-def gemm(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, cache: dict, threads: int) -> np.ndarray:
+def gemm(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, cache: dict, threads: int,
+         flavour: str = "vnni") -> np.ndarray:
     """out = x @ dequantize(w).T on integer dots (w uint8 (n_out, row_bytes) of type t in SPECS)."""
     xq, dx, xc, xm = gemm_operands(t, x, cache)
-    gemm_kernel(t)(w, xq, dx, xc, xm, out, tile_rows(w.shape[0], x.shape[1], threads))
+    gemm_kernel(t, flavour)(w, xq, dx, xc, xm, out, tile_rows(w.shape[0], x.shape[1], threads))
     return out

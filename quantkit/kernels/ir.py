@@ -76,6 +76,16 @@ PREFETCH = config.prefetch_distance()
 X8_PREFETCH = config.x8_prefetch_distance()
 
 
+def int8_flavour(variant: str) -> str | None:
+    """How the multi-row kernels (the x8 decode dots, the integer GEMM), written for 16 int32 lanes, run
+    for a variant: ``vnni`` (one 512-bit vpdpbusd, where the CPU has 512-bit VNNI), ``avx2`` (two
+    256-bit halves through the avx2 ``_dot``: the avx2 variant, and vnni on AVX-VNNI CPUs without
+    AVX-512), or None (generic, plain: not built)."""
+    if variant == "vnni" and HAS_VNNI512:
+        return "vnni"
+    return "avx2" if variant in ("vnni", "avx2") and HAS_AVX2 else None
+
+
 def default_variant() -> str:
     """The kernels' IR flavour for the CPU level in force (quantkit/isa.py): ``vnni`` (AVX-512 VNNI or
     AVX-VNNI), ``avx2``, ``generic``, or ``plain`` when ``QUANTKIT_KERNELS=plain``."""

@@ -8,9 +8,8 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quantkit.kernels.ir import (F32T, HAS_AVX2, HAS_GFNI, HAS_VNNI512, I8, I16, I32, I64, V8F32, V8I32, V32I8,
-                                 X8_PREFETCH, _FM, _byte_ptr, _decl, _dot, _fold16, _ld, _pairs16, _shuf, _splat,
-                                 _vconst)
+from quantkit.kernels.ir import (F32T, HAS_GFNI, I8, I16, I32, I64, V8F32, V8I32, V32I8, X8_PREFETCH, _FM, _byte_ptr,
+                                 _decl, _dot, _fold16, _ld, _pairs16, _shuf, _splat, _vconst, int8_flavour)
 from quantkit.kernels.ir_rowdot import _IQ4_U
 
 
@@ -417,13 +416,8 @@ def x8_places(name):
 #: 2 (super-blocks). Q6_K runs one: at two threads on Zen 4 its GEMV from DRAM streamed at 26-31 GB/s
 #: against 23-26 with two, cache-resident rates equal (docs/performance.md, "Decode on two threads")
 X8_UNROLL = {"Q6_K": 1}
-def x8_flavour(variant: str) -> str | None:
-    """Which x8 dots a kernel variant gets: ``vnni`` (512-bit vpdpbusd, where the CPU has 512-bit VNNI),
-    ``avx2`` (two 256-bit halves, ``_x8_dot``: the avx2 variant, and vnni on AVX-VNNI CPUs without
-    AVX-512), or None (generic, plain: no x8 layout)."""
-    if variant == "vnni" and HAS_VNNI512:
-        return "vnni"
-    return "avx2" if variant in ("vnni", "avx2") and HAS_AVX2 else None
+#: which x8 dots a kernel variant gets (None: no x8 layout)
+x8_flavour = int8_flavour
 
 
 def _row_dot_x8(name, flavour):

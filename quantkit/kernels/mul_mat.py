@@ -11,7 +11,7 @@ from quantkit import config
 from quantkit.errors import QuantError
 from quantkit.jit import get_threads
 from quantkit.kernels import gemm as _gemm
-from quantkit.kernels.ir import HAS_VNNI512, default_variant
+from quantkit.kernels.ir import default_variant, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
 from quantkit.quants.base import TRAITS, resolve_type
@@ -106,7 +106,7 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     n_out rows of ne0 = n_in), x float32 (n_tok, n_in) -> float32 (n_tok, n_out), into ``out`` if given.
 
     Few tokens: x is quantized once to the type's vec_dot type and each weight row is dotted with
-    integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX512-VNNI CPU: the
+    integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX2 or better x86 level: the
     same activations and integer math in a register-blocked GEMM (kernels/gemm.py). Otherwise from
     PREFILL_MIN_TOKENS: x is rounded the same way (quantized and decoded back), tiles of TILE_ROWS weight
     rows are dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count.
@@ -127,7 +127,8 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     if n_tok == 0 or n_out == 0:
         return out
     if n_tok >= GEMM_MIN_TOKENS and integer_gemm(t):
-        return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads())
+        return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads(),
+                          int8_flavour(default_variant()))
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out, {} if rounded is None else rounded)
     variant = default_variant()
@@ -156,12 +157,12 @@ _HALF_ACTIVATIONS = {T.F16: _rounded_half(False), T.BF16: _rounded_half(True)}
 
 def integer_gemm(t) -> bool:
     """Whether batches of weight type ``t`` run on integer dots (kernels/gemm.py): a quantized type,
-    an AVX512-VNNI CPU, the vnni kernel variant, and not ``QUANTKIT_GEMM=0`` (the switch back to the
-    dequantize + BLAS prefill). Both paths round the activations as ggml does; their results differ
+    an integer-dot flavour for the 16-row tiles (``ir.int8_flavour``: AVX512-VNNI, AVX-VNNI or AVX2;
+    not generic or plain), and not ``QUANTKIT_GEMM=0`` (the switch back to the dequantize + BLAS
+    prefill). Both paths round the activations as ggml does; their results differ
     in float summation order only, and both sit inside llama.cpp's own spread between its
     configurations (docs/imatrix-perplexity.md, "Agreement noise")."""
-    return (t in _gemm.SPECS and HAS_VNNI512 and default_variant() == "vnni"
-            and config.integer_gemm())
+    return t in _gemm.SPECS and int8_flavour(default_variant()) is not None and config.integer_gemm()
 
 
 def _prefill(w, t, x, out, rounded):
