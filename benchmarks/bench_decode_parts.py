@@ -6,7 +6,7 @@ not the logits). Per configuration, ``--tokens`` steps at positions 0.. (wall an
 best of ``--rounds``, the configurations interleaved in each round), so the difference of "full" and
 "no X" is the cost of X inside the step, and "only X" (everything else skipped) beside it.
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_decode_parts.py \\
+    .venv/bin/python benchmarks/bench_decode_parts.py \\
         llama-3.2-1b-Q4_K_M.gguf --threads 1
 """
 

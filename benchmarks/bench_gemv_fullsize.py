@@ -15,7 +15,7 @@ activations quantized beforehand) in three settings:
 CPU time (``time.process_time``) so that other processes on the machine count less; best and median
 of ``--reps`` passes. ``--chunk`` rows per prange task (the decode step uses 16).
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_gemv_fullsize.py [--types Q4_1,Q8_0]
+    .venv/bin/python benchmarks/bench_gemv_fullsize.py [--types Q4_1,Q8_0]
 """
 
 from __future__ import annotations

@@ -16,8 +16,8 @@ of --reps), at 1 and 2 threads, beside the bandwidth measured in the same run. `
 type that has an 8-row interleaved kernel (``kernels.pack_x8``, the layout the decode step prepares
 at load), its passes interleaved with the plain layout's in each repetition (A/B in the same run).
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_kernels.py [--types Q4_K,Q8_0]
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_kernels.py --shape llama-3.1-8b
+    .venv/bin/python benchmarks/bench_kernels.py [--types Q4_K,Q8_0]
+    .venv/bin/python benchmarks/bench_kernels.py --shape llama-3.1-8b
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 """Quantization throughput: quantkit at 1 and 2 numba threads against ggml's ``ggml_quantize_chunk``
 at 1 and 2 threads, per type and path (``ref``: no imatrix, ``imatrix``: with weights).
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_quantize.py [--rows 512]
+    .venv/bin/python benchmarks/bench_quantize.py [--rows 512]
 
 * ``first call`` -- the first quantize of a 1-row matrix: numba compile, or loading the compiled
   kernel from NUMBA_CACHE_DIR when it is there (``--cold`` uses an empty cache dir, so it is compile).

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Two quantkit trees side by side, every type: the same bytes, and the CPU time of each codec path.
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_quants_ab.py \\
+    .venv/bin/python benchmarks/bench_quants_ab.py \\
         --base /path/to/other/checkout [--rounds 5] [--rows 128] [--cols 2048] [--types Q4_0,Q8_0]
 
 For a change to quants/ that must not change a byte or lose speed. The script starts one worker process

@@ -4,7 +4,7 @@ CPU ms per token (user+sys of the child process; the per-token figure is the dif
 compiling, packing and the 1-token warm-up). Configurations: quantkit, llama-bench's defaults
 (repacked on this CPU) and ``--repack 0``; per round every thread count in turn.
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python benchmarks/bench_tg_cpu.py MODEL 1,2 ROUNDS [LONG]
+    .venv/bin/python benchmarks/bench_tg_cpu.py MODEL 1,2 ROUNDS [LONG]
 
 llama-bench is the reference build's ($QUANTKIT_LLAMA_CPP/build/bin), else the one on PATH (tools/llamaref.py).
 """

@@ -22,7 +22,7 @@ STEPS=${*:-bench-1b bench-8b ppl-1b quant-1b bench-3b ppl-8b ppl-3b}
 NEED="set it to the reference llama.cpp source directory (docs/DEVELOPING.md, Environment)"
 BIN=${QUANTKIT_LLAMA_CPP:?$NEED}/build/bin
 T=${THREADS:-2}; TYPES="Q4_K_M Q4_0 Q8_0 Q6_K IQ4_XS"
-PY="$PWD/.venv/bin/python"; Q="$PWD/.venv/bin/quantkit"; export NUMBA_CACHE_DIR=${NUMBA_CACHE_DIR:-$PWD/.numba_cache}
+PY="$PWD/.venv/bin/python"; Q="$PWD/.venv/bin/quantkit"
 mkdir -p "$OUT"
 { echo "checkout $(git rev-parse --short HEAD)$(git diff --quiet HEAD -- quantkit || echo ' +uncommitted')"
   date -u; uname -a; nproc; "$BIN/llama-bench" --version 2>&1 | sed -n 1p; } >> "$OUT/env.txt"

@@ -567,3 +567,24 @@ def test_q8_k_activations_edge_blocks():
     np.testing.assert_array_equal(qs[0], wq)
     np.testing.assert_array_equal(d[0], wd)
     np.testing.assert_array_equal(s[0], ws)
+
+
+@pytest.mark.parametrize("t", [T.F16, T.BF16, T.Q5_1], ids=lambda t: t.name)
+def test_prefill_tiles_on_threads_when_blas_is_not_deterministic(t, monkeypatch):
+    """Where BLAS's results would change with its thread count (OpenBLAS held to a foreign kernel),
+    the prefill runs fixed tiles, one single-threaded BLAS call each, on its own threads: the same
+    bytes at 1 and 2 threads, and the product of the float64 reference."""
+    from quantkit.kernels import mul_mat as M
+
+    monkeypatch.setattr(M, "blas_threads_deterministic", lambda: False)
+    monkeypatch.setenv("QUANTKIT_GEMM", "0")
+    n_in = n_in_for(t)
+    w = make_weights(t, 300, n_in, seed=13)
+    x = np.random.default_rng(14).standard_normal((K.PREFILL_MIN_TOKENS + 3, n_in)).astype(np.float32)
+    outs = []
+    for n in (1, 2):
+        set_threads(n)
+        outs.append(K.matmul(w, t, x))
+    assert outs[0].tobytes() == outs[1].tobytes()
+    ref = x.astype(np.float64) @ ref_dequantize(w, t).astype(np.float64).T
+    assert rel_err(outs[1], ref) < tolerance(t, "prefill")

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """llama-perplexity on each new file type of issue #15: golden data for tests/test_lowbit_perplexity.py.
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_lowbit_perplexity_golden.py \\
+    .venv/bin/python tools/make_lowbit_perplexity_golden.py \\
         [--bin <llama.cpp>/build/bin]    # default: $QUANTKIT_LLAMA_CPP/build/bin
 
 For every file type of tools/make_lowbit_file_golden.py's ``FILE_TYPES`` (IQ2_XXS .. IQ3_M, TQ1_0, TQ2_0,

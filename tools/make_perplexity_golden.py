@@ -1,6 +1,6 @@
 """Make tests/data/perplexity/ from the real llama-perplexity (llama.cpp from llama-cpp-python 0.3.36's sdist).
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_perplexity_golden.py [LLAMA_BIN_DIR]
+    .venv/bin/python tools/make_perplexity_golden.py [LLAMA_BIN_DIR]
 
 LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py).
 Development only: the test suite never runs llama.cpp. Models: the bundled SmolLM2 Q4_1 converted to

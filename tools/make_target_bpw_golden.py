@@ -1,7 +1,7 @@
 """Golden check of ``quantize --target-bpw``: llama-quantize, given the --tensor-type-file quantkit wrote,
 writes the same file byte for byte.
 
-    NUMBA_CACHE_DIR=$PWD/.numba_cache .venv/bin/python tools/make_target_bpw_golden.py \
+    .venv/bin/python tools/make_target_bpw_golden.py \
         [--llama-quantize <llama.cpp>/build/bin/llama-quantize]    # default: $QUANTKIT_LLAMA_CPP's, else PATH
 
 Steps: the bundled SmolLM2 is converted to F16 by quantkit (tests/test_quantize.py checks that this

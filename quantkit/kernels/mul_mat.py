@@ -177,6 +177,8 @@ def _prefill(w, t, x, out, rounded):
         xr = np.empty_like(x)
         round_trip_q8_into(x, kind, xr, 32)
         x = rounded[key] = xr
+    if t != T.F32 and not blas_threads_deterministic():   # at 1 thread too: the same products
+        return _tiles_on_threads(w, t, x, out, get_threads())
     with blas_limit():
         if t == T.F32:
             np.matmul(x, w.view(np.float32).T, out=out)
@@ -197,6 +199,38 @@ def _prefill(w, t, x, out, rounded):
             p = part[:, : r1 - r0]
             np.matmul(x, tl.T, out=p)
             out[:, r0:r1] = p
+    return out
+
+
+def _tiles_on_threads(w, t, x, out, threads):
+    """``_prefill``'s products where this BLAS must run on one thread (its results change with its
+    thread count: ``blas_threads_deterministic``): the weight rows in tiles whose size depends on the
+    shape alone, each tile's product one single-threaded BLAS call, ``threads`` of them at a time on
+    threads of their own. So the results are the same at any thread count (every product is the same
+    call) and every core works: an F16 imatrix under ``QUANTKIT_KERNELS=avx2`` (OpenBLAS held to its
+    Haswell kernels, not thread-count deterministic on the Sapphire Rapids machine) had run on one core.
+    Between batches the tiles are dequantized by the parallel numba kernel, in this thread."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    n_out, n_in = out.shape[1], x.shape[1]
+    rows = max(TILE_ROWS, TILE_BYTES // (4 * n_in))
+    rows = min(rows, -(-n_out // 2))                       # two tiles at least, whatever the thread count
+    starts = list(range(0, n_out, rows))
+    tiles = [np.empty((rows, n_in), np.float32) for _ in range(max(1, min(threads, len(starts))))]
+    parts = [np.empty((x.shape[0], rows), np.float32) for _ in tiles]
+    deq = deq_rows_kernel(t)
+
+    def product(k, r0):
+        r1 = min(r0 + rows, n_out)
+        np.matmul(x, tiles[k][: r1 - r0].T, out=parts[k][:, : r1 - r0])
+        out[:, r0:r1] = parts[k][:, : r1 - r0]
+
+    with blas_one_thread(), ThreadPoolExecutor(len(tiles)) as pool:
+        for g in range(0, len(starts), len(tiles)):
+            batch = starts[g:g + len(tiles)]
+            for k, r0 in enumerate(batch):
+                deq(w, r0, tiles[k][: min(rows, n_out - r0)])
+            list(pool.map(product, range(len(batch)), batch))
     return out
 
 
