@@ -41,6 +41,7 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from quantkit.formats.ggml_types import type_info
 from quantkit.jit import njit_parallel, prange
 from quantkit.kernels import ir_rowdot as kir
 from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
@@ -59,62 +60,74 @@ V16F32 = ir.VectorType(F32T, 16)
 class Spec:
     """How one weight type enters the GEMM.
 
-    ``qk`` elements per (super-)block; ``g`` elements per scaled group (``qk`` for 32-blocks);
-    ``offset``: u - offset is the signed value (0: none); ``mins``: 'int' (K-quant mins, via the group
-    sums), 'float' (Q8_1's ``m * s``) or None; ``act``: activation kind; ``chunk(b, p, k)`` -> <32 x i8>
-    unsigned values of the block's chunk k (ir.py's loaders), ``q_off`` the quants' byte offset;
-    ``scales(b, wb)`` -> (<n x i32> sub-block scales or None, <n x i32> mins or None, d, dmin-or-m)."""
+    From the type table (formats/ggml_types.py): ``qk`` elements per (super-)block, ``act`` the
+    activation kind (its ``vec_dot_type``), ``q_off`` the byte offset of ``q_field``, the field the chunk
+    loader reads from. Given here: ``g`` elements per scaled group (``qk`` for 32-blocks); ``offset``: u -
+    offset is the signed value (0: none); ``mins``: 'int' (K-quant mins, via the group sums), 'float'
+    (Q8_1's ``m * s``) or None; ``chunk(b, p, k)`` -> <32 x i8> unsigned values of the block's chunk k
+    (ir.py's loaders); ``scales(b, wb)`` -> (<n x i32> sub-block scales or None, <n x i32> mins or
+    None, d, dmin-or-m)."""
 
-    def __init__(self, qk, g, offset, mins, act, chunk, q_off, scales):
-        self.qk, self.g, self.offset, self.mins, self.act = qk, g, offset, mins, act
-        self.chunk, self.q_off, self.scales = chunk, q_off, scales
-        self.ng = qk // g  # groups per block
+    def __init__(self, t, g, offset, mins, chunk, q_field, scales):
+        info = type_info(t.name)
+        self.qk, self.act, self.q_off = info.block_size, info.vec_dot_type, info.field(q_field)
+        self.g, self.offset, self.mins = g or info.block_size, offset, mins
+        self.chunk, self.scales = chunk, scales
+        self.ng = self.qk // self.g  # groups per block
+
+
+#: the byte offsets of the fields the scale readers below take, from the type table
+_F = {n: type_info(n).offsets for n in ("Q4_0", "Q4_1", "Q2_K", "Q3_K", "Q4_K", "Q6_K", "IQ4_XS")}
 
 
 def _legacy_scales(has_min):
+    f = _F["Q4_1" if has_min else "Q4_0"]  # Q5_0 / Q5_1 / Q8_0 / IQ4_NL: d (and m) where these have them
+
     def sc(b, wb):
-        return None, None, _f16(b, wb, 0), (_f16(b, wb, 2) if has_min else None)
+        return None, None, _f16(b, wb, f["d"]), (_f16(b, wb, f["m"]) if has_min else None)
     return sc
 
 
-def _q4k_scales(b, wb):
+def _q4k_scales(b, wb):  # Q5_K: d, dmin, scales where Q4_K has them
     sc, mn = kir._kmask_q4k(b, wb)
-    return sc, mn, _f16(b, wb, 0), b.fneg(_f16(b, wb, 2))
+    return sc, mn, _f16(b, wb, _F["Q4_K"]["d"]), b.fneg(_f16(b, wb, _F["Q4_K"]["dmin"]))
 
 
 def _q6k_scales(b, wb):
-    return b.sext(_ld(b, wb, 192, ir.VectorType(I8, 16)), V16I32), None, _f16(b, wb, 208), None
+    f = _F["Q6_K"]
+    return b.sext(_ld(b, wb, f["scales"], ir.VectorType(I8, 16)), V16I32), None, _f16(b, wb, f["d"]), None
 
 
 def _q3k_scales(b, wb):
-    return kir._q3k_scales(b, wb), None, _f16(b, wb, 108), None
+    return kir._q3k_scales(b, wb), None, _f16(b, wb, _F["Q3_K"]["d"]), None
 
 
 def _q2k_scales(b, wb):
-    v = _ld(b, wb, 0, ir.VectorType(I8, 16))
+    f = _F["Q2_K"]
+    v = _ld(b, wb, f["scales"], ir.VectorType(I8, 16))
     sc = b.zext(b.and_(v, _splat(I8, 16, 15)), V16I32)
     mn = b.zext(b.lshr(v, _splat(I8, 16, 4)), V16I32)
-    return sc, mn, _f16(b, wb, 80), b.fneg(_f16(b, wb, 82))
+    return sc, mn, _f16(b, wb, f["d"]), b.fneg(_f16(b, wb, f["dmin"]))
 
 
 def _iq4xs_scales(b, wb):
-    return kir._iq4xs_scales(b, wb), None, _f16(b, wb, 0), None
+    return kir._iq4xs_scales(b, wb), None, _f16(b, wb, _F["IQ4_XS"]["d"]), None
 
 
-SPECS = {
-    T.Q8_0: Spec(32, 32, 128, None, "Q8_0", kir._chunk_q8_0, 2, _legacy_scales(False)),
-    T.Q4_0: Spec(32, 32, 8, None, "Q8_0", kir._chunk_q4_0, 2, _legacy_scales(False)),
-    T.Q5_0: Spec(32, 32, 16, None, "Q8_0", kir._chunk_q5_0, 2, _legacy_scales(False)),
-    T.IQ4_NL: Spec(32, 32, 128, None, "Q8_0", kir._chunk_iq4_nl, 2, _legacy_scales(False)),
-    T.Q4_1: Spec(32, 32, 0, "float", "Q8_1", kir._chunk_q4_0, 4, _legacy_scales(True)),
-    T.Q5_1: Spec(32, 32, 0, "float", "Q8_1", kir._chunk_q5_0, 4, _legacy_scales(True)),
-    T.Q4_K: Spec(256, 32, 0, "int", "Q8_K", kir._chunk_q4_k, 16, _q4k_scales),
-    T.Q5_K: Spec(256, 32, 0, "int", "Q8_K", kir._chunk_q5_k, 16, _q4k_scales),
-    T.Q6_K: Spec(256, 16, 32, None, "Q8_K", kir._chunk_q6_k, 0, _q6k_scales),
-    T.Q3_K: Spec(256, 16, 4, None, "Q8_K", kir._chunk_q3_k, 0, _q3k_scales),
-    T.Q2_K: Spec(256, 16, 0, "int", "Q8_K", kir._chunk_q2_k, 16, _q2k_scales),
-    T.IQ4_XS: Spec(256, 32, 128, None, "Q8_K", kir._chunk_iq4_xs, 8, _iq4xs_scales),
-}
+SPECS = {t: Spec(t, *rest) for t, *rest in (
+    (T.Q8_0, 0, 128, None, kir._chunk_q8_0, "qs", _legacy_scales(False)),
+    (T.Q4_0, 0, 8, None, kir._chunk_q4_0, "qs", _legacy_scales(False)),
+    (T.Q5_0, 0, 16, None, kir._chunk_q5_0, "qh", _legacy_scales(False)),
+    (T.IQ4_NL, 0, 128, None, kir._chunk_iq4_nl, "qs", _legacy_scales(False)),
+    (T.Q4_1, 0, 0, "float", kir._chunk_q4_0, "qs", _legacy_scales(True)),
+    (T.Q5_1, 0, 0, "float", kir._chunk_q5_0, "qh", _legacy_scales(True)),
+    (T.Q4_K, 32, 0, "int", kir._chunk_q4_k, "qs", _q4k_scales),
+    (T.Q5_K, 32, 0, "int", kir._chunk_q5_k, "qh", _q4k_scales),
+    (T.Q6_K, 16, 32, None, kir._chunk_q6_k, "ql", _q6k_scales),
+    (T.Q3_K, 16, 4, None, kir._chunk_q3_k, "hmask", _q3k_scales),
+    (T.Q2_K, 16, 0, "int", kir._chunk_q2_k, "qs", _q2k_scales),
+    (T.IQ4_XS, 32, 128, None, kir._chunk_iq4_xs, "qs", _iq4xs_scales),
+)}
 
 # -- tile layout (per 16-row sub-tile, nsb blocks per row) ------------------------------------------
 #   wu  uint8   [nsb][qk/4][16][4]      unsigned values, 4-element groups of 16 rows

@@ -10,6 +10,7 @@ from numba.extending import intrinsic
 
 from quantkit.kernels.ir import (F32T, HAS_GFNI, I8, I16, I32, I64, V8F32, V8I32, V32I8, X8_PREFETCH, _FM, _byte_ptr,
                                  _decl, _dot, _fold16, _ld, _pairs16, _shuf, _splat, _vconst, int8_flavour)
+from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.ir_rowdot import _IQ4_U
 
 
@@ -368,18 +369,34 @@ def _x8_iq4_xs(k):
     return [(_fold16(b, isum), b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
 
 
-#: type name -> (block bytes of one row, elements per block, activation sums per block, header fields
-#: ((offset, bytes, element bytes) in the row's block), quant bytes (start, end), emitter)
+def _x8_spec(name, header, emit):
+    """A type's x8 entry from the type table (formats/ggml_types.py): ``header`` names the block's header
+    fields with their element bytes (2: fp16, 4: u32 words of packed scales, 1: bytes); every other field
+    holds quant bytes, and they must be contiguous. -> (block bytes of one row, elements per block,
+    activation sums per block, header fields ((offset, bytes, element bytes) in the row's block, in
+    layout order), quant bytes (start, end), emitter)."""
+    t = type_info(name)
+    fields = tuple((t.field(f), n, header[f]) for f, n in t.layout if f in header)
+    quant = [(t.field(f), n) for f, n in t.layout if f not in header]
+    q0, q1 = quant[0][0], quant[-1][0] + quant[-1][1]
+    assert q1 - q0 == sum(n for _, n in quant), f"{name}: quant fields not contiguous"
+    sums = t.block_size // (16 if t.vec_dot_type == "Q8_K" else 32)  # Q8_K: bsums per 16; Q8_0/Q8_1: one
+    return t.type_size, t.block_size, sums, fields, (q0, q1), emit
+
+
+_D, _DM, _KS = {"d": 2}, {"d": 2, "m": 2}, {"d": 2, "dmin": 2, "scales": 4}
+
+#: type name -> its x8 entry (``_x8_spec``): the layout facts come from the type table
 X8_SPECS = {
-    "Q8_0": (34, 32, 1, ((0, 2, 2),), (2, 34), _x8_legacy(16, 128, False)),
-    "Q4_0": (18, 32, 1, ((0, 2, 2),), (2, 18), _x8_legacy(16, 8, True)),
-    "Q4_1": (20, 32, 1, ((0, 2, 2), (2, 2, 2)), (4, 20), _x8_q4_1),
-    "Q2_K": (84, 256, 16, ((0, 16, 1), (80, 2, 2), (82, 2, 2)), (16, 80), _x8_q2_k),
-    "Q3_K": (110, 256, 16, ((96, 12, 4), (108, 2, 2)), (0, 96), _x8_q3_k),
-    "Q4_K": (144, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144), _x8_q4k_like(128)),
-    "Q5_K": (176, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 176), _x8_q4k_like(384, 128)),
-    "Q6_K": (210, 256, 16, ((192, 16, 1), (208, 2, 2)), (0, 192), _x8_q6_k),
-    "IQ4_XS": (136, 256, 16, ((0, 2, 2), (2, 2, 2), (4, 4, 4)), (8, 136), _x8_iq4_xs),
+    "Q8_0": _x8_spec("Q8_0", _D, _x8_legacy(16, 128, False)),
+    "Q4_0": _x8_spec("Q4_0", _D, _x8_legacy(16, 8, True)),
+    "Q4_1": _x8_spec("Q4_1", _DM, _x8_q4_1),
+    "Q2_K": _x8_spec("Q2_K", {"scales": 1, "d": 2, "dmin": 2}, _x8_q2_k),
+    "Q3_K": _x8_spec("Q3_K", {"scales": 4, "d": 2}, _x8_q3_k),
+    "Q4_K": _x8_spec("Q4_K", _KS, _x8_q4k_like(128)),
+    "Q5_K": _x8_spec("Q5_K", _KS, _x8_q4k_like(384, 128)),
+    "Q6_K": _x8_spec("Q6_K", {"scales": 1, "d": 2}, _x8_q6_k),
+    "IQ4_XS": _x8_spec("IQ4_XS", {"d": 2, "scales_h": 2, "scales_l": 4}, _x8_iq4_xs),
 }
 #: rows per interleaved group
 X8_ROWS = 8
