@@ -32,6 +32,7 @@ from quantkit import cache, config, isa
 cache.configure()  # before numba reads its environment
 
 import numba  # noqa: E402
+import numpy as np
 from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
@@ -136,6 +137,38 @@ def _compile_once() -> None:
 _compile_once()
 
 
+def _one_build_per_value_kind() -> None:
+    """Type the calls between quantkit's kernels by the kind of each argument, not its value.
+
+    numba types a constant argument as a literal (``Literal[int](15)``) and compiles a callee once per
+    literal it is called with: ``make_qkx2_quants_lanes`` was built three times for one Q4_K kernel
+    (``nmax`` 15, 31 and a variable), a row runner twice for an output offset of ``0`` and ``Q``. Only
+    a callee that asks for a literal (``numba.literally``) needs one, and none of quantkit's does; a
+    value the callee should see as a constant is bound with ``specialize`` instead. So a call from
+    compiled code to a quantkit kernel compiles (or finds) the build for the unliteral argument types;
+    the literal call then converts to it. Left as numba has it when its internals are not the ones
+    this was written for (numba 0.60-0.68)."""
+    try:
+        from numba.core.dispatcher import Dispatcher
+    except ImportError:
+        return
+    original = getattr(Dispatcher, "get_call_template", None)
+    if original is None:
+        return
+
+    @functools.wraps(original)
+    def get_call_template(self, args, kws):
+        if getattr(self.py_func, "__module__", "").startswith("quantkit."):
+            args = tuple(types.unliteral(a) for a in args)
+            kws = {k: types.unliteral(v) for k, v in kws.items()}
+        return original(self, args, kws)
+
+    Dispatcher.get_call_template = get_call_template
+
+
+_one_build_per_value_kind()
+
+
 # fastmath=False is written out, not left unset: numba's CPU target inherits an unset fastmath from the
 # caller (CPUTargetOptions.finalize: flags.inherit_if_not_set("fastmath")), so a codec compiled as the
 # callee of a fastmath kernel got FMA contraction -- Q8_K activations quantized in the decode step rounded
@@ -164,6 +197,19 @@ def njit_fast_parallel(fn=None, **kw):
 
 
 prange = numba.prange
+
+
+def frozen(a: np.ndarray) -> np.ndarray:
+    """``a`` as a read-only array (a view when it is writable). numba compiles a kernel once per argument
+    type, and a read-only array is another type than a writable one: weights come read-only from the
+    file's map, so the entry points that take weights pass every weight array this way -- a copy made
+    with ``QUANTKIT_COPY_WEIGHTS`` or bytes a test made reuse the kernels the map's bytes compiled instead
+    of compiling them again (a second decode-step build cost ~20 s on 2 cores)."""
+    if not a.flags.writeable:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
 
 
 def source_digest(*paths: str) -> str:

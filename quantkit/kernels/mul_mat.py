@@ -9,7 +9,7 @@ from threadpoolctl import ThreadpoolController
 
 from quantkit import config
 from quantkit.errors import QuantError
-from quantkit.jit import get_threads
+from quantkit.jit import frozen, get_threads
 from quantkit.kernels import gemm as _gemm
 from quantkit.kernels.ir import default_variant, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
@@ -114,6 +114,7 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     ``rounded``: a dict shared by products of the same ``x`` (Q, K and V; gate and up): the prefill
     keeps x's rounded forms there, so each is computed once. Pass a fresh dict for a new x."""
     t, n_in = _check(w, wtype, "matmul")
+    w = frozen(w)
     x = np.asarray(x)
     if x.ndim != 2 or x.shape[1] != n_in:
         raise QuantError(f"matmul: activations of shape {x.shape} do not fit {t.name} weights of "
@@ -237,6 +238,7 @@ def _tiles_on_threads(w, t, x, out, threads):
 def get_rows(w: np.ndarray, wtype, ids) -> np.ndarray:
     """Embedding lookup: float32 (len(ids), n_in), dequantizing only the rows ``ids`` of ``w``."""
     t, n_in = _check(w, wtype, "get_rows")
+    w = frozen(w)
     ids = np.ascontiguousarray(np.asarray(ids, dtype=np.int64).reshape(-1))
     if ids.size and (ids.min() < 0 or ids.max() >= w.shape[0]):
         raise QuantError(f"get_rows: ids must be in [0, {w.shape[0]}), got {ids.min()}..{ids.max()}")

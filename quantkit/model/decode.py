@@ -54,7 +54,7 @@ import numpy as np
 
 from quantkit import config
 from quantkit.errors import ModelError
-from quantkit.jit import fetch_add, get_threads, njit_fast, prange
+from quantkit.jit import fetch_add, frozen, get_threads, njit_fast, prange
 from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
                               rowdot_kernel)
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
@@ -179,11 +179,12 @@ def nchunks(m):
 def product_body(m, buf, pbuf, a, out, sc, ctr, nth):
     """out = the matrix ``m`` (a ``wt`` row) . a, over ``nth`` threads that claim its chunks from the
     counter ``ctr[CTR]`` as each becomes free (``ROWS``: rows_body bound to the slot set)."""
+    o_0 = np.int64(0)  # not the literal 0: one build of ROWS for every call (numba types a literal apart)
     ctr[CTR] = 0
     for _ in prange(nth):
         c = fetch_add(ctr, CTR, 1)
         while c < nchunks(m):
-            ROWS(m, c, buf, pbuf, a, out, 0, sc)  # noqa: F821
+            ROWS(m, c, buf, pbuf, a, out, o_0, sc)  # noqa: F821
             c = fetch_add(ctr, CTR, 1)
 
 
@@ -226,8 +227,9 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     xa = aE[0][0]           # the normed input of a block, float32 (E,)
     xo = aQ[0][0]           # the attention output, float32 (Q,)
     ha = aF[0][0]           # act(gate) * up, float32 (n_ff,)
+    o_0 = np.int64(0)       # output offset 0, typed int64 as Q and Q + KV are (one build of ROWS)
 
-    DEQROW(et[3], buf, pbuf, et[0], et[1], tok, tok + 1, aE, x, 0, sc)  # noqa: F821
+    DEQROW(et[3], buf, pbuf, et[0], et[1], tok, tok + 1, aE, x, o_0, sc)  # noqa: F821
     if embd_scale != np.float32(1.0):
         for i in range(E):
             x[i] *= embd_scale
@@ -243,7 +245,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             c = fetch_add(ctr, CTR, 1)
             while c < cq + ck + cv:
                 if c < cq:
-                    ROWS(w[0], c, buf, pbuf, aE, qkv, 0, sc)  # noqa: F821
+                    ROWS(w[0], c, buf, pbuf, aE, qkv, o_0, sc)  # noqa: F821
                 elif c < cq + ck:
                     ROWS(w[1], c - cq, buf, pbuf, aE, qkv, Q, sc)  # noqa: F821
                 else:
@@ -279,8 +281,8 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         for _ in prange(nth):
             c = fetch_add(ctr, CTR, 1)
             while c < nchunks(w[4]):  # gate and up have the same rows, so the same chunks
-                ROWS(w[4], c, buf, pbuf, aE, hg, 0, sc)  # noqa: F821
-                ROWS(w[5], c, buf, pbuf, aE, hu, 0, sc)  # noqa: F821
+                ROWS(w[4], c, buf, pbuf, aE, hg, o_0, sc)  # noqa: F821
+                ROWS(w[5], c, buf, pbuf, aE, hu, o_0, sc)  # noqa: F821
                 r0 = c * w[4, 4]
                 r1 = min(r0 + w[4, 4], w[4, 2])
                 glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
@@ -351,11 +353,11 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
             lo = min(offs)
             hi = max(o + w.data.nbytes for o, w in zip(offs, weights))
             if _copy_weights(hi - lo):
-                return _huge_copy(flat[lo:hi]), [o - lo for o in offs], True
-            return flat, offs, False
+                return frozen(_huge_copy(flat[lo:hi])), [o - lo for o in offs], True
+            return frozen(flat), offs, False
     parts = [np.ascontiguousarray(w.data).reshape(-1) for w in weights]
     offs = list(np.cumsum([0] + [p.size for p in parts[:-1]]))
-    return np.concatenate(parts), [int(o) for o in offs], True
+    return frozen(np.concatenate(parts)), [int(o) for o in offs], True
 
 
 def step_kernel(slots: tuple, variant: str, kv_f16: bool):

@@ -35,7 +35,7 @@ from gguf import GGMLQuantizationType
 
 from quantkit.errors import QuantError
 from quantkit.formats.ggml_types import TypeInfo, type_info
-from quantkit.jit import prange, specialize
+from quantkit.jit import frozen, prange, specialize
 
 TRAITS: dict[GGMLQuantizationType, type["QuantType"]] = {}
 
@@ -247,7 +247,7 @@ class QuantType:
             )
         row_bytes = int(data.shape[-1])
         n_per_row = row_bytes // cls.type_size * cls.block_size
-        rows = np.ascontiguousarray(data.reshape(-1, row_bytes))
+        rows = frozen(np.ascontiguousarray(data.reshape(-1, row_bytes)))
         out = np.empty((rows.shape[0], n_per_row), dtype=np.float32)
         if rows.shape[0]:
             cls.dequantize_rows(rows, out)
