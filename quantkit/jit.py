@@ -395,6 +395,33 @@ def get_threads() -> int:
     return numba.get_num_threads()
 
 
+#: rows per chunk at least, and chunks per thread, of ``over_rows``
+ROWS_MIN, CHUNKS_PER_THREAD = 16, 4
+_ROW_POOL: dict[int, object] = {}
+
+
+def over_rows(kernel, n: int, *args) -> None:
+    """``kernel(*args, r0, r1)`` over the rows 0..n-1 in contiguous chunks, on ``get_threads()`` threads.
+
+    For a kernel that treats each row alone (a codec over a tensor's rows): the result is the same for
+    any split. A serial row loop called on Python threads (each call releases the GIL, ``nogil``)
+    compiles in a quarter of the time of the same loop as a ``prange`` (0.8 vs 3.0 s for Q4_K's, which
+    a first quantize to Q4_K_M paid four times), and runs as fast: a chunk is thousands of values."""
+    threads = min(get_threads(), max(1, n // ROWS_MIN))
+    if threads <= 1:
+        if n:
+            kernel(*args, 0, n)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = _ROW_POOL.get(threads)
+    if pool is None:
+        pool = _ROW_POOL[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="quantkit-rows")
+    step = max(ROWS_MIN, -(-n // (threads * CHUNKS_PER_THREAD)))
+    for f in [pool.submit(kernel, *args, r0, min(n, r0 + step)) for r0 in range(0, n, step)]:
+        f.result()
+
+
 def _resize(builder, v, width: int, ty, bits: int):
     """An integer of ``width`` bits truncated or zero-extended to ``bits`` (LLVM type ``ty``)."""
     if width > bits:

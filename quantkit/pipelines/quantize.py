@@ -33,6 +33,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from quantkit.formats.atomic import preflight, write_bytes
 from quantkit.formats.gguf_io import GGUFModel, GGUFOutput, Tensor
 from quantkit.pause import pause_point
+from quantkit.quants import ahead
 from quantkit.pipelines.quantize_plan import (QuantizeError, QuantizeOptions, QuantPlan, TensorJob,  # noqa: F401
                                               output_kv, parse_override_kv, plan_quantization, prune_names)
 from quantkit.typenames import ggml_type_name
@@ -331,9 +332,13 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
 
             install()       # a truncated input: one line, not a silent SIGBUS death
             preflight(out, plan_output(plan, out).size, "the quantized model")    # before the long part
-            scan_source(plan, release=model.release)
-            write_quantized(plan, out, log=log, progress=progress, release=model.release,
-                            prefetch=model.prefetch, check=model.check_unchanged)
+            helper = ahead.start([j.target for j in plan.jobs if j.quantize])  # a first run's compiles
+            try:
+                scan_source(plan, release=model.release)
+                write_quantized(plan, out, log=log, progress=progress, release=model.release,
+                                prefetch=model.prefetch, check=model.check_unchanged)
+            finally:
+                ahead.stop(helper)
         for line in summary_lines(plan, dry_run):
             log(f"llama_model_quantize_impl: {line}" if "size" in line else line)
         if mix is not None:

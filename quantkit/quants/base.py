@@ -12,14 +12,14 @@ rows-to-blocks bookkeeping and the byte shape. A subclass only names its numba k
   (``NMAX``, ``TS``, ...) and built per type with ``build_kernel`` (``jit.specialize``), so each build
   sees them as literals (LLVM unrolls and vectorizes as it did per-type copies; passed as arguments they
   cost the shared legacy row quantizer up to 1.5x). The base builds ``quantize_rows(x, y, qw)`` from
-  them: parallel over rows with ``prange``, each row independent, so the bytes never depend on the
-  thread count (a codec may give its own instead);
+  them: a serial loop over a range of rows, run in chunks on the worker threads (``jit.over_rows``),
+  each row independent, so the bytes never depend on the thread count (a codec may give its own instead);
 * ``dequantize_row(src, y)``   -- ggml's ``dequantize_row_X`` for one row: uint8[row_bytes] ->
   float32[n_per_row], serial ``@njit``. It is *the* row decoder of the type: the kernels call it too
   (embedding rows, the prefill's tiles, the portable GEMV), so there is one copy. A type whose decoder
   works block by block gives ``dequantize_block(src, y)`` (one block's bytes -> its values) instead and
   the base loops it over a row; a decoder several types share is built per type as above.
-  ``dequantize_rows`` (parallel over rows) is built from the row decoder.
+  ``dequantize_rows`` (over rows on the worker threads, as ``quantize_rows``) is built from the row decoder.
 
 A type's sizes, block fields and the rest of its facts come from the type table
 (``quantkit.formats.ggml_types``), not from the codec. The traits table (``TRAITS``) maps
@@ -35,11 +35,12 @@ from gguf import GGMLQuantizationType
 
 from quantkit.errors import QuantError
 from quantkit.formats.ggml_types import TypeInfo, type_info
-from quantkit.jit import frozen, prange, specialize
+from quantkit.jit import frozen, over_rows, specialize
 
 TRAITS: dict[GGMLQuantizationType, type["QuantType"]] = {}
 
-_EMPTY_W = np.zeros(0, dtype=np.float32)
+#: no weights; weights are passed read-only (``jit.frozen``: one build of a codec's kernel for both paths)
+_EMPTY_W = frozen(np.zeros(0, dtype=np.float32))
 
 
 def resolve_type(qtype: GGMLQuantizationType | str | int) -> GGMLQuantizationType:
@@ -74,9 +75,9 @@ def build_kernel(body: Callable, qtype: GGMLQuantizationType, parallel: bool, **
     return specialize(body, qtype.name, parallel=parallel, **names)
 
 
-def _dequantize_rows_body(y, x):
-    """x[r] = the decoded y[r] for every row (``ROW``: a type's ``dequantize_row``); prange over rows."""
-    for r in prange(y.shape[0]):
+def _dequantize_rows_body(y, x, r0, r1):
+    """x[r] = the decoded y[r] for rows r0..r1-1 (``ROW``: a type's ``dequantize_row``)."""
+    for r in range(r0, r1):
         ROW(y[r], x[r])  # noqa: F821
 
 
@@ -87,24 +88,24 @@ def _dequantize_row_body(src, y):
         BLOCK(src[TS * i:TS * (i + 1)], y[QK * i:QK * (i + 1)])  # noqa: F821
 
 
-def _quantize_rows_body(x, y, qw):
-    """Every row by ``REF`` (no weights) or ``IMPL`` (weights ``qw``); prange over rows."""
-    for r in prange(x.shape[0]):
+def _quantize_rows_body(x, y, qw, r0, r1):
+    """Rows r0..r1-1 by ``REF`` (no weights) or ``IMPL`` (weights ``qw``)."""
+    for r in range(r0, r1):
         if qw.shape[0] == 0:
             REF(x[r], y[r])  # noqa: F821
         else:
             IMPL(x[r], y[r], qw)  # noqa: F821
 
 
-def _quantize_rows_ref_body(x, y, qw):
-    """Every row by ``REF``, for a type whose bytes ignore the weights; prange over rows."""
-    for r in prange(x.shape[0]):
+def _quantize_rows_ref_body(x, y, qw, r0, r1):
+    """Rows r0..r1-1 by ``REF``, for a type whose bytes ignore the weights."""
+    for r in range(r0, r1):
         REF(x[r], y[r])  # noqa: F821
 
 
-def _quantize_rows_one_body(x, y, qw):
-    """Every row by ``ROW``, one function for both paths; prange over rows."""
-    for r in prange(x.shape[0]):
+def _quantize_rows_one_body(x, y, qw, r0, r1):
+    """Rows r0..r1-1 by ``ROW``, one function for both paths."""
+    for r in range(r0, r1):
         ROW(x[r], y[r], qw)  # noqa: F821
 
 
@@ -117,16 +118,25 @@ def _build_kernels(cls) -> None:
         cls.dequantize_row = build_kernel(_dequantize_row_body, q, False, BLOCK=cls.dequantize_block,
                                           QK=cls.block_size, TS=cls.type_size)
     if "dequantize_rows" not in d:
-        cls.dequantize_rows = build_kernel(_dequantize_rows_body, q, True, ROW=cls.dequantize_row)
+        cls.dequantize_rows = _on_threads(build_kernel(_dequantize_rows_body, q, False, ROW=cls.dequantize_row))
     if "quantize_rows" in d:
         return
     if "quantize_row" in d:
-        cls.quantize_rows = build_kernel(_quantize_rows_one_body, q, True, ROW=cls.quantize_row)
+        rows = build_kernel(_quantize_rows_one_body, q, False, ROW=cls.quantize_row)
     elif "quantize_row_impl" in d:
-        cls.quantize_rows = build_kernel(_quantize_rows_body, q, True, REF=cls.quantize_row_ref,
-                                         IMPL=cls.quantize_row_impl)
+        rows = build_kernel(_quantize_rows_body, q, False, REF=cls.quantize_row_ref, IMPL=cls.quantize_row_impl)
     else:
-        cls.quantize_rows = build_kernel(_quantize_rows_ref_body, q, True, REF=cls.quantize_row_ref)
+        rows = build_kernel(_quantize_rows_ref_body, q, False, REF=cls.quantize_row_ref)
+    cls.quantize_rows = _on_threads(rows)
+
+
+def _on_threads(kernel: Callable) -> staticmethod:
+    """``f(a, b, *rest)`` running the serial row-range ``kernel(a, b, *rest, r0, r1)`` over a's rows on
+    the worker threads (``jit.over_rows``: no ``prange`` build to compile)."""
+    def rows(a, b, *rest):
+        over_rows(kernel, a.shape[0], a, b, *rest)
+    rows.kernel = kernel
+    return staticmethod(rows)
 
 
 class QuantType:
@@ -205,11 +215,11 @@ class QuantType:
             cls.quantize_rows(rows, out, _EMPTY_W)
         else:
             if w.ndim == 1:
-                cls.quantize_rows(rows, out, w)
+                cls.quantize_rows(rows, out, frozen(w))
             else:  # one row of weights per expert (leading dimension of data)
                 per = rows.shape[0] // w.shape[0]
                 for e in range(w.shape[0]):
-                    cls.quantize_rows(rows[e * per:(e + 1) * per], out[e * per:(e + 1) * per], w[e])
+                    cls.quantize_rows(rows[e * per:(e + 1) * per], out[e * per:(e + 1) * per], frozen(w[e]))
         return out.reshape(*data.shape[:-1], out.shape[-1])
 
     @classmethod
@@ -219,7 +229,7 @@ class QuantType:
         (float32 (n_per_row,) or None) and owns ``out`` (uint8 (n, row_bytes))."""
         if weights is None:
             cls._check_needs_imatrix()
-        cls.quantize_rows(rows, out, _EMPTY_W if weights is None or not cls.uses_imatrix else weights)
+        cls.quantize_rows(rows, out, _EMPTY_W if weights is None or not cls.uses_imatrix else frozen(weights))
 
     @classmethod
     def _check_needs_imatrix(cls) -> None:

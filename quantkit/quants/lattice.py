@@ -177,4 +177,5 @@ def quantizer(qtype: T, superblock, work):
         tb = lattice_tables(t)
         kernel(x, y, qw, tb.grid, tb.kmap, tb.neighbours)
     quantize_rows.__name__ = f"quantize_rows_{t.name.lower()}"
+    quantize_rows.kernel = kernel
     return staticmethod(quantize_rows)
