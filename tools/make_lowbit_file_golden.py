@@ -65,6 +65,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bin", type=Path, help="llama.cpp's build/bin (llama-quantize, llama-imatrix; "
                     "default: $QUANTKIT_LLAMA_CPP/build/bin)")
+    ap.add_argument("--keep-imatrix", action="store_true", help="quantize with the committed imatrix.gguf "
+                    "instead of making it again (its sums depend on the CPU llama-imatrix ran on)")
     args = ap.parse_args(argv)
     args.bin = llamaref.need_bin_dir(args.bin)
     OUT.mkdir(parents=True, exist_ok=True)
@@ -77,8 +79,9 @@ def main(argv=None) -> int:
         text.write_text(" ".join(words))
         imat = OUT / "imatrix.gguf"
         # run in td with the text's bare name: llama-imatrix records that path in the file it writes
-        subprocess.run([str(args.bin / "llama-imatrix"), "-m", str(model), "-f", text.name, "-o", str(imat),
-                        "-c", "64", "--chunks", "4", "-t", "1"], check=True, capture_output=True, cwd=td)
+        if not args.keep_imatrix:
+            subprocess.run([str(args.bin / "llama-imatrix"), "-m", str(model), "-f", text.name, "-o", str(imat),
+                            "-c", "64", "--chunks", "4", "-t", "1"], check=True, capture_output=True, cwd=td)
         res = {}
         for name, t, im, ftype in cases():
             out = td / f"{name}.gguf"
