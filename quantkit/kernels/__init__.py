@@ -10,7 +10,7 @@ Public API (see docs/kernels.md):
 * ``WEIGHT_TYPES``                  -- the types with a fast row dot (their record's row entry, cpu_traits.py)
 * numba-callable: ``matvec_kernel(wtype)`` -> ``matvec(w, xq, xd, xs, out, chunk)``;
   ``matvec_x8_kernel(wtype)`` the same for weights in the 8-row interleaved layout (``pack_x8``, the
-  types ``x8_types()``: AVX512-VNNI CPUs);
+  types ``x8_types()``: those whose record has an x8 entry, on the levels that build it; cpu_traits.py);
   ``quantize_activations`` / ``empty_activations`` and ``activation_kind(wtype)`` for its inputs.
 """
 

@@ -319,11 +319,10 @@ def _x8_q3_k(k):
 
 
 def _x8_q6_k(k):
-    """Q6_K, header first (its entry's ``order``, ``k.places``): the 16 int8 scales (element g of row r at
-    8g + r), d (128),
-    then the 24 slices of ql (row bytes 0..127: slice 8n + 4h + s, half n, nibble chunk h) and qh (row
-    bytes 128..191: slice 16 + 4n + s) from 144 in ``Q6_K_ORDER``. Per 16 elements: 2 slices, one
-    scale. The unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
+    """Q6_K, header first (its entry's ``order``; ``k.places``): the 16 int8 scales (element g of row r
+    at 8g + r), d (128), then the 24 slices of ql (row bytes 0..127: slice 8n + 4h + s, half n, nibble
+    chunk h) and qh (row bytes 128..191: slice 16 + 4n + s) from 144 in ``Q6_K_ORDER``. Per 16 elements:
+    2 slices, one scale. The unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
     b = k.b
     lo4, hi2 = _splat(I8, 64, 0x0F), _splat(I8, 64, 0x30)
     (sc_at, d_at), q_at, order = k.places
