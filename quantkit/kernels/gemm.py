@@ -113,7 +113,6 @@ def _iq4xs_scales(b, wb):
     return kir._iq4xs_scales(b, wb), None, _f16(b, wb, _F["IQ4_XS"]["d"]), None
 
 
-
 # -- tile layout (per 16-row sub-tile, nsb blocks per row) ------------------------------------------
 #   wu  uint8   [nsb][qk/4][16][4]      unsigned values, 4-element groups of 16 rows
 #   sc  int32   [nsb][ng][16]           sub-block scales (K types)
