@@ -50,9 +50,9 @@ test: setup
 
 # The edit-and-test loop: the codecs, the kernels of every level this CPU runs, the type tables, the
 # cache and levels, the command line -- no model-level runs (docs/DEVELOPING.md, "Test suite time").
-QUICK_TESTS := tests/test_ggml_types.py tests/test_config.py tests/test_jit.py tests/test_isa_cache.py \
+QUICK_TESTS := tests/test_ggml_types.py tests/test_type_record.py tests/test_codecs.py tests/test_config.py tests/test_jit.py tests/test_isa_cache.py \
 	tests/test_symmetric.py tests/test_affine.py tests/test_iq4.py tests/test_grids.py tests/test_validate.py \
-	tests/test_kernels.py tests/test_kernels_lowbit.py tests/test_vecdot_iq.py tests/test_gemm.py \
+	tests/test_kernels.py tests/test_rowdots.py tests/test_vecdot_iq.py tests/test_gemm.py \
 	tests/test_policy.py tests/test_cli.py
 test-quick: setup
 	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(QUICK_TESTS)

@@ -60,11 +60,11 @@ def _cases(q, rows: int, cols: int):
 
 
 def _dump(types, rows, cols, path):
-    from quantkit.quants import base
+    import quantkit.quants as Q
 
     arrays = {}
     for t in types:
-        q = base.traits(t)
+        q = Q.traits(t)
         for name, x, w in _cases(q, rows, cols):
             b = q.quantize(x, w)
             arrays[f"{t}/{name}/bytes"] = b
@@ -88,18 +88,18 @@ def _cpu_per_call(fn, budget=0.1):
 
 
 def _worker():
-    from quantkit.quants import base
+    import quantkit.quants as Q
 
     data = {}
     for line in sys.stdin:
         cmd = json.loads(line)
         if cmd["op"] == "types":
             res = {t.name: (["ref"] if not q.requires_imatrix else []) + (["imatrix"] if q.uses_imatrix else [])
-                   + ["deq"] for t, q in base.TRAITS.items()}
+                   + ["deq"] for t, q in Q.TRAITS.items()}
         elif cmd["op"] == "dump":
             res = _dump(cmd["types"], cmd["rows"], cmd["cols"], cmd["path"])
         else:  # time
-            q = base.traits(cmd["type"])
+            q = Q.traits(cmd["type"])
             key = (cmd["type"], cmd["rows"], cmd["cols"])
             if key not in data:
                 rng = np.random.default_rng(5)

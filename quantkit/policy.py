@@ -36,6 +36,7 @@ from typing import Any, Iterable, Mapping, Sequence
 from gguf import GGMLQuantizationType
 
 from quantkit.errors import PolicyError
+from quantkit.formats.ggml_types import type_info
 from quantkit.typenames import FileType, block_size, compile_pattern, ggml_type_name, parse_ftype, parse_ggml_type
 
 Q = GGMLQuantizationType
@@ -242,45 +243,23 @@ def processing_order_key(name: str) -> tuple[int, bytes]:
 # Shape fallback (``tensor_type_fallback``)
 # ---------------------------------------------------------------------------------------------
 
-# The 32-element block types fall back to f16 (their ncols cannot be a multiple of 32 here). This is
-# measured, not what a first reading of ``tensor_type_fallback`` suggests (no fallback): llama.cpp as shipped in
-# llama-cpp-python 0.3.36 turns q8_0/q4_0/... on a 100-column tensor into f16 with the "must use F16
-# due to unusual shape" warning (tests/data/policy/odd100.json), while q1_0, nvfp4 and q8_K throw.
-_FALLBACK: dict[GGMLQuantizationType, GGMLQuantizationType] = {}
-for _names, _to in (
-    (("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S", "IQ4_XS"), Q.IQ4_NL),
-    (("Q2_0", "Q2_K", "Q3_K", "TQ1_0", "TQ2_0"), Q.Q4_0),
-    (("Q4_K",), Q.Q5_0),
-    (("Q5_K",), Q.Q5_1),
-    (("Q6_K",), Q.Q8_0),
-    (("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q8_1", "IQ4_NL", "MXFP4"), Q.F16),
-):
-    for _n in _names:
-        if _n in Q.__members__:  # gguf 0.19 has no Q2_0
-            _FALLBACK[Q[_n]] = _to
-
-
 def fallback_type(qtype: GGMLQuantizationType, ncols: int, name: str) -> GGMLQuantizationType:
-    """The type used instead of ``qtype`` when ``ncols`` (ne[0]) is not a multiple of its block."""
-    if qtype not in _FALLBACK:
+    """The type used instead of ``qtype`` when ``ncols`` (ne[0]) is not a multiple of its block (the
+    type table's ``fallback``, formats/ggml_types.py)."""
+    fallback = type_info(qtype).fallback
+    if fallback is None:
         raise NoFallbackError(
             f"tensor {name}: ncols {ncols} is not divisible by {block_size(qtype)} "
             f"(required for type {ggml_type_name(qtype)}) and no tensor type fallback is defined "
             f"for type {ggml_type_name(qtype)}"
         )
-    new = _FALLBACK[qtype]
+    new = Q[fallback]
     return new if ncols % block_size(new) == 0 else Q.F16
 
 
 # ---------------------------------------------------------------------------------------------
 # The mixture rules (``llama_tensor_get_type``) and the outer procedure (``llama_model_quantize_impl``)
 # ---------------------------------------------------------------------------------------------
-
-# Targets that need an imatrix outside token_embd/output (``llama_model_quantize_impl``'s imatrix check).
-_IMATRIX_TYPES = frozenset(
-    Q[n] for n in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS")
-)
-
 
 @dataclass(frozen=True)
 class TensorPlan:
@@ -586,7 +565,7 @@ def plan_types(
                 target = fallback_type(target, ncols, name)
                 n_fallback += 1
         requires_imatrix = quantizable and category not in (OUTPUT, TOKEN_EMBD) and (
-            target in _IMATRIX_TYPES or (ft.name == "Q2_K_S" and target == Q.Q2_K))
+            type_info(target).needs_imatrix or (ft.name == "Q2_K_S" and target == Q.Q2_K))
         plans.append(TensorPlan(name, shape, source, target, category, quantizable, manual,
                                 fallback_from, requires_imatrix))
     return TypePlan(ft, tuple(plans), n_fallback, has_imatrix)

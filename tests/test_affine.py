@@ -1,13 +1,14 @@
 """Tests for the affine types (a scale and a minimum per block): Q4_1, Q5_1 (quantkit/quants/legacy.py), Q2_K,
 Q4_K, Q5_K (quants/kquants.py).
 
-* dequantize == gguf.quants.dequantize, float32 bit patterns compared;
+* dequantize of the quantizer's output == gguf.quants.dequantize, float32 bit patterns compared (on
+  arbitrary bytes, and 1 thread == all threads: every codec's, tests/test_codecs.py);
 * Q4_1/Q5_1 quantize without imatrix == gguf.quants.quantize (gguf-py's numpy reference);
 * quantize == ggml, through SHA-256 digests of ggml's output on deterministic inputs. The digests
   were made with ``ggml_quantize_chunk`` from ``libggml-base.so`` 0.25.3 (llama-cpp-python 0.3.36);
   ``python tests/test_affine.py --regen <llama.cpp>/build/bin/libggml-base.so`` recomputes them (it needs
   that library, the reference llama.cpp's of docs/DEVELOPING.md; the tests don't);
-* 1 thread == 2 threads, byte for byte; property tests on edge blocks.
+* property tests on edge blocks.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from quantkit.errors import QuantError
-from quantkit.jit import get_threads, set_threads
 from quantkit.quants import TRAITS, dequantize, quantize
 
 TYPES = [T.Q4_1, T.Q5_1, T.Q2_K, T.Q4_K, T.Q5_K]
@@ -115,33 +115,16 @@ def test_quantize_matches_ggml_digest(qt, with_imatrix):
 # -- registry ------------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
-def test_registered_with_gguf_sizes(qt):
-    cls = TRAITS[qt]
-    assert (cls.block_size, cls.type_size) == gguf.GGML_QUANT_SIZES[qt]
-    assert cls.uses_imatrix
+def test_uses_imatrix(qt):
+    # sizes: every codec against its row, tests/test_type_record.py
+    assert TRAITS[qt].uses_imatrix
 
 
-# -- dequantize == gguf-py ---------------------------------------------------------------------------
-
-def _random_blocks(qt, nblocks, rng):
-    """Random bytes with every fp16 field replaced by a finite value."""
-    bs, ts = gguf.GGML_QUANT_SIZES[qt]
-    y = rng.integers(0, 256, (nblocks, ts), dtype=np.uint8)
-    f16 = {T.Q4_1: [0, 2], T.Q5_1: [0, 2], T.Q2_K: [80, 82], T.Q4_K: [0, 2], T.Q5_K: [0, 2]}[qt]
-    for pos in f16:
-        y[:, pos:pos + 2] = (rng.standard_normal(nblocks) * 0.1).astype(np.float16).view(np.uint8).reshape(-1, 2)
-    return y
-
+# -- dequantize == gguf-py (on arbitrary bytes: tests/test_codecs.py) -------------------------------
 
 @pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
-def test_dequantize_matches_gguf(qt):
-    rng = np.random.default_rng(3)
-    y = _random_blocks(qt, 64, rng).reshape(8, -1)
-    ours = dequantize(y, qt)
-    ref = gguf.quants.dequantize(y, qt)
-    assert ours.dtype == np.float32 and ours.shape == ref.shape
-    np.testing.assert_array_equal(ours.view(np.uint32), ref.view(np.uint32))
-    # and on real quantizer output, with and without imatrix
+def test_dequantize_of_quantizer_output_matches_gguf(qt):
+    # on the quantizer's output, with and without imatrix
     x = det_inputs(_row_len(qt))
     x = x[np.abs(x).max(axis=1) < 6e4]
     for w in (None, det_imatrix(x.shape[1])):
@@ -170,24 +153,6 @@ def test_legacy_quantize_matches_gguf(qt, n):
 
 
 # -- threads ----------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("qt", TYPES, ids=lambda t: t.name)
-def test_one_thread_equals_two(qt):
-    rng = np.random.default_rng(7)
-    n = _row_len(qt)
-    x = rng.standard_t(3, (40, n)).astype(np.float32)
-    w = rng.random(n).astype(np.float32)
-    before = get_threads()
-    try:
-        set_threads(1)
-        one = [quantize(x, qt), quantize(x, qt, w)]
-        set_threads(2)
-        two = [quantize(x, qt), quantize(x, qt, w)]
-    finally:
-        set_threads(before)
-    for a, b in zip(one, two):
-        np.testing.assert_array_equal(a, b)
-
 
 # -- properties on edge blocks ------------------------------------------------------------------------
 

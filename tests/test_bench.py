@@ -186,6 +186,11 @@ def test_injected_timings_and_md(tiny):
     assert all(len(ln) == len(lines[0]) for ln in lines[:4])
     assert lines[-2] == ""
     assert lines[-1] == f"build: quantkit-{__import__('quantkit').__version__} (0), kernels: {isa.describe()}"
+    # the level each matrix type's kernels ran at, from the types' records
+    from quantkit.kernels.cpu_traits import describe
+
+    assert lines[-4] == "" and lines[-3] == f"kernels by type: {describe(res[0].model.matrix_types)}"
+    assert res[0].model.matrix_types and lines[-3].startswith(f"kernels by type: {res[0].model.matrix_types[0]} row ")
 
 
 def test_md_optional_columns(tiny):

@@ -14,6 +14,7 @@ from quantkit import isa
 from quantkit import kernels as K
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import gemm as G
+from quantkit.kernels.cpu_traits import CPU_TRAITS, cpu_traits
 from quantkit.kernels.ir import RUNNABLE_VARIANTS, int8_flavour
 
 from test_kernels import _restore_threads, make_weights  # noqa: F401 (autouse fixture)
@@ -21,13 +22,14 @@ from test_kernels import _restore_threads, make_weights  # noqa: F401 (autouse f
 #: the GEMM's flavours this host executes (vnni: 512-bit VNNI; avx2: any AVX2 CPU)
 FLAVOURS = sorted({f for f in map(int8_flavour, RUNNABLE_VARIANTS) if f})
 pytestmark = pytest.mark.skipif(not FLAVOURS, reason="the integer GEMM needs AVX2")
-TYPES = list(G.SPECS)
+#: every type whose record has a GEMM entry
+TYPES = [T[n] for n, c in CPU_TRAITS.items() if c.gemm is not None]
 
 
 def exact_reference(w, t, x):
     """float64 x_deq @ w_deq.T with x rounded to the type's activation kind (ggml's from_float); for
     Q8_1 the min term uses the stored fp16 ``s`` in place of d * sum(q), as ggml's vec_dot does."""
-    kind = G.SPECS[t].act
+    kind = cpu_traits(t).gemm.act
     qs, d, s = K.quantize_activations(x, kind)
     per = 256 if kind == "Q8_K" else 32
     n = x.shape[0]
@@ -42,7 +44,7 @@ def exact_reference(w, t, x):
 
 
 def n_in(t, wide=False):
-    return (1024 if wide else 512) if G.SPECS[t].qk == 256 else (1088 if wide else 576)
+    return (1024 if wide else 512) if cpu_traits(t).gemm.qk == 256 else (1088 if wide else 576)
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)

@@ -1,14 +1,13 @@
 """The symmetric types Q4_0, Q5_0, Q8_0 (quantkit/quants/legacy.py), Q3_K, Q6_K, Q8_K (quants/kquants.py) and
 their scale searches (quants/search.py): bytes against ggml (recorded
-hashes), quantize and dequantize against gguf-py, the scale searches' properties, edge blocks,
-thread-count independence and error messages."""
+hashes), quantize and dequantize against gguf-py, the scale searches' properties, edge blocks and
+error messages (arbitrary bytes and thread-count independence: every codec's, tests/test_codecs.py)."""
 
 from __future__ import annotations
 
 import hashlib
 
 import gguf
-import numba
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -104,13 +103,10 @@ def plain(x: np.ndarray) -> np.ndarray:
 
 
 # -- registry ------------------------------------------------------------------------------------
-def test_registered_with_ggml_sizes():
-    want = {"Q4_0": (32, 18), "Q5_0": (32, 22), "Q8_0": (32, 34), "Q3_K": (256, 110), "Q6_K": (256, 210),
-            "Q8_K": (256, 292)}
-    for name, (bs, ts) in want.items():
-        tr = TRAITS[T[name]]
-        assert (tr.block_size, tr.type_size) == (bs, ts)
-        assert tr.uses_imatrix == (name in WEIGHTED)
+def test_uses_imatrix_where_ggml_does():
+    # sizes: every codec against its row, tests/test_type_record.py
+    for name in TYPES:
+        assert TRAITS[T[name]].uses_imatrix == (name in WEIGHTED)
 
 
 # -- bytes ---------------------------------------------------------------------------------------
@@ -157,17 +153,6 @@ def test_zero_blocks_of_k_types():
 
 
 # -- dequantization ------------------------------------------------------------------------------
-@pytest.mark.parametrize("name", GGUF_DEQUANT)
-def test_dequantize_matches_gguf_on_arbitrary_bytes(name):
-    qt = TRAITS[T[name]]
-    rng = np.random.default_rng(7)
-    blocks = rng.integers(0, 256, (24, 2 * qt.type_size), dtype=np.uint8)
-    d_at = {"Q3_K": 108, "Q6_K": 208}.get(name, 0)  # offset of the fp16 d
-    for off in range(0, blocks.shape[1], qt.type_size):  # keep d finite
-        blocks[:, off + d_at + 1] &= 0x7B
-    assert same_bits(dequantize(blocks, name), gguf.quants.dequantize(blocks, T[name]))
-
-
 def test_q8_k_layout_and_dequantize():
     x = golden_input(24, 512)
     q = quantize(x, "Q8_K").reshape(-1, 292)
@@ -212,21 +197,6 @@ def test_zero_weight_group_of_q6_k_comes_back_as_zeros():
 
 
 # -- threads and experts -------------------------------------------------------------------------
-@pytest.mark.parametrize("name", TYPES)
-def test_thread_count_does_not_change_bytes(name):
-    x = golden_input(64, 512)
-    w = golden_imatrix(512)
-    before = numba.get_num_threads()
-    try:
-        numba.set_num_threads(1)
-        one = quantize(x, name), quantize(x, name, imatrix=w)
-        numba.set_num_threads(numba.config.NUMBA_NUM_THREADS)
-        many = quantize(x, name), quantize(x, name, imatrix=w)
-    finally:
-        numba.set_num_threads(before)
-    assert np.array_equal(one[0], many[0]) and np.array_equal(one[1], many[1])
-
-
 @pytest.mark.parametrize("name", ["Q4_0", "Q6_K"])
 def test_expert_imatrix_uses_each_experts_row(name):
     x = golden_input(24, 256)[12:20].reshape(2, 4, 256)

@@ -1,7 +1,6 @@
-"""The lattice types' row dots (kernels/vecdot_iq.py, IR through ir_rowdot.ROW_SPECS) against a float64 dot of what
-the bytes mean: gguf-py's dequantized weights times the dequantized Q8_K activations (``q * d``), both IR
-variants, on quantized rows and on random bytes (every grid index, sign, scale and delta bit in play, so a
-wrong lane, group or bit shows); the 2-row form and the GEMV built on them against the 1-row dot."""
+"""What is particular to the lattice types' row dots (kernels/vecdot_iq.py): the same bits without BMI2 and
+F16C, and a tiny model with lattice tensors against the float64 reference. Their row dots against a
+float64 dot, their 2-row forms and GEMVs are tested with every other type's in test_rowdots.py."""
 
 from __future__ import annotations
 
@@ -9,24 +8,11 @@ import gguf
 import numpy as np
 import pytest
 
-import quantkit.kernels as K
-import quantkit.quants as Q
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.activations import quantize_q8_k_into
-from quantkit.kernels.ir import RUNNABLE_VARIANTS
-from quantkit.kernels.ir_rowdot import row_dots
-from quantkit.kernels.vecdot import build, rowdot2_ir, rowdot_ir
-from quantkit.kernels.vecdot_iq import SPECS
-
-TYPES = sorted(SPECS)
-VARIANTS = [v for v in RUNNABLE_VARIANTS if v != "plain"]
-
-
-def _weights(t, n_out, n_in, seed):
-    rng = np.random.default_rng(seed)
-    w = (rng.standard_t(5, (n_out, n_in)) * 0.02).astype(np.float32)
-    w[1] = 0.0  # an all-zero row
-    return Q.quantize(w, t, imatrix=rng.uniform(0.1, 2.0, n_in).astype(np.float32))
+from quantkit.kernels.cpu_traits import cpu_traits
+from quantkit.kernels.ir_rowdot import row_dot
+from quantkit.kernels.vecdot import build, row_intrinsic, rowdot_ir
 
 
 def _random_bytes(t, n_out, n_in, seed):
@@ -52,7 +38,7 @@ def _activations(n_tok, n_in, seed):
 
 
 def _rowdot(t, variant):
-    return build(rowdot_ir, f"{t}_{variant}_test", False, ROW=row_dots(variant)[t])
+    return build(rowdot_ir, f"{t}_{variant}_test", False, ROW=row_intrinsic(gguf.GGMLQuantizationType[t], variant))
 
 
 @pytest.mark.parametrize("t", ["IQ2_S", "IQ1_S", "IQ1_M"])
@@ -67,47 +53,11 @@ def test_without_bmi2_and_f16c_the_same_dot(t, monkeypatch):
     want = [_rowdot(t, "generic")(y[r], xq[1], xd[1], xs[1], sc) for r in range(4)]
     monkeypatch.setattr(I, "HAS_BMI2", False)
     monkeypatch.setattr(I, "HAS_F16", False)
-    fn = build(rowdot_ir, f"{t}_generic_nobmi2_nof16_test", False, ROW=row_dots("generic")[t])
+    fn = build(rowdot_ir, f"{t}_generic_nobmi2_nof16_test", False,
+               ROW=row_dot("generic", t, cpu_traits(t).row.fn))
     assert [fn(y[r], xq[1], xd[1], xs[1], sc) for r in range(4)] == want
 
 
-@pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("t", TYPES)
-@pytest.mark.parametrize("n_in,source", [(256, "quantized"), (1024, "quantized"), (1280, "random")])
-def test_rowdot_matches_float64_dot(t, variant, n_in, source):
-    y = (_weights if source == "quantized" else _random_bytes)(t, 6, n_in, 1)
-    xq, xd, xs = _activations(3, n_in, 2)
-    wf = np.asarray(gguf.quants.dequantize(y, gguf.GGMLQuantizationType[t]), dtype=np.float64)
-    af = xq.astype(np.float64) * np.repeat(xd.astype(np.float64), 256, axis=1)
-    rowdot = _rowdot(t, variant)
-    sc = np.zeros(16, np.int32)
-    for r in range(y.shape[0]):
-        for k in range(xq.shape[0]):
-            got = rowdot(y[r], xq[k], xd[k], xs[k], sc)
-            want = float(wf[r] @ af[k])
-            # one float product per lane of 8 and block; one wrong value of 256 would be ~4e-3 of the scale
-            scale = float(np.abs(wf[r]) @ np.abs(af[k]))
-            assert abs(got - want) <= 2e-6 * scale + 1e-30, (t, r, k, got, want)
-
-
-@pytest.mark.parametrize("t", TYPES)
-def test_two_rows_and_matvec_equal_the_row_dot(t):
-    n_in = 512
-    tt = gguf.GGMLQuantizationType[t]
-    y = _random_bytes(t, 9, n_in, 3)
-    xq, xd, xs = _activations(2, n_in, 4)
-    assert tt in K.WEIGHT_TYPES and K.activation_kind(tt) == "Q8_K"
-    sc = np.zeros(16, np.int32)
-    one = K.rowdot_kernel(tt)
-    want = np.array([[one(y[r], xq[k], xd[k], xs[k], sc) for r in range(y.shape[0])] for k in range(2)],
-                    dtype=np.float32)
-    two = build(rowdot2_ir, f"{t}_test2", False, ROW2=row_dots(K.default_variant(), 2)[t])
-    for r in range(0, 8, 2):
-        assert two(y[r:r + 2].reshape(-1), xq[1], xd[1], xs[1], sc) == (want[1, r], want[1, r + 1])
-    for parallel in (False, True):
-        out = np.empty((2, y.shape[0]), np.float32)
-        K.matvec_kernel(tt, parallel=parallel)(y, xq, xd, xs, out, 4)
-        assert np.array_equal(out, want)
 def test_tiny_model_with_lattice_tensors_matches_the_float64_reference(tmp_path):
     """A tiny llama whose projections are IQ2_S / IQ1_M (the two ggml can make without an imatrix): token
     by token decode (the row dots) and a batch (the prefill) against the float64 reference forward on the

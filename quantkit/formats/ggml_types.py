@@ -56,6 +56,15 @@ class TypeInfo:
     checked: tuple[str, ...] = ()
     vec_dot_type: str | None = None   # type_traits_cpu[...].vec_dot_type, by name; None if it has no vec_dot
     quantized: bool = True            # ggml_is_quantized
+    # -- the quantize policy's facts about the type (quantkit/policy.py, pipelines/target_bpw.py) --
+    #: the type ``tensor_type_fallback`` puts in its place when a row's length is not a multiple of its
+    #: block (by name; a fallback that does not fit either gives F16); None: llama-quantize refuses
+    fallback: str | None = None
+    #: llama_model_quantize_impl refuses this target without an imatrix (except token_embd / output)
+    needs_imatrix: bool = False
+    #: whether ``quantize --target-bpw`` chooses it: "default" (among the candidates unless
+    #: ``--target-types`` names others), "named" (only when ``--target-types`` names it), "never"
+    target_bpw: str = "default"
     offsets: dict[str, int] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -92,8 +101,9 @@ class TypeInfo:
         return n_per_row // self.block_size * self.type_size
 
 
-def _t(id_, name, bs, ts, layout=(), check="f16", checked=("d",), vdt=None, quantized=True) -> TypeInfo:
-    return TypeInfo(id_, name, bs, ts, tuple(layout), check, tuple(checked), vdt, quantized)
+def _t(id_, name, bs, ts, layout=(), check="f16", checked=("d",), vdt=None, fb=None, imx=False,
+       bpw="default") -> TypeInfo:
+    return TypeInfo(id_, name, bs, ts, tuple(layout), check, tuple(checked), vdt, True, fb, imx, bpw)
 
 
 def _plain(id_, name, ts, check="values", vdt=None) -> TypeInfo:
@@ -102,47 +112,68 @@ def _plain(id_, name, ts, check="values", vdt=None) -> TypeInfo:
 
 D, DM, DMIN = ("d",), ("d", "m"), ("d", "dmin")
 
-#: every ggml type, by id (ggml.h's enum ggml_type; 4, 5, 31-33 and 36-38 were removed from ggml)
+#: every ggml type, by id (ggml.h's enum ggml_type; 4, 5, 31-33 and 36-38 were removed from ggml).
+#:
+#: The policy's columns (``fb``, ``imx``, ``bpw``):
+#:
+#: * ``fb``: the 32-element block types fall back to F16 (their ncols cannot be a multiple of 32 there).
+#:   This is measured, not what a first reading of ``tensor_type_fallback`` suggests (no fallback):
+#:   llama.cpp as shipped in llama-cpp-python 0.3.36 turns q8_0/q4_0/... on a 100-column tensor into f16
+#:   with the "must use F16 due to unusual shape" warning (tests/data/policy/odd100.json), while q1_0,
+#:   nvfp4 and q8_K throw (no ``fb``).
+#: * ``imx``: ``llama_model_quantize_impl``'s imatrix check (the 1- and 2-bit IQ types and IQ3_XXS).
+#: * ``bpw="never"``: never a tensor's storage type (Q8_K, ggml's activation-only type), or the lattice
+#:   types IQ2_* / IQ1_*, three of which cannot be made without importance weights, which a tensor missing
+#:   from the imatrix does not have. ``bpw="named"``: IQ3_XXS, IQ3_S and MXFP4, which the loss model
+#:   underrates -- SmolLM2's choice at Q4_K_M's size measured KLD 0.040 with them (IQ3 on blk.1-6
+#:   ffn_down, MXFP4 on blk.0 attn_v/attn_output), 0.038 with MXFP4 alone, against the mix's 0.028 and
+#:   0.024 without them (docs/quantize.md "Measured on SmolLM2-135M").
 TYPES: tuple[TypeInfo, ...] = (
     _plain(0, "F32", 4, vdt="F32"),
     _plain(1, "F16", 2, vdt="F16"),
-    _t(2, "Q4_0", 32, 18, (("d", 2), ("qs", 16)), vdt="Q8_0"),
-    _t(3, "Q4_1", 32, 20, (("d", 2), ("m", 2), ("qs", 16)), checked=DM, vdt="Q8_1"),
-    _t(6, "Q5_0", 32, 22, (("d", 2), ("qh", 4), ("qs", 16)), vdt="Q8_0"),
-    _t(7, "Q5_1", 32, 24, (("d", 2), ("m", 2), ("qh", 4), ("qs", 16)), checked=DM, vdt="Q8_1"),
-    _t(8, "Q8_0", 32, 34, (("d", 2), ("qs", 32)), vdt="Q8_0"),
+    _t(2, "Q4_0", 32, 18, (("d", 2), ("qs", 16)), vdt="Q8_0", fb="F16"),
+    _t(3, "Q4_1", 32, 20, (("d", 2), ("m", 2), ("qs", 16)), checked=DM, vdt="Q8_1", fb="F16"),
+    _t(6, "Q5_0", 32, 22, (("d", 2), ("qh", 4), ("qs", 16)), vdt="Q8_0", fb="F16"),
+    _t(7, "Q5_1", 32, 24, (("d", 2), ("m", 2), ("qh", 4), ("qs", 16)), checked=DM, vdt="Q8_1", fb="F16"),
+    _t(8, "Q8_0", 32, 34, (("d", 2), ("qs", 32)), vdt="Q8_0", fb="F16"),
     # gguf-py 0.19.0's GGML_QUANT_SIZES says 40 bytes (an old float d/s layout); ggml's block is 36
-    _t(9, "Q8_1", 32, 36, (("d", 2), ("s", 2), ("qs", 32)), check="none", checked=()),
-    _t(10, "Q2_K", QK_K, 84, (("scales", 16), ("qs", 64), ("d", 2), ("dmin", 2)), checked=DMIN, vdt="Q8_K"),
-    _t(11, "Q3_K", QK_K, 110, (("hmask", 32), ("qs", 64), ("scales", 12), ("d", 2)), vdt="Q8_K"),
-    _t(12, "Q4_K", QK_K, 144, (("d", 2), ("dmin", 2), ("scales", 12), ("qs", 128)), checked=DMIN, vdt="Q8_K"),
+    _t(9, "Q8_1", 32, 36, (("d", 2), ("s", 2), ("qs", 32)), check="none", checked=(), fb="F16"),
+    _t(10, "Q2_K", QK_K, 84, (("scales", 16), ("qs", 64), ("d", 2), ("dmin", 2)), checked=DMIN, vdt="Q8_K",
+       fb="Q4_0"),
+    _t(11, "Q3_K", QK_K, 110, (("hmask", 32), ("qs", 64), ("scales", 12), ("d", 2)), vdt="Q8_K", fb="Q4_0"),
+    _t(12, "Q4_K", QK_K, 144, (("d", 2), ("dmin", 2), ("scales", 12), ("qs", 128)), checked=DMIN, vdt="Q8_K",
+       fb="Q5_0"),
     _t(13, "Q5_K", QK_K, 176, (("d", 2), ("dmin", 2), ("scales", 12), ("qh", 32), ("qs", 128)), checked=DMIN,
-       vdt="Q8_K"),
-    _t(14, "Q6_K", QK_K, 210, (("ql", 128), ("qh", 64), ("scales", 16), ("d", 2)), vdt="Q8_K"),
+       vdt="Q8_K", fb="Q5_1"),
+    _t(14, "Q6_K", QK_K, 210, (("ql", 128), ("qh", 64), ("scales", 16), ("d", 2)), vdt="Q8_K", fb="Q8_0"),
     # Q8_1 and Q8_K are activation types (of Q4_1/Q5_1 and of the K-quants): no vec_dot of their own
-    _t(15, "Q8_K", QK_K, 292, (("d", 4), ("qs", 256), ("bsums", 32)), check="f32"),
-    _t(16, "IQ2_XXS", QK_K, 66, (("d", 2), ("qs", 64)), vdt="Q8_K"),
-    _t(17, "IQ2_XS", QK_K, 74, (("d", 2), ("qs", 64), ("scales", 8)), vdt="Q8_K"),
-    _t(18, "IQ3_XXS", QK_K, 98, (("d", 2), ("qs", 96)), vdt="Q8_K"),
-    _t(19, "IQ1_S", QK_K, 50, (("d", 2), ("qs", 32), ("qh", 16)), vdt="Q8_K"),
-    _t(20, "IQ4_NL", 32, 18, (("d", 2), ("qs", 16)), vdt="Q8_0"),
-    _t(21, "IQ3_S", QK_K, 110, (("d", 2), ("qs", 64), ("qh", 8), ("signs", 32), ("scales", 4)), vdt="Q8_K"),
-    _t(22, "IQ2_S", QK_K, 82, (("d", 2), ("qs", 64), ("qh", 8), ("scales", 8)), vdt="Q8_K"),
-    _t(23, "IQ4_XS", QK_K, 136, (("d", 2), ("scales_h", 2), ("scales_l", 4), ("qs", 128)), vdt="Q8_K"),
+    _t(15, "Q8_K", QK_K, 292, (("d", 4), ("qs", 256), ("bsums", 32)), check="f32", bpw="never"),
+    _t(16, "IQ2_XXS", QK_K, 66, (("d", 2), ("qs", 64)), vdt="Q8_K", fb="IQ4_NL", imx=True, bpw="never"),
+    _t(17, "IQ2_XS", QK_K, 74, (("d", 2), ("qs", 64), ("scales", 8)), vdt="Q8_K", fb="IQ4_NL", imx=True,
+       bpw="never"),
+    _t(18, "IQ3_XXS", QK_K, 98, (("d", 2), ("qs", 96)), vdt="Q8_K", fb="IQ4_NL", imx=True, bpw="named"),
+    _t(19, "IQ1_S", QK_K, 50, (("d", 2), ("qs", 32), ("qh", 16)), vdt="Q8_K", fb="IQ4_NL", imx=True,
+       bpw="never"),
+    _t(20, "IQ4_NL", 32, 18, (("d", 2), ("qs", 16)), vdt="Q8_0", fb="F16"),
+    _t(21, "IQ3_S", QK_K, 110, (("d", 2), ("qs", 64), ("qh", 8), ("signs", 32), ("scales", 4)), vdt="Q8_K",
+       fb="IQ4_NL", bpw="named"),
+    _t(22, "IQ2_S", QK_K, 82, (("d", 2), ("qs", 64), ("qh", 8), ("scales", 8)), vdt="Q8_K", fb="IQ4_NL", imx=True,
+       bpw="never"),
+    _t(23, "IQ4_XS", QK_K, 136, (("d", 2), ("scales_h", 2), ("scales_l", 4), ("qs", 128)), vdt="Q8_K", fb="IQ4_NL"),
     _plain(24, "I8", 1, check="none"),
     _plain(25, "I16", 2, check="none"),
     _plain(26, "I32", 4, check="none"),
     _plain(27, "I64", 8, check="none"),
     _plain(28, "F64", 8),
     _t(29, "IQ1_M", QK_K, 56, (("qs", 32), ("qh", 16), ("scales", 8)), check="iq1_m", checked=("scales",),
-       vdt="Q8_K"),
+       vdt="Q8_K", fb="IQ4_NL", imx=True, bpw="never"),
     _plain(30, "BF16", 2, vdt="BF16"),
-    _t(34, "TQ1_0", QK_K, 54, (("qs", 48), ("qh", 4), ("d", 2)), vdt="Q8_K"),
-    _t(35, "TQ2_0", QK_K, 66, (("qs", 64), ("d", 2)), vdt="Q8_K"),
-    _t(39, "MXFP4", 32, 17, (("e", 1), ("qs", 16)), check="e8m0", checked=("e",), vdt="Q8_0"),
+    _t(34, "TQ1_0", QK_K, 54, (("qs", 48), ("qh", 4), ("d", 2)), vdt="Q8_K", fb="Q4_0"),
+    _t(35, "TQ2_0", QK_K, 66, (("qs", 64), ("d", 2)), vdt="Q8_K", fb="Q4_0"),
+    _t(39, "MXFP4", 32, 17, (("e", 1), ("qs", 16)), check="e8m0", checked=("e",), vdt="Q8_0", fb="F16", bpw="named"),
     _t(40, "NVFP4", 64, 36, (("d", 4), ("qs", 32)), check="none", checked=(), vdt="Q8_0"),
     _t(41, "Q1_0", 128, 18, (("d", 2), ("qs", 16)), vdt="Q8_0"),
-    _t(42, "Q2_0", 64, 18, (("d", 2), ("qs", 16)), vdt="Q8_0"),  # not in gguf-py 0.19.0
+    _t(42, "Q2_0", 64, 18, (("d", 2), ("qs", 16)), vdt="Q8_0", fb="Q4_0"),  # not in gguf-py 0.19.0
 )
 
 BY_ID: dict[int, TypeInfo] = {t.id: t for t in TYPES}

@@ -7,9 +7,10 @@ Public API (see docs/kernels.md):
 * ``set_threads(n)``                -- numba's worker count (BLAS is limited to it in ``matmul``)
 * ``blas_limit()``                  -- context manager limiting BLAS to that count for a caller's products
 * ``VEC_DOT_TYPE``                  -- weight type -> the activation type ggml's CPU backend uses (type table)
+* ``WEIGHT_TYPES``                  -- the types with a fast row dot (their record's row entry, cpu_traits.py)
 * numba-callable: ``matvec_kernel(wtype)`` -> ``matvec(w, xq, xd, xs, out, chunk)``;
   ``matvec_x8_kernel(wtype)`` the same for weights in the 8-row interleaved layout (``pack_x8``, the
-  types ``x8_types()``: AVX512-VNNI CPUs);
+  types ``x8_types()``: those whose record has an x8 entry, on the levels that build it; cpu_traits.py);
   ``quantize_activations`` / ``empty_activations`` and ``activation_kind(wtype)`` for its inputs.
 """
 
@@ -24,16 +25,12 @@ from quantkit.kernels.activations import (empty_activations, pack_q8_0, pack_q8_
                                           quantize_q8_k_into)
 from quantkit.kernels.ir import HAS_F16, HAS_VNNI, RUNNABLE_VARIANTS, VARIANTS, default_variant
 from quantkit.kernels.mul_mat import CHUNK_ROWS, GEMM_MIN_TOKENS, PREFILL_MIN_TOKENS, TILE_ROWS, blas_limit, get_rows, matmul
-from quantkit.kernels.vecdot import (KERNEL_TRAITS, activation_kind, deq_kernel, gemv_kernel, matvec_kernel,
+from quantkit.kernels.vecdot import (WEIGHT_TYPES, activation_kind, deq_kernel, gemv_kernel, matvec_kernel,
                                      matvec_x8_kernel, pack_x8, rowdot_kernel, x8_types)
 
 #: ggml-cpu's type_traits_cpu[...].vec_dot_type (the type table's): what the activations are converted to.
 #: quantkit follows it: for F16 / BF16 weights the float32 activations are rounded to that type in the row dot.
 VEC_DOT_TYPE = {T(t.id): T[t.vec_dot_type] for t in TYPES if t.vec_dot_type and t.gguf_type is not None}
-
-#: every weight type with a fast (integer or float) row dot; any other type with a codec runs on the portable
-#: path (its row decoder and a float32 dot)
-WEIGHT_TYPES = tuple(KERNEL_TRAITS)
 
 __all__ = [
     "CHUNK_ROWS", "GEMM_MIN_TOKENS", "HAS_F16", "HAS_VNNI", "PREFILL_MIN_TOKENS", "RUNNABLE_VARIANTS", "TILE_ROWS", "VARIANTS", "VEC_DOT_TYPE",

@@ -34,7 +34,6 @@ BLAS prefill.
 from __future__ import annotations
 
 import numpy as np
-from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
 from numba import types
@@ -113,21 +112,6 @@ def _q2k_scales(b, wb):
 def _iq4xs_scales(b, wb):
     return kir._iq4xs_scales(b, wb), None, _f16(b, wb, _F["IQ4_XS"]["d"]), None
 
-
-SPECS = {t: Spec(t, *rest) for t, *rest in (
-    (T.Q8_0, 0, 128, None, kir._chunk_q8_0, "qs", _legacy_scales(False)),
-    (T.Q4_0, 0, 8, None, kir._chunk_q4_0, "qs", _legacy_scales(False)),
-    (T.Q5_0, 0, 16, None, kir._chunk_q5_0, "qh", _legacy_scales(False)),
-    (T.IQ4_NL, 0, 128, None, kir._chunk_iq4_nl, "qs", _legacy_scales(False)),
-    (T.Q4_1, 0, 0, "float", kir._chunk_q4_0, "qs", _legacy_scales(True)),
-    (T.Q5_1, 0, 0, "float", kir._chunk_q5_0, "qh", _legacy_scales(True)),
-    (T.Q4_K, 32, 0, "int", kir._chunk_q4_k, "qs", _q4k_scales),
-    (T.Q5_K, 32, 0, "int", kir._chunk_q5_k, "qh", _q4k_scales),
-    (T.Q6_K, 16, 32, None, kir._chunk_q6_k, "ql", _q6k_scales),
-    (T.Q3_K, 16, 4, None, kir._chunk_q3_k, "hmask", _q3k_scales),
-    (T.Q2_K, 16, 0, "int", kir._chunk_q2_k, "qs", _q2k_scales),
-    (T.IQ4_XS, 32, 128, None, kir._chunk_iq4_xs, "qs", _iq4xs_scales),
-)}
 
 # -- tile layout (per 16-row sub-tile, nsb blocks per row) ------------------------------------------
 #   wu  uint8   [nsb][qk/4][16][4]      unsigned values, 4-element groups of 16 rows
@@ -499,21 +483,31 @@ def gemm_body(w, xq, dx, xc, xm, out, mr):
 _KERNELS: dict = {}
 
 
+def _spec(t) -> Spec:
+    """Type ``t``'s GEMM entry (its record's column, kernels/cpu_traits.py, which is built from this module)."""
+    from quantkit.kernels.cpu_traits import cpu_traits
+
+    spec = cpu_traits(t).gemm
+    if spec is None:
+        raise ValueError(f"no integer GEMM for {T(t).name}")
+    return spec
+
+
 #: tokens per micro-kernel call per flavour: 16 ymm registers hold half the accumulators 32 zmm do
 FLAVOUR_COLS = {"vnni": COLS, "avx2": COLS // 2}
 
 
 def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None):
-    """The compiled ``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` (a type in SPECS) for an
-    ``ir.int8_flavour``."""
+    """The compiled ``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` (a type whose record has a GEMM
+    entry, kernels/cpu_traits.py) for an ``ir.int8_flavour``."""
     from quantkit.kernels.vecdot import build
 
     t = T(wtype)
     cols = cols or FLAVOUR_COLS[flavour]
     key = (t, cols, flavour)
     if key not in _KERNELS:
-        spec = SPECS[t]
-        ts = GGML_QUANT_SIZES[t][1]
+        spec = _spec(t)
+        ts = type_info(t.name).type_size
         _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}_{flavour}", True,
                               UNPACK=_unpack_tile(t.name, spec, ts, flavour), MK=_micro(t.name, spec, cols, 1, flavour),
                               MK2=_micro(t.name, spec, cols // 2, 2, flavour), QK=spec.qk, NG=spec.ng, LANES=LANES,
@@ -538,7 +532,7 @@ def quantized_activations(x: np.ndarray, kind: str):
 def gemm_operands(t, x: np.ndarray, cache: dict):
     """The activation operands of ``gemm_kernel(t)``: (xq, dx, xc, xm) for x (n, K); ``cache`` (a dict
     shared by the products of one x) keeps the quantized forms, so Q/K/V or gate/up quantize once."""
-    spec = SPECS[t]
+    spec = _spec(t)
     key = ("gemm", spec.act)
     if key not in cache:
         cache[key] = quantized_activations(x, spec.act)
@@ -581,7 +575,7 @@ def tile_rows(n_out: int, kdim: int, threads: int) -> int:
 
 def gemm(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, cache: dict, threads: int,
          flavour: str = "vnni") -> np.ndarray:
-    """out = x @ dequantize(w).T on integer dots (w uint8 (n_out, row_bytes) of type t in SPECS)."""
+    """out = x @ dequantize(w).T on integer dots (w uint8 (n_out, row_bytes) of a type with a GEMM entry)."""
     xq, dx, xc, xm = gemm_operands(t, x, cache)
     gemm_kernel(t, flavour)(w, xq, dx, xc, xm, out, tile_rows(w.shape[0], x.shape[1], threads))
     return out

@@ -23,8 +23,8 @@ single horizontal reduction per (super-)block.
 
 This module holds what every emitter shares: the host's features, the
 variant in force, the IR helpers and the prefetch intrinsic. The emitters themselves: ``ir_rowdot``
-(the chunk loaders and the whole-row dots, ``ROW_SPECS``) and ``ir_x8`` (the 8-row interleaved layout,
-``X8_SPECS``).
+(the chunk loaders and the whole-row dot loop, ``row_dot``) and ``ir_x8`` (the 8-row interleaved layout,
+``X8``); which a type uses is its record's entry in ``cpu_traits``.
 """
 
 from __future__ import annotations
@@ -36,6 +36,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit import config, isa
+from quantkit.formats.ggml_types import type_info
 from quantkit.jit import IS_X86, host_features
 from quantkit.jit import byte_ptr as _byte_ptr
 from quantkit.jit import ld_f32, ld_u16, ld_u32  # noqa: F401  (re-exported: the kernels' scalar loads)
@@ -84,6 +85,13 @@ def int8_flavour(variant: str) -> str | None:
     if variant == "vnni" and HAS_VNNI512:
         return "vnni"
     return "avx2" if variant in ("vnni", "avx2") and HAS_AVX2 else None
+
+
+def act_sums(name: str) -> int:
+    """Activation sums per block of weight type ``name`` in the planar activations (activations.py) of its
+    vec_dot type: Q8_K keeps one per 16 values (its ``bsums``), Q8_0 / Q8_1 one per 32."""
+    t = type_info(name)
+    return t.block_size // (16 if t.vec_dot_type == "Q8_K" else 32)
 
 
 def default_variant() -> str:

@@ -1,6 +1,7 @@
 """The integer row dots' IR emitters: the weight chunk loaders (also used by the prefill
 micro-kernels, ``gemm.py``), the super-block scale decoders and the whole-row dot loops
-(``ROW_SPECS``, ``row_dots``). The shared helpers and the variants are in ``ir.py``."""
+(``row_dot``). Which emitter a type's row dot uses is its entry in kernels/cpu_traits.py. The shared helpers
+and the variants are in ``ir.py``."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from numba.extending import intrinsic
 
 from quantkit import config
 from quantkit.formats.ggml_types import KVALUES_IQ4NL, type_info
-from quantkit.kernels.ir import (F32T, HAS_VNNI512, I8, I16, I32, I64, PAIRS_512, PREFETCH, V8F32, V8I32, V16I8, V16I16, V32I8,
+from quantkit.kernels.ir import (F32T, act_sums, HAS_VNNI512, I8, I16, I32, I64, PAIRS_512, PREFETCH, V8F32, V8I32, V16I8, V16I16, V32I8,
                                  _FM,
                                  _bits_to_bytes, _byte_ptr, _decl, _dot, _f16, _madd_acc, _maddubs, _fma_acc, _fold16, _gep, _ld, _load, _lut16,
                                  _nibbles16, _pairs16, _shuf, _splat, _vconst)
@@ -328,39 +329,24 @@ def _emit_iq4xs(k, acc, extra):
     return _fma_acc(b, acc, ai, b.fmul(_f16(b, k.wb, _F["IQ4_XS"]["d"]), k.dx, flags=_FM)), extra
 
 
-def _spec(name, ns, emit):
-    """(block bytes, elements per block -- the type table's --, activation sums per block, emitter)."""
-    t = type_info(name)
-    return t.type_size, t.block_size, ns, emit
-
-
-def _legacy_spec(name, chunk, offset):
-    """A 32-element type: its chunk loader reads from the block's first field after the scales (the type
-    table's ``qh`` or ``qs``); a type with ``m`` adds Q8_1's min term."""
+def legacy_emitter(name, chunk, offset):
+    """The emitter of a 32-element type: its chunk loader reads from the block's first field after the scales
+    (the type table's ``qh`` or ``qs``); a type with ``m`` adds Q8_1's min term."""
     t = type_info(name)
     q_off = t.field("qh" if "qh" in t.offsets else "qs")
-    return _spec(name, 1, _legacy(t.type_size, q_off, chunk, offset, "m" in t.offsets)[3])
+    return _legacy(t.type_size, q_off, chunk, offset, "m" in t.offsets)[3]
 
 
-#: type name -> (block bytes, elements per block, activation sums per block, emitter)
-ROW_SPECS = {
-    "Q8_0": _legacy_spec("Q8_0", _chunk_q8_0, 128),
-    "Q4_0": _legacy_spec("Q4_0", _chunk_q4_0, 8),
-    "Q4_1": _legacy_spec("Q4_1", _chunk_q4_0, 0),
-    "Q5_0": _legacy_spec("Q5_0", _chunk_q5_0, 16),
-    "Q5_1": _legacy_spec("Q5_1", _chunk_q5_0, 0),
-    "IQ4_NL": _legacy_spec("IQ4_NL", _chunk_iq4_nl, 128),
-    "Q2_K": _spec("Q2_K", 16, _emit_q2k),
-    "Q3_K": _spec("Q3_K", 16, _emit_offset_k("Q3_K", _q3k_scales, _chunk_q3_k, 2)),
-    "Q4_K": _spec("Q4_K", 16, _emit_q4k_like(type_info("Q4_K").field("qs"), _chunk_q4_k)),
-    "Q5_K": _spec("Q5_K", 16, _emit_q4k_like(type_info("Q5_K").field("qh"), _chunk_q5_k)),
-    "Q6_K": _spec("Q6_K", 16, _emit_offset_k("Q6_K", _q6k_scales, _chunk_q6_k, 5)),
-    "IQ4_XS": _spec("IQ4_XS", 16, _emit_iq4xs),
-}
-
-
-def _row_dot(variant, name, nrows=1):
-    ts, qk, ns, emit = ROW_SPECS[name]
+def row_dot(variant, name, emit, nrows=1):
+    """The ``ROW(wr, xq, xd, xs)`` intrinsic of type ``name`` for one IR variant ('vnni', 'avx2' or
+    'generic'): the whole-row loop around the type's per-block ``emit`` (its row-dot entry in
+    kernels/cpu_traits.py), block bytes, elements and activation sums from the type table. With ``nrows``
+    > 1 it dots that many consecutive rows (``wr`` holds them one after another) with the same activations
+    and returns a tuple; each row's sum is computed exactly as the 1-row dot's."""
+    if variant not in ("vnni", "avx2", "generic"):
+        raise ValueError(f"no IR dots for variant {variant!r}")
+    info = type_info(name)
+    ts, qk, ns = info.type_size, info.block_size, act_sums(name)
     unroll = 4 if qk == 32 else 2  # super-blocks: 4 measured no faster (Zen 5, 512-bit pairs)
     pair = getattr(emit, "pair", None) if (variant == "vnni" and HAS_VNNI512 and PAIRS_512 and nrows == 1) else None
 
@@ -452,11 +438,3 @@ def _row_dot(variant, name, nrows=1):
     impl.__name__ = f"row_{name.lower()}_{variant}" + (f"_x{nrows}" if nrows > 1 else "")
     return intrinsic(impl)
 
-
-def row_dots(variant: str, nrows: int = 1) -> dict:
-    """``{type name: ROW intrinsic}`` for one IR variant ('vnni' or 'generic'). With ``nrows`` > 1 the
-    intrinsic dots that many consecutive rows (``wr`` holds them one after another) with the same
-    activations and returns a tuple; each row's sum is computed exactly as the 1-row dot's."""
-    if variant not in ("vnni", "avx2", "generic"):
-        raise ValueError(f"no IR dots for variant {variant!r}")
-    return {name: _row_dot(variant, name, nrows) for name in ROW_SPECS}

@@ -1,5 +1,6 @@
 """The 8-row interleaved (x8) decode layout's IR: per type, the emitter of one group block's dots
-(``X8_SPECS``) and the loop over a row group (``row_dots_x8``). The shared helpers are in ``ir.py``."""
+(a type's ``X8`` entry, named by its record in kernels/cpu_traits.py) and the loop over a row group
+(``row_dot_x8``). The shared helpers are in ``ir.py``."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.kernels.ir import (F32T, HAS_GFNI, I8, I16, I32, I64, V8F32, V8I32, V32I8, X8_PREFETCH, _FM, _byte_ptr,
-                                 _decl, _dot, _fold16, _ld, _pairs16, _shuf, _splat, _vconst, int8_flavour)
+                                 _decl, _dot, _fold16, _ld, _pairs16, _shuf, _splat, _vconst, act_sums,
+                                 int8_flavour)
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.ir_rowdot import _IQ4_U
 
@@ -20,11 +22,11 @@ from quantkit.kernels.ir_rowdot import _IQ4_U
 # consecutive rows side by side, so a 512-bit vpdpbusd multiplies 8 bytes of each of the 8 rows with one
 # 8-byte activation group broadcast to all of them. Our x8 layout, per group of 8 rows and block index
 # i (``pack_x8`` in vecdot.py writes it), every byte range [a, a + n) of the row's block becomes
-# [8a, 8a + 8n) of the group's block: a header field (X8_SPECS: fp16 scales, sub-block scales) of
+# [8a, 8a + 8n) of the group's block: a header field (``X8``'s header: fp16 scales, sub-block scales) of
 # e-byte elements holds element k of row r at 8a + (8k + r) * e (so the 8 rows' values of one element
 # are one vector load); the quant bytes are 64-byte slices, slice j holding bytes 8j..8j+7 of each row's
 # quants (row r at 8r). Only bytes move: the copy is as large as the file's matrix. Q6_K is the one
-# exception (``X8_SLICE_ORDER``): its header comes first and its slices in the order its kernel first
+# exception (``Q6_K_ORDER``): its header comes first and its slices in the order its kernel first
 # reads them.
 #
 # Lanes 2r and 2r+1 of a 16-lane vpdpbusd result belong to row r (``_pairs16`` adds them). Per block
@@ -94,10 +96,12 @@ def _gf2_bits(k, v, moves):
 
 class _X8:
     """What an x8 emitter gets: builder, vpdpbusd (or ``"avx2"``, ``_x8_dot``), group-block pointer, this
-    block's activations (quants, float scale, int32 sums pointer)."""
+    block's activations (quants, float scale, int32 sums pointer), and where its entry's x8 block puts
+    things (``places``: ``x8_places`` of the entry)."""
 
-    def __init__(self, b, dpb, gb, xb, dx, sb):
+    def __init__(self, b, dpb, gb, xb, dx, sb, places):
         self.b, self.dpb, self.gb, self.xb, self.dx, self.sb = b, dpb, gb, xb, dx, sb
+        self.places = places
 
     def dxv(self):
         return _bcast(self.b, self.dx, V8F32)
@@ -315,13 +319,13 @@ def _x8_q3_k(k):
 
 
 def _x8_q6_k(k):
-    """Q6_K, header first (``x8_places``): the 16 int8 scales (element g of row r at 8g + r), d (128),
-    then the 24 slices of ql (row bytes 0..127: slice 8n + 4h + s, half n, nibble chunk h) and qh (row
-    bytes 128..191: slice 16 + 4n + s) from 144 in ``X8_SLICE_ORDER``. Per 16 elements: 2 slices, one
-    scale. The unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
+    """Q6_K, header first (its entry's ``order``; ``k.places``): the 16 int8 scales (element g of row r
+    at 8g + r), d (128), then the 24 slices of ql (row bytes 0..127: slice 8n + 4h + s, half n, nibble
+    chunk h) and qh (row bytes 128..191: slice 16 + 4n + s) from 144 in ``Q6_K_ORDER``. Per 16 elements:
+    2 slices, one scale. The unpack puts qh's two bits in place with one GFNI affine (``_gf2_bits``)."""
     b = k.b
     lo4, hi2 = _splat(I8, 64, 0x0F), _splat(I8, 64, 0x30)
-    (sc_at, d_at), q_at, order = x8_places("Q6_K")
+    (sc_at, d_at), q_at, order = k.places
     slot = {j: q_at + 64 * pos for pos, j in enumerate(order)}
 
     def unpack(g, s):
@@ -369,78 +373,70 @@ def _x8_iq4_xs(k):
     return [(_fold16(b, isum), b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
 
 
-def _x8_spec(name, header, emit):
-    """A type's x8 entry from the type table (formats/ggml_types.py): ``header`` names the block's header
-    fields with their element bytes (2: fp16, 4: u32 words of packed scales, 1: bytes); every other field
-    holds quant bytes, and they must be contiguous. -> (block bytes of one row, elements per block,
-    activation sums per block, header fields ((offset, bytes, element bytes) in the row's block, in
-    layout order), quant bytes (start, end), emitter)."""
-    t = type_info(name)
-    fields = tuple((t.field(f), n, header[f]) for f, n in t.layout if f in header)
-    quant = [(t.field(f), n) for f, n in t.layout if f not in header]
-    q0, q1 = quant[0][0], quant[-1][0] + quant[-1][1]
-    assert q1 - q0 == sum(n for _, n in quant), f"{name}: quant fields not contiguous"
-    sums = t.block_size // (16 if t.vec_dot_type == "Q8_K" else 32)  # Q8_K: bsums per 16; Q8_0/Q8_1: one
-    return t.type_size, t.block_size, sums, fields, (q0, q1), emit
+class X8:
+    """A type's x8 entry (its record's interleaved-layout column, kernels/cpu_traits.py), its layout facts
+    from the type table (formats/ggml_types.py): ``header`` names the block's header fields with their
+    element bytes (2: fp16, 4: u32 words of packed scales, 1: bytes); every other field holds quant bytes,
+    and they must be contiguous; ``emit`` the dot emitter. ``order``: the quant slices' order where the
+    x8 block puts its header first and the slices in its kernel's reading order instead of the row
+    block's; ``unroll``: blocks per loop iteration (and float accumulators) where not the default of 4
+    (32-element blocks) or 2 (super-blocks).
+
+    Derived: ``ts`` block bytes of one row, ``qk`` elements per block, ``ns`` activation sums per block,
+    ``fields`` the header fields ((offset, bytes, element bytes) in the row's block, in layout order),
+    ``quant`` the quant bytes (start, end)."""
+
+    def __init__(self, name, header, emit, order=None, unroll=None):
+        t = type_info(name)
+        self.name, self.emit, self.order = name, emit, order
+        self.ts, self.qk, self.ns = t.type_size, t.block_size, act_sums(name)
+        self.fields = tuple((t.field(f), n, header[f]) for f, n in t.layout if f in header)
+        quant = [(t.field(f), n) for f, n in t.layout if f not in header]
+        self.quant = quant[0][0], quant[-1][0] + quant[-1][1]
+        assert self.quant[1] - self.quant[0] == sum(n for _, n in quant), f"{name}: quant fields not contiguous"
+        self.unroll = unroll or (4 if self.qk == 32 else 2)
 
 
-_D, _DM, _KS = {"d": 2}, {"d": 2, "m": 2}, {"d": 2, "dmin": 2, "scales": 4}
-
-#: type name -> its x8 entry (``_x8_spec``): the layout facts come from the type table
-X8_SPECS = {
-    "Q8_0": _x8_spec("Q8_0", _D, _x8_legacy(16, 128, False)),
-    "Q4_0": _x8_spec("Q4_0", _D, _x8_legacy(16, 8, True)),
-    "Q4_1": _x8_spec("Q4_1", _DM, _x8_q4_1),
-    "Q2_K": _x8_spec("Q2_K", {"scales": 1, "d": 2, "dmin": 2}, _x8_q2_k),
-    "Q3_K": _x8_spec("Q3_K", {"scales": 4, "d": 2}, _x8_q3_k),
-    "Q4_K": _x8_spec("Q4_K", _KS, _x8_q4k_like(128)),
-    "Q5_K": _x8_spec("Q5_K", _KS, _x8_q4k_like(384, 128)),
-    "Q6_K": _x8_spec("Q6_K", {"scales": 1, "d": 2}, _x8_q6_k),
-    "IQ4_XS": _x8_spec("IQ4_XS", {"d": 2, "scales_h": 2, "scales_l": 4}, _x8_iq4_xs),
-}
+D, DM, KS = {"d": 2}, {"d": 2, "m": 2}, {"d": 2, "dmin": 2, "scales": 4}
 #: rows per interleaved group
 X8_ROWS = 8
 
-#: Types whose x8 block puts the header first and the quant slices in this order (slice indexes in the
-#: order they are laid out) instead of the row block's. Q6_K's kernel reads ql and qh slices of a half
-#: together and its scales with the first pair: in the row block's order (ql 0..1023, qh 1024..1535,
-#: scales 1536) the reads of a block jump back and forth over 1.7 KB, and Zen 4's prefetchers, which
-#: follow ascending streams, stopped: one thread read a Q6_K matrix from DRAM at 7-8 GB/s against 25-27
-#: for Q4_K / Q4_0 (docs/performance.md). In the order of first reads (per half n: ql chunk 0 and qh
-#: alternating, then ql chunk 1) it reads at 20-23 GB/s.
-X8_SLICE_ORDER = {
-    "Q6_K": [j for n in range(2) for j in
-             [x for s in range(4) for x in (8 * n + s, 16 + 4 * n + s)] + [8 * n + 4 + s for s in range(4)]],
-}
+#: Q6_K's x8 slice order (``X8.order``). Its kernel reads ql and qh slices of a half together and its
+#: scales with the first pair: in the row block's order (ql 0..1023, qh 1024..1535, scales 1536) the
+#: reads of a block jump back and forth over 1.7 KB, and Zen 4's prefetchers, which follow ascending
+#: streams, stopped: one thread read a Q6_K matrix from DRAM at 7-8 GB/s against 25-27 for Q4_K / Q4_0
+#: (docs/performance.md). In the order of first reads (per half n: ql chunk 0 and qh alternating, then ql
+#: chunk 1) it reads at 20-23 GB/s. Its unroll is 1: at two threads on Zen 4 its GEMV from DRAM streamed at
+#: 26-31 GB/s against 23-26 with two, cache-resident rates equal (docs/performance.md, "Decode on two
+#: threads").
+Q6_K_ORDER = tuple(j for n in range(2) for j in
+                   [x for s in range(4) for x in (8 * n + s, 16 + 4 * n + s)] + [8 * n + 4 + s for s in range(4)])
 
 
-def x8_places(name):
-    """Where the x8 block of ``name`` puts things: (the x8 offset of each header field, in X8_SPECS's
-    order; the offset of the first quant slice; the slice order, None for the row block's)."""
-    ts, _, _, fields, (q0, q1), _ = X8_SPECS[name]
-    order = X8_SLICE_ORDER.get(name)
-    if order is None:
-        return [X8_ROWS * off for off, _, _ in fields], X8_ROWS * q0, None
+def x8_places(spec):
+    """Where the x8 block of an ``X8`` entry puts things: (the x8 offset of each header field, in its
+    ``fields`` order; the offset of the first quant slice; the slice order, None for the row block's)."""
+    q0, q1 = spec.quant
+    if spec.order is None:
+        return [X8_ROWS * off for off, _, _ in spec.fields], X8_ROWS * q0, None
     at, offs = 0, []
-    for _, size, _ in fields:
+    for _, size, _ in spec.fields:
         offs.append(at)
         at += X8_ROWS * size
-    assert sorted(order) == list(range((q1 - q0) // 8)) and at + X8_ROWS * (q1 - q0) == X8_ROWS * ts
-    return offs, at, order
+    assert sorted(spec.order) == list(range((q1 - q0) // 8)) and at + X8_ROWS * (q1 - q0) == X8_ROWS * spec.ts
+    return offs, at, list(spec.order)
 
 
-#: blocks per loop iteration (and float accumulators) where not the default of 4 (32-element blocks) or
-#: 2 (super-blocks). Q6_K runs one: at two threads on Zen 4 its GEMV from DRAM streamed at 26-31 GB/s
-#: against 23-26 with two, cache-resident rates equal (docs/performance.md, "Decode on two threads")
-X8_UNROLL = {"Q6_K": 1}
 #: which x8 dots a kernel variant gets (None: no x8 layout)
 x8_flavour = int8_flavour
 
 
-def _row_dot_x8(name, flavour):
-    ts, qk, ns, _, _, emit = X8_SPECS[name]
+def row_dot_x8(spec, flavour):
+    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an ``X8`` entry: the dots of the 8 rows of
+    one x8 group (``wg``: its nb * 8 * block bytes) with one token's activations, for an ``x8_flavour``."""
+    name, ts, qk, ns, emit, unroll = spec.name, spec.ts, spec.qk, spec.ns, spec.emit, spec.unroll
+    places = x8_places(spec)
     gts = X8_ROWS * ts
-    unroll = X8_UNROLL.get(name, 4 if qk == 32 else 2)
 
     def impl(typingctx, wg, xq, xd, xs):
         sig = types.UniTuple(types.float32, X8_ROWS)(wg, xq, xd, xs)
@@ -462,7 +458,7 @@ def _row_dot_x8(name, flavour):
             def one(i, u):
                 k = _X8(b, dpb, b.gep(wp, [b.mul(i, ir.Constant(i.type, gts))]),
                         b.gep(xp, [b.mul(i, ir.Constant(i.type, qk))]), b.load(b.gep(dp, [i])),
-                        b.gep(sp, [b.mul(i, ir.Constant(i.type, ns))]))
+                        b.gep(sp, [b.mul(i, ir.Constant(i.type, ns))]), places)
                 acc = b.load(accps[u])
                 for iv, sv in emit(k):
                     acc = b.fadd(acc, b.fmul(b.sitofp(iv, V8F32), sv, flags=_FM), flags=_FM)
@@ -491,9 +487,3 @@ def _row_dot_x8(name, flavour):
     impl.__name__ = f"row_{name.lower()}_x8_{flavour}"
     return intrinsic(impl)
 
-
-def row_dots_x8(flavour: str) -> dict:
-    """``{type name: ROWX8 intrinsic}``: ``ROWX8(wg, xq, xd, xs) -> 8 x float32``, the dots of the 8 rows
-    of one x8 group (``wg``: its nb * 8 * block bytes) with one token's activations, for an
-    ``x8_flavour``."""
-    return {name: _row_dot_x8(name, flavour) for name in X8_SPECS}

@@ -16,8 +16,8 @@ Integer sums per block (exact), then a float multiply-add per block (per lane of
 Only the per-lane float products round, so a row dot equals the float64 dot of the dequantized operands to
 float32 rounding (tests/test_kernels_lowbit.py).
 
-``SPECS`` are per-block emitters for ir_rowdot.py's whole-row loop (``ir_rowdot.ROW_SPECS``: u8 x s8 chunks through
-``vpdpbusd``), registered on import:
+The ``_emit_X`` are per-block emitters for ir_rowdot.py's whole-row loop (u8 x s8 chunks through
+``vpdpbusd``), named by each type's row-dot entry in kernels/cpu_traits.py:
 
 * TQ2_0 reuses Q2_K's 2-bit chunk loader (the same ``qs`` layout), TQ1_0 decodes trits with byte
   multiplies (``(b * 3**n mod 256) * 3 >> 8``), both subtract ``sum(q)`` from the bsums;
@@ -28,7 +28,7 @@ float32 rounding (tests/test_kernels_lowbit.py).
 
 Q1_0 (128 values per block against four Q8_0 scales) does not fit that one-activation-scale-per-block
 loop: ``row_q1_0`` is its own IR row loop (each 32-bit mask -> 0/2 bytes, one ``vpdpbusd`` per 32 values
-started from ``-sum(q)``), used through ``NUMBA_DOTS``.
+started from ``-sum(q)``), its row-dot entry in kernels/cpu_traits.py.
 """
 
 from __future__ import annotations
@@ -39,20 +39,20 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from quantkit.jit import byte_ptr, njit_fast
+from quantkit.jit import byte_ptr
 from quantkit.kernels import ir as K
 from quantkit.kernels import ir_rowdot
 from quantkit.quants.common import block_layout
 from quantkit.quants.iq3 import GRID_IQ3_S, GRID_IQ3_XXS
 from quantkit.quants.mxfp4 import KVALUES_MXFP4
 
-_TQ1_TS, _TQ1_QS, _TQ1_QH, _TQ1_D = block_layout("TQ1_0", "qs", "qh", "d")
-_TQ2_TS, _TQ2_QS, _TQ2_D = block_layout("TQ2_0", "qs", "d")
-_MX_TS, _MX_E, _MX_QS = block_layout("MXFP4", "e", "qs")
+_, _TQ1_QS, _TQ1_QH, _TQ1_D = block_layout("TQ1_0", "qs", "qh", "d")
+_, _TQ2_QS, _TQ2_D = block_layout("TQ2_0", "qs", "d")
+_, _MX_E, _MX_QS = block_layout("MXFP4", "e", "qs")
 _Q1_TS, _Q1_D, _Q1_QS = block_layout("Q1_0", "d", "qs")
-_XXS_TS, _XXS_D, _XXS_QS = block_layout("IQ3_XXS", "d", "qs")
+_, _XXS_D, _XXS_QS = block_layout("IQ3_XXS", "d", "qs")
 _XXS_SAS = _XXS_QS + 64  # IQ3_XXS: the uint32 signs-and-scale words, the last 32 bytes of qs
-_S_TS, _S_D, _S_QS, _S_QH, _S_SIGNS, _S_SCALES = block_layout("IQ3_S", "d", "qs", "qh", "signs", "scales")
+_, _S_D, _S_QS, _S_QH, _S_SIGNS, _S_SCALES = block_layout("IQ3_S", "d", "qs", "qh", "signs", "scales")
 
 
 # -- LLVM-IR block emitters for ir_rowdot.py's row loop ---------------------------------------------
@@ -250,17 +250,6 @@ def _emit_iq3_s(blk, acc, extra):
     return K._fma_acc(b, acc, ai, _scale(b, blk, _S_D)), extra
 
 
-#: type name -> (block bytes, elements per block, activation sums per block, emitter), as ir_rowdot.ROW_SPECS
-SPECS = {
-    "TQ1_0": (_TQ1_TS, 256, 16, _emit_tq1_0),
-    "TQ2_0": (_TQ2_TS, 256, 16, _emit_tq2_0),
-    "MXFP4": (_MX_TS, 32, 1, _emit_mxfp4),
-    "IQ3_XXS": (_XXS_TS, 256, 16, _emit_iq3_xxs),
-    "IQ3_S": (_S_TS, 256, 16, _emit_iq3_s),
-}
-ir_rowdot.ROW_SPECS.update(SPECS)
-
-
 # -- Q1_0: its own row loop -------------------------------------------------------------------------
 
 def row_q1_0(variant):
@@ -306,14 +295,3 @@ def row_q1_0(variant):
     impl.__name__ = f"row_q1_0_{variant}"
     return intrinsic(impl)
 
-
-_ROW_Q1_0 = row_q1_0(K.default_variant() if K.default_variant() != "plain" else "generic")
-
-
-@njit_fast
-def rowdot_q1_0(wr, xq, xd, xs, sc):
-    return _ROW_Q1_0(wr, xq, xd, xs)
-
-
-#: types whose fast row dot is a compiled body of its own (vecdot.KERNEL_TRAITS uses it as it is)
-NUMBA_DOTS = {"Q1_0": rowdot_q1_0}

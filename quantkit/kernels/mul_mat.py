@@ -11,10 +11,11 @@ from quantkit import config
 from quantkit.errors import QuantError
 from quantkit.jit import frozen, get_threads
 from quantkit.kernels import gemm as _gemm
+from quantkit.kernels.cpu_traits import cpu_traits
 from quantkit.kernels.ir import default_variant, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
-from quantkit.quants.base import TRAITS, resolve_type
+from quantkit.quants import TRAITS, resolve_type
 
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS
 PREFILL_MIN_TOKENS = 32
@@ -163,7 +164,7 @@ def integer_gemm(t) -> bool:
     prefill). Both paths round the activations as ggml does; their results differ
     in float summation order only, and both sit inside llama.cpp's own spread between its
     configurations (docs/imatrix-perplexity.md, "Agreement noise")."""
-    return t in _gemm.SPECS and int8_flavour(default_variant()) is not None and config.integer_gemm()
+    return cpu_traits(t).gemm is not None and int8_flavour(default_variant()) is not None and config.integer_gemm()
 
 
 def _prefill(w, t, x, out, rounded):

@@ -19,18 +19,17 @@ from gguf import GGMLQuantizationType as T
 
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
-from quantkit.kernels import lowbit
-from quantkit.kernels.ir import PREFETCH, default_variant, ld_bf16, ld_f16, ld_f32, prefetch
-from quantkit.kernels.ir_rowdot import ROW_SPECS, row_dots
-from quantkit.kernels.ir_x8 import X8_ROWS, X8_SPECS, row_dots_x8, x8_flavour, x8_places
-from quantkit.kernels import vecdot_iq  # noqa: F401  (adds the lattice types' IR entries to ROW_SPECS)
+from quantkit.kernels.cpu_traits import CPU_TRAITS, cpu_traits
+from quantkit.kernels.ir import PREFETCH, default_variant, prefetch
+from quantkit.kernels.ir_rowdot import row_dot
+from quantkit.kernels.ir_x8 import X8_ROWS, row_dot_x8, x8_flavour, x8_places
 from quantkit.quants import traits
 
 F = np.float32
 
 
 def rowdot_ir(wr, xq, xd, xs, sc):
-    """A quantized row: one IR intrinsic (ir_rowdot.ROW_SPECS) does the whole row."""
+    """A quantized row: one IR intrinsic (``row_intrinsic``) does the whole row."""
     return ROW(wr, xq, xd, xs)  # noqa: F821
 
 
@@ -62,7 +61,8 @@ def prefetch_next_row(wr):
 
 
 def rowdot_float(wr, xq, xd, xs, sc):
-    """F32 / F16 / BF16 weights (``LD``: ``ld_f32`` / ``ld_f16`` / ``ld_bf16``, ``ES`` bytes a weight);
+    """F32 / F16 / BF16 weights (``LD``: the type's ``Row`` load, ``ld_f32`` / ``ld_f16`` / ``ld_bf16``;
+    ``ES`` bytes a weight, its type size);
     ``xq`` is the float32 row, already rounded to fp16 / bf16 for those (kinds 'F16' / 'BF16': ggml's
     vec_dot_type of each)."""
     NEXT_ROW(wr)  # noqa: F821
@@ -70,10 +70,6 @@ def rowdot_float(wr, xq, xd, xs, sc):
     for j in range(xq.shape[0]):
         acc += LD(wr, ES * j) * xq[j]  # noqa: F821
     return acc
-
-
-#: the float weight types: (the load of one weight at a byte offset, its size in bytes)
-FLOAT_LOADS = {T.F32: (ld_f32, 4), T.F16: (ld_f16, 2), T.BF16: (ld_bf16, 2)}
 
 
 # -- a type with a codec but no integer dot: the portable path ---------------------------------------
@@ -193,24 +189,29 @@ def get_rows_body(w, ids, out):
         DEQ(w[ids[i]], out[i])  # noqa: F821
 
 
-# -- the traits table ------------------------------------------------------------------------------
+# -- building a type's entries (its record's kernel columns: kernels/cpu_traits.py) ------------------
 
-#: weight type -> its fast row dot body: the float types' loops, and one IR intrinsic (ir_rowdot.ROW_SPECS) for
-#: each quantized type that has one. The activations are the type's vec_dot type (the type table's). A type
-#: with a codec but no entry here runs on ``rowdot_deq`` with float32 activations.
-#: kernels/lowbit.py (TQ1_0, TQ2_0, MXFP4, IQ3_XXS, IQ3_S) and kernels/vecdot_iq.py (IQ2_XXS, IQ2_XS,
-#: IQ2_S, IQ1_S, IQ1_M) add their IR entries to ROW_SPECS on import; lowbit.py has a numba row dot for
-#: Q1_0 (``NUMBA_DOTS``): a body used as it is, the same for every variant.
-KERNEL_TRAITS = {**{t: rowdot_float for t in FLOAT_LOADS}, **{T[n]: rowdot_ir for n in ROW_SPECS},
-                 **{T[n]: fn for n, fn in lowbit.NUMBA_DOTS.items()}}
+#: every weight type with a fast (integer or float) row dot; any other type with a codec runs on the portable
+#: path (its row decoder and a float32 dot)
+WEIGHT_TYPES = tuple(T[n] for n, c in CPU_TRAITS.items() if c.row is not None)
 
-_DOTS: dict[tuple, dict] = {}
+_DOTS: dict[tuple, object] = {}
 
 
-def _rows(variant, nrows=1):
-    if (variant, nrows) not in _DOTS:
-        _DOTS[variant, nrows] = row_dots(variant, nrows)
-    return _DOTS[variant, nrows]
+def row_intrinsic(wtype, variant: str, nrows: int = 1):
+    """The ``ROW`` intrinsic of ``wtype``'s row-dot entry for an IR variant: ir_rowdot.py's whole-row loop
+    around its emitter (``nrows`` rows sharing the activation loads), or its own row loop (1 row)."""
+    t = T(wtype)
+    key = (t, variant, nrows)
+    if key not in _DOTS:
+        row = cpu_traits(t).row
+        if row.kind == "ir":
+            _DOTS[key] = row_dot(variant, t.name, row.fn, nrows)
+        elif row.kind == "loop" and nrows == 1:
+            _DOTS[key] = row.fn(variant)
+        else:
+            raise ValueError(f"no {nrows}-row IR dot for {t.name}")
+    return _DOTS[key]
 
 
 def build(fn, tag: str, parallel: bool, **names):
@@ -224,7 +225,7 @@ def activation_kind(wtype, variant: str | None = None) -> str:
     variant = variant or default_variant()
     t = T(wtype)
     deq_kernel(t)  # a type without a codec: one line (QuantError), here, before any compute
-    if variant == "plain" or t not in KERNEL_TRAITS:
+    if variant == "plain" or cpu_traits(t).row is None:
         return "F32"
     return type_info(t).vec_dot_type
 
@@ -233,16 +234,13 @@ def rowdot_kernel(wtype, variant: str | None = None):
     """The compiled serial ``rowdot(wr, xq, xd, xs, sc) -> float32`` of ``wtype`` (not for 'plain')."""
     variant = variant or default_variant()
     t = T(wtype)
-    body = KERNEL_TRAITS.get(t)
-    if body is None:
-        info = type_info(t)
+    row, info = cpu_traits(t).row, type_info(t)
+    if row is None:
         return build(rowdot_deq, f"{t.name}_deq", False, DEQ=deq_kernel(t), TS=info.type_size, BS=info.block_size)
-    if t in FLOAT_LOADS:
-        ld, size = FLOAT_LOADS[t]
-        return build(body, t.name, False, NEXT_ROW=build(prefetch_next_row, "f", False), LD=ld, ES=size)
-    if t.name not in ROW_SPECS:  # a compiled numba row dot (lowbit.NUMBA_DOTS)
-        return body
-    return build(body, f"{t.name}_{variant}", False, ROW=_rows(variant)[t.name])
+    if row.kind == "float":
+        return build(rowdot_float, t.name, False, NEXT_ROW=build(prefetch_next_row, "f", False), LD=row.fn,
+                     ES=info.type_size)
+    return build(rowdot_ir, f"{t.name}_{variant}", False, ROW=row_intrinsic(t, variant))
 
 
 def rowdot2_kernel(wtype, variant: str | None = None):
@@ -250,9 +248,9 @@ def rowdot2_kernel(wtype, variant: str | None = None):
     dots of two consecutive rows (``wr2`` = their 2 * row_bytes bytes), each equal to ``rowdot``'s."""
     variant = variant or default_variant()
     t = T(wtype)
-    if t in FLOAT_LOADS or t.name not in ROW_SPECS:
+    if cpu_traits(t).row is None or cpu_traits(t).row.kind != "ir":
         return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant))
-    return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=_rows(variant, 2)[t.name])
+    return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=row_intrinsic(t, variant, 2))
 
 
 def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
@@ -266,11 +264,13 @@ def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
                  ROWDOT2=rowdot2_kernel(t, variant))
 
 
-# -- the 8-row interleaved layout (ir_x8.X8_SPECS) ------------------------------------------------
+# -- the 8-row interleaved layout (a type's x8 entry, ir_x8.X8) -----------------------------------
 
 def x8_types(variant: str | None = None) -> tuple:
     """The weight types with an x8 kernel for a variant on this CPU (none for generic and plain)."""
-    return tuple(T[name] for name in X8_SPECS) if x8_flavour(variant or default_variant()) else ()
+    if not x8_flavour(variant or default_variant()):
+        return ()
+    return tuple(T[n] for n, c in CPU_TRAITS.items() if c.x8 is not None)
 
 
 def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
@@ -279,9 +279,9 @@ def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
     values of each element side by side and the quants in 64-byte slices of 8 bytes per row, where
     ``x8_places`` says (Q6_K: header first, slices in its kernel's reading order). Into ``out`` (any
     uint8 array of that size) if given."""
-    name = T(wtype).name
-    ts, _, _, fields, (q0, q1), _ = X8_SPECS[name]
-    f_at, q_at, order = x8_places(name)
+    spec = cpu_traits(wtype).x8
+    ts, fields, (q0, q1) = spec.ts, spec.fields, spec.quant
+    f_at, q_at, order = x8_places(spec)
     n, rb = w.shape
     if n % X8_ROWS or rb % ts:
         raise ValueError(f"pack_x8: {n} rows of {rb} bytes do not make {X8_ROWS}-row groups of {ts}-byte blocks")
@@ -304,14 +304,15 @@ def pack_x8(w: np.ndarray, wtype, out: np.ndarray | None = None) -> np.ndarray:
 
 
 def rowx8_kernel(wtype, variant: str | None = None):
-    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an x8 type (ir_x8.row_dots_x8) for a
+    """The ``ROWX8(wg, xq, xd, xs) -> 8 x float32`` intrinsic of an x8 type (ir_x8.row_dot_x8) for a
     variant's x8 flavour."""
     flavour = x8_flavour(variant or default_variant())
     if flavour is None:
         raise ValueError(f"no x8 kernels for variant {variant or default_variant()!r}")
-    if ("x8", flavour) not in _DOTS:
-        _DOTS["x8", flavour] = row_dots_x8(flavour)
-    return _DOTS["x8", flavour][T(wtype).name]
+    key = (T(wtype), "x8", flavour)
+    if key not in _DOTS:
+        _DOTS[key] = row_dot_x8(cpu_traits(wtype).x8, flavour)
+    return _DOTS[key]
 
 
 def matvec_x8_kernel(wtype, parallel: bool = True, variant: str | None = None):

@@ -1,6 +1,6 @@
 """Row dots of the lattice types (IQ2_XXS, IQ2_XS, IQ2_S, IQ1_S, IQ1_M) against Q8_K activations.
 
-Per-block LLVM-IR emitters for ir_rowdot.py's whole-row loop (``ir_rowdot.ROW_SPECS``, registered on import; the row
+Per-block LLVM-IR emitters for ir_rowdot.py's whole-row loop (named by each type's row-dot entry in kernels/cpu_traits.py; the row
 dots, their 2-row forms and the GEMVs are built from them as for every other quantized type). Each
 follows ggml's ``ggml_vec_dot_X_q8_K`` (ggml-cpu/arch/x86/quants.c): per super-block one integer sum of
 grid value * sign * activation, weighted by the small odd block scales ``2s + 1``, then one float
@@ -34,7 +34,6 @@ from llvmlite import ir
 from numba.core import cgutils
 
 from quantkit.kernels import ir as K
-from quantkit.kernels import ir_rowdot
 from quantkit.kernels.lowbit import _fields, _gather, _grid_table, _pdep, _scale, _signed_chunk_dot, _xxs_signs
 from quantkit.quants.common import block_layout
 from quantkit.quants.grids import grid_values
@@ -193,9 +192,3 @@ def _emit_iq1_m(blk, acc, extra):
     scale = b.fmul(b.fmul(_iq1m_d(b, sc), blk.dx, flags=K._FM), ir.Constant(K.F32T, 0.125), flags=K._FM)
     return K._fma_acc(b, acc, ai, scale), extra
 
-
-#: type name -> (block bytes, elements per block, activation sums per block, emitter), as ir_rowdot.ROW_SPECS
-SPECS = {name: ir_rowdot._spec(name, 16, emit) for name, emit in (
-    ("IQ2_XXS", _emit_iq2_xxs), ("IQ2_XS", _emit_iq2_xs), ("IQ2_S", _emit_iq2_s),
-    ("IQ1_S", _emit_iq1_s), ("IQ1_M", _emit_iq1_m))}
-ir_rowdot.ROW_SPECS.update(SPECS)

@@ -29,7 +29,7 @@ How the weights get in, and the type dispatch:
 * Each slot's row function has one uniform signature ``urow(wr, a, sc)``: ``a`` is the tuple of
   every activation form of one input vector (float32, Q8_0 quants/scales/sums, Q8_1 float sums,
   Q8_K quants/scales/bsums), and the wrapper picks the form its type's dot wants
-  (``KERNEL_TRAITS``'s activation kind). Before a product the step quantizes the input only to the
+  (``activation_kind``: the type's vec_dot type). Before a product the step quantizes the input only to the
   kinds its consumers need (``need`` bit masks, computed here from the types).
 
 Parallelism: each product is split into chunks of ``chunk_rows`` output rows (Q, K and V in one

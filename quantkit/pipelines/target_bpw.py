@@ -36,6 +36,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 from quantkit.allocation import (Allocation, AllocationError, Candidate, Item, allocate, allowed_types,
                                  budget_for_bpw)
 from quantkit.errors import QuantkitError
+from quantkit.formats.ggml_types import type_info
 from quantkit.formats.gguf_io import GGUFModel, Tensor, tensor_nbytes
 from quantkit.formats.imatrix import Imatrix
 from quantkit.policy import OUTPUT, TOKEN_EMBD, TypePlan
@@ -44,16 +45,6 @@ from quantkit.typenames import ggml_type_name
 Q = GGMLQuantizationType
 Log = Callable[[str], None]
 
-#: types that are never a tensor's storage type (ggml's activation-only Q8_K)
-_NOT_STORAGE = frozenset({Q.Q8_K})
-#: storage types the allocator never chooses: the lattice types IQ2_*/IQ1_*, three of which cannot be
-#: made without importance weights, which a tensor missing from the imatrix does not have
-_NOT_CANDIDATES = _NOT_STORAGE | {Q.IQ2_XXS, Q.IQ2_XS, Q.IQ2_S, Q.IQ1_S, Q.IQ1_M}
-#: ... and the ones it chooses only when --target-types names them: IQ3_XXS, IQ3_S and MXFP4, which the
-#: loss model underrates -- SmolLM2's choice at Q4_K_M's size measured KLD 0.040 with them (IQ3 on blk.1-6
-#: ffn_down, MXFP4 on blk.0 attn_v/attn_output), 0.038 with MXFP4 alone, against the mix's 0.028 and
-#: 0.024 without them (docs/quantize.md "Measured on SmolLM2-135M")
-_NOT_BY_DEFAULT = frozenset({Q.IQ3_XXS, Q.IQ3_S, Q.MXFP4})
 #: the probe's bits per weight: the candidate nearest to it perturbs a class in the sensitivity pass
 PROBE_BPW = 4.5
 #: rows per tensor whose errors are measured (evenly spaced; scaled to the whole tensor)
@@ -119,12 +110,16 @@ def tensor_class(name: str, category: str) -> str:
 
 
 def candidate_types(ne0: int, only: Sequence[GGMLQuantizationType] = ()) -> list[GGMLQuantizationType]:
-    """Every storage type the allocator may choose (by default, or those of ``only``) whose block fits
-    a row of ``ne0``."""
+    """Every storage type with a codec the allocator may choose (by default, or those of ``only``) whose
+    block fits a row of ``ne0``: the type table's ``target_bpw`` column (formats/ggml_types.py) says which
+    it never chooses and which only when named."""
     from quantkit.quants import TRAITS
 
-    return allowed_types(ne0, [t for t in TRAITS if t not in _NOT_CANDIDATES
-                               and (t in only if only else t not in _NOT_BY_DEFAULT)])
+    def chosen(t):
+        how = type_info(t).target_bpw
+        return how != "never" and (t in only if only else how == "default")
+
+    return allowed_types(ne0, [t for t in TRAITS if chosen(t)])
 
 
 def pattern_for(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The type registry: one small class per ggml type, registered by subclassing ``QuantType``.
+"""The codecs' base: one small class per ggml type, a subclass of ``QuantType`` naming its ``qtype``.
 
 The base class does, once for every type, what gguf-py's ``__Quant`` does: shape and dtype checks,
 rows-to-blocks bookkeeping and the byte shape. A subclass only names its numba kernels:
@@ -22,8 +22,9 @@ rows-to-blocks bookkeeping and the byte shape. A subclass only names its numba k
   ``dequantize_rows`` (over rows on the worker threads, as ``quantize_rows``) is built from the row decoder.
 
 A type's sizes, block fields and the rest of its facts come from the type table
-(``quantkit.formats.ggml_types``), not from the codec. The traits table (``TRAITS``) maps
-``GGMLQuantizationType`` -> class; dispatch goes through it, never through if-chains.
+(``quantkit.formats.ggml_types``), not from the codec. Defining a subclass registers nothing: the codec
+column of the type table (``quants/codecs.py``'s ``TRAITS``: ``GGMLQuantizationType`` -> class) names
+each type's codec; dispatch goes through it, never through if-chains.
 """
 
 from __future__ import annotations
@@ -37,37 +38,8 @@ from quantkit.errors import QuantError
 from quantkit.formats.ggml_types import TypeInfo, type_info
 from quantkit.jit import frozen, over_rows, specialize
 
-TRAITS: dict[GGMLQuantizationType, type["QuantType"]] = {}
-
 #: no weights; weights are passed read-only (``jit.frozen``: one build of a codec's kernel for both paths)
 _EMPTY_W = frozen(np.zeros(0, dtype=np.float32))
-
-
-def resolve_type(qtype: GGMLQuantizationType | str | int) -> GGMLQuantizationType:
-    """Accept a GGMLQuantizationType, its name (any case, e.g. ``"q4_k"``) or its integer id."""
-    if isinstance(qtype, GGMLQuantizationType):
-        return qtype
-    if isinstance(qtype, str):
-        key = qtype.strip().upper()
-        try:
-            return GGMLQuantizationType[key]
-        except KeyError:
-            pass
-        raise QuantError(f"unknown quantization type {qtype!r}; known: {', '.join(t.name for t in TRAITS)}")
-    try:
-        return GGMLQuantizationType(int(qtype))
-    except (ValueError, TypeError):
-        raise QuantError(f"unknown quantization type id {qtype!r}") from None
-
-
-def traits(qtype: GGMLQuantizationType | str | int) -> type["QuantType"]:
-    t = resolve_type(qtype)
-    try:
-        return TRAITS[t]
-    except KeyError:
-        raise QuantError(
-            f"type {t.name} is not supported by quantkit; supported: {', '.join(x.name for x in TRAITS)}"
-        ) from None
 
 
 def build_kernel(body: Callable, qtype: GGMLQuantizationType, parallel: bool, **names) -> Callable:
@@ -165,7 +137,6 @@ class QuantType:
         cls.info = type_info(qtype)
         cls.block_size, cls.type_size = cls.info.block_size, cls.info.type_size
         _build_kernels(cls)
-        TRAITS[qtype] = cls
 
     # -- sizes -------------------------------------------------------------------------------
     @classmethod
@@ -289,16 +260,3 @@ class QuantType:
             raise QuantError(f"{name}: imatrix contains negative values")
         return np.ascontiguousarray(w)
 
-
-def quantize(data: np.ndarray, qtype, imatrix: np.ndarray | None = None) -> np.ndarray:
-    """Quantize float32 ``data`` of shape (..., n_per_row) to ``qtype``; returns uint8 (..., row_bytes).
-
-    Bytes are identical to ggml's ``ggml_quantize_chunk`` with ``quant_weights`` NULL
-    (``imatrix=None``) or set to ``imatrix``.
-    """
-    return traits(qtype).quantize(data, imatrix)
-
-
-def dequantize(data: np.ndarray, qtype) -> np.ndarray:
-    """Dequantize bytes of shape (..., row_bytes) of ``qtype`` to float32 (..., n_per_row)."""
-    return traits(qtype).dequantize(data)

@@ -15,7 +15,7 @@ import numpy as np
 from quantkit.errors import QuantError
 from quantkit.jit import njit_parallel, prange
 from quantkit.formats.ggml_types import type_info
-from quantkit.quants.base import resolve_type
+from quantkit.quants.codecs import resolve_type
 
 #: the exponent bits of the float types, as (element dtype, mask); all ones means NaN or Inf
 _EXP_MASK = {

@@ -61,6 +61,8 @@ class ModelInfo:
     size: int       # bytes of all tensors (llama_model_size)
     n_params: int   # elements of all tensors (llama_model_n_params)
     file_size: int
+    #: the types of its matrices (2-D or more), by ggml id: the ones whose kernels a test runs
+    matrix_types: tuple[str, ...] = ()
 
 
 def model_info(path: str, gg) -> ModelInfo:
@@ -69,4 +71,5 @@ def model_info(path: str, gg) -> ModelInfo:
     arch = str(meta.get("general.architecture", "")) or "unknown"
     ft = ftype_name(meta, [(t.name, t.type.name) for t in gg.tensors])
     return ModelInfo(path, f"{arch} {size_label(meta)} {ft}", sum(t.nbytes for t in gg.tensors),
-                     sum(t.n_elements for t in gg.tensors), int(gg.file_size))
+                     sum(t.n_elements for t in gg.tensors), int(gg.file_size),
+                     tuple(t.name for t in sorted({t.type for t in gg.tensors if len(t.shape) >= 2}, key=int)))

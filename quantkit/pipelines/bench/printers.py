@@ -119,6 +119,7 @@ class MarkdownPrinter(Printer):
     def __init__(self, out):
         super().__init__(out)
         self.fields: list[str] = []
+        self.types: dict[str, None] = {}  # the matrix types of the models benchmarked, in order
 
     @classmethod
     def width(cls, f: str) -> int:
@@ -160,12 +161,17 @@ class MarkdownPrinter(Printer):
         return r.as_dict()[f]
 
     def test(self, r):
+        self.types.update(dict.fromkeys(r.model.matrix_types))
         self.out.write("|" + "".join(f" {self._pad(self.cell(f, r), self.width(f))} |" for f in self.fields) + "\n")
 
     def footer(self):
         from quantkit import isa
+        from quantkit.kernels.cpu_traits import describe
 
-        # llama-bench's build line; quantkit's kernels depend on the CPU level, so it says which ran
+        # llama-bench's build line; quantkit's kernels depend on the CPU level, so it says which ran, and
+        # before it at which level each matrix type's row dot, x8 decode and GEMM ran (the type's record)
+        if self.types:
+            self.out.write(f"\nkernels by type: {describe(self.types)}\n")
         self.out.write(f"\nbuild: quantkit-{__version__} (0), kernels: {isa.describe()}\n")
 
 
