@@ -45,7 +45,7 @@ def start(types) -> subprocess.Popen | None:
     missing = [t for t in dict.fromkeys(types) if not cached(t)]
     if len(missing) < 2 or get_threads() < 2:
         return None
-    env = dict(os.environ, NUMBA_NUM_THREADS="1", QUANTKIT_COMPILE_NOTICE="0")
+    env = dict(os.environ, NUMBA_NUM_THREADS="1")  # compiling only
     try:
         return subprocess.Popen([sys.executable, "-m", "quantkit.quants.ahead", *(t.name for t in reversed(missing))],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
