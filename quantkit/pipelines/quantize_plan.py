@@ -16,13 +16,12 @@ import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from quantkit.errors import PolicyError, QuantkitError
-from quantkit.formats.gguf_io import KV, GGUFModel, Tensor, remove_kv
+from quantkit.formats.gguf_io import KV, SPLIT_KEYS, GGUFModel, Tensor, remove_kv
 from quantkit.formats.imatrix import Imatrix, load_imatrix
 from quantkit.policy import TypePlan, plan_types
 from quantkit.typenames import FileType, ggml_type_name, parse_ftype
 
 GGML_QNT_VERSION = 2
-SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 _LAYER_RX = re.compile(r"^blk\.(\d+)\.")
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
