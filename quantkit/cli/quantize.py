@@ -119,6 +119,10 @@ def _ftype_label(text: str) -> str:
               help="Remove these layers (comma-separated ids) and renumber the rest.")
 @click.option("--override-kv", multiple=True, metavar="KEY=TYPE:VALUE",
               help="Set a metadata value in the output; TYPE is int, float, bool or str (repeatable).")
+@click.option("--keep-split", is_flag=True,
+              help="Write the quantized model in the same parts as the input (a split model given by its "
+                   "first part): OUTPUT without .gguf becomes the prefix of OUTPUT-00001-of-0000N.gguf, ... "
+                   "(a single-file input gives OUTPUT-00001-of-00001.gguf).")
 @click.option("--dry-run", is_flag=True, help="Print the per-tensor plan with sizes; write nothing.")
 @click.option("--plan-out", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
               help="Also write the per-tensor plan as JSON.")
@@ -143,7 +147,7 @@ def _ftype_label(text: str) -> str:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no per-tensor lines.")
 def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, include_weights,
              exclude_weights, output_tensor_type, token_embedding_type, tensor_type, tensor_type_file,
-             prune_layers, override_kv, dry_run, plan_out, target_bpw, target_size, target_types, tensor_type_out,
+             prune_layers, override_kv, keep_split, dry_run, plan_out, target_bpw, target_size, target_types, tensor_type_out,
              no_fallback,
              verify_after, threads, quiet):
     """Quantize a GGUF model like llama-quantize (same flags, same output bytes).
@@ -151,7 +155,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     The output is written to a temporary file and renamed into place when complete; an interrupted or
     failed run leaves nothing at OUTPUT.
     """
-    from quantkit.pipelines.quantize import (QuantizeError, QuantizeOptions, default_output_path,
+    from quantkit.pipelines.quantize import (QuantizeError, QuantizeOptions, default_output_path, output_paths,
                                              parse_override_kv, quantize_file)
     from quantkit.typenames import parse_ggml_type, parse_tensor_type_arg
 
@@ -193,7 +197,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
         tensor_types=tuple(patterns), prune_layers=prune,
         override_kv=kv_overrides, no_fallback=no_fallback, target_bpw=target_bpw, target_size=target_bytes,
-        target_types=only,
+        target_types=only, keep_split=keep_split,
         tensor_type_out=tensor_type_out or (f"{out}.tensor-types.txt" if has_target and not dry_run else None),
     )
 
@@ -221,13 +225,14 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         click.echo("WARNING: dry run completed successfully, but actually completing this quantization "
                    "will require an imatrix!", err=True)
     click.echo(f"llama_quantize: quantize time = {seconds * 1000:10.2f} ms", err=True)
+    written = output_paths(plan, out) if not dry_run else []
     if not dry_run:
-        click.echo(f"wrote {out}", err=True)
+        click.echo(f"wrote {', '.join(written)}", err=True)
     if verify_after and not dry_run:
         from quantkit.cli.verify import report_verify
         from quantkit.pipelines.verify import verify_file
 
-        report = verify_file(out)
+        report = verify_file(written[0])
         report_verify(report, lambda line: click.echo(line, err=True), verbose=False)
         if not report.ok:
             raise click.exceptions.Exit(1)

@@ -17,6 +17,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
 from quantkit.errors import PolicyError, QuantkitError
 from quantkit.formats.gguf_io import KV, SPLIT_KEYS, GGUFModel, Tensor, remove_kv
+from quantkit.formats.gguf_split import Part, split_keys
 from quantkit.formats.imatrix import Imatrix, load_imatrix
 from quantkit.policy import TypePlan, plan_types
 from quantkit.typenames import FileType, ggml_type_name, parse_ftype
@@ -53,6 +54,8 @@ class QuantizeOptions:
     target_types: tuple[GGMLQuantizationType, ...] = ()
     #: with a target: where to write the chosen types as a --tensor-type-file
     tensor_type_out: str | os.PathLike | None = None
+    #: one output part per input part (llama-quantize --keep-split)
+    keep_split: bool = False
 
 
 @dataclass
@@ -67,6 +70,7 @@ class TensorJob:
     manual: bool = False
     imatrix: np.ndarray | None = None  # [n_mat, ne0] weights, when used
     imatrix_note: str = ""
+    part: int = 0  # the output part (--keep-split: the input part it comes from)
 
     @property
     def src_bytes(self) -> int:
@@ -91,6 +95,20 @@ class QuantPlan:
     imatrix: Imatrix | None = None
     #: reasons the real run would be refused; plan_quantization(strict=True) raises on the first
     problems: list[str] = field(default_factory=list)
+    #: --keep-split: one output file per input part, even when there is one part
+    keep_split: bool = False
+
+    def output_parts(self) -> list[Part]:
+        """The output files' keys and tensors: one file, or with --keep-split one per input part, as
+        llama_model_quantize_impl fills its ``ctx_outs`` (split keys only when there are several)."""
+        n = max((j.part for j in self.jobs), default=0) + 1
+        groups: list[list[Tensor]] = [[] for _ in range(n)]
+        for j in self.jobs:
+            groups[j.part].append(j.out_tensor)
+        if n == 1:
+            return [Part(list(self.kv), groups[0])]
+        return [Part((list(self.kv) if i == 0 else []) + split_keys(i, n, len(self.jobs), count_last=False), g)
+                for i, g in enumerate(groups)]
 
     @property
     def n_elements(self) -> int:
@@ -252,6 +270,8 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
         kept_layers = {int(m.group(1)) for n, new in rename.items() if new and (m := _LAYER_RX.match(new))}
         n_block = len(kept_layers)
     kept = [n for n in order if rename[n] is not None]
+    if opts.keep_split:  # llama.cpp sorts by (part, offset): the type rules' counters see this order
+        kept.sort(key=model.location)
 
     try:
         check_loadable(model.metadata)
@@ -265,16 +285,18 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
             token_embedding_type=opts.token_embedding_type,
             tensor_types=tuple(opts.tensor_types),
             leave_output_tensor=opts.leave_output_tensor,
+            in_given_order=opts.keep_split,
         )
     except PolicyError as e:  # metadata the rules read is wrong: name the file
         if str(model.path) in str(e):
             raise
         raise type(e)(f"{model.path}: {e}") from None
     back = {rename[n]: n for n in kept}
-    return _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict)
+    part = model.part_of if opts.keep_split else {}
+    return _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict, part)
 
 
-def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict) -> QuantPlan:
+def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict, part) -> QuantPlan:
     """The per-tensor jobs of a type plan, and every reason the real run would be refused."""
     from quantkit.quants import TRAITS
 
@@ -284,7 +306,8 @@ def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict
     for p in tp.tensors:
         src = by_name[back[p.name]]
         quantize = p.quantizable and p.target != src.type
-        job = TensorJob(src, p.name, p.target if quantize else src.type, quantize, p.fallback_from, p.manual)
+        job = TensorJob(src, p.name, p.target if quantize else src.type, quantize, p.fallback_from, p.manual,
+                        part=part.get(src.name, 0))
         if quantize:
             if src.type not in _FLOAT_TYPES and not opts.allow_requantize:
                 requant.append(src)
@@ -317,7 +340,11 @@ def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict
                         f"e.g. {first.name}")
 
     plan = QuantPlan(Path(model.path), ftype, jobs, output_kv(model, ftype, opts, imatrix, n_block), tp, imatrix,
-                     problems)
+                     problems, keep_split=opts.keep_split)
+    empty = sorted(set(range(len(model.parts))) - {j.part for j in jobs}) if opts.keep_split else []
+    if empty and len(model.parts) > 1:
+        problems.append(f"--keep-split: no tensor of input part {empty[0] + 1} is left (--prune-layers removed "
+                        f"them all), so that part has no output file")
     if opts.no_fallback and plan.fallbacks:
         names = ", ".join(f"{j.name} ({j.fallback_from.name}->{j.target.name}, ncols {j.src.shape[0]})"
                           for j in plan.fallbacks[:4])
