@@ -16,7 +16,6 @@ not quantkit.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import importlib.metadata
 import importlib.util
 import json
@@ -31,6 +30,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
 import llamaref  # noqa: E402
+from llamaref import sha256  # noqa: E402
 from archmodels import write_model  # noqa: E402
 
 OUT = HERE.parent / "tests" / "data" / "split" / "golden.json"
@@ -58,14 +58,6 @@ CASES = {
 }
 TINY = ("qwen3", "Q")
 TINY_F16 = ("qwen3", "F16")
-
-
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def run(cmd: list[str]) -> None:
