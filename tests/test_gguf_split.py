@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 from pathlib import Path
 
 import numpy as np
@@ -136,6 +137,23 @@ def test_keep_split_single_file(smollm2_f16, tmp_path):
     res = run_cli(["quantize", "-q", "--keep-split", smollm2_f16, tmp_path / "q.gguf", "Q8_0", "2"])
     assert res.exit_code == 0, res.output
     _expect("keep_split_single_q8_0", tmp_path)
+
+
+@pytest.mark.parametrize("case", ["q8_0_split_tensors_100", "q8_0_split_size_50M"])
+def test_quantize_split_limits_match_quantize_then_gguf_split(case, smollm2_f16, tmp_path):
+    """quantkit's --split-max-tensors / --split-max-size on quantize: llama-quantize's file split by
+    llama-gguf-split with the same limit."""
+    res = run_cli(["quantize", "-q", *_split_args(case)[1:], smollm2_f16, tmp_path / "q.gguf", "Q8_0", "2"])
+    assert res.exit_code == 0, res.output
+    _expect(case, tmp_path)
+
+
+def test_quantize_split_usage_errors(smollm2_f16, tmp_path):
+    res = run_cli(["quantize", "--keep-split", "--split-max-size", "50M", smollm2_f16, tmp_path / "q.gguf", "Q8_0"])
+    assert res.exit_code == 2 and "cannot be combined" in res.output
+    res = run_cli(["quantize", "--split-max-size", "50K", smollm2_f16, tmp_path / "q.gguf", "Q8_0"])
+    assert res.exit_code == 2 and "supported units" in res.output
+    assert list(tmp_path.iterdir()) == []
 
 
 # -- reading: every command opens the first part -----------------------------------------------------
@@ -272,6 +290,26 @@ def test_failed_split_leaves_no_part(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL], ids=["SIGINT", "SIGKILL"])
+def test_signalled_split_leaves_no_part(sig, tmp_path):
+    """A real `quantkit gguf-split` signalled while provably in its second part (paused at its 150th
+    tensor, tests/faults.py): no part at any output name; Ctrl-C leaves nothing at all, SIGKILL only the
+    hidden temporary files."""
+    from faults import Job
+
+    out = tmp_path / "out"
+    out.mkdir()
+    job = Job(["gguf-split", "-q", "--split-max-tensors", "100", bundled_model(), out / "m"], tmp_path / "ctl",
+              pause=("gguf_split.tensor", 150))
+    job.wait_paused()
+    job.signal(sig)
+    left = sorted(p.name for p in out.iterdir())
+    if sig == signal.SIGINT:
+        assert left == [] and job.proc.returncode == 128 + sig and "Traceback" not in job.err
+    else:
+        assert left and all(n.startswith(".m-0000") and n.endswith(".partial") for n in left), left
+
+
 def test_failed_rename_removes_the_parts_already_renamed(tmp_path, monkeypatch):
     real = GGUFOutput.commit
 
@@ -305,7 +343,7 @@ def test_dry_run_writes_nothing(tmp_path):
     (["--split-max-tensors", "5", "--split-max-size", "1G"], "not both"),
     (["--split-max-size", "10K"], "supported units are M"),
     (["--split-max-size", "0M"], "positive"),
-    (["--split-max-tensors", "0"], "at least 1"),
+    (["--split-max-tensors", "0"], "x>=1"),
     (["--merge", "--split-max-tensors", "5"], "are for --split"),
     (["--delete-splits"], "is for --merge"),
 ])

@@ -46,6 +46,12 @@ CASES = {
     "f16_split_tensors_100": ("llama-gguf-split", "f16", ["--split", "--split-max-tensors", "100"], "f16"),
     "keep_split_q4_k_m": ("llama-quantize", "f16_split_tensors_100:first", ["--keep-split"], "q.gguf Q4_K_M 2"),
     "keep_split_single_q8_0": ("llama-quantize", "f16", ["--keep-split"], "q.gguf Q8_0 2"),
+    # what quantize --split-max-tensors / --split-max-size (quantkit's) must write: llama-quantize's
+    # one file (keep_split_single_q8_0's part, which is that file) split by llama-gguf-split
+    "q8_0_split_tensors_100": ("llama-gguf-split", "keep_split_single_q8_0:first",
+                               ["--split", "--split-max-tensors", "100"], "q"),
+    "q8_0_split_size_50M": ("llama-gguf-split", "keep_split_single_q8_0:first",
+                            ["--split", "--split-max-size", "50M"], "q"),
     "tiny_split_tensors_7": ("llama-gguf-split", "tiny", ["--split", "--split-max-tensors", "7"], "t"),
     "tiny_split_size_1M": ("llama-gguf-split", "tiny", ["--split", "--split-max-size", "1M"], "t"),
     "tiny_split_no_first": ("llama-gguf-split", "tiny", ["--split", "--split-max-tensors", "10",

@@ -7,6 +7,7 @@ import sys
 import click
 
 from quantkit.cli import main
+from quantkit.cli.options import split_max_size_option, split_max_tensors_option
 
 
 @main.command("gguf-split")
@@ -16,10 +17,8 @@ from quantkit.cli import main
               help="Split GGUF_IN into GGUF_OUT-00001-of-0000N.gguf, ... (the default operation).")
 @click.option("--merge", "op", flag_value="merge",
               help="Merge the split model whose first part is GGUF_IN into the single file GGUF_OUT.")
-@click.option("--split-max-tensors", type=int, default=None, metavar="N",
-              help="At most N tensors per part (default: 128).")
-@click.option("--split-max-size", default=None, metavar="N(M|G)",
-              help="At most N megabytes (M, 10^6 bytes) or gigabytes (G, 10^9) of tensor data per part.")
+@split_max_tensors_option(help="At most N tensors per part (default: 128).")
+@split_max_size_option(help="At most N megabytes (M, 10^6 bytes) or gigabytes (G, 10^9) of tensor data per part.")
 @click.option("--no-tensor-first-split", is_flag=True,
               help="Put no tensors in the first part (it holds the metadata only).")
 @click.option("--dry-run", is_flag=True, help="Print the split plan (or read every part for --merge); write nothing.")
@@ -27,7 +26,7 @@ from quantkit.cli import main
               help="With --merge: delete the parts once the merged file is complete (quantkit deletes them "
                    "only after it is in place, unlike llama-gguf-split, which deletes them during the merge).")
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar.")
-def gguf_split(gguf_in, gguf_out, op, split_max_tensors, split_max_size, no_tensor_first_split, dry_run,
+def gguf_split(gguf_in, gguf_out, op, split_max_tensors, split_max_bytes, no_tensor_first_split, dry_run,
                delete_splits, quiet):
     """Split a GGUF into parts, or merge the parts back, like llama-gguf-split (same flags, same bytes).
 
@@ -40,20 +39,11 @@ def gguf_split(gguf_in, gguf_out, op, split_max_tensors, split_max_size, no_tens
 
     Every quantkit command opens a split model from its first part.
     """
-    from quantkit.errors import FormatError
-    from quantkit.formats.gguf_split import parse_split_size
     from quantkit.pipelines.gguf_split import merge_model, split_model
 
-    if split_max_tensors is not None and split_max_size is not None:
+    if split_max_tensors is not None and split_max_bytes is not None:
         raise click.UsageError("either --split-max-tensors or --split-max-size can be specified, but not both")
-    if split_max_tensors is not None and split_max_tensors < 1:
-        raise click.UsageError(f"--split-max-tensors must be at least 1, got {split_max_tensors}")
-    max_bytes = None
-    if split_max_size is not None:
-        try:
-            max_bytes = parse_split_size(split_max_size)
-        except FormatError as e:
-            raise click.UsageError(str(e)) from None
+    max_bytes = split_max_bytes
     op = op or "split"
     if op == "merge" and (split_max_tensors is not None or max_bytes is not None or no_tensor_first_split):
         raise click.UsageError("--split-max-tensors, --split-max-size and --no-tensor-first-split are for --split")

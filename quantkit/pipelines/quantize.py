@@ -180,9 +180,10 @@ def scan_source(plan: QuantPlan, release: Advice = _no_advice) -> None:
 
 
 def output_paths(plan: QuantPlan, out_path: str | os.PathLike) -> list[str]:
-    """The files a plan writes: ``out_path``, or with --keep-split ``<out_path without .gguf>-00001-of-0000N.gguf``
-    and so on (llama-quantize strips the suffix and names each part with llama_split_path)."""
-    if not plan.keep_split:
+    """The files a plan writes: ``out_path``, or in parts (--keep-split, --split-max-*)
+    ``<out_path without .gguf>-00001-of-0000N.gguf`` and so on (llama-quantize strips the suffix and names
+    each part with llama_split_path)."""
+    if not plan.in_parts:
         return [os.fspath(out_path)]
     prefix = os.fspath(out_path)
     if prefix.endswith(".gguf"):
@@ -191,8 +192,8 @@ def output_paths(plan: QuantPlan, out_path: str | os.PathLike) -> list[str]:
 
 
 def plan_output(plan: QuantPlan, out_path: str | os.PathLike) -> GGUFOutput | PartsOutput:
-    """The output file (or files, with --keep-split) of a plan, not opened yet (its ``size`` is exact)."""
-    if not plan.keep_split:
+    """The output file (or files, in parts) of a plan, not opened yet (its ``size`` is exact)."""
+    if not plan.in_parts:
         return GGUFOutput(out_path, plan.kv, [j.out_tensor for j in plan.jobs], what="the quantized model")
     return PartsOutput(output_paths(plan, out_path), plan.output_parts(), what="the quantized model")
 
@@ -322,7 +323,8 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
     n_threads = set_threads(opts.threads)
     t0 = time.perf_counter()
     with GGUFModel(inp) as model:
-        if out is not None and not opts.keep_split:     # before any long work (a --target-bpw search)
+        if out is not None and not opts.keep_split and opts.split_max_tensors is None \
+                and opts.split_max_bytes is None:       # before any long work (a --target-bpw search)
             _refuse_overwriting_input(model, [out])
         mix = None
         if opts.target_bpw is not None or opts.target_size is not None:

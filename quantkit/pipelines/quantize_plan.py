@@ -15,9 +15,9 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from quantkit.errors import PolicyError, QuantkitError
+from quantkit.errors import FormatError, PolicyError, QuantkitError
 from quantkit.formats.gguf_io import KV, SPLIT_KEYS, GGUFModel, Tensor, remove_kv
-from quantkit.formats.gguf_split import Part, split_keys
+from quantkit.formats.gguf_split import Part, plan_split, split_keys
 from quantkit.formats.imatrix import Imatrix, load_imatrix
 from quantkit.policy import TypePlan, plan_types
 from quantkit.typenames import FileType, ggml_type_name, parse_ftype
@@ -56,6 +56,9 @@ class QuantizeOptions:
     tensor_type_out: str | os.PathLike | None = None
     #: one output part per input part (llama-quantize --keep-split)
     keep_split: bool = False
+    #: split the output as llama-gguf-split --split-max-tensors / --split-max-size would split it
+    split_max_tensors: int | None = None
+    split_max_bytes: int | None = None
 
 
 @dataclass
@@ -97,10 +100,22 @@ class QuantPlan:
     problems: list[str] = field(default_factory=list)
     #: --keep-split: one output file per input part, even when there is one part
     keep_split: bool = False
+    #: --split-max-tensors / --split-max-size (quantkit's): the output split as llama-gguf-split splits
+    split_limits: tuple[int | None, int | None] | None = None
+
+    @property
+    def in_parts(self) -> bool:
+        """The output is named as parts (``<prefix>-00001-of-0000N.gguf``)."""
+        return self.keep_split or self.split_limits is not None
 
     def output_parts(self) -> list[Part]:
-        """The output files' keys and tensors: one file, or with --keep-split one per input part, as
-        llama_model_quantize_impl fills its ``ctx_outs`` (split keys only when there are several)."""
+        """The output files' keys and tensors: one file; with --keep-split one per input part, as
+        llama_model_quantize_impl fills its ``ctx_outs`` (split keys only when there are several); with
+        split limits, llama-gguf-split's parts of the one file."""
+        if self.split_limits is not None:
+            max_tensors, max_bytes = self.split_limits
+            return plan_split(self.kv, [j.out_tensor for j in self.jobs], max_tensors=max_tensors,
+                              max_bytes=max_bytes)
         n = max((j.part for j in self.jobs), default=0) + 1
         groups: list[list[Tensor]] = [[] for _ in range(n)]
         for j in self.jobs:
@@ -339,8 +354,18 @@ def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict
         problems.append(f"quantizing to {', '.join(missing)} is not implemented yet in quantkit (no codec), "
                         f"e.g. {first.name}")
 
+    limits = None
+    if opts.split_max_tensors is not None or opts.split_max_bytes is not None:
+        if opts.keep_split:
+            raise QuantizeError("--keep-split cannot be combined with --split-max-tensors / --split-max-size")
+        limits = (opts.split_max_tensors, opts.split_max_bytes)
     plan = QuantPlan(Path(model.path), ftype, jobs, output_kv(model, ftype, opts, imatrix, n_block), tp, imatrix,
-                     problems, keep_split=opts.keep_split)
+                     problems, keep_split=opts.keep_split, split_limits=limits)
+    if limits is not None:
+        try:
+            plan.output_parts()
+        except FormatError as e:
+            problems.append(str(e))
     empty = sorted(set(range(len(model.parts))) - {j.part for j in jobs}) if opts.keep_split else []
     if empty and len(model.parts) > 1:
         problems.append(f"--keep-split: no tensor of input part {empty[0] + 1} is left (--prune-layers removed "
