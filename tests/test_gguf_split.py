@@ -190,7 +190,8 @@ def test_forward_on_split_model_equals_the_file(tiny, tiny_parts):
 
 
 def test_commands_read_the_first_part(tiny, tiny_parts, tmp_path):
-    """verify, run and quantize (without --keep-split) on the first part: the merged file's results."""
+    """verify, run, perplexity, imatrix and quantize (without --keep-split) on the first part: the
+    merged file's results."""
     a, b = run_cli(["verify", "-v", tiny]), run_cli(["verify", "-v", tiny_parts])
     assert a.exit_code == b.exit_code and a.output == b.output and "25/25 tensors ok" in b.output
     outs = []
@@ -199,6 +200,18 @@ def test_commands_read_the_first_part(tiny, tiny_parts, tmp_path):
         assert res.exit_code == 0, res.output
         outs.append(res.output.splitlines()[0])
     assert outs[0] == outs[1]
+    text = tmp_path / "t.txt"
+    rng = np.random.default_rng(0)
+    text.write_text(" ".join(rng.choice("the then to that this at in is it on one an a and or of".split(), 1500)))
+    ppl, imat = [], []
+    for src, name in ((tiny, "a"), (tiny_parts, "b")):
+        res = run_cli(["perplexity", "-m", src, "-f", text, "-c", "64", "--chunks", "3"])
+        assert res.exit_code == 0, res.output
+        ppl.append([ln for ln in res.output.splitlines() if ln.startswith("Final estimate")])
+        res = run_cli(["imatrix", "-m", src, "-f", text, "-c", "64", "--chunks", "2", "-o", tmp_path / f"{name}.imatrix"])
+        assert res.exit_code == 0, res.output
+        imat.append(sha256(tmp_path / f"{name}.imatrix"))
+    assert ppl[0] and ppl[0] == ppl[1] and imat[0] == imat[1]
     for src, name in ((tiny, "a.gguf"), (tiny_parts, "b.gguf")):
         res = run_cli(["quantize", "-q", "--allow-requantize", src, tmp_path / name, "Q8_0", "2"])
         assert res.exit_code == 0, res.output
