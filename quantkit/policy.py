@@ -508,8 +508,13 @@ def plan_types(
     token_embedding_type: str | GGMLQuantizationType | None = None,
     tensor_types: Sequence[tuple[str, str | GGMLQuantizationType]] = (),
     leave_output_tensor: bool = False,
+    in_given_order: bool = False,
 ) -> TypePlan:
     """Decide every tensor's type as llama_model_quantize's preliminary pass does (``llama_tensor_get_type`` per tensor, with the fallback).
+
+    Tensors are taken in the model loader's order (by layer, then name) unless ``in_given_order``:
+    llama-quantize --keep-split takes them by (input part, offset), and the rules' running counters
+    see that order.
 
     ``tensor_types`` are ``(regex, type)`` pairs in command-line order; the first pattern found
     anywhere in a tensor name wins. Patterns are used as given (``parse_tensor_type_arg`` lower-cases
@@ -527,7 +532,8 @@ def plan_types(
         if name in seen:
             raise PolicyError(f"duplicate tensor name {name}")
         seen.add(name)
-    items.sort(key=lambda item: processing_order_key(item[0]))
+    if not in_given_order:
+        items.sort(key=lambda item: processing_order_key(item[0]))
 
     has_output = "output.weight" in seen
     n_attention_wv = sum(1 for name, _, _ in items if tensor_category(name) in V_LIKE)

@@ -74,6 +74,17 @@ def python(given: str | None = None) -> str | None:
     return given or os.environ.get(LLAMA_PY) or None
 
 
+def sha256(path: str | os.PathLike) -> str:
+    """A file's sha256, as golden files record their sources and outputs."""
+    import hashlib
+
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def portable(text: str) -> str:
     """``text`` (a command line, a library path) as a golden file's provenance records it: the values of
     the two variables, this interpreter and its prefix written as names, so no machine's paths are stored."""

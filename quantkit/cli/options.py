@@ -64,3 +64,26 @@ def threads_option(fn=None, *, apply: bool = True, help: str = "Number of thread
         return wrapper
 
     return decorate(fn) if fn is not None else decorate
+
+
+class _SplitSize(click.ParamType):
+    """``N(M|G)``: llama-gguf-split's --split-max-size, converted to bytes."""
+
+    name = "N(M|G)"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        from quantkit.errors import FormatError
+        from quantkit.formats.gguf_split import parse_split_size
+
+        try:
+            return parse_split_size(value)
+        except FormatError as e:
+            self.fail(str(e), param, ctx)
+
+
+#: --split-max-tensors / --split-max-size: llama-gguf-split's limits per part (gguf-split, quantize)
+split_max_tensors_option = _option("--split-max-tensors", type=click.IntRange(min=1), default=None, metavar="N")
+split_max_size_option = _option("--split-max-size", "split_max_bytes", type=_SplitSize(), default=None,
+                                metavar="N(M|G)")

@@ -7,7 +7,7 @@ import sys
 import click
 
 from quantkit.cli import main
-from quantkit.cli.options import threads_option
+from quantkit.cli.options import split_max_size_option, split_max_tensors_option, threads_option
 
 def _epilog() -> str:
     """The positional arguments, and the file types as llama-quantize --help lists them (the type table's)."""
@@ -119,6 +119,15 @@ def _ftype_label(text: str) -> str:
               help="Remove these layers (comma-separated ids) and renumber the rest.")
 @click.option("--override-kv", multiple=True, metavar="KEY=TYPE:VALUE",
               help="Set a metadata value in the output; TYPE is int, float, bool or str (repeatable).")
+@click.option("--keep-split", is_flag=True,
+              help="Write the quantized model in the same parts as the input (a split model given by its "
+                   "first part): OUTPUT without .gguf becomes the prefix of OUTPUT-00001-of-0000N.gguf, ... "
+                   "(a single-file input gives OUTPUT-00001-of-00001.gguf).")
+@split_max_tensors_option(help="quantkit's: write the output in parts of at most N tensors, the files `quantkit "
+                               "gguf-split --split-max-tensors N` (llama-gguf-split) would make of the one output "
+                               "file; named as with --keep-split.")
+@split_max_size_option(help="quantkit's: as --split-max-tensors, for at most N megabytes (M) or gigabytes (G) of "
+                            "tensor data per part.")
 @click.option("--dry-run", is_flag=True, help="Print the per-tensor plan with sizes; write nothing.")
 @click.option("--plan-out", type=click.Path(dir_okay=False), default=None, metavar="FILE.json",
               help="Also write the per-tensor plan as JSON.")
@@ -143,7 +152,7 @@ def _ftype_label(text: str) -> str:
 @click.option("-q", "--quiet", is_flag=True, help="No progress bar and no per-tensor lines.")
 def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, include_weights,
              exclude_weights, output_tensor_type, token_embedding_type, tensor_type, tensor_type_file,
-             prune_layers, override_kv, dry_run, plan_out, target_bpw, target_size, target_types, tensor_type_out,
+             prune_layers, override_kv, keep_split, split_max_tensors, split_max_bytes, dry_run, plan_out, target_bpw, target_size, target_types, tensor_type_out,
              no_fallback,
              verify_after, threads, quiet):
     """Quantize a GGUF model like llama-quantize (same flags, same output bytes).
@@ -151,7 +160,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
     The output is written to a temporary file and renamed into place when complete; an interrupted or
     failed run leaves nothing at OUTPUT.
     """
-    from quantkit.pipelines.quantize import (QuantizeError, QuantizeOptions, default_output_path,
+    from quantkit.pipelines.quantize import (QuantizeError, QuantizeOptions, default_output_path, output_paths,
                                              parse_override_kv, quantize_file)
     from quantkit.typenames import parse_ggml_type, parse_tensor_type_arg
 
@@ -176,6 +185,11 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         only = tuple(parse_ggml_type(t) for t in (target_types or "").split(",") if t.strip())
     except (PolicyError, QuantizeError) as e:
         raise click.UsageError(str(e)) from None
+    if split_max_tensors is not None and split_max_bytes is not None:
+        raise click.UsageError("either --split-max-tensors or --split-max-size can be given, but not both")
+    if keep_split and (split_max_tensors is not None or split_max_bytes is not None):
+        raise click.UsageError("--keep-split keeps the input's parts: it cannot be combined with "
+                               "--split-max-tensors / --split-max-size")
     prune = ()
     if prune_layers:
         try:
@@ -193,7 +207,8 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         output_tensor_type=output_tensor_type, token_embedding_type=token_embedding_type,
         tensor_types=tuple(patterns), prune_layers=prune,
         override_kv=kv_overrides, no_fallback=no_fallback, target_bpw=target_bpw, target_size=target_bytes,
-        target_types=only,
+        target_types=only, keep_split=keep_split, split_max_tensors=split_max_tensors,
+        split_max_bytes=split_max_bytes,
         tensor_type_out=tensor_type_out or (f"{out}.tensor-types.txt" if has_target and not dry_run else None),
     )
 
@@ -221,13 +236,15 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         click.echo("WARNING: dry run completed successfully, but actually completing this quantization "
                    "will require an imatrix!", err=True)
     click.echo(f"llama_quantize: quantize time = {seconds * 1000:10.2f} ms", err=True)
+    written = output_paths(plan, out) if not dry_run else []
     if not dry_run:
-        click.echo(f"wrote {out}", err=True)
+        shown = ", ".join(written) if len(written) <= 3 else f"{written[0]} ... {written[-1]}"
+        click.echo(f"wrote {shown}" + (f" ({len(written)} parts)" if len(written) > 1 else ""), err=True)
     if verify_after and not dry_run:
         from quantkit.cli.verify import report_verify
         from quantkit.pipelines.verify import verify_file
 
-        report = verify_file(out)
+        report = verify_file(written[0])
         report_verify(report, lambda line: click.echo(line, err=True), verbose=False)
         if not report.ok:
             raise click.exceptions.Exit(1)

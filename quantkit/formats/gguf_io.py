@@ -4,6 +4,12 @@
   typed key/value records needed to copy them exactly, ``tensors`` the tensors in file order, each with
   its GGUF shape (ne0 first), its ggml type and a zero-copy ``data`` view (uint8 bytes, one row of
   ``row_bytes`` per ne1*ne2*ne3 row).
+  Given the first part of a split model (``split.count`` > 1, parts named as ``llama_split_path``
+  names them: ``<prefix>-00001-of-00004.gguf``), it opens every part the way llama.cpp's model loader
+  does (src/llama-model-loader.cpp): the metadata is the first part's, ``tensors`` are the parts'
+  tensors in part order, each mapped from its own part's file; a missing part, a part with the wrong
+  ``split.no`` or ``split.count``, a duplicated tensor or a total that disagrees with
+  ``split.tensors.count`` is one error line.
 * ``GGUFOutput(path, kv, tensors)`` writes a new GGUF streaming one tensor at a time through
   ``quantkit.formats.atomic.AtomicWriter``; ``commit()`` renames it into place only when every byte is
   written. Used as a context manager, an exception (or Ctrl-C) removes the temporary file and leaves
@@ -30,6 +36,25 @@ from quantkit.formats.atomic import AtomicWriter
 from quantkit.pause import pause_point
 
 GGUF_MAGIC = b"GGUF"
+
+#: the split keys (llama.cpp's LLM_KV_SPLIT_NO / _COUNT / _TENSORS_COUNT)
+SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT = "split.no", "split.count", "split.tensors.count"
+SPLIT_KEYS = (SPLIT_NO, SPLIT_COUNT, SPLIT_TENSORS_COUNT)
+
+
+def split_path(prefix: str | os.PathLike, split_no: int, split_count: int) -> str:
+    """The file of part ``split_no`` (0-based) of ``split_count``: llama_split_path in src/llama.cpp."""
+    return f"{os.fspath(prefix)}-{split_no + 1:05d}-of-{split_count:05d}.gguf"
+
+
+def split_prefix(path: str | os.PathLike, split_no: int, split_count: int) -> str | None:
+    """The prefix ``path`` was named from as part ``split_no`` of ``split_count``, or None when its name
+    does not end the way split_path ends it (llama_split_prefix)."""
+    path = os.fspath(path)
+    tail = f"-{split_no + 1:05d}-of-{split_count:05d}.gguf"
+    if len(path) <= len(tail) or not path.endswith(tail):
+        return None
+    return path[:-len(tail)]
 
 
 @dataclass(frozen=True)
@@ -213,7 +238,15 @@ def _field_kv(field) -> KV:
 class GGUFModel:
     """A GGUF file opened read-only and memory-mapped."""
 
-    def __init__(self, path: str | os.PathLike):
+    def __init__(self, path: str | os.PathLike, whole: bool = True):
+        """``whole=False``: this file only, even when it is one part of a split model."""
+        self._open_file(path)
+        self.parts: list[GGUFModel] = [self]      # the split model's parts, first one first
+        self.part_of: dict[str, int] = {t.name: 0 for t in self.tensors}
+        if whole:
+            self._join_parts()
+
+    def _open_file(self, path: str | os.PathLike) -> None:
         self.path = Path(path)
         if not self.path.exists():
             raise FormatError(f"{self.path}: no such file")
@@ -250,6 +283,7 @@ class GGUFModel:
         # MiB for a 49k vocabulary. Everything is in self.kv now, so let them go.
         reader.fields.clear()
         self.tensors: list[Tensor] = []
+        self.offsets: dict[str, int] = {}
         for rt in reader.tensors:
             shape = tuple(int(d) for d in rt.shape)
             end = int(rt.data_offset) + int(rt.n_bytes)
@@ -260,8 +294,59 @@ class GGUFModel:
             n_rows = max(1, int(np.prod(shape[1:], dtype=np.int64))) if len(shape) > 1 else 1
             raw = np.asarray(rt.data).reshape(-1).view(np.uint8)
             self.tensors.append(Tensor(rt.name, shape, GGMLQuantizationType(rt.tensor_type), raw.reshape(n_rows, -1)))
+            self.offsets[rt.name] = int(rt.data_offset)
         self._by_name = {t.name: t for t in self.tensors}
         self._advise_huge_pages()
+
+    def _join_parts(self) -> None:
+        """Open the other parts of a split model (llama_model_loader's constructor), or nothing."""
+        n = _split_int(self, SPLIT_COUNT, 0)
+        if n <= 1:
+            return
+        no = _split_int(self, SPLIT_NO, None)
+        if no != 0:
+            first = split_prefix(self.path, no, n)
+            hint = f" ({split_path(first, 0, n)})" if first is not None else ""
+            raise FormatError(f"{self.path}: part {no + 1} of a split model of {n} parts; open its first "
+                              f"part{hint}")
+        prefix = split_prefix(self.path, 0, n)
+        if prefix is None:
+            raise FormatError(f"{self.path}: the first part of a split model of {n} parts must be named "
+                              f"PREFIX-00001-of-{n:05d}.gguf to find the others")
+        try:
+            for idx in range(1, n):
+                p = Path(split_path(prefix, idx, n))
+                if not p.exists():
+                    raise FormatError(f"{self.path}: part {idx + 1} of {n}, {p}, is missing")
+                part = GGUFModel(p, whole=False)
+                self.parts.append(part)
+                got_no, got_n = _split_int(part, SPLIT_NO, None), _split_int(part, SPLIT_COUNT, None)
+                if got_no != idx:
+                    raise FormatError(f"{p}: split.no is {got_no}, expected {idx} (part {idx + 1} of {n})")
+                if got_n != n:
+                    raise FormatError(f"{p}: split.count is {got_n}, but the first part {self.path.name} "
+                                      f"says {n}")
+                for t in part.tensors:
+                    if t.name in self._by_name:
+                        raise FormatError(f"{p}: tensor {t.name!r} is duplicated (also in part "
+                                          f"{self.part_of[t.name] + 1})")
+                    self._by_name[t.name] = t
+                    self.part_of[t.name] = idx
+                    self.tensors.append(t)
+            want = _split_int(self, SPLIT_TENSORS_COUNT, None)
+            if want != len(self.tensors):
+                raise FormatError(f"{self.path}: split.tensors.count says {want} tensors, but the {n} parts "
+                                  f"hold {len(self.tensors)}")
+        except BaseException:
+            self.close()
+            raise
+        self.file_size = sum(p.file_size for p in self.parts)
+
+    def location(self, name: str) -> tuple[int, int]:
+        """(part index, byte offset in its part's file) of a tensor's data: llama_tensor_weight's
+        (idx, offs), the order ``quantize --keep-split`` writes tensors in."""
+        part = self.part_of[name]
+        return part, self.parts[part].offsets[name]
 
     def _advise_huge_pages(self) -> None:
         """Advise the file mapping for transparent huge pages (Linux ``MADV_HUGEPAGE``): a fault in the
@@ -284,6 +369,8 @@ class GGUFModel:
         ``quantkit.formats.sigbus``, which maps zeros there); whatever was read since is unreliable.
         Callers check before they commit anything made from the data, and at the end of a run.
         """
+        for part in self.parts[1:]:
+            part.check_unchanged()
         try:
             now = _identity(os.stat(self.path))
         except OSError as e:
@@ -322,7 +409,8 @@ class GGUFModel:
         self._advise(tensor, start_row, stop_row, mmap.MADV_WILLNEED)
 
     def _advise(self, tensor: Tensor, start_row: int, stop_row: int | None, advice: int) -> None:
-        mm = getattr(getattr(self.reader, "data", None), "_mmap", None)
+        owner = self.parts[self.part_of.get(tensor.name, 0)] if len(self.parts) > 1 else self
+        mm = getattr(getattr(owner.reader, "data", None), "_mmap", None)
         if mm is None or tensor.data is None or not tensor.data.size or not hasattr(mm, "madvise"):
             return
         rows = tensor.data[start_row:stop_row]
@@ -345,6 +433,9 @@ class GGUFModel:
         return None
 
     def close(self) -> None:
+        for part in getattr(self, "parts", [])[1:]:
+            part.close()
+        self.parts = [self]
         self.tensors = []
         self._by_name = {}
         mm = getattr(self.reader, "data", None)
@@ -360,6 +451,18 @@ class GGUFModel:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def _split_int(m: GGUFModel, key: str, default):
+    """A split key's integer value (``default`` when absent); a non-integer value is one error line."""
+    v = m.metadata.get(key, default)
+    if v is default:
+        if default is None:
+            raise FormatError(f"{m.path}: key {key} is missing from a part of a split model")
+        return v
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise FormatError(f"{m.path}: {key} must be an integer, got {v!r}")
+    return int(v)
 
 
 def _identity(st: os.stat_result) -> tuple[int, int, int, int]:
@@ -441,6 +544,11 @@ class GGUFOutput:
         self._out.write(bytes(_pad(t.nbytes, self.alignment) - t.nbytes))
         self._next += 1
         pause_point("gguf.tensor")
+
+    @property
+    def complete(self) -> bool:
+        """Every planned tensor has been written."""
+        return self._next == len(self.plan)
 
     def commit(self) -> Path:
         if self._next != len(self.plan):

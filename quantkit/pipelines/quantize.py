@@ -32,6 +32,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from quantkit.formats.atomic import preflight, write_bytes
 from quantkit.formats.gguf_io import GGUFModel, GGUFOutput, Tensor
+from quantkit.formats.gguf_split import PartsOutput, part_paths
 from quantkit.pause import pause_point
 from quantkit.quants import ahead
 from quantkit.pipelines.quantize_plan import (QuantizeError, QuantizeOptions, QuantPlan, TensorJob,  # noqa: F401
@@ -179,9 +180,23 @@ def scan_source(plan: QuantPlan, release: Advice = _no_advice) -> None:
                             f"refusing to quantize")
 
 
-def plan_output(plan: QuantPlan, out_path: str | os.PathLike) -> GGUFOutput:
-    """The output file of a plan, not opened yet (its ``size`` is exact)."""
-    return GGUFOutput(out_path, plan.kv, [j.out_tensor for j in plan.jobs], what="the quantized model")
+def output_paths(plan: QuantPlan, out_path: str | os.PathLike) -> list[str]:
+    """The files a plan writes: ``out_path``, or in parts (--keep-split, --split-max-*)
+    ``<out_path without .gguf>-00001-of-0000N.gguf`` and so on (llama-quantize strips the suffix and names
+    each part with llama_split_path)."""
+    if not plan.in_parts:
+        return [os.fspath(out_path)]
+    prefix = os.fspath(out_path)
+    if prefix.endswith(".gguf"):
+        prefix = prefix[:-len(".gguf")]
+    return part_paths(prefix, len(plan.output_parts()))
+
+
+def plan_output(plan: QuantPlan, out_path: str | os.PathLike) -> GGUFOutput | PartsOutput:
+    """The output file (or files, in parts) of a plan, not opened yet (its ``size`` is exact)."""
+    if not plan.in_parts:
+        return GGUFOutput(out_path, plan.kv, [j.out_tensor for j in plan.jobs], what="the quantized model")
+    return PartsOutput(output_paths(plan, out_path), plan.output_parts(), what="the quantized model")
 
 
 class _WriteBehind:
@@ -230,8 +245,9 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                     log: Callable[[str], None] = lambda s: None,
                     progress: Callable[..., Any] | None = None,
                     release: Advice = _no_advice, prefetch: Advice = _no_advice,
-                    check: Callable[[], None] = lambda: None) -> Path:
-    """Stream every tensor to ``out_path`` (via a temporary file renamed at the end). ``check`` runs
+                    check: Callable[[], None] = lambda: None) -> Path | list[Path]:
+    """Stream every tensor to ``out_path`` (via a temporary file renamed at the end; with --keep-split
+    to its parts, all renamed at the end). ``check`` runs
     after each tensor and before the commit: it raises when the input changed under the run.
 
     Reading, quantizing and writing overlap: the next slab is read ahead (``prefetch``) while one is
@@ -287,6 +303,13 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
         return False
 
 
+def _refuse_overwriting_input(model: GGUFModel, outputs: list) -> None:
+    for o in outputs:
+        for part in model.parts:
+            if same_file(part.path, o):
+                raise QuantizeError(f"input and output are the same file: {part.path}")
+
+
 def save_plan_json(plan: QuantPlan, path: str | os.PathLike, extra: dict[str, Any] | None = None) -> None:
     doc = plan.to_json()
     doc.update(extra or {})
@@ -299,10 +322,11 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
     from quantkit.jit import set_threads
 
     n_threads = set_threads(opts.threads)
-    if out is not None and same_file(inp, out):
-        raise QuantizeError(f"input and output are the same file: {inp}")
     t0 = time.perf_counter()
     with GGUFModel(inp) as model:
+        if out is not None and not opts.keep_split and opts.split_max_tensors is None \
+                and opts.split_max_bytes is None:       # before any long work (a --target-bpw search)
+            _refuse_overwriting_input(model, [out])
         mix = None
         if opts.target_bpw is not None or opts.target_size is not None:
             from quantkit.pipelines.target_bpw import apply_target, tensor_type_file_text
@@ -311,6 +335,8 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
             if opts.tensor_type_out:
                 write_bytes(opts.tensor_type_out, tensor_type_file_text(opts.tensor_types).encode(), "the tensor types")
         plan = plan_quantization(model, opts, strict=not dry_run)
+        if out is not None:
+            _refuse_overwriting_input(model, output_paths(plan, out))
         if plan_out:
             save_plan_json(plan, plan_out, {"target": mix.to_json()} if mix else None)
         verb = "calculating quantization size for" if dry_run else "quantizing"
@@ -331,7 +357,11 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
             from quantkit.formats.sigbus import install
 
             install()       # a truncated input: one line, not a silent SIGBUS death
-            preflight(out, plan_output(plan, out).size, "the quantized model")    # before the long part
+            planned = plan_output(plan, out)
+            if isinstance(planned, PartsOutput):
+                planned.preflight()                                                # before the long part
+            else:
+                preflight(out, planned.size, "the quantized model")
             helper = ahead.start([j.target for j in plan.jobs if j.quantize])  # a first run's compiles
             try:
                 scan_source(plan, release=model.release)

@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFValueType
 
-from quantkit.errors import PolicyError, QuantkitError
-from quantkit.formats.gguf_io import KV, GGUFModel, Tensor, remove_kv
+from quantkit.errors import FormatError, PolicyError, QuantkitError
+from quantkit.formats.gguf_io import KV, SPLIT_KEYS, GGUFModel, Tensor, remove_kv
+from quantkit.formats.gguf_split import Part, plan_split, split_keys
 from quantkit.formats.imatrix import Imatrix, load_imatrix
 from quantkit.policy import TypePlan, plan_types
 from quantkit.typenames import FileType, ggml_type_name, parse_ftype
 
 GGML_QNT_VERSION = 2
-SPLIT_KEYS = ("split.no", "split.count", "split.tensors.count")
 _LAYER_RX = re.compile(r"^blk\.(\d+)\.")
 _FLOAT_TYPES = (GGMLQuantizationType.F32, GGMLQuantizationType.F16, GGMLQuantizationType.BF16)
 
@@ -54,6 +54,11 @@ class QuantizeOptions:
     target_types: tuple[GGMLQuantizationType, ...] = ()
     #: with a target: where to write the chosen types as a --tensor-type-file
     tensor_type_out: str | os.PathLike | None = None
+    #: one output part per input part (llama-quantize --keep-split)
+    keep_split: bool = False
+    #: split the output as llama-gguf-split --split-max-tensors / --split-max-size would split it
+    split_max_tensors: int | None = None
+    split_max_bytes: int | None = None
 
 
 @dataclass
@@ -68,6 +73,7 @@ class TensorJob:
     manual: bool = False
     imatrix: np.ndarray | None = None  # [n_mat, ne0] weights, when used
     imatrix_note: str = ""
+    part: int = 0  # the output part (--keep-split: the input part it comes from)
 
     @property
     def src_bytes(self) -> int:
@@ -92,6 +98,32 @@ class QuantPlan:
     imatrix: Imatrix | None = None
     #: reasons the real run would be refused; plan_quantization(strict=True) raises on the first
     problems: list[str] = field(default_factory=list)
+    #: --keep-split: one output file per input part, even when there is one part
+    keep_split: bool = False
+    #: --split-max-tensors / --split-max-size (quantkit's): the output split as llama-gguf-split splits
+    split_limits: tuple[int | None, int | None] | None = None
+
+    @property
+    def in_parts(self) -> bool:
+        """The output is named as parts (``<prefix>-00001-of-0000N.gguf``)."""
+        return self.keep_split or self.split_limits is not None
+
+    def output_parts(self) -> list[Part]:
+        """The output files' keys and tensors: one file; with --keep-split one per input part, as
+        llama_model_quantize_impl fills its ``ctx_outs`` (split keys only when there are several); with
+        split limits, llama-gguf-split's parts of the one file."""
+        if self.split_limits is not None:
+            max_tensors, max_bytes = self.split_limits
+            return plan_split(self.kv, [j.out_tensor for j in self.jobs], max_tensors=max_tensors,
+                              max_bytes=max_bytes)
+        n = max((j.part for j in self.jobs), default=0) + 1
+        groups: list[list[Tensor]] = [[] for _ in range(n)]
+        for j in self.jobs:
+            groups[j.part].append(j.out_tensor)
+        if n == 1:
+            return [Part(list(self.kv), groups[0])]
+        return [Part((list(self.kv) if i == 0 else []) + split_keys(i, n, len(self.jobs), count_last=False), g)
+                for i, g in enumerate(groups)]
 
     @property
     def n_elements(self) -> int:
@@ -253,6 +285,8 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
         kept_layers = {int(m.group(1)) for n, new in rename.items() if new and (m := _LAYER_RX.match(new))}
         n_block = len(kept_layers)
     kept = [n for n in order if rename[n] is not None]
+    if opts.keep_split:  # llama.cpp sorts by (part, offset): the type rules' counters see this order
+        kept.sort(key=model.location)
 
     try:
         check_loadable(model.metadata)
@@ -266,16 +300,18 @@ def plan_quantization(model: GGUFModel, opts: QuantizeOptions, strict: bool = Tr
             token_embedding_type=opts.token_embedding_type,
             tensor_types=tuple(opts.tensor_types),
             leave_output_tensor=opts.leave_output_tensor,
+            in_given_order=opts.keep_split,
         )
     except PolicyError as e:  # metadata the rules read is wrong: name the file
         if str(model.path) in str(e):
             raise
         raise type(e)(f"{model.path}: {e}") from None
     back = {rename[n]: n for n in kept}
-    return _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict)
+    part = model.part_of if opts.keep_split else {}
+    return _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict, part)
 
 
-def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict) -> QuantPlan:
+def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict, part) -> QuantPlan:
     """The per-tensor jobs of a type plan, and every reason the real run would be refused."""
     from quantkit.quants import TRAITS
 
@@ -285,7 +321,8 @@ def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict
     for p in tp.tensors:
         src = by_name[back[p.name]]
         quantize = p.quantizable and p.target != src.type
-        job = TensorJob(src, p.name, p.target if quantize else src.type, quantize, p.fallback_from, p.manual)
+        job = TensorJob(src, p.name, p.target if quantize else src.type, quantize, p.fallback_from, p.manual,
+                        part=part.get(src.name, 0))
         if quantize:
             if src.type not in _FLOAT_TYPES and not opts.allow_requantize:
                 requant.append(src)
@@ -317,8 +354,22 @@ def _finish_plan(model, opts, ftype, imatrix, tp, back, by_name, n_block, strict
         problems.append(f"quantizing to {', '.join(missing)} is not implemented yet in quantkit (no codec), "
                         f"e.g. {first.name}")
 
+    limits = None
+    if opts.split_max_tensors is not None or opts.split_max_bytes is not None:
+        if opts.keep_split:
+            raise QuantizeError("--keep-split cannot be combined with --split-max-tensors / --split-max-size")
+        limits = (opts.split_max_tensors, opts.split_max_bytes)
     plan = QuantPlan(Path(model.path), ftype, jobs, output_kv(model, ftype, opts, imatrix, n_block), tp, imatrix,
-                     problems)
+                     problems, keep_split=opts.keep_split, split_limits=limits)
+    if limits is not None:
+        try:
+            plan.output_parts()
+        except FormatError as e:
+            problems.append(str(e))
+    empty = sorted(set(range(len(model.parts))) - {j.part for j in jobs}) if opts.keep_split else []
+    if empty and len(model.parts) > 1:
+        problems.append(f"--keep-split: no tensor of input part {empty[0] + 1} is left (--prune-layers removed "
+                        f"them all), so that part has no output file")
     if opts.no_fallback and plan.fallbacks:
         names = ", ".join(f"{j.name} ({j.fallback_from.name}->{j.target.name}, ncols {j.src.shape[0]})"
                           for j in plan.fallbacks[:4])
