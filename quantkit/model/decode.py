@@ -60,6 +60,7 @@ from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quan
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, rowdot2_kernel, rowx8_kernel, x8_types
 from quantkit.model.arch import GLU_KINDS
+from quantkit.model.layer import DenseFFN
 from quantkit.model.llama import Llama, Weight
 # the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported for the batch path
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
@@ -391,6 +392,17 @@ class DecodeStep:
         if variant == "plain":
             raise ModelError("the compiled decode step needs the integer kernels (not QUANTKIT_KERNELS=plain)")
         c = model.config
+        # the step interprets the layers' records (quantkit.model.layer) through ``dims`` and its
+        # per-layer tables: one set of attention flags for all layers, a dense GLU FFN in each
+        kinds = {(d.attn.rope_neox, d.attn.qk_norm, d.attn.post_norm, d.ffn.glu,
+                  isinstance(d.ffn, DenseFFN) and d.ffn.post_norm) for d in model.layers}
+        if not all(isinstance(d.ffn, DenseFFN) for d in model.layers):
+            raise ModelError("the compiled decode step has no MoE FFN (a MoE model's tokens run the batch path)")
+        if len(kinds) != 1:
+            raise ModelError("the compiled decode step needs the same attention and FFN kind in every layer")
+        (neox, qk_norm, post_attn, glu_name, post_ffw), = kinds
+        if post_attn != post_ffw:
+            raise ModelError("the compiled decode step needs both post-norms or neither")
         mats = [getattr(b, name) for b in model.blk for name in MATS]
         weights = mats + [model.output, model.token_embd]
         types = tuple(sorted({w.type for w in weights}, key=int))
@@ -465,15 +477,14 @@ class DecodeStep:
         self.hu = np.zeros(c.n_ff, np.float32)
         self.sc = np.zeros(16, np.int32)
         self.ctr = np.zeros(2 * CTR, np.int64)
-        a = c.arch
-        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, a.rope_neox, GLU_KINDS.index(a.glu),
-                              a.qk_norm, a.post_norms], np.int64)
+        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, neox, GLU_KINDS.index(glu_name),
+                              qk_norm, post_attn], np.int64)
         self.eps = np.float32(c.rms_eps)
         self.scale = np.float32(c.kq_scale)
         self.bias = layer_biases(model)
         self.qk_norm = _stack(model, ("attn_q_norm", "attn_k_norm"), c.head_dim)
         self.post_norm = _stack(model, ("post_attention_norm", "post_ffw_norm"), c.n_embd)
-        self.gelu_tab = gelu_table() if a.glu == "gelu" else np.zeros(1, np.float32)
+        self.gelu_tab = gelu_table() if glu_name == "gelu" else np.zeros(1, np.float32)
         self.embd_scale = np.float32(c.embd_scale)
         self.fn = step_kernel(slots, variant, kv_f16)
 
