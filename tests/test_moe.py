@@ -1,7 +1,7 @@
 """Mixture-of-experts models (qwen3moe; llama with experts, Mixtral's layout): config and layer records,
 the routing (ties, a router that sends every token to the same experts), the batch path and the
 one-token path against the float64 reference, a MoE file against the dense file of its one used expert,
-the refusals, and ``quantkit run`` end to end.
+the refusals, and ``quantkit run`` end to end. One token at a time runs the compiled decode step.
 
 The tiny models come from tests/archmodels.py (``MOE_SPECS``, random weights, gguf.GGUFWriter);
 tests/data/arch/{qwen3moe,mixtral}-*.npz are llama.cpp's logits and greedy tokens on the very same files
@@ -11,7 +11,9 @@ tests/data/arch/{qwen3moe,mixtral}-*.npz are llama.cpp's logits and greedy token
 from __future__ import annotations
 
 import hashlib
+import json
 import re
+import shutil
 from pathlib import Path
 
 import gguf
@@ -101,12 +103,13 @@ def test_small_batches_match_reference(case):
     _compare(Runner(m, 128, n_batch=8).forward(IDS, logits="all"), ref, variant, routes)
 
 
-def test_token_by_token_matches_reference(case):
-    """One token at a time: MoE models have no compiled decode step (yet); their tokens run the batch
-    path one row at a time, which must agree with the reference as the batch does."""
+@pytest.mark.parametrize("compiled", [True, False], ids=["step", "batch-row"])
+def test_token_by_token_matches_reference(case, compiled):
+    """One token at a time: the compiled decode step (its MoE FFN reads the chosen experts' rows only)
+    and the batch path run on one row, each against the reference as the batch is."""
     _, variant, m, ref, routes = case
-    r = Runner(m, 128)
-    assert r.step is None
+    r = Runner(m, 128, compiled_step=compiled)
+    assert (r.step is not None) == compiled
     got = np.concatenate([r.forward([t]) for t in IDS])
     _compare(got, ref, variant, routes)
 
@@ -156,6 +159,7 @@ def test_decode_matches_llama_cpp(golden):
     way, a quantized file may part only at a llama.cpp tie."""
     variant, m, g, ref = golden
     r = Runner(m, 128)
+    assert r.step is not None
     _check_llama_cpp(np.concatenate([r.forward([t]) for t in g["ids"]]), variant, g, ref)
     r.reset()
     logits = r.forward(g["ids"][:8])[-1]
@@ -287,9 +291,8 @@ def test_missing_expert_tensor(tmp_path):
         Llama(write_model(tmp_path / "bad.gguf", "qwen3moe", drop="blk.1.ffn_up_exps.weight"))
 
 
-def test_cli_run_and_imatrix(tmp_path):
-    """``quantkit run`` on a tiny MoE file: the greedy tokens of the batch path; imatrix refuses in one
-    line (per-expert accumulation is not there yet) and writes nothing."""
+def test_cli_run(tmp_path):
+    """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner."""
     from conftest import run_cli
 
     path = write_model(tmp_path / "moe.gguf", "qwen3moe", "Q")
@@ -306,9 +309,56 @@ def test_cli_run_and_imatrix(tmp_path):
             out.append(int(np.argmax(logits)))
             logits = runner.forward(out[-1:])[-1]
     assert tok.decode(out) in r.output
-    text = tmp_path / "t.txt"
-    text.write_text("the cat sat on the mat " * 200)
-    r = run_cli(["imatrix", "-m", path, "-f", text, "-o", "im.gguf", "-c", "64"], cwd=tmp_path)
-    assert r.exit_code == 1
-    assert "imatrix on a mixture-of-experts model is not supported yet" in r.output
-    assert not (tmp_path / "im.gguf").exists()
+
+
+# -- imatrix: per-expert accumulation as llama-imatrix ----------------------------------------------
+
+IM_DATA = Path(__file__).parent / "data" / "imatrix"
+
+
+@pytest.mark.parametrize("arch", list(MOE_SPECS))
+def test_imatrix_matches_llama_imatrix(tmp_path, arch):
+    """``quantkit imatrix`` at llama-imatrix's settings on the tiny F16 MoE files (tests/data/imatrix,
+    tools/make_moe_imatrix_golden.py): the same entries, the 3D expert tensors with one row of sums and
+    one count per expert, the counts identical, the sums within 1e-3 on average."""
+    from conftest import run_cli
+    from quantkit.formats.imatrix import load_imatrix
+
+    g = json.loads((IM_DATA / "moe-golden.json").read_text(encoding="utf-8"))
+    spec = g["models"][arch]
+    path = write_model(tmp_path / f"{arch}-F16.gguf", arch, "F16")
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == spec["model_sha256"], "not the file llama.cpp ran"
+    shutil.copy(IM_DATA / "calibration-sample.txt", tmp_path / "calibration-sample.txt")
+    r = run_cli(["imatrix", "-m", path.name, "-f", "calibration-sample.txt", "-c", g["n_ctx"], "--chunks",
+                 g["n_chunks"], "-o", "ours.gguf", "-t", 1], cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    ours, ref = load_imatrix(tmp_path / "ours.gguf"), load_imatrix(IM_DATA / spec["file"])
+    assert sorted(ours.entries) == sorted(ref.entries)
+    assert (ours.chunk_count, ours.chunk_size) == (ref.chunk_count, ref.chunk_size)
+    n_exp = MOE_SPECS[arch]["n_expert"]
+    rel = []
+    for name, e in ref.entries.items():
+        o = ours.entries[name]
+        if "_exps" in name:
+            assert o.sums.shape[0] == n_exp and o.counts.size == n_exp, name
+        np.testing.assert_array_equal(o.counts, e.counts, err_msg=name)
+        assert o.sums.shape == e.sums.shape
+        rel.append((np.abs(o.sums - e.sums) / np.maximum(np.abs(e.sums), 1e-30)).ravel())
+    rel = np.concatenate(rel)
+    assert rel.mean() < 1e-3 and rel.max() < 5e-2, (rel.mean(), rel.max())
+
+
+def test_imatrix_experts_without_tokens(tmp_path):
+    """A zero router sends every token to experts 0 and 1: the other experts' counts and sums stay 0,
+    the save says the entries have partial data (25 %), and the file keeps every expert's row."""
+    from conftest import run_cli
+    from quantkit.formats.imatrix import load_imatrix
+
+    path = write_model(tmp_path / "moe.gguf", "qwen3moe", "F16", router="zero")
+    shutil.copy(IM_DATA / "calibration-sample.txt", tmp_path / "t.txt")
+    r = run_cli(["imatrix", "-m", path, "-f", "t.txt", "-c", 64, "--chunks", 2, "-o", "im.gguf"], cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    assert "blk.0.ffn_down_exps.weight' has partial data (25.00%)" in r.output
+    e = load_imatrix(tmp_path / "im.gguf").entries["blk.1.ffn_up_exps.weight"]
+    assert e.sums.shape == (8, 128) and e.counts.tolist() == [128, 128] + [0] * 6
+    assert (e.sums[2:] == 0).all() and (e.sums[:2] > 0).all()

@@ -131,7 +131,6 @@ def imatrix(model_path, text_file, builtin_text, out, fmt, n_ctx, n_batch, n_chu
         acc, done = im.resume(save_opts, acc, datasets, err)
     model, tok, runner = ch.open_for_chunks(model_path, n_ctx, n_batch)
     with model:
-        im.check_collectable(model)
         if files or done:
             im.check_model_entries(acc, model, process_output)
         preflight(out, im.planned_size(acc, model, process_output, datasets, save_opts), "the imatrix")

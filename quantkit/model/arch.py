@@ -4,8 +4,8 @@ The layer math is written once per path kind (``quantkit.model.forward``'s batch
 ``quantkit.model.decode``'s compiled step, ``quantkit.model.reference``'s float64 forward); each of them
 interprets the per-layer ``quantkit.model.layer.Layer`` records that ``layer.describe`` builds from an
 ``Arch`` row, the ``LlamaConfig`` and the file's optional tensors -- never the architecture's name.
-Adding an architecture means a row here and, at most, one new op (or one new record kind in layer.py). The facts come from llama.cpp: ``llama_model_rope_type`` (NORM vs NEOX),
-each architecture's ``load_arch_hparams`` / ``load_arch_tensors`` (src/models/<arch>.cpp: which keys
+Adding an architecture means a row here and, at most, one new op (or one new record kind in layer.py).
+The facts come from llama.cpp: ``llama_model_rope_type`` (NORM vs NEOX), each architecture's ``load_arch_hparams`` / ``load_arch_tensors`` (src/models/<arch>.cpp: which keys
 and tensors it reads, which are optional) and its graph (the order of norms, the activation, the
 embedding and attention scales).
 

@@ -22,7 +22,7 @@ Choices, and why:
   like ggml's rope cache (theta multiplied by theta_scale step by step in float32), and ``rope_freqs``
   divides theta when the model has it.
 * One token (decoding) runs ``quantkit.model.decode``'s compiled step: every layer in one numba call
-  (models with MoE layers have none yet: their tokens run the batch path, one row).
+  (a MoE layer's experts included: it reads only the chosen experts' rows).
 * A MoE FFN (``_moe``, llama.cpp's build_moe_ffn): router logits, routing (``route``), then for each
   expert that some token chose, its three products on just those tokens' rows (ggml's mul_mat_id),
   on that expert's 2D slice of the memory-mapped 3D tensor; the weighted outputs are added per token
@@ -33,7 +33,9 @@ Choices, and why:
   is BLAS products per KV head from 32 rows (a numba kernel below), and the small ops (RMSNorm, RoPE +
   cache store, softmax, the GLU) are numba kernels; BLAS is limited to numba's thread count.
 * ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at
-  least ``COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
+  least ``COLLECT_MIN_ROWS`` rows (the imatrix collector), and ``(weight_name, x, (expert, n_expert))``
+  for each expert's rows of a MoE FFN (any number: llama-imatrix collects every mul_mat_id); ``None``
+  costs one comparison per product.
 """
 
 from __future__ import annotations
@@ -53,8 +55,9 @@ from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.mul_mat import blas_one_thread
 from quantkit.kernels.vecdot import build
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.decode import (MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu, kv_f16_store,
-                                   kv_f32_same, layer_biases, max_f32, qk_prepare, rmsnorm1, window_start)
+from quantkit.model.decode import (MATS, MOE_MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu,
+                                   kv_f16_store, kv_f32_same, layer_biases, max_f32, qk_prepare, rmsnorm1,
+                                   window_start)
 from quantkit.model.layer import Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Block, Llama, Weight
 
@@ -271,7 +274,7 @@ class Runner:
         self.n_ctx = n_ctx
         self.n_batch = max(1, min(int(n_batch), n_ctx))
         self.n_past = 0                      # positions of the cache that hold valid keys/values
-        self.collect: Callable[[str, np.ndarray], None] | None = None
+        self.collect: Callable[..., None] | None = None
         self.type_kv = type_kv
         B, E, Q, KV, F = self.n_batch, c.n_embd, c.n_embd_q, c.n_embd_kv, c.n_ff
         f32 = np.float32
@@ -329,8 +332,9 @@ class Runner:
         self.blk = []
         for b in m.blk:
             nb = copy.copy(b)
-            for name in MATS:
-                setattr(nb, name, moved(getattr(b, name)))
+            for name in MATS + MOE_MATS:
+                if getattr(b, name) is not None:
+                    setattr(nb, name, moved(getattr(b, name)))
             self.blk.append(nb)
         for name in views:
             if m.gguf.has_tensor(name):
@@ -545,9 +549,14 @@ class Runner:
             m = rows.size
             gate, up = np.empty((m, f.n_ff), np.float32), np.empty((m, f.n_ff), np.float32)
             shared: dict = {}
+            if self.collect is not None:   # mul_mat_id: collected per expert whatever the row count
+                self.collect(b.ffn_gate_exps.name, xe, (int(e), f.n_expert))
+                self.collect(b.ffn_up_exps.name, xe, (int(e), f.n_expert))
             matmul(b.ffn_gate_exps.expert(e).data, b.ffn_gate_exps.type, xe, gate, shared)
             matmul(b.ffn_up_exps.expert(e).data, b.ffn_up_exps.type, xe, up, shared)
             glu_rows(gate, up, kind, self.gelu_tab)
+            if self.collect is not None:
+                self.collect(b.ffn_down_exps.name, gate, (int(e), f.n_expert))
             y = matmul(b.ffn_down_exps.expert(e).data, b.ffn_down_exps.type, gate, np.empty((m, E), np.float32))
             slots[slot, rows] = y * w[rows, slot][:, None]
         out[...] = slots[0]

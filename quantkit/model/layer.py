@@ -15,9 +15,12 @@ record                 reference (float64)         batch path                 co
 =====================  ==========================  =========================  ==========================
 ``Attn``               every flag                  every flag                 every flag (``dims``)
 ``DenseFFN``           GLU, post-norm              GLU, post-norm             GLU, post-norm
-``MoeFFN``             router, top-k, experts      experts over their tokens  none: MoE models decode
-                                                                              through the batch path
+``MoeFFN``             router, top-k, experts      experts over their tokens  router, ``moe_route``, the
+                                                                              chosen experts' rows only
 =====================  ==========================  =========================  ==========================
+
+The compiled step takes one attention kind and one FFN kind for all layers (``DecodeStep`` refuses other
+mixes in one line, and the Runner then runs single tokens on the batch path).
 """
 
 from __future__ import annotations
