@@ -47,6 +47,9 @@ class Shape:
     tied: bool            # no output.weight: the output reuses token_embd (as llama.cpp does)
     qk_norm: bool = False  # qwen3: attn_q_norm / attn_k_norm (head_dim wide)
     ctx: int = 131072
+    n_expert: int = 0      # a mixture of experts (qwen3moe): experts per layer, used per token, their width
+    n_used: int = 0
+    n_ff_exp: int = 0
 
 
 #: published configs (Hugging Face config.json of each model)
@@ -55,6 +58,13 @@ SHAPES = {
     "llama-3.2-3b": Shape("llama", 3072, 8192, 28, 24, 8, 128, 500000.0, tied=True),
     "llama-3.1-8b": Shape("llama", 4096, 14336, 32, 32, 8, 128, 500000.0, tied=False),
     "qwen3-0.6b": Shape("qwen3", 1024, 3072, 28, 16, 8, 128, 1000000.0, tied=True, qk_norm=True, ctx=40960),
+    # OLMoE-1B-7B's shape (n_embd 2048, 16 layers, 64 experts of width 1024, 8 used) as a qwen3moe file
+    # (quantkit does not run olmoe's whole-Q/K norm): ~7B parameters, ~1.3B active
+    "olmoe-like": Shape("qwen3moe", 2048, 8192, 16, 16, 16, 128, 10000.0, tied=False, qk_norm=True, ctx=4096,
+                        n_expert=64, n_used=8, n_ff_exp=1024),
+    # a small MoE for quick measurements: ~0.3B parameters, ~0.1B active
+    "moe-small": Shape("qwen3moe", 1024, 2048, 8, 16, 8, 64, 1000000.0, tied=True, qk_norm=True, ctx=4096,
+                       n_expert=16, n_used=4, n_ff_exp=512),
 }
 
 NU = 5.0  # Student-t degrees of freedom of the weights
@@ -77,8 +87,15 @@ def tensor_plan(s: Shape, n_vocab: int) -> list[tuple[str, tuple[int, ...], T]]:
         if s.qk_norm:
             out += [(b + "attn_q_norm.weight", (s.head_dim,), T.F32),
                     (b + "attn_k_norm.weight", (s.head_dim,), T.F32)]
+        out.append((b + "ffn_norm.weight", (s.n_embd,), T.F32))
+        if s.n_expert:  # the router stays F32, as the converter and llama-quantize leave it
+            X, F = s.n_expert, s.n_ff_exp
+            out += [(b + "ffn_gate_inp.weight", (s.n_embd, X), T.F32),
+                    (b + "ffn_gate_exps.weight", (s.n_embd, F, X), T.F16),
+                    (b + "ffn_up_exps.weight", (s.n_embd, F, X), T.F16),
+                    (b + "ffn_down_exps.weight", (F, s.n_embd, X), T.F16)]
+            continue
         out += [
-            (b + "ffn_norm.weight", (s.n_embd,), T.F32),
             (b + "ffn_gate.weight", (s.n_embd, s.n_ff), T.F16),
             (b + "ffn_up.weight", (s.n_embd, s.n_ff), T.F16),
             (b + "ffn_down.weight", (s.n_ff, s.n_embd), T.F16),
@@ -107,6 +124,9 @@ def metadata(name: str, s: Shape, tokenizer: list[KV]) -> list[KV]:
         KV(f"{a}.attention.layer_norm_rms_epsilon", 1e-5 if a == "llama" else 1e-6, V.FLOAT32),
         KV(f"{a}.rope.dimension_count", s.head_dim, V.UINT32),
     ]
+    if s.n_expert:
+        kv += [KV(f"{a}.expert_count", s.n_expert, V.UINT32), KV(f"{a}.expert_used_count", s.n_used, V.UINT32),
+               KV(f"{a}.expert_feed_forward_length", s.n_ff_exp, V.UINT32)]
     if a == "llama":
         kv.append(KV("llama.vocab_size", next(len(k.value) for k in tokenizer if k.key == "tokenizer.ggml.tokens"),
                      V.UINT32))
@@ -139,7 +159,8 @@ def write_model(name: str, path: Path, seed: int = 0, progress: bool = True) -> 
                disable=not progress)
     with GGUFOutput(path, metadata(name, s, tokenizer), tensors) as out, bar:
         for t in tensors:
-            out.write(t.name, random_weights(rng, t.shape, norm=(t.type == T.F32)))
+            x = random_weights(rng, t.shape, norm=len(t.shape) == 1)
+            out.write(t.name, x.astype(np.float32) if t.type == T.F32 else x)   # an F32 matrix: the router
             bar.update(t.nbytes)
         out.commit()
     return path

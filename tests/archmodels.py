@@ -12,6 +12,11 @@ distribution is peaked: a wrong op shows up as a different top token, not as noi
 
 Variants: "F16" (matrices F16, the rest F32) and "Q" (matrices Q8_0 / Q4_0 / Q5_0 / Q4_1 made by
 gguf.quants, byte-identical to ggml's reference quantizers).
+
+``MOE_SPECS``: mixture-of-experts models written by the same function -- ``qwen3moe`` (8 experts, 2 used,
+``expert_feed_forward_length``) and ``mixtral``, a ``llama`` file with ``llama.expert_count`` 4 (Mixtral's
+layout). The router ``ffn_gate_inp`` stays F32 in every variant, as llama-quantize leaves it.
+``router="zero"``: an all-zero router, so every expert ties and every token goes to experts 0..k-1.
 """
 
 from __future__ import annotations
@@ -32,6 +37,15 @@ SPECS = {
                    rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=True, tied=False,
                    sliding_window=8, softcap=30.0),
 }
+#: mixture-of-experts models: the dense keys above plus n_expert, n_used, n_ff_exp (the experts' width)
+MOE_SPECS = {
+    "qwen3moe": dict(arch="qwen3moe", n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, head_dim=48,
+                     n_vocab=512, rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=False,
+                     tied=False, n_expert=8, n_used=2, n_ff_exp=64),
+    "mixtral": dict(arch="llama", n_layer=2, n_embd=128, n_ff=96, n_head=4, n_head_kv=2, head_dim=None,
+                    n_vocab=512, rope_base=10000.0, eps=1e-5, bias=False, qk_norm=False, post_norms=False,
+                    tied=False, n_expert=4, n_used=2),
+}
 N_CTX = 128
 #: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
 #: dominated by the input token's own embedding (it would be every position's top token)
@@ -39,7 +53,8 @@ RESID = 3.0
 VARIANTS = {
     "F16": {},
     "Q": {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q8_0, "attn_v": T.Q5_0, "attn_output": T.Q4_1,
-          "ffn_gate": T.Q4_0, "ffn_up": T.Q5_0, "ffn_down": T.Q8_0, "output": T.Q8_0},
+          "ffn_gate": T.Q4_0, "ffn_up": T.Q5_0, "ffn_down": T.Q8_0, "output": T.Q8_0,
+          "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q5_0, "ffn_down_exps": T.Q8_0},
 }
 
 
@@ -73,9 +88,14 @@ def _vocab(n_vocab: int) -> tuple[list[str], list[str], list[int]]:
     return tokens + specials, merges, types
 
 
-def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop: str | None = None) -> Path:
-    """Write the tiny ``arch`` model; ``drop``: leave that tensor out (a broken file for the refusals)."""
-    s = SPECS[arch]
+def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop: str | None = None,
+                n_used: int | None = None, router: str = "random") -> Path:
+    """Write the tiny ``arch`` model (a key of SPECS or MOE_SPECS); ``drop``: leave that tensor out (a
+    broken file for the refusals); MoE only: ``n_used`` experts per token instead of the spec's, and
+    ``router`` "random" or "zero"."""
+    s = SPECS[arch] if arch in SPECS else MOE_SPECS[arch]
+    arch = s.get("arch", arch)
+    n_exp = s.get("n_expert", 0)
     rng = np.random.default_rng(seed)
     E, F, V, H, HKV = s["n_embd"], s["n_ff"], s["n_vocab"], s["n_head"], s["n_head_kv"]
     hd = s["head_dim"] or E // H
@@ -96,6 +116,11 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         w.add_uint32(f"{arch}.attention.sliding_window", s["sliding_window"])
     if "softcap" in s:
         w.add_float32(f"{arch}.final_logit_softcapping", s["softcap"])
+    if n_exp:
+        w.add_uint32(f"{arch}.expert_count", n_exp)
+        w.add_uint32(f"{arch}.expert_used_count", n_used or s["n_used"])
+        if "n_ff_exp" in s:
+            w.add_uint32(f"{arch}.expert_feed_forward_length", s["n_ff_exp"])
     tokens, merges, ttypes = _vocab(V)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -106,9 +131,12 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_eos_token_id(V - 1)
     w.add_add_bos_token(False)
 
-    def mat(name: str, kind: str, n_in: int, n_out: int, scale: float):
-        x = (rng.standard_normal((n_out, n_in)) * scale).astype(np.float32)
+    def mat(name: str, kind: str, n_in: int, n_out: int, scale: float, n_exp: int = 0):
+        x = (rng.standard_normal(((n_exp,) if n_exp else ()) + (n_out, n_in)) * scale).astype(np.float32)
         if name == drop:
+            return
+        if kind == "ffn_gate_inp":
+            w.add_tensor(name, x * (router != "zero"))
             return
         t = types.get(kind, T.F16)
         if t == T.F16:
@@ -141,9 +169,16 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         if s["post_norms"]:
             vec(p + "post_attention_norm.weight", E, 1.5, 2.5)
         vec(p + "ffn_norm.weight", E, 0.8, 1.2)
-        mat(p + "ffn_gate.weight", "ffn_gate", E, F, 2.0 / np.sqrt(E))
-        mat(p + "ffn_up.weight", "ffn_up", E, F, 1.0 / np.sqrt(E))
-        mat(p + "ffn_down.weight", "ffn_down", F, E, RESID / np.sqrt(F))
+        if n_exp:
+            FX = s.get("n_ff_exp", F)
+            mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, 3.0 / np.sqrt(E))
+            mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, 2.0 / np.sqrt(E), n_exp)
+            mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp)
+            mat(p + "ffn_down_exps.weight", "ffn_down_exps", FX, E, RESID / np.sqrt(FX), n_exp)
+        else:
+            mat(p + "ffn_gate.weight", "ffn_gate", E, F, 2.0 / np.sqrt(E))
+            mat(p + "ffn_up.weight", "ffn_up", E, F, 1.0 / np.sqrt(E))
+            mat(p + "ffn_down.weight", "ffn_down", F, E, RESID / np.sqrt(F))
         if s["post_norms"]:
             vec(p + "post_ffw_norm.weight", E, 1.5, 2.5)
     vec("output_norm.weight", E, 0.8, 1.2)

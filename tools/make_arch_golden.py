@@ -4,12 +4,13 @@ Run under a reference venv that has numpy, gguf and llama-cpp-python (its Python
 at a llama.cpp build of the same commit with LLAMA_CPP_LIB_PATH), never quantkit's:
 
     LLAMA_CPP_LIB_PATH=$QUANTKIT_LLAMA_CPP/build/bin PYTHONPATH=$QUANTKIT_LLAMA_CPP/../.. \\
-        $QUANTKIT_LLAMA_PY tools/make_arch_golden.py [WORKDIR]
+        $QUANTKIT_LLAMA_PY tools/make_arch_golden.py [WORKDIR [NAME ...]]
 
 (``$QUANTKIT_LLAMA_CPP/../..`` is the llama-cpp-python source the llama.cpp directory came from.)
 
-For each tiny model of tests/archmodels.py (qwen2, qwen3, gemma3; variants F16 and Q), written to
-WORKDIR (default: a temporary directory, removed at the end) by the same function the tests call:
+For each tiny model of tests/archmodels.py (qwen2, qwen3, gemma3 and the mixture-of-experts qwen3moe and
+mixtral; variants F16 and Q; only the NAMEs given, when any), written to WORKDIR (default: a temporary
+directory, removed at the end; "-" for that default with NAMEs) by the same function the tests call:
 
 * ``ids``: N_EVAL token ids drawn with a fixed seed; ``logits``: llama.cpp's float32 logits of every
   position, the N_EVAL ids in one batch (n_ubatch 512).
@@ -72,10 +73,13 @@ def golden(path: Path, n_vocab: int) -> dict:
 
 def main() -> None:
     scratch = tempfile.TemporaryDirectory()  # removed at exit
-    work = Path(sys.argv[1]) if len(sys.argv) > 1 else Path(scratch.name)
+    work = Path(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "-" else Path(scratch.name)
+    names = set(sys.argv[2:])
     L.llama_backend_init()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for arch, spec in archmodels.SPECS.items():
+    for arch, spec in {**archmodels.SPECS, **archmodels.MOE_SPECS}.items():
+        if names and arch not in names:
+            continue
         for variant in archmodels.VARIANTS:
             path = archmodels.write_model(work / f"tiny-{arch}-{variant}.gguf", arch, variant)
             np.savez_compressed(OUT_DIR / f"{arch}-{variant}.npz", **golden(path, spec["n_vocab"]))

@@ -1,10 +1,11 @@
 """What differs between the architectures quantkit runs: one table row per architecture.
 
-The layer math is written once (``quantkit.model.forward``'s batch path, ``quantkit.model.decode``'s
-compiled step, ``quantkit.model.reference``'s float64 forward); each of them reads an ``Arch`` row and
-the ``LlamaConfig`` built from it, never the architecture's name. Adding an architecture means a row
-here and, at most, one new op. The facts come from llama.cpp: ``llama_model_rope_type`` (NORM vs NEOX),
-each architecture's ``load_arch_hparams`` / ``load_arch_tensors`` (src/models/<arch>.cpp: which keys
+The layer math is written once per path kind (``quantkit.model.forward``'s batch path,
+``quantkit.model.decode``'s compiled step, ``quantkit.model.reference``'s float64 forward); each of them
+interprets the per-layer ``quantkit.model.layer.Layer`` records that ``layer.describe`` builds from an
+``Arch`` row, the ``LlamaConfig`` and the file's optional tensors -- never the architecture's name.
+Adding an architecture means a row here and, at most, one new op (or one new record kind in layer.py).
+The facts come from llama.cpp: ``llama_model_rope_type`` (NORM vs NEOX), each architecture's ``load_arch_hparams`` / ``load_arch_tensors`` (src/models/<arch>.cpp: which keys
 and tensors it reads, which are optional) and its graph (the order of norms, the activation, the
 embedding and attention scales).
 
@@ -20,7 +21,10 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       o = rmsnorm(o) * post_attention_norm                                 if post_norms
       x = x + o
       h = rmsnorm(x) * ffn_norm
-      f = (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down   act = SiLU or GELU (tanh form)
+      f = (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down   act = SiLU or GELU (tanh form)     dense FFN
+        or, a mixture of experts (moe; llama.cpp's build_moe_ffn):
+      p = softmax(h @ ffn_gate_inp); E = the expert_used_count largest; w = p[E] / sum(p[E])
+      f = sum over e in E of w_e * (silu(h @ ffn_gate_exps[e]) * (h @ ffn_up_exps[e])) @ ffn_down_exps[e]
       f = rmsnorm(f) * post_ffw_norm                                       if post_norms
       x = x + f
     logits = rmsnorm(x) * output_norm @ output   (+ output.bias; cap * tanh(logits / cap) if softcap)
@@ -29,6 +33,10 @@ A layer, in the order every path runs it (the optional steps are this table's fl
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+
+#: ``Arch.moe``: dense FFN only; experts when ``{arch}.expert_count`` > 0 (llama: Mixtral); experts always
+MOE_NONE, MOE_OPTIONAL, MOE_ALWAYS = 0, 1, 2
 
 
 @dataclass(frozen=True)
@@ -43,6 +51,7 @@ class Arch:
                              # il % n == n - 1 (llama_hparams::set_swa_pattern); 0: the arch has no SWA
     output_bias: bool        # output.bias is read when present (qwen2)
     softcap: bool            # {arch}.final_logit_softcapping is read (gemma3)
+    moe: int = MOE_NONE      # whether the FFN is a mixture of experts (quantkit.model.layer.MoeFFN)
 
 
 #: GLU activations: the index the compiled kernels switch on
@@ -50,18 +59,34 @@ GLU_KINDS = ("silu", "gelu")
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("llama", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
-         output_bias=False, softcap=False),
+         output_bias=False, softcap=False, moe=MOE_OPTIONAL),
     Arch("qwen2", rope_neox=True, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=True, softcap=False),
     Arch("qwen3", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False),
     Arch("gemma3", rope_neox=True, qk_norm=True, post_norms=True, glu="gelu", embd_scale=True, swa_pattern=6,
          output_bias=False, softcap=True),
+    Arch("qwen3moe", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)
+
+#: mixture-of-experts architectures llama.cpp runs and quantkit does not yet: what each one lacks here
+UNSUPPORTED_MOE_ARCHS = {
+    "qwen2moe": "the shared expert with its sigmoid gate (ffn_*_shexp, ffn_gate_inp_shexp)",
+    "deepseek": "the shared experts (ffn_*_shexp) and leading dense layers",
+    "deepseek2": "multi-head latent attention (MLA), grouped expert routing and the shared experts",
+    "gpt-oss": "attention sinks, biased experts and the clamped SwiGLU",
+    "olmoe": "the whole-Q/K RMSNorm",
+    "llama4": "the sigmoid gating before the experts and the shared expert",
+}
 
 #: tensors llama.cpp may read for these architectures that quantkit does not apply: a file that has one
 #: is refused rather than run without it (suffixes after ``blk.N.``)
 UNSUPPORTED_LAYER_TENSORS = ("attn_qkv.weight", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias",
                              "ffn_down.bias")
+#: tensors of MoE layers llama.cpp may read (shared experts, expert biases) that quantkit does not apply
+UNSUPPORTED_MOE_TENSORS = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+                           "ffn_down_shexp.weight", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
+                           "ffn_gate_inp.bias", "exp_probs_b.bias")

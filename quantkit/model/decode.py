@@ -4,8 +4,11 @@
 one token: embedding row, then per layer RMSNorm, activation quantization (once per distinct input
 and activation kind), Q/K/V products, ``qk_prepare`` (biases, Q/K norms, RoPE), KV store, attention
 over the cache (or its sliding window), output product, (post-norm,) residual, RMSNorm, gate/up
-products with the GLU (SiLU or GELU), down product, (post-norm,) residual; then the final norm and the
-logits product (quantkit.model.arch's layer). No Python runs between layers (docs/kernels.md: per-layer
+products with the GLU (SiLU or GELU), down product, (post-norm,) residual -- or, in a mixture-of-experts
+layer, the router product, ``moe_route`` (softmax, top-k, normalized weights) and those three products
+for each chosen expert alone, their weighted outputs added in selection order --; then the final norm
+and the logits product (quantkit.model.arch's layer, as each layer's ``quantkit.model.layer.Layer``
+record says). No Python runs between layers (docs/kernels.md: per-layer
 Python work over 30 layers costs more than the products of a small model).
 
 How the weights get in, and the type dispatch:
@@ -17,9 +20,10 @@ How the weights get in, and the type dispatch:
   ~20% slower from the map than from a huge-page anonymous copy; on the 1B shape here the two measured
   the same (docs/performance.md), so the copy, which doubled the peak memory while it was made, is now
   opt-in: ``QUANTKIT_COPY_WEIGHTS=1`` (when the span is at most ``RAM_COPY_FRACTION`` of the available
-  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk rows)`` for
-  the seven matrices of a layer in ``MATS`` order; ``ot`` / ``et`` the same for ``output`` and
-  ``token_embd``.
+  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk
+  rows, expert stride)`` for the eight matrices of a layer in ``MATS`` order (``MOE_MATS`` in a MoE
+  layer: a 3D expert tensor is one entry of one expert's rows, expert e at offset + e * stride; a
+  dense layer's eighth entry is empty); ``ot`` / ``et`` the same for ``output`` and ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The slot
   dispatcher ``slot_body`` has one branch per slot, each bound to that slot's compiled row runner
   (``rows_body`` calls it per chunk; the embedding lookup's build binds the row decoders), and
@@ -60,6 +64,7 @@ from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quan
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, rowdot2_kernel, rowx8_kernel, x8_types
 from quantkit.model.arch import GLU_KINDS
+from quantkit.model.layer import DenseFFN, MoeFFN
 from quantkit.model.llama import Llama, Weight
 # the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported for the batch path
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
@@ -67,6 +72,11 @@ from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, g
 
 #: the seven matrices of a layer, in the order of ``wt[layer]``
 MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+#: a MoE layer's: the experts' 3D tensors in the FFN's places, and the router
+MOE_MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
+            "ffn_gate_inp")
+#: columns of a ``wt`` row
+WT_COLS = 6
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
 SLOTS = 8
 #: output rows per prange chunk: a matrix's rows / CHUNK_SPLIT, a multiple of 16 in [16, CHUNK_MAX]. Each
@@ -205,12 +215,48 @@ def quantize_needed(mask, a):
 
 # -- the step ---------------------------------------------------------------------------------------
 
+@njit_fast
+def moe_route(logits, k, norm_w, sel, selw):
+    """build_moe_ffn's routing of one token (as ``forward.route``): softmax of the router logits
+    (float32 exp, float64 sum, times 1 / sum; ``logits`` is overwritten by the probabilities), the k
+    largest into sel[:k] (a strict > scan: ties to the lower index), their probabilities into selw,
+    divided by their float32 sum (clamped below at 6.103515625e-5) when ``norm_w``."""
+    n = logits.shape[0]
+    mx = max_f32(logits, n)
+    tot = 0.0
+    for i in range(n):
+        e = expf(logits[i] - mx)
+        logits[i] = e
+        tot += np.float64(e)
+    inv = np.float32(1.0) / np.float32(tot)
+    for i in range(n):
+        logits[i] *= inv
+    for j in range(k):
+        best = 0
+        for i in range(1, n):
+            if logits[i] > logits[best]:
+                best = i
+        sel[j] = best
+        selw[j] = logits[best]
+        logits[best] = np.float32(-1.0)
+    if norm_w:
+        s = np.float32(0.0)
+        for j in range(k):
+            s += selw[j]
+        s = max(s, np.float32(6.103515625e-5))
+        for j in range(k):
+            selw[j] = selw[j] / s
+
+
 def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
               aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, ctr, nth, dims, eps, scale, lay, bias, qk_norm,
-              post_norm, gelu_tab, embd_scale):
+              post_norm, gelu_tab, embd_scale, moe):
     """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
     ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
-    dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms);
+    dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms, experts used
+    (0: a dense FFN), normalize the experts' weights);
+    moe = (router logits (n_expert,), one expert's output (n_embd,), the chosen experts' weights and
+    indices (experts used,), the three expert matrices' ``wt`` rows (3, WT_COLS)) -- scratch;
     need[l] = activation kinds of the four inputs of layer l (attn, attn_output, ffn, ffn_down),
     need[n_layer, 0] the output's; lay[l] = (RoPE table of cos / sin, sliding window or 0);
     bias[l] = the Q, K, V biases (n_layer, 0) when there are none; qk_norm[l] = (q, k) head norms,
@@ -228,6 +274,9 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     xo = aQ[0][0]           # the attention output, float32 (Q,)
     ha = aF[0][0]           # act(gate) * up, float32 (n_ff,)
     o_0 = np.int64(0)       # output offset 0, typed int64 as Q and Q + KV are (one build of ROWS)
+    n_used = dims[8]
+    norm_w = dims[9] != 0
+    rlog, ye, selw, sel, mrow = moe[0], moe[1], moe[2], moe[3], moe[4]
 
     DEQROW(et[3], buf, pbuf, et[0], et[1], tok, tok + 1, aE, x, o_0, sc)  # noqa: F821
     if embd_scale != np.float32(1.0):
@@ -274,21 +323,37 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         quantize_needed(need[l, 1], aQ)
         PRODUCT(w[3], buf, pbuf, aQ, xb2, sc, ctr, nth)  # noqa: F821
         add_block(x, xb2, post_norm[l, 0], eps)
-        # -- feed-forward: norm, gate and up with the GLU (one parallel region), down, (post-norm), add
+        # -- feed-forward: norm, (MoE: router, routing,) per expert (one for a dense FFN): gate and up
+        # with the GLU (one parallel region), down, its weighted output added; (post-norm), add
         rmsnorm1(x, ffn_norm[l], eps, xa)
         quantize_needed(need[l, 2], aE)
-        ctr[CTR] = 0
-        for _ in prange(nth):
-            c = fetch_add(ctr, CTR, 1)
-            while c < nchunks(w[4]):  # gate and up have the same rows, so the same chunks
-                ROWS(w[4], c, buf, pbuf, aE, hg, o_0, sc)  # noqa: F821
-                ROWS(w[5], c, buf, pbuf, aE, hu, o_0, sc)  # noqa: F821
-                r0 = c * w[4, 4]
-                r1 = min(r0 + w[4, 4], w[4, 2])
-                glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
+        if n_used:
+            PRODUCT(w[7], buf, pbuf, aE, rlog, sc, ctr, nth)  # noqa: F821
+            moe_route(rlog, n_used, norm_w, sel, selw)
+        for i in range(E):
+            xb2[i] = 0.0
+        for j in range(max(n_used, 1)):
+            e = sel[j] if n_used else 0
+            for r in range(3):
+                for col in range(WT_COLS):
+                    mrow[r, col] = w[4 + r, col]
+                mrow[r, 0] += e * w[4 + r, 5]
+            mg, mu, md = mrow[0], mrow[1], mrow[2]
+            ctr[CTR] = 0
+            for _ in prange(nth):
                 c = fetch_add(ctr, CTR, 1)
-        quantize_needed(need[l, 3], aF)
-        PRODUCT(w[6], buf, pbuf, aF, xb2, sc, ctr, nth)  # noqa: F821
+                while c < nchunks(mg):  # gate and up have the same rows, so the same chunks
+                    ROWS(mg, c, buf, pbuf, aE, hg, o_0, sc)  # noqa: F821
+                    ROWS(mu, c, buf, pbuf, aE, hu, o_0, sc)  # noqa: F821
+                    r0 = c * mg[4]
+                    r1 = min(r0 + mg[4], mg[2])
+                    glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
+                    c = fetch_add(ctr, CTR, 1)
+            quantize_needed(need[l, 3], aF)
+            PRODUCT(md, buf, pbuf, aF, ye, sc, ctr, nth)  # noqa: F821
+            we = selw[j] if n_used else np.float32(1.0)
+            for i in range(E):
+                xb2[i] += ye[i] * we
         add_block(x, xb2, post_norm[l, 1], eps)
     if want:
         rmsnorm1(x, out_norm, eps, xa)
@@ -393,13 +458,30 @@ class DecodeStep:
         if variant == "plain":
             raise ModelError("the compiled decode step needs the integer kernels (not QUANTKIT_KERNELS=plain)")
         c = model.config
-        mats = [getattr(b, name) for b in model.blk for name in MATS]
+        # the step interprets the layers' records (quantkit.model.layer) through ``dims`` and its
+        # per-layer tables: one set of attention flags for all layers, a dense GLU FFN in each
+        kinds = {(d.attn.rope_neox, d.attn.qk_norm, d.attn.post_norm, d.ffn.glu,
+                  isinstance(d.ffn, DenseFFN) and d.ffn.post_norm,
+                  (d.ffn.n_expert, d.ffn.n_expert_used, d.ffn.n_ff, d.ffn.norm_w)
+                  if isinstance(d.ffn, MoeFFN) else None)
+                 for d in model.layers}
+        if len(kinds) != 1:
+            raise ModelError("the compiled decode step needs the same attention and FFN kind in every layer")
+        (neox, qk_norm, post_attn, glu_name, post_ffw, moe), = kinds
+        if post_attn != post_ffw:
+            raise ModelError("the compiled decode step needs both post-norms or neither")
+        f = model.layers[0].ffn
+        if isinstance(f, MoeFFN) and (f.gating != "softmax" or f.w_scale not in (0.0, 1.0)):
+            raise ModelError("the compiled decode step routes experts by softmax without a weight scale only")
+        names = MOE_MATS if moe else MATS
+        per_layer = [[getattr(b, name) for name in names] for b in model.blk]
+        mats = [w for ws in per_layer for w in ws]
         weights = mats + [model.output, model.token_embd]
         types = tuple(sorted({w.type for w in weights}, key=int))
         # the products of an x8 type with whole 8-row groups read an interleaved copy (not the embedding,
         # which is looked up by row from the map)
         xt = set(x8_types(variant)) if use_x8(variant) else set()
-        packed = [w.type in xt and w.data.shape[0] % X8_ROWS == 0 for w in weights[:-1]] + [False]
+        packed = [w.type in xt and (w.data.shape[0] // w.n_expert) % X8_ROWS == 0 for w in weights[:-1]] + [False]
 
         def slot_set(packed):
             return tuple(sorted({(w.type, p) for w, p in zip(weights, packed)}, key=lambda k: (int(k[0]), k[1])))
@@ -434,14 +516,19 @@ class DecodeStep:
                 self.x8_bytes += -(-w.data.nbytes // 64) * 64
 
         def row(w: Weight, off: int, p: bool, po: int):
-            n = w.data.shape[0]
+            # a 3D expert tensor: the rows of one expert, the others a stride apart (the same in both layouts)
+            n = w.data.shape[0] // w.n_expert
+            stride = n * w.data.shape[1]
             if p:
-                return [po, w.data.shape[1] * X8_ROWS, n, code[w.type, True], chunk_rows(n)]
-            return [off, w.data.shape[1], n, code[w.type, False], chunk_rows(n)]
+                return [po, w.data.shape[1] * X8_ROWS, n, code[w.type, True], chunk_rows(n), stride]
+            return [off, w.data.shape[1], n, code[w.type, False], chunk_rows(n), stride]
 
         pos = iter(o for _, o in self._x8_todo)
         tab = np.array([row(w, o, p, next(pos) if p else 0) for w, o, p in zip(weights, offs, packed)], np.int64)
-        self.wt = np.ascontiguousarray(tab[:len(mats)].reshape(c.n_layer, len(MATS), 5))
+        wt = tab[:len(mats)].reshape(c.n_layer, len(names), WT_COLS)
+        if not moe:  # a dense layer's eighth entry: empty (never read)
+            wt = np.concatenate([wt, np.zeros((c.n_layer, 1, WT_COLS), np.int64)], axis=1)
+        self.wt = np.ascontiguousarray(wt)
         self.ot = np.ascontiguousarray(tab[len(mats)])
         self.et = np.ascontiguousarray(tab[len(mats) + 1])
 
@@ -449,9 +536,9 @@ class DecodeStep:
             return int(np.bitwise_or.reduce([KIND_BIT[activation_kind(w.type, variant)] for w in ws]))
 
         need = np.zeros((c.n_layer + 1, 4), np.int64)
-        for i, b in enumerate(model.blk):
-            need[i] = (bits(b.attn_q, b.attn_k, b.attn_v), bits(b.attn_output), bits(b.ffn_gate, b.ffn_up),
-                       bits(b.ffn_down))
+        for i, ws in enumerate(per_layer):
+            # attention's input; attn_output's; the FFN's (and the router's); ffn_down's
+            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[4:6], *ws[7:]), bits(ws[6]))
         need[c.n_layer, 0] = bits(model.output)
         self.need = need
         self.attn_norm = np.ascontiguousarray(np.stack([b.attn_norm for b in model.blk]), np.float32)
@@ -459,23 +546,26 @@ class DecodeStep:
         self.out_norm = np.ascontiguousarray(model.output_norm, np.float32)
         self.aE = _activations(c.n_embd)
         self.aQ = _activations(c.n_embd_q)
-        self.aF = _activations(c.n_ff)
+        n_ff = moe[2] if moe else c.n_ff
+        self.aF = _activations(n_ff)
         self.x = np.zeros(c.n_embd, np.float32)
         self.xb2 = np.zeros(c.n_embd, np.float32)
         self.qkv = np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32)
-        self.hg = np.zeros(c.n_ff, np.float32)
-        self.hu = np.zeros(c.n_ff, np.float32)
+        self.hg = np.zeros(n_ff, np.float32)
+        self.hu = np.zeros(n_ff, np.float32)
+        k = moe[1] if moe else 1
+        self.moe = (np.zeros(moe[0] if moe else 1, np.float32), np.zeros(c.n_embd, np.float32), np.zeros(k, np.float32),
+                    np.zeros(k, np.int64), np.zeros((3, WT_COLS), np.int64))
         self.sc = np.zeros(16, np.int32)
         self.ctr = np.zeros(2 * CTR, np.int64)
-        a = c.arch
-        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, a.rope_neox, GLU_KINDS.index(a.glu),
-                              a.qk_norm, a.post_norms], np.int64)
+        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, neox, GLU_KINDS.index(glu_name),
+                              qk_norm, post_attn, moe[1] if moe else 0, moe[3] if moe else 0], np.int64)
         self.eps = np.float32(c.rms_eps)
         self.scale = np.float32(c.kq_scale)
         self.bias = layer_biases(model)
         self.qk_norm = _stack(model, ("attn_q_norm", "attn_k_norm"), c.head_dim)
         self.post_norm = _stack(model, ("post_attention_norm", "post_ffw_norm"), c.n_embd)
-        self.gelu_tab = gelu_table() if a.glu == "gelu" else np.zeros(1, np.float32)
+        self.gelu_tab = gelu_table() if glu_name == "gelu" else np.zeros(1, np.float32)
         self.embd_scale = np.float32(c.embd_scale)
         self.fn = step_kernel(slots, variant, kv_f16)
 
@@ -515,7 +605,7 @@ class DecodeStep:
         self.fn(tok, pos, want, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
                 self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
                 self.hg, self.hu, scores, logits, self.sc, self.ctr, get_threads(), self.dims, self.eps, self.scale,
-                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale)
+                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale, self.moe)
 
 
 def layer_biases(model: Llama) -> np.ndarray:
@@ -548,4 +638,5 @@ def _activations(n: int) -> tuple:
 
 
 __all__ = ["attend_kernel", "exp_shift_sum", "expf", "gelu_table", "glu", "kv_f16_store", "kv_f32_same",
-           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "SLOTS", "step_kernel"]
+           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "MOE_MATS", "SLOTS",
+           "step_kernel"]

@@ -13,21 +13,29 @@ Choices, and why:
   Against llama.cpp's golden ids fp16 measured no better (equal top-1 agreement over 400 positions)
   and flipped one greedy step where llama.cpp's top-2 gap is 0.26, so float32 stays the default
   (docs/run.md). ``np.zeros`` maps the cache lazily, so only the positions used take memory.
-* What differs between architectures is data (``quantkit.model.arch``): RoPE style (NORM pairs for
-  llama, NEOX for qwen2 / qwen3 / gemma3), Q/K/V biases, per-head Q/K norms, post-attention / post-FFN
-  norms, the GLU activation, the embedding scale, sliding-window layers with their own RoPE base, the
-  attention scale, the output bias and soft-cap. The per-token ops (``qk_prepare``, ``glu``,
+* What differs between architectures and layers is data: each layer's ``quantkit.model.layer.Layer``
+  record (RoPE style, Q/K/V biases, per-head Q/K norms, post-attention / post-FFN norms, the sliding
+  window and its RoPE table; the FFN kind: a dense GLU, or a mixture of experts with its routing), which
+  ``_attention_block`` and ``_ffn_block`` interpret, and the config's embedding scale, attention scale,
+  output bias and soft-cap. The per-token ops (``qk_prepare``, ``glu``,
   ``rmsnorm1``, ``attend_head``) are the decode step's, run here per row. The cos/sin tables are built
   like ggml's rope cache (theta multiplied by theta_scale step by step in float32), and ``rope_freqs``
   divides theta when the model has it.
-* One token (decoding) runs ``quantkit.model.decode``'s compiled step: every layer in one numba call.
+* One token (decoding) runs ``quantkit.model.decode``'s compiled step: every layer in one numba call
+  (a MoE layer's experts included: it reads only the chosen experts' rows).
+* A MoE FFN (``_moe``, llama.cpp's build_moe_ffn): router logits, routing (``route``), then for each
+  expert that some token chose, its three products on just those tokens' rows (ggml's mul_mat_id),
+  on that expert's 2D slice of the memory-mapped 3D tensor; the weighted outputs are added per token
+  in the order of selection.
   A batch runs the per-layer loop below: the matrix products are ``quantkit.kernels.matmul`` on the
   memory-mapped quantized weights (GEMV under 32 rows, an integer GEMM or dequantized weights + BLAS
   from 32; see docs/kernels.md), attention
   is BLAS products per KV head from 32 rows (a numba kernel below), and the small ops (RMSNorm, RoPE +
   cache store, softmax, the GLU) are numba kernels; BLAS is limited to numba's thread count.
 * ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at
-  least ``COLLECT_MIN_ROWS`` rows (the imatrix collector); ``None`` costs one comparison per product.
+  least ``COLLECT_MIN_ROWS`` rows (the imatrix collector), and ``(weight_name, x, (expert, n_expert))``
+  for each expert's rows of a MoE FFN (any number: llama-imatrix collects every mul_mat_id); ``None``
+  costs one comparison per product.
 """
 
 from __future__ import annotations
@@ -47,9 +55,11 @@ from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.mul_mat import blas_one_thread
 from quantkit.kernels.vecdot import build
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.decode import (MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu, kv_f16_store,
-                                   kv_f32_same, layer_biases, max_f32, qk_prepare, rmsnorm1, window_start)
-from quantkit.model.llama import Llama, Weight
+from quantkit.model.decode import (MATS, MOE_MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu,
+                                   kv_f16_store, kv_f32_same, layer_biases, max_f32, qk_prepare, rmsnorm1,
+                                   window_start)
+from quantkit.model.layer import Attn, DenseFFN, MoeFFN
+from quantkit.model.llama import Block, Llama, Weight
 
 COLLECT_MIN_ROWS = 16
 DEFAULT_N_BATCH = 512
@@ -171,6 +181,24 @@ def glu_rows(gate, up, kind, table):
         gate[r] = row
 
 
+def route(logits: np.ndarray, f: MoeFFN) -> tuple[np.ndarray, np.ndarray]:
+    """build_moe_ffn's routing of router logits (n, n_expert) float32: (experts (n, n_used) int64,
+    weights (n, n_used) float32). ggml_soft_max (float32 exp of x - max, the sum in float64, times 1 /
+    sum), the n_used largest with ties to the lower index (ggml_argsort_top_k; its std::sort of up to 16
+    elements is an insertion sort, which keeps equal ones in order), their probabilities divided by
+    their float32 sum (clamped below at fp16's smallest normal) when ``norm_w``, times ``w_scale``
+    unless it is 0 or 1. ``quantkit.model.reference.route`` is the float64 judge of it."""
+    e = np.exp(logits - logits.max(axis=1, keepdims=True), dtype=np.float32)
+    p = e * (np.float32(1.0) / e.sum(axis=1, dtype=np.float64, keepdims=True).astype(np.float32))
+    top = np.argsort(-p, axis=1, kind="stable")[:, :f.n_expert_used]
+    w = np.take_along_axis(p, top, axis=1)
+    if f.norm_w:
+        w = w / np.maximum(w.sum(axis=1, dtype=np.float32, keepdims=True), np.float32(6.103515625e-5))
+    if f.w_scale not in (0.0, 1.0):
+        w = w * np.float32(f.w_scale)
+    return top, w.astype(np.float32)
+
+
 def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
                freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin float32 (n_ctx, n_rot/2) as ggml_rope_cache_init: theta_i = p * theta_scale^i, the power
@@ -246,7 +274,7 @@ class Runner:
         self.n_ctx = n_ctx
         self.n_batch = max(1, min(int(n_batch), n_ctx))
         self.n_past = 0                      # positions of the cache that hold valid keys/values
-        self.collect: Callable[[str, np.ndarray], None] | None = None
+        self.collect: Callable[..., None] | None = None
         self.type_kv = type_kv
         B, E, Q, KV, F = self.n_batch, c.n_embd, c.n_embd_q, c.n_embd_kv, c.n_ff
         f32 = np.float32
@@ -257,7 +285,8 @@ class Runner:
         self.k = np.zeros((B, KV), f32)
         self.v = np.zeros((B, KV), f32)
         self.att = np.zeros((B, Q), f32)     # attention output, heads concatenated
-        self.gate = np.zeros((B, F), f32)    # ffn_gate, then act(gate) * up
+        F = max([d.ffn.n_ff for d in model.layers if isinstance(d.ffn, DenseFFN)], default=0)
+        self.gate = np.zeros((B, F), f32)    # ffn_gate, then act(gate) * up (dense FFN layers)
         self.up = np.zeros((B, F), f32)
         kv16 = type_kv == "f16"
         kvt = np.float16 if kv16 else f32
@@ -275,11 +304,9 @@ class Runner:
         self.rope_cos = np.ascontiguousarray(np.stack([t[0] for t in tabs]))
         self.rope_sin = np.ascontiguousarray(np.stack([t[1] for t in tabs]))
         #: per layer: (its RoPE table, its sliding window or 0)
-        self.lay = np.array([(1, c.n_swa) if c.is_swa(i) else (0, 0) for i in range(c.n_layer)], np.int64)
+        self.lay = np.array([(d.attn.rope_table, d.attn.n_swa) for d in model.layers], np.int64)
         self.scale = np.float32(c.kq_scale)
-        a = c.arch
-        self.neox, self.glu_kind = a.rope_neox, GLU_KINDS.index(a.glu)
-        self.gelu_tab = gelu_table() if a.glu == "gelu" else np.zeros(1, f32)
+        self.gelu_tab = gelu_table() if any(d.ffn.glu == "gelu" for d in model.layers) else np.zeros(1, f32)
         self.bias = layer_biases(model)
         self._none = np.zeros(0, f32)
         self.step: DecodeStep | None = None
@@ -305,8 +332,9 @@ class Runner:
         self.blk = []
         for b in m.blk:
             nb = copy.copy(b)
-            for name in MATS:
-                setattr(nb, name, moved(getattr(b, name)))
+            for name in MATS + MOE_MATS:
+                if getattr(b, name) is not None:
+                    setattr(nb, name, moved(getattr(b, name)))
             self.blk.append(nb)
         for name in views:
             if m.gguf.has_tensor(name):
@@ -440,51 +468,18 @@ class Runner:
         m, c = self.model, self.config
         n = tokens.size
         x, xb, xb2 = self.x[:n], self.xb[:n], self.xb2[:n]
-        q, k, v, att = self.q[:n], self.k[:n], self.v[:n], self.att[:n]
-        gate, up = self.gate[:n], self.up[:n]
         eps = np.float32(c.rms_eps)
-        blas = n >= BLAS_ATTENTION_MIN_TOKENS
-        attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
-
         x[...] = get_rows(self.token_embd.data, self.token_embd.type, tokens)  # (n, n_embd)
         if c.embd_scale != 1.0:
             x *= np.float32(c.embd_scale)
-        none = self._none
-        for i, b in enumerate(self.blk):
-            kc, vc = self._kc[i], self._vc[i]
-            tab, n_swa = self.lay[i]
-            bias = self.bias[i]
-            # attention: norm, project, (bias, q/k norm,) rotate, cache, attend, project back, (norm,) add
+        for i, (d, b) in enumerate(zip(m.layers, self.blk)):
+            # attention: norm, the block, add
             rmsnorm(x, b.attn_norm, eps, xb)
-            shared: dict = {}
-            self._mm(b.attn_q, xb, q, shared)                                 # (n, n_head*head_dim)
-            self._mm(b.attn_k, xb, k, shared)                                 # (n, n_head_kv*head_dim)
-            self._mm(b.attn_v, xb, v, shared)
-            Q, KV = q.shape[1], k.shape[1]
-            has_b = bias.size > 0
-            self._prepare_store(q, k, v, kc, vc, pos0, self.rope_cos[tab], self.rope_sin[tab],
-                                bias[:Q] if has_b else none, bias[Q:Q + KV] if has_b else none,
-                                bias[Q + KV:] if has_b else none,
-                                none if b.attn_q_norm is None else b.attn_q_norm,
-                                none if b.attn_k_norm is None else b.attn_k_norm,
-                                eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, self.neox)
-            if blas:
-                self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, n_swa, att)
-            else:
-                attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, n_swa, att)
-            self._mm(b.attn_output, att, xb2)                                 # (n, n_embd)
-            if b.post_attention_norm is not None:
-                rmsnorm(xb2, b.post_attention_norm, eps, xb2)
+            self._attention_block(d.attn, i, b, xb, pos0, xb2)
             x += xb2
-            # feed-forward: norm, gate/up with the GLU, project back, (norm,) add
+            # feed-forward: norm, the block, add
             rmsnorm(x, b.ffn_norm, eps, xb)
-            shared = {}
-            self._mm(b.ffn_gate, xb, gate, shared)                            # (n, n_ff)
-            self._mm(b.ffn_up, xb, up, shared)
-            glu_rows(gate, up, self.glu_kind, self.gelu_tab)
-            self._mm(b.ffn_down, gate, xb2)                                   # (n, n_embd)
-            if b.post_ffw_norm is not None:
-                rmsnorm(xb2, b.post_ffw_norm, eps, xb2)
+            self._ffn_block(d.ffn, b, xb, xb2)
             x += xb2
         self.n_past = pos0 + n
         if not rows.size:
@@ -493,3 +488,77 @@ class Runner:
         rmsnorm(np.ascontiguousarray(x[rows]), m.output_norm, eps, h)                # (rows, n_embd)
         out = self._mm(self.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)
         return self._finish_logits(out)
+
+    def _attention_block(self, d: Attn, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
+        """out (n, n_embd) = layer i's attention of its normed input xb at positions pos0..: project,
+        (bias, q/k norm,) rotate, cache, attend, project back, (norm)."""
+        c = self.config
+        n = xb.shape[0]
+        q, k, v, att = self.q[:n], self.k[:n], self.v[:n], self.att[:n]
+        kc, vc = self._kc[i], self._vc[i]
+        eps, none = np.float32(c.rms_eps), self._none
+        shared: dict = {}
+        self._mm(b.attn_q, xb, q, shared)                                 # (n, n_head*head_dim)
+        self._mm(b.attn_k, xb, k, shared)                                 # (n, n_head_kv*head_dim)
+        self._mm(b.attn_v, xb, v, shared)
+        Q, KV = q.shape[1], k.shape[1]
+        bias = self.bias[i]
+        has_b = d.qkv_bias and bias.size > 0
+        self._prepare_store(q, k, v, kc, vc, pos0, self.rope_cos[d.rope_table], self.rope_sin[d.rope_table],
+                            bias[:Q] if has_b else none, bias[Q:Q + KV] if has_b else none,
+                            bias[Q + KV:] if has_b else none,
+                            b.attn_q_norm if d.qk_norm else none, b.attn_k_norm if d.qk_norm else none,
+                            eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, d.rope_neox)
+        if n >= BLAS_ATTENTION_MIN_TOKENS:
+            self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, d.n_swa, att)
+        else:
+            attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
+            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, d.n_swa, att)
+        self._mm(b.attn_output, att, out)                                 # (n, n_embd)
+        if d.post_norm:
+            rmsnorm(out, b.post_attention_norm, eps, out)
+
+    def _ffn_block(self, f: DenseFFN | MoeFFN, b: Block, xb: np.ndarray, out: np.ndarray) -> None:
+        """out (n, n_embd) = the FFN of its normed input xb: a dense GLU (gate / up, the GLU, down,
+        (norm)) or a mixture of experts (``_moe``)."""
+        if isinstance(f, MoeFFN):
+            self._moe(f, b, xb, out)
+            return
+        n = xb.shape[0]
+        gate, up = self.gate[:n], self.up[:n]
+        shared: dict = {}
+        self._mm(b.ffn_gate, xb, gate, shared)                            # (n, n_ff)
+        self._mm(b.ffn_up, xb, up, shared)
+        glu_rows(gate, up, GLU_KINDS.index(f.glu), self.gelu_tab)
+        self._mm(b.ffn_down, gate, out)                                   # (n, n_embd)
+        if f.post_norm:
+            rmsnorm(out, b.post_ffw_norm, np.float32(self.config.rms_eps), out)
+
+    def _moe(self, f: MoeFFN, b: Block, xb: np.ndarray, out: np.ndarray) -> None:
+        """build_moe_ffn over the batch: route every token, then each chosen expert once over the rows
+        of the tokens that chose it (mul_mat_id's grouping), reading only that expert's slice of the
+        mapped 3D tensors; out[t] = the sum over t's slots, in selection order, of weight * expert."""
+        n, E = xb.shape
+        logits = self._mm(b.ffn_gate_inp, xb, np.empty((n, f.n_expert), np.float32))   # (n, n_expert)
+        top, w = route(logits, f)                                                     # (n, n_used)
+        slots = np.empty((f.n_expert_used, n, E), np.float32)    # each token's weighted expert outputs
+        kind = GLU_KINDS.index(f.glu)
+        for e in np.unique(top):
+            rows, slot = np.nonzero(top == e)
+            xe = np.ascontiguousarray(xb[rows])                                       # (m, n_embd)
+            m = rows.size
+            gate, up = np.empty((m, f.n_ff), np.float32), np.empty((m, f.n_ff), np.float32)
+            shared: dict = {}
+            if self.collect is not None:   # mul_mat_id: collected per expert whatever the row count
+                self.collect(b.ffn_gate_exps.name, xe, (int(e), f.n_expert))
+                self.collect(b.ffn_up_exps.name, xe, (int(e), f.n_expert))
+            matmul(b.ffn_gate_exps.expert(e).data, b.ffn_gate_exps.type, xe, gate, shared)
+            matmul(b.ffn_up_exps.expert(e).data, b.ffn_up_exps.type, xe, up, shared)
+            glu_rows(gate, up, kind, self.gelu_tab)
+            if self.collect is not None:
+                self.collect(b.ffn_down_exps.name, gate, (int(e), f.n_expert))
+            y = matmul(b.ffn_down_exps.expert(e).data, b.ffn_down_exps.type, gate, np.empty((m, E), np.float32))
+            slots[slot, rows] = y * w[rows, slot][:, None]
+        out[...] = slots[0]
+        for j in range(1, f.n_expert_used):
+            out += slots[j]

@@ -22,7 +22,9 @@ from gguf import GGMLQuantizationType
 
 from quantkit.errors import ModelError
 from quantkit.formats.gguf_io import GGUFModel
-from quantkit.model.arch import ARCHS, SUPPORTED_ARCHS, UNSUPPORTED_LAYER_TENSORS, Arch
+from quantkit.model.arch import (ARCHS, MOE_ALWAYS, MOE_NONE, SUPPORTED_ARCHS, UNSUPPORTED_LAYER_TENSORS,
+                                 UNSUPPORTED_MOE_ARCHS, UNSUPPORTED_MOE_TENSORS, Arch)
+from quantkit.model.layer import Layer, MoeFFN, describe
 
 
 
@@ -47,6 +49,10 @@ class LlamaConfig:
     attn_scale: float = 0.0               # softmax scale of q.k (0: 1 / sqrt(head_dim))
     embd_scale: float = 1.0               # sqrtf(n_embd) when the arch scales its embeddings
     softcap: float = 0.0                  # {arch}.final_logit_softcapping (0: none)
+    n_expert: int = 0                     # {arch}.expert_count (0: a dense FFN)
+    n_expert_used: int = 0                # {arch}.expert_used_count
+    n_ff_exp: int = 0                     # one expert's width: {arch}.expert_feed_forward_length (qwen3moe;
+                                          # default n_ff / n_expert_used), n_ff for llama (Mixtral)
 
     @property
     def n_embd_kv(self) -> int:
@@ -67,6 +73,9 @@ class LlamaConfig:
     def from_metadata(cls, meta: dict[str, Any], n_vocab_tensor: int | None = None, where: str = "") -> "LlamaConfig":
         at = f"{where}: " if where else ""
         name = str(meta.get("general.architecture", ""))
+        if name in UNSUPPORTED_MOE_ARCHS:
+            raise ModelError(f"{at}architecture {name!r} (mixture of experts) is not supported: quantkit does not "
+                             f"have {UNSUPPORTED_MOE_ARCHS[name]} yet")
         if name not in ARCHS:
             raise ModelError(f"{at}architecture {name or '(none)'!r} is not supported "
                              f"(supported: {', '.join(SUPPORTED_ARCHS)})")
@@ -84,10 +93,25 @@ class LlamaConfig:
 
         n_layer = need("block_count")
         n_embd = need("embedding_length")
-        n_ff = need("feed_forward_length")
+        n_expert = _int(opt("expert_count", 0), f"{arch}.expert_count", at) if spec.moe != MOE_NONE else 0
+        if spec.moe == MOE_ALWAYS and n_expert <= 0:
+            raise ModelError(f"{at}metadata key {arch}.expert_count must be positive for {arch}")
+        n_expert_used = _int(opt("expert_used_count", 0), f"{arch}.expert_used_count", at) if n_expert > 0 else 0
+        if n_expert > 0 and not 0 < n_expert_used <= n_expert:
+            raise ModelError(f"{at}metadata key {arch}.expert_used_count = {n_expert_used} must be in 1..{n_expert}")
+        n_ff_exp_key = f"{arch}.expert_feed_forward_length"
+        n_ff = need("feed_forward_length") if not (n_expert and n_ff_exp_key in meta) else \
+            _int(opt("feed_forward_length", 0), f"{arch}.feed_forward_length", at)
+        n_ff_exp = 0
+        if n_expert:
+            n_ff_exp = _int(meta[n_ff_exp_key], n_ff_exp_key, at) if spec.moe == MOE_ALWAYS and n_ff_exp_key in meta \
+                else (n_ff // n_expert_used if spec.moe == MOE_ALWAYS else n_ff)
+            if n_ff_exp <= 0:
+                raise ModelError(f"{at}the experts' feed-forward length {n_ff_exp} must be positive")
         n_head = need("attention.head_count")
         n_head_kv = _int(opt("attention.head_count_kv", n_head), f"{arch}.attention.head_count_kv", at)
-        for key, v in (("block_count", n_layer), ("embedding_length", n_embd), ("feed_forward_length", n_ff),
+        for key, v in (("block_count", n_layer), ("embedding_length", n_embd),
+                       ("feed_forward_length", n_ff if not n_ff_exp else 1),
                        ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv)):
             if v <= 0:
                 raise ModelError(f"{at}metadata key {arch}.{key} = {v} must be positive")
@@ -149,6 +173,7 @@ class LlamaConfig:
             attn_scale=attn_scale,
             embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
         )
 
 
@@ -176,6 +201,17 @@ class Weight:
     def n_out(self) -> int:
         return self.data.shape[0]
 
+    @property
+    def n_expert(self) -> int:
+        """The number of experts of a 3D ``_exps`` tensor (GGUF shape (n_in, n_out, n_expert)); 1 for a matrix."""
+        return self.shape[2] if len(self.shape) == 3 else 1
+
+    def expert(self, e: int) -> "Weight":
+        """Expert ``e`` of a 3D ``_exps`` tensor as a matrix: a view of its rows in the map (ggml's
+        mul_mat_id reads one 2D slice of the tensor per expert; nothing is copied)."""
+        n = self.shape[1]
+        return Weight(self.name, self.type, self.shape[:2], self.data[e * n:(e + 1) * n])
+
     def dequantize(self) -> np.ndarray:
         """float32 (n_rows, n_in): for references and norms, never on the hot path of matrices."""
         from quantkit.quants import dequantize
@@ -199,9 +235,13 @@ class Block:
     attn_output: Weight     # (n_head * head_dim -> n_embd)
     post_attention_norm: np.ndarray | None = None  # float32 (n_embd,)   post_norms
     ffn_norm: np.ndarray    # float32 (n_embd,)
-    ffn_gate: Weight        # (n_embd -> n_ff)
-    ffn_up: Weight          # (n_embd -> n_ff)
-    ffn_down: Weight        # (n_ff -> n_embd)
+    ffn_gate: Weight | None = None   # (n_embd -> n_ff)      dense FFN
+    ffn_up: Weight | None = None     # (n_embd -> n_ff)
+    ffn_down: Weight | None = None   # (n_ff -> n_embd)
+    ffn_gate_inp: Weight | None = None    # (n_embd -> n_expert)                    MoE: the router
+    ffn_gate_exps: Weight | None = None   # (n_embd -> n_ff_exp) x n_expert, 3D
+    ffn_up_exps: Weight | None = None     # (n_embd -> n_ff_exp) x n_expert
+    ffn_down_exps: Weight | None = None   # (n_ff_exp -> n_embd) x n_expert
     post_ffw_norm: np.ndarray | None = None        # float32 (n_embd,)   post_norms
 
 
@@ -230,12 +270,13 @@ class Llama:
         c = self.config = LlamaConfig.from_metadata(gg.metadata, embd_rows, where)
         E, KV, F, V = c.n_embd, c.n_embd_kv, c.n_ff, c.n_vocab
 
-        def matrix(name: str, n_in: int, n_out: int) -> Weight:
+        def matrix(name: str, n_in: int, n_out: int, n_exp: int = 0) -> Weight:
             if not gg.has_tensor(name):
                 raise ModelError(f"{where}: tensor {name!r} is missing")
             t = gg.tensor(name)
-            if tuple(t.shape) != (n_in, n_out):
-                raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected [{n_in}, {n_out}]")
+            want = (n_in, n_out, n_exp) if n_exp else (n_in, n_out)
+            if tuple(t.shape) != want:
+                raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected {list(want)}")
             _check_readable(where, name, t.type)
             return Weight(name, t.type, tuple(t.shape), t.data)
 
@@ -278,22 +319,42 @@ class Llama:
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
             b.ffn_norm = vector(p + "ffn_norm.weight", E)
-            b.ffn_gate = matrix(p + "ffn_gate.weight", E, F)
-            b.ffn_up = matrix(p + "ffn_up.weight", E, F)
-            b.ffn_down = matrix(p + "ffn_down.weight", F, E)
+            if c.n_expert:
+                for extra in UNSUPPORTED_MOE_TENSORS:
+                    if gg.has_tensor(p + extra):
+                        raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name} "
+                                         f"(shared experts and expert biases are not implemented)")
+                X, FX = c.n_expert, c.n_ff_exp
+                b.ffn_gate_inp = matrix(p + "ffn_gate_inp.weight", E, X)
+                b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
+                b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
+                b.ffn_down_exps = matrix(p + "ffn_down_exps.weight", FX, E, X)
+            else:
+                b.ffn_gate = matrix(p + "ffn_gate.weight", E, F)
+                b.ffn_up = matrix(p + "ffn_up.weight", E, F)
+                b.ffn_down = matrix(p + "ffn_down.weight", F, E)
             if a.post_norms:
                 b.post_ffw_norm = vector(p + "post_ffw_norm.weight", E)
             self.blk.append(b)
+        #: one ``quantkit.model.layer.Layer`` per block: what every forward path interprets
+        self.layers: tuple[Layer, ...] = tuple(describe(c, b, i) for i, b in enumerate(self.blk))
         self.output_norm = vector("output_norm.weight", E)                # (n_embd,)
         self.output = matrix("output.weight", E, V) if gg.has_tensor("output.weight") else self.token_embd
         self.output_bias = optional("output.bias", V) if a.output_bias else None
         # rope_freqs: per-pair frequency divisors (llama 3.x long-context); ones when absent
         self.rope_freqs = vector("rope_freqs.weight", c.n_rot // 2) if gg.has_tensor("rope_freqs.weight") else None
 
+    @property
+    def moe(self) -> bool:
+        """Whether any layer's FFN is a mixture of experts."""
+        return any(isinstance(d.ffn, MoeFFN) for d in self.layers)
+
     def matrices(self) -> list[Weight]:
+        """Every matrix (and 3D expert tensor) the products read, in file order per layer."""
         out = [self.token_embd]
         for b in self.blk:
-            out += [b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate, b.ffn_up, b.ffn_down]
+            out += [w for w in (b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
+                                b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps) if w is not None]
         if self.output is not self.token_embd:
             out.append(self.output)
         return out

@@ -128,7 +128,13 @@ def _add_col_sumsq(x, out):
 
 
 class Collector:
-    """The ``runner.collect`` hook: add sums of squares per input column for the selected weights."""
+    """The ``runner.collect`` hook: add sums of squares per input column for the selected weights.
+
+    ``expert=(e, n_expert)``: the rows are the inputs of expert e of a 3D ``_exps`` tensor (ggml's
+    mul_mat_id, which llama-imatrix collects whatever the batch size): they go to row e of the entry's
+    (n_expert, n_cols) sums and to expert e's count, one per (token, slot) as llama-imatrix counts them;
+    an expert no token chose keeps count 0 (``save`` reports the entry's partial data, and quantize
+    decides what such a tensor gets, as llama-quantize)."""
 
     def __init__(self, acc: Accumulator, process_output: bool):
         self.acc = acc
@@ -138,8 +144,17 @@ class Collector:
     def wanted(self, name: str) -> bool:
         return name.startswith("blk.") or (self.process_output and name == "output.weight")
 
-    def __call__(self, name: str, x: np.ndarray) -> None:
+    def __call__(self, name: str, x: np.ndarray, expert: tuple[int, int] | None = None) -> None:
         if not self.wanted(name):
+            return
+        if expert is not None:
+            e, n_expert = expert
+            s = self._entry(name, x.shape[1], n_expert)
+            _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), s[e])
+            if not np.isfinite(s[e]).all():
+                raise ImatrixError(f"non-finite values detected in {name}")
+            self.acc.counts[name][e] += x.shape[0]
+            self.rows_seen[name] = self.rows_seen.get(name, 0) + x.shape[0]
             return
         s = self._entry(name, x.shape[1])
         _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), s[0])
@@ -152,15 +167,24 @@ class Collector:
         s[0] += part
         self._added(name, s, rows)
 
-    def _entry(self, name: str, n_cols: int) -> np.ndarray:
+    def _entry(self, name: str, n_cols: int, n_mat: int = 1) -> np.ndarray:
+        """The entry's sums, (n_mat, n_cols): n_mat = the experts of a 3D tensor, else 1."""
         acc = self.acc
         s = acc.sums.get(name)
         if s is None:
-            s = acc.sums[name] = np.zeros((1, n_cols), np.float64)
-            acc.counts[name] = np.zeros(1, np.float64)
+            s = acc.sums[name] = np.zeros((n_mat, n_cols), np.float64)
+            acc.counts[name] = np.zeros(n_mat, np.float64)
             acc.sources[name] = "this run"
-        elif s.size != n_cols:
-            raise ImatrixError(f"inconsistent size for {name} ({s.size} loaded vs {n_cols} in the model)")
+        elif s.size != n_cols * n_mat:
+            raise ImatrixError(f"inconsistent size for {name} ({s.size} loaded vs {n_cols * n_mat} in the model)")
+        elif n_mat > 1:
+            if s.shape != (n_mat, n_cols):
+                s = acc.sums[name] = s.reshape(n_mat, n_cols)
+            c = acc.counts[name]
+            if c.size == 1:  # a loaded file's single count: one per expert (llama-imatrix's broadcast)
+                acc.counts[name] = np.full(n_mat, c[0])
+            elif c.size != n_mat:
+                raise ImatrixError(f"inconsistent expert count for {name} ({c.size} loaded vs {n_mat})")
         return s
 
     def _added(self, name: str, s: np.ndarray, rows: int) -> None:
@@ -183,9 +207,11 @@ class Recorder(Collector):
         super().__init__(Accumulator(1), process_output)
         self.calls: list[tuple[str, int, np.ndarray]] = []
 
-    def __call__(self, name: str, x: np.ndarray) -> None:
+    def __call__(self, name: str, x: np.ndarray, expert: tuple[int, int] | None = None) -> None:
         if not self.wanted(name):
             return
+        if expert is not None:  # refused before any compute (check_collectable); never reached
+            raise ImatrixError(f"{name}: a split collection cannot record expert products yet")
         part = np.zeros(x.shape[1], np.float64)
         _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), part)
         self.calls.append((name, int(x.shape[0]), part))
@@ -234,7 +260,8 @@ def planned_size(acc: Accumulator, model, process_output: bool, datasets: list[s
     entries = {n: Entry(np.zeros((1, s.shape[-1]), np.float32), np.zeros(1, np.float32)) for n, s in acc.sums.items()}
     for w in model.matrices():
         if w.name.startswith("blk.") or (process_output and w.name == "output.weight"):
-            entries.setdefault(w.name, Entry(np.zeros((1, w.n_in), np.float32), np.zeros(1, np.float32)))
+            n = w.n_expert
+            entries.setdefault(w.name, Entry(np.zeros((n, w.n_in), np.float32), np.zeros(n, np.float32)))
     return imatrix_gguf_output(Imatrix(entries, list(datasets), 0, acc.chunk_size), opts.out).size
 
 
@@ -340,6 +367,14 @@ class ChunkEnd:
         return None if res.ppl is None else res.ppl.add_sums(ppl_sums)
 
 
+def check_collectable(model) -> None:
+    """One line, before any compute, for a split collection (``collect_part``) of a MoE model: its
+    ``Recorder`` does not keep expert products yet (one process, ``collect``, does)."""
+    if getattr(model, "moe", False):
+        raise ImatrixError(f"{model.path}: a split imatrix collection (--cluster) of a mixture-of-experts "
+                           f"model is not supported yet (one process collects it)")
+
+
 def collect(runner, tokens: np.ndarray, bos: int | None, acc: Accumulator, datasets: list[str],
             opts: CollectOptions, save_opts: SaveOptions, log: Log | None = None,
             on_chunk: Callable[[int, float | None], None] | None = None, start: int = 0,
@@ -386,6 +421,7 @@ def collect_part(runner, tokens: np.ndarray, bos: int | None, opts: CollectOptio
     def chunk(i: int, logits: np.ndarray) -> None:
         parts.append(ChunkPart(i, rec.take(), _ppl_sums(logits, tokens, i, opts) if opts.compute_ppl else None))
 
+    check_collectable(runner.model)
     runner.collect = rec
     try:
         run_chunks(runner, tokens, opts.n_ctx, end, bos, _logit_rows(opts), chunk, start=first, name="imatrix")
