@@ -189,3 +189,14 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.write_tensors_to_file()
     w.close()
     return path
+
+
+def golden_model(folder: Path, arch: str, variant: str) -> tuple[dict, Path]:
+    """llama.cpp's golden data for ``arch``-``variant`` (tests/data/arch, tools/make_arch_golden.py) and the
+    model written again into ``folder``, checked to be the very file llama.cpp ran."""
+    import hashlib
+
+    g = dict(np.load(Path(__file__).parent / "data" / "arch" / f"{arch}-{variant}.npz"))
+    path = write_model(folder / f"{arch}-{variant}.gguf", arch, variant)
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(g["sha256"]), "not the file llama.cpp ran"
+    return g, path

@@ -10,13 +10,12 @@ any (F16: its batch vs token-by-token logits) and of the logits' spread otherwis
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from archmodels import SPECS, VARIANTS, write_model
+from archmodels import SPECS, VARIANTS, golden_model, write_model
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner
 from quantkit.model.llama import Llama, LlamaConfig
@@ -33,9 +32,7 @@ TIE_Q = 1.0
 @pytest.fixture(scope="module", params=CASES, ids=[f"{a}-{v}" for a, v in CASES])
 def case(request, tmp_path_factory):
     arch, variant = request.param
-    g = dict(np.load(GOLDEN / f"{arch}-{variant}.npz"))
-    path = write_model(tmp_path_factory.mktemp("arch") / f"{arch}-{variant}.gguf", arch, variant)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(g["sha256"]), "not the file llama.cpp ran"
+    g, path = golden_model(tmp_path_factory.mktemp("arch"), arch, variant)
     with Llama(path) as m:
         yield arch, variant, m, g
 

@@ -20,7 +20,7 @@ import gguf
 import numpy as np
 import pytest
 
-from archmodels import MOE_SPECS, write_model
+from archmodels import MOE_SPECS, golden_model, write_model
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner, route
 from quantkit.model.layer import MoeFFN
@@ -28,7 +28,6 @@ from quantkit.model.llama import Llama, LlamaConfig
 from quantkit.model.reference import reference_logits
 from quantkit.model.reference import route as route_ref
 
-GOLDEN = Path(__file__).parent / "data" / "arch"
 CASES = [(a, v) for a in MOE_SPECS for v in ("F16", "Q")]
 #: llama.cpp's top-2 gap under this is a tie for a quantized tiny model (as tests/test_arch.py)
 TIE_Q = 1.0
@@ -125,9 +124,7 @@ MEAN_Q = 0.03
 @pytest.fixture(scope="module", params=CASES, ids=[f"{a}-{v}" for a, v in CASES])
 def golden(request, tmp_path_factory):
     arch, variant = request.param
-    g = dict(np.load(GOLDEN / f"{arch}-{variant}.npz"))
-    path = write_model(tmp_path_factory.mktemp("moe-golden") / f"{arch}-{variant}.gguf", arch, variant)
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == str(g["sha256"]), "not the file llama.cpp ran"
+    g, path = golden_model(tmp_path_factory.mktemp("moe-golden"), arch, variant)
     with Llama(path) as m:
         yield variant, m, g, reference_logits(m, g["ids"])
 
