@@ -354,16 +354,22 @@ def test_scale_overflow_refused_and_nothing_left(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["big.gguf"]
 
 
-def test_type_without_a_codec_refused_before_any_work(tmp_path, f16_model, monkeypatch):
+def test_type_without_a_codec_refused_before_any_work(tmp_path, f16_model):
     """A file type whose rules name a type quantkit has no codec for (here Q4_K, taken out of the registry
     for the test): one line, before the first output byte."""
     from gguf import GGMLQuantizationType as T
 
     import quantkit.quants as Q
 
-    monkeypatch.delitem(Q.TRAITS, T.Q4_K)
+    # the registry back as it was and in its order (monkeypatch.delitem would put Q4_K back at the end)
+    saved = dict(Q.TRAITS)
+    del Q.TRAITS[T.Q4_K]
     out = tmp_path / "o.gguf"
-    msg = one_line_error(run_cli(["quantize", str(f16_model), str(out), "Q4_K_M"]))
+    try:
+        msg = one_line_error(run_cli(["quantize", str(f16_model), str(out), "Q4_K_M"]))
+    finally:
+        Q.TRAITS.clear()
+        Q.TRAITS.update(saved)
     assert "quantizing to Q4_K is not implemented yet in quantkit (no codec)" in msg
     assert not out.exists() and not list(tmp_path.iterdir())
 
