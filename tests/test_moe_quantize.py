@@ -1,0 +1,48 @@
+"""Quantizing a mixture-of-experts model with an importance matrix some experts have no data in.
+
+llama-imatrix keeps such entries with count 0 for the experts no token chose (tools/imatrix/imatrix.cpp
+warns "partial data"), and llama-quantize weighs every column of those experts by 1
+(``load_imatrix`` in tools/quantize/quantize.cpp). The imatrix and the outputs' hashes come from llama.cpp
+(tools/make_moe_quantize_golden.py): the same tiny qwen3moe quantized by quantkit with the same file must
+be the same bytes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from archmodels import write_model
+from conftest import run_cli, sha256
+from quantkit.formats.imatrix import load_imatrix
+
+DATA = Path(__file__).parent / "data" / "imatrix"
+GOLDEN = json.loads((DATA / "moe-partial-golden.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    path = write_model(tmp_path_factory.mktemp("moeq") / "qwen3moe-F16.gguf", "qwen3moe", "F16")
+    assert sha256(path) == GOLDEN["model_sha256"], "the test model is not the one the golden data was made from"
+    return path
+
+
+def test_the_imatrix_has_experts_without_data():
+    im = load_imatrix(DATA / GOLDEN["imatrix"])
+    exps = {k: e for k, e in im.entries.items() if "_exps" in k}
+    assert exps and all((e.counts == 0).any() and (e.counts > 0).any() for e in exps.values())
+    # the experts without tokens are weighed by 1, as llama-quantize does
+    w = im.weights("blk.0.ffn_up_exps.weight")
+    assert (w[2:] == 1).all() and not (w[:2] == 1).all()
+
+
+@pytest.mark.parametrize("ftype", sorted(GOLDEN["outputs"]))
+def test_quantize_with_partial_expert_data_matches_llama_quantize(ftype, model, tmp_path):
+    out = tmp_path / f"{ftype}.gguf"
+    # run beside the imatrix and name it as llama-quantize was given it: the file keeps the name it was
+    # given (quantize.imatrix.file)
+    r = run_cli(["quantize", "--imatrix", GOLDEN["imatrix"], model, out, ftype, "2"], cwd=DATA)
+    assert r.exit_code == 0, r.output
+    assert sha256(out) == GOLDEN["outputs"][ftype]["sha256"]
