@@ -46,3 +46,24 @@ def test_quantize_with_partial_expert_data_matches_llama_quantize(ftype, model, 
     r = run_cli(["quantize", "--imatrix", GOLDEN["imatrix"], model, out, ftype, "2"], cwd=DATA)
     assert r.exit_code == 0, r.output
     assert sha256(out) == GOLDEN["outputs"][ftype]["sha256"]
+
+
+def test_target_bpw_on_moe_tunes_the_experts_as_classes(model, tmp_path):
+    """--target-bpw on the qwen3moe with llama-imatrix's matrix: the sensitivity pass runs the MoE model
+    and measures the routed experts as classes of their own; the file meets the target, and plain
+    quantize with the written --tensor-type-file gives the same bytes (the file llama-quantize reads)."""
+    out, types, plan = tmp_path / "o.gguf", tmp_path / "types.txt", tmp_path / "plan.json"
+    im = DATA / "qwen3moe-F16.c64x4.gguf"
+    r = run_cli(["quantize", "--imatrix", im, "--target-bpw", "5.0", "--tensor-type-out", types,
+                 "--plan-out", plan, model, out, "Q4_K_M"])
+    assert r.exit_code == 0, r.output
+    doc = json.loads(plan.read_text())
+    assert doc["bpw_out"] <= 5.0
+    sens, probe = doc["target"]["sensitivity"], doc["target"]["probe_kld"]
+    assert {"ffn_up_exps", "ffn_gate_exps", "ffn_down_exps", "attn_q"} <= set(sens)
+    assert all(probe[c] > 0 for c in ("ffn_up_exps", "ffn_down_exps")), probe
+    assert "blk.0.ffn_down_exps.weight" in doc["target"]["tensors"]
+    again = tmp_path / "again.gguf"
+    r = run_cli(["quantize", "--imatrix", im, "--tensor-type-file", types, model, again, "Q4_K_M"])
+    assert r.exit_code == 0, r.output
+    assert sha256(again) == sha256(out)

@@ -7,8 +7,8 @@ Three steps, all before the first output byte (docs/quantize.md, "Choosing the m
    ``w_j`` the imatrix's mean squared activation of column j (what llama-quantize gives the codecs). With
    those weights ``D`` estimates ``E||(W - W^) a||^2``, the squared error the tensor adds to its matmul's
    output. It is measured on an evenly spaced sample of rows (``sample_rows``) and scaled to all rows.
-2. **Sensitivity.** How much a unit of ``D`` in a tensor class (attn_q, ..., ffn_down, the embeddings)
-   moves the model's output: one forward pass of the source model over a calibration chunk, then one per
+2. **Sensitivity.** How much a unit of ``D`` in a tensor class (attn_q, ..., ffn_down, the embeddings;
+   a MoE layer's routed and shared experts apart: ffn_down_exps, ffn_down_shexp, ...) moves the model's output: one forward pass of the source model over a calibration chunk, then one per
    class with every tensor of the class quantized to a probe type (~4.5 bits), ``s_c = KLD_c / D_c``
    (KL divergence of the next-token distributions against the unperturbed pass). Losses then read
    ``loss(t, q) = s_class(t) * D(t, q)``, an estimate of the KLD the choice adds; KLD is quadratic in
@@ -39,6 +39,7 @@ from quantkit.errors import QuantkitError
 from quantkit.formats.ggml_types import type_info
 from quantkit.formats.gguf_io import GGUFModel, Tensor, tensor_nbytes
 from quantkit.formats.imatrix import Imatrix
+from quantkit.model.llama import Weight
 from quantkit.policy import OUTPUT, TOKEN_EMBD, TypePlan
 from quantkit.typenames import ggml_type_name
 
@@ -60,6 +61,8 @@ SENS_CHUNKS = 2
 SENS_F32_MAX_BYTES = 2 << 30
 #: tied or untied, the embedding matrix and the output projection form one class
 EMBEDDINGS = "embeddings"
+#: the name parts of a MoE layer's routed experts (3D tensors) and shared expert
+EXPERT_KINDS = ("_exps", "_shexp")
 
 
 class TargetError(QuantkitError):
@@ -105,8 +108,16 @@ class TargetMix:
 
 
 def tensor_class(name: str, category: str) -> str:
-    """The sensitivity class: the tensor's category, with token_embd and output as one class."""
-    return EMBEDDINGS if category in (TOKEN_EMBD, OUTPUT) else category
+    """The sensitivity class: the tensor's category, with token_embd and output as one class; in a
+    mixture-of-experts layer the routed experts (``ffn_up_exps``, ...) and the shared expert
+    (``ffn_up_shexp``, ...) are classes of their own beside the dense FFN's, as the recipes people tune
+    keep them apart (the router, ``ffn_gate_inp``, is never quantized)."""
+    if category in (TOKEN_EMBD, OUTPUT):
+        return EMBEDDINGS
+    for kind in EXPERT_KINDS:
+        if f"{kind}." in name:
+            return category + kind
+    return category
 
 
 def candidate_types(ne0: int, only: Sequence[GGMLQuantizationType] = ()) -> list[GGMLQuantizationType]:
@@ -208,7 +219,9 @@ def kld(base_lp: np.ndarray, logits: np.ndarray, base_p: np.ndarray | None = Non
     return float((p * (base_lp - lp)).sum(axis=1).mean())
 
 
-_BLOCK_ATTR = {"attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down"}
+def _block_weights(block) -> list[tuple[str, Weight]]:
+    """(attribute, Weight) of every tensor a layer multiplies by (attention, FFN, experts, router)."""
+    return [(a, w) for a, w in vars(block).items() if isinstance(w, Weight)]
 
 
 def _hold_as_f32(runners, max_bytes: int = SENS_F32_MAX_BYTES) -> bool:
@@ -218,10 +231,8 @@ def _hold_as_f32(runners, max_bytes: int = SENS_F32_MAX_BYTES) -> bool:
     to F16, the same in the base pass and the perturbed ones)."""
     import dataclasses
 
-    from quantkit.model.decode import MATS
-
     holders = [(r, a) for r in runners for a in ("token_embd", "output")]
-    holders += [(b, a) for r in runners for b in r.blk for a in MATS if getattr(b, a) is not None]
+    holders += [(b, a) for r in runners for b in r.blk for a, _ in _block_weights(b)]
     weights = {id(getattr(o, a)): getattr(o, a) for o, a in holders}
     if 4 * sum(w.data.shape[0] * w.shape[0] for w in weights.values()) > max_bytes:
         return False
@@ -286,9 +297,9 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
         base = [_log_softmax(lg) for lg in run()]
         base_p = [np.exp(b) for b in base]
         where: dict[str, tuple[object, str]] = {}
-        for i, b in enumerate(runner.blk):
-            for attr in _BLOCK_ATTR:
-                where[f"blk.{i}.{attr}.weight"] = (b, attr)
+        for b in runner.blk:
+            for attr, w in _block_weights(b):
+                where[w.name] = (b, attr)
         sens, klds = {}, {}
         for cls, names in groups.items():
             saved = []
@@ -302,7 +313,9 @@ def measure_sensitivity(path, groups: dict[str, list[str]], probe: dict[str, GGM
                 f = w0.data.view(np.float32) if w0.type == GGMLQuantizationType.F32 else w0.dequantize()
                 wts = weights_of(name)
                 qt = probe[name]
-                qb = quantize(f, qt, None if wts is None else wts[0])
+                # a 3D experts tensor: each expert with its own imatrix row, as quantize does
+                mats = f.reshape(w0.n_expert, -1, f.shape[-1])
+                qb = np.concatenate([quantize(m, qt, None if wts is None else wts[e]) for e, m in enumerate(mats)])
                 w1 = dataclasses.replace(w0, type=qt, data=qb.reshape(w0.data.shape[0], -1))
                 for obj, attr in holders:
                     saved.append((obj, attr, getattr(obj, attr)))
