@@ -65,6 +65,10 @@ SHAPES = {
     # a small MoE for quick measurements: ~0.3B parameters, ~0.1B active
     "moe-small": Shape("qwen3moe", 1024, 2048, 8, 16, 8, 64, 1000000.0, tied=True, qk_norm=True, ctx=4096,
                        n_expert=16, n_used=4, n_ff_exp=512),
+    # Mixtral's layout (a llama file with llama.expert_count; the experts' width is feed_forward_length)
+    # at a small size: ~0.3B parameters, ~0.1B active
+    "mixtral-small": Shape("llama", 1024, 1024, 8, 16, 8, 64, 1000000.0, tied=False, ctx=4096,
+                           n_expert=8, n_used=2, n_ff_exp=1024),
 }
 
 NU = 5.0  # Student-t degrees of freedom of the weights
@@ -125,8 +129,9 @@ def metadata(name: str, s: Shape, tokenizer: list[KV]) -> list[KV]:
         KV(f"{a}.rope.dimension_count", s.head_dim, V.UINT32),
     ]
     if s.n_expert:
-        kv += [KV(f"{a}.expert_count", s.n_expert, V.UINT32), KV(f"{a}.expert_used_count", s.n_used, V.UINT32),
-               KV(f"{a}.expert_feed_forward_length", s.n_ff_exp, V.UINT32)]
+        kv += [KV(f"{a}.expert_count", s.n_expert, V.UINT32), KV(f"{a}.expert_used_count", s.n_used, V.UINT32)]
+        if a != "llama":  # Mixtral's experts are feed_forward_length wide (n_ff == n_ff_exp there)
+            kv.append(KV(f"{a}.expert_feed_forward_length", s.n_ff_exp, V.UINT32))
     if a == "llama":
         kv.append(KV("llama.vocab_size", next(len(k.value) for k in tokenizer if k.key == "tokenizer.ggml.tokens"),
                      V.UINT32))

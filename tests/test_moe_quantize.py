@@ -1,4 +1,5 @@
-"""Quantizing a mixture-of-experts model with an importance matrix some experts have no data in.
+"""Quantizing and measuring a mixture-of-experts model: an importance matrix some experts have no data in,
+--target-bpw's expert classes, a sweep.
 
 llama-imatrix keeps such entries with count 0 for the experts no token chose (tools/imatrix/imatrix.cpp
 warns "partial data"), and llama-quantize weighs every column of those experts by 1
@@ -67,3 +68,27 @@ def test_target_bpw_on_moe_tunes_the_experts_as_classes(model, tmp_path):
     r = run_cli(["quantize", "--imatrix", im, "--tensor-type-file", types, model, again, "Q4_K_M"])
     assert r.exit_code == 0, r.output
     assert sha256(again) == sha256(out)
+
+
+def test_sweep_and_bench_on_moe(model, tmp_path):
+    """A sweep of the qwen3moe (a file type and a target BPW, with llama-bench's pp test): every point is
+    measured against the source, Q8_0 lies closer to it than the ~4.5-bit mix, and each KLD is the one
+    `quantkit perplexity --kl-divergence` reports for that file."""
+    import csv
+    import io
+    import re
+
+    out = tmp_path / "sweep"
+    r = run_cli(["sweep", "-m", model, "--imatrix", DATA / "qwen3moe-F16.c64x4.gguf", "--types", "Q8_0",
+                 "--target-bpw", "4.5", "-c", 128, "--chunks", 2, "--format", "csv", "--bench", "--bench-pp", 16,
+                 "--bench-tg", 0, "--bench-reps", 1, "-o", out])
+    assert r.exit_code == 0, r.output
+    rows = {row["label"]: row for row in csv.DictReader(io.StringIO(r.stdout))}
+    assert set(rows) == {"Q8_0", "bpw4.5"}
+    assert 0 < float(rows["Q8_0"]["kld"]) < float(rows["bpw4.5"]["kld"])
+    assert float(rows["bpw4.5"]["bpw"]) <= 4.5 and all(float(x["pp_ts"]) > 0 for x in rows.values())
+    kl = run_cli(["perplexity", "-m", out / "bpw4.5.gguf", "--kl-divergence", "--kl-divergence-base",
+                  out / "base.kld"])
+    assert kl.exit_code == 0, kl.output
+    assert float(rows["bpw4.5"]["kld"]) == pytest.approx(
+        float(re.search(r"Mean\s+KLD:\s+([0-9.]+)", kl.stdout).group(1)), abs=5e-7)
