@@ -41,7 +41,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.formats.ggml_types import type_info
-from quantkit.jit import njit_parallel, prange
+from quantkit.jit import frozen, njit_parallel, prange
 from quantkit.kernels import ir_rowdot as kir
 from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
 from quantkit.kernels.ir import (F32T, I8, I16, I32, I64, V8I32, V16I16, V32I8, _byte_ptr, _decl, _f16, _gep, _ld, _madd16,
@@ -577,5 +577,6 @@ def gemm(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, cache: dict, threads:
          flavour: str = "vnni") -> np.ndarray:
     """out = x @ dequantize(w).T on integer dots (w uint8 (n_out, row_bytes) of a type with a GEMM entry)."""
     xq, dx, xc, xm = gemm_operands(t, x, cache)
-    gemm_kernel(t, flavour)(w, xq, dx, xc, xm, out, tile_rows(w.shape[0], x.shape[1], threads))
+    # weights read-only, as the file's map gives them: one build whoever calls (jit.frozen)
+    gemm_kernel(t, flavour)(frozen(w), xq, dx, xc, xm, out, tile_rows(w.shape[0], x.shape[1], threads))
     return out
