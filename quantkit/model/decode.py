@@ -75,6 +75,8 @@ MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_
 #: a MoE layer's: the experts' 3D tensors in the FFN's places, and the router
 MOE_MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
             "ffn_gate_inp")
+#: after them, a shared expert's (qwen2moe)
+SHEXP_MATS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 #: columns of a ``wt`` row
 WT_COLS = 6
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
@@ -254,9 +256,11 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
     ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
     dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms, experts used
-    (0: a dense FFN), normalize the experts' weights);
+    (0: a dense FFN), normalize the experts' weights, has a shared expert);
     moe = (router logits (n_expert,), one expert's output (n_embd,), the chosen experts' weights and
-    indices (experts used,), the three expert matrices' ``wt`` rows (3, WT_COLS)) -- scratch;
+    indices (experts used,), the three expert matrices' ``wt`` rows (3, WT_COLS)) -- scratch --, the
+    shared expert's gate vectors (n_layer, n_embd) and the activation forms of its down product's input;
+    a shared expert's three matrices are ``wt[l, 8:11]``;
     need[l] = activation kinds of the four inputs of layer l (attn, attn_output, ffn, ffn_down),
     need[n_layer, 0] the output's; lay[l] = (RoPE table of cos / sin, sliding window or 0);
     bias[l] = the Q, K, V biases (n_layer, 0) when there are none; qk_norm[l] = (q, k) head norms,
@@ -272,11 +276,11 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     nob = bias[0, :0]       # an empty bias / norm: "none"
     xa = aE[0][0]           # the normed input of a block, float32 (E,)
     xo = aQ[0][0]           # the attention output, float32 (Q,)
-    ha = aF[0][0]           # act(gate) * up, float32 (n_ff,)
     o_0 = np.int64(0)       # output offset 0, typed int64 as Q and Q + KV are (one build of ROWS)
     n_used = dims[8]
     norm_w = dims[9] != 0
-    rlog, ye, selw, sel, mrow = moe[0], moe[1], moe[2], moe[3], moe[4]
+    rlog, ye, selw, sel, mrow, shg, aS = moe[0], moe[1], moe[2], moe[3], moe[4], moe[5], moe[6]
+    has_shexp = 1 if dims[10] != 0 else 0
 
     DEQROW(et[3], buf, pbuf, et[0], et[1], tok, tok + 1, aE, x, o_0, sc)  # noqa: F821
     if embd_scale != np.float32(1.0):
@@ -332,12 +336,16 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             moe_route(rlog, n_used, norm_w, sel, selw)
         for i in range(E):
             xb2[i] = 0.0
-        for j in range(max(n_used, 1)):
-            e = sel[j] if n_used else 0
+        for j in range(max(n_used, 1) + has_shexp):
+            shx = n_used != 0 and j == n_used      # the shared expert, after the routed ones
+            e = sel[j] if n_used and not shx else 0
+            m0 = 8 if shx else 4
+            af = aS if shx else aF
+            ha = af[0][0]                          # act(gate) * up, float32 (n_ff,)
             for r in range(3):
                 for col in range(WT_COLS):
-                    mrow[r, col] = w[4 + r, col]
-                mrow[r, 0] += e * w[4 + r, 5]
+                    mrow[r, col] = w[m0 + r, col]
+                mrow[r, 0] += e * w[m0 + r, 5]
             mg, mu, md = mrow[0], mrow[1], mrow[2]
             ctr[CTR] = 0
             for _ in prange(nth):
@@ -349,9 +357,14 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
                     r1 = min(r0 + mg[4], mg[2])
                     glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
                     c = fetch_add(ctr, CTR, 1)
-            quantize_needed(need[l, 3], aF)
-            PRODUCT(md, buf, pbuf, aF, ye, sc, ctr, nth)  # noqa: F821
-            we = selw[j] if n_used else np.float32(1.0)
+            quantize_needed(need[l, 3], af)
+            PRODUCT(md, buf, pbuf, af, ye, sc, ctr, nth)  # noqa: F821
+            we = selw[j] if n_used and not shx else np.float32(1.0)
+            if shx:   # sigmoid(h . ffn_gate_inp_shexp)
+                gs = np.float32(0.0)
+                for i in range(E):
+                    gs += xa[i] * shg[l, i]
+                we = np.float32(1.0) / (np.float32(1.0) + expf(-gs))
             for i in range(E):
                 xb2[i] += ye[i] * we
         add_block(x, xb2, post_norm[l, 1], eps)
@@ -462,7 +475,7 @@ class DecodeStep:
         # per-layer tables: one set of attention flags for all layers, a dense GLU FFN in each
         kinds = {(d.attn.rope_neox, d.attn.qk_norm, d.attn.post_norm, d.ffn.glu,
                   isinstance(d.ffn, DenseFFN) and d.ffn.post_norm,
-                  (d.ffn.n_expert, d.ffn.n_expert_used, d.ffn.n_ff, d.ffn.norm_w)
+                  (d.ffn.n_expert, d.ffn.n_expert_used, d.ffn.n_ff, d.ffn.norm_w, d.ffn.n_ff_shexp)
                   if isinstance(d.ffn, MoeFFN) else None)
                  for d in model.layers}
         if len(kinds) != 1:
@@ -473,7 +486,8 @@ class DecodeStep:
         f = model.layers[0].ffn
         if isinstance(f, MoeFFN) and (f.gating != "softmax" or f.w_scale not in (0.0, 1.0)):
             raise ModelError("the compiled decode step routes experts by softmax without a weight scale only")
-        names = MOE_MATS if moe else MATS
+        n_shexp = moe[4] if moe else 0
+        names = MOE_MATS + (SHEXP_MATS if n_shexp else ()) if moe else MATS
         per_layer = [[getattr(b, name) for name in names] for b in model.blk]
         mats = [w for ws in per_layer for w in ws]
         weights = mats + [model.output, model.token_embd]
@@ -537,8 +551,9 @@ class DecodeStep:
 
         need = np.zeros((c.n_layer + 1, 4), np.int64)
         for i, ws in enumerate(per_layer):
-            # attention's input; attn_output's; the FFN's (and the router's); ffn_down's
-            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[4:6], *ws[7:]), bits(ws[6]))
+            # attention's input; attn_output's; the FFN's (and the router's, the shared expert's gate / up);
+            # ffn_down's (and the shared expert's)
+            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[4:6], *ws[7:10]), bits(ws[6], *ws[10:]))
         need[c.n_layer, 0] = bits(model.output)
         self.need = need
         self.attn_norm = np.ascontiguousarray(np.stack([b.attn_norm for b in model.blk]), np.float32)
@@ -551,15 +566,17 @@ class DecodeStep:
         self.x = np.zeros(c.n_embd, np.float32)
         self.xb2 = np.zeros(c.n_embd, np.float32)
         self.qkv = np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32)
-        self.hg = np.zeros(n_ff, np.float32)
-        self.hu = np.zeros(n_ff, np.float32)
+        self.hg = np.zeros(max(n_ff, n_shexp), np.float32)
+        self.hu = np.zeros(max(n_ff, n_shexp), np.float32)
         k = moe[1] if moe else 1
+        shg = np.ascontiguousarray(np.stack([b.ffn_gate_inp_shexp.dequantize().reshape(-1) for b in model.blk]),
+                                   np.float32) if n_shexp else np.zeros((c.n_layer, 0), np.float32)
         self.moe = (np.zeros(moe[0] if moe else 1, np.float32), np.zeros(c.n_embd, np.float32), np.zeros(k, np.float32),
-                    np.zeros(k, np.int64), np.zeros((3, WT_COLS), np.int64))
+                    np.zeros(k, np.int64), np.zeros((3, WT_COLS), np.int64), shg, _activations(n_shexp or 32))
         self.sc = np.zeros(16, np.int32)
         self.ctr = np.zeros(2 * CTR, np.int64)
         self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, neox, GLU_KINDS.index(glu_name),
-                              qk_norm, post_attn, moe[1] if moe else 0, moe[3] if moe else 0], np.int64)
+                              qk_norm, post_attn, moe[1] if moe else 0, moe[3] if moe else 0, n_shexp], np.int64)
         self.eps = np.float32(c.rms_eps)
         self.scale = np.float32(c.kq_scale)
         self.bias = layer_biases(model)
@@ -638,5 +655,5 @@ def _activations(n: int) -> tuple:
 
 
 __all__ = ["attend_kernel", "exp_shift_sum", "expf", "gelu_table", "glu", "kv_f16_store", "kv_f32_same",
-           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "MOE_MATS", "SLOTS",
+           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "MOE_MATS", "SHEXP_MATS", "SLOTS",
            "step_kernel"]

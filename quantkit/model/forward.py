@@ -55,7 +55,7 @@ from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.mul_mat import blas_one_thread
 from quantkit.kernels.vecdot import build
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.decode import (MATS, MOE_MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu,
+from quantkit.model.decode import (MATS, MOE_MATS, SHEXP_MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu,
                                    kv_f16_store, kv_f32_same, layer_biases, max_f32, qk_prepare, rmsnorm1,
                                    window_start)
 from quantkit.model.layer import Attn, DenseFFN, MoeFFN
@@ -332,7 +332,7 @@ class Runner:
         self.blk = []
         for b in m.blk:
             nb = copy.copy(b)
-            for name in MATS + MOE_MATS:
+            for name in MATS + MOE_MATS + SHEXP_MATS:
                 if getattr(b, name) is not None:
                     setattr(nb, name, moved(getattr(b, name)))
             self.blk.append(nb)
@@ -562,3 +562,14 @@ class Runner:
         out[...] = slots[0]
         for j in range(1, f.n_expert_used):
             out += slots[j]
+        if f.n_ff_shexp:
+            # the shared expert (qwen2moe): a dense GLU over every row, times sigmoid of its gate, added
+            # after the routed experts (ggml computes the sigmoid as silu(g) / g)
+            g = self._mm(b.ffn_gate_inp_shexp, xb, np.empty((n, 1), np.float32))          # (n, 1)
+            gate, up = np.empty((n, f.n_ff_shexp), np.float32), np.empty((n, f.n_ff_shexp), np.float32)
+            shared = {}
+            self._mm(b.ffn_gate_shexp, xb, gate, shared)
+            self._mm(b.ffn_up_shexp, xb, up, shared)
+            glu_rows(gate, up, kind, self.gelu_tab)
+            y = self._mm(b.ffn_down_shexp, gate, np.empty((n, E), np.float32))
+            out += y * (np.float32(1.0) / (np.float32(1.0) + np.exp(-g, dtype=np.float32)))
