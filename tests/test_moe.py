@@ -55,13 +55,26 @@ def test_config_and_layers(case):
     assert c.arch.name == s["arch"] and c.n_expert == s["n_expert"] and c.n_expert_used == s["n_used"]
     assert c.n_ff_exp == s.get("n_ff_exp", s["n_ff"])
     assert c.n_ff_shexp == s.get("n_ff_shexp", 0)
-    for d, b in zip(m.layers, m.blk):
-        # qwen2moe: build_moe_ffn's norm_w = false, and the shared expert
-        assert d.moe and d.ffn == MoeFFN(s["n_expert"], s["n_used"], c.n_ff_exp, "softmax", arch != "qwen2moe", 0.0,
-                                         "silu", s.get("n_ff_shexp", 0))
+    oss = arch == "gpt-oss"
+    for il, (d, b) in enumerate(zip(m.layers, m.blk)):
+        # qwen2moe: build_moe_ffn's norm_w = false, and the shared expert; gpt-oss: norm_w = false,
+        # softmax_weight gating, the clamped SwiGLU, the router's and the experts' biases
+        assert d.moe and d.ffn == MoeFFN(s["n_expert"], s["n_used"], c.n_ff_exp, "softmax_weight" if oss else "softmax",
+                                         arch in ("qwen3moe", "mixtral"), 0.0, "swiglu_oai" if oss else "silu",
+                                         s.get("n_ff_shexp", 0), oss)
         assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch != "mixtral")
         assert d.attn.qkv_bias == s["bias"] and (b.ffn_down_shexp is not None) == ("n_ff_shexp" in s)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
+        # gpt-oss: sinks and the output bias; layer 0 slides (load_swa_pattern(2)), layer 1 does not
+        assert d.attn.sinks == d.attn.out_bias == oss
+        assert (d.attn.n_swa, d.attn.rope_table) == ((8, 1) if oss and il % 2 == 0 else (0, 0))
+    if oss:
+        assert b.ffn_down_exps_bias.shape == (c.n_expert, c.n_embd) and b.attn_sinks.shape == (c.n_head,)
+        # 1/sqrt(n_rot); YaRN over 32 positions, factor 4, on the sliding layers too (their base and
+        # scale are the model's); ggml's magnitude 1 + 0.1 ln 4
+        assert c.kq_scale == pytest.approx(1 / np.sqrt(48)) and c.yarn and c.n_ctx_orig_yarn == 32
+        assert c.rope_freq_scale == c.rope_freq_scale_swa == 0.25 and c.rope_freq_base_swa == 150000.0
+        assert c.rope_mscale == pytest.approx(1 + 0.1 * np.log(4), rel=1e-6)
     # one expert is a view of its rows in the file's map: nothing copied
     w = m.blk[1].ffn_down_exps
     e = w.expert(3)
@@ -210,6 +223,46 @@ def test_route_ties_and_order():
         assert (w[:, 0] >= w[:, 1]).all()
 
 
+def test_route_softmax_weight_ties():
+    """gpt-oss's SOFTMAX_WEIGHT gating, both routings and the compiled step's ``moe_route``: the largest
+    raw logits (ties to the lower index), weighted by the softmax of those alone, not normalized again."""
+    from quantkit.model.decode import moe_route
+
+    f = MoeFFN(n_expert=6, n_expert_used=2, n_ff=8, gating="softmax_weight", norm_w=False, w_scale=0.0,
+               glu="swiglu_oai", biases=True)
+    logits = np.array([[0, 0, 0, 0, 0, 0], [1, 3, 3, 0, 3, 2], [0, 1, 5, 1, 0, 2], [-4, -9, -9, -3.5, -9, -4]],
+                      np.float32)
+    want = [[0, 1], [1, 2], [2, 5], [3, 0]]
+    chosen = np.take_along_axis(logits, np.array(want), 1).astype(np.float64)
+    soft = np.exp(chosen - chosen.max(1, keepdims=True))
+    soft /= soft.sum(1, keepdims=True)
+    for fn in (route, route_ref):
+        top, w = fn(logits if fn is route else logits.astype(np.float64), f)[:2]
+        assert top.tolist() == want
+        np.testing.assert_allclose(w, soft, rtol=1e-6)
+    for row, wt, ws in zip(logits, want, soft):
+        sel, selw = np.zeros(2, np.int64), np.zeros(2, np.float32)
+        moe_route(row.copy(), 2, False, True, sel, selw)
+        assert sel.tolist() == wt
+        np.testing.assert_allclose(selw, ws, rtol=1e-6)
+
+
+def test_swiglu_oai():
+    """ops.glu's swiglu_oai (the batch path and the step) against the float64 reference's: the gate
+    clamped above at 7, up to [-7, 7], both sides of each clamp."""
+    from quantkit.model.arch import GLU_KINDS
+    from quantkit.model.ops import glu
+    from quantkit.model.reference import _glu
+
+    g = np.array([-20, -7.5, -1, 0, 0.5, 6.9, 7, 7.1, 30], np.float32)
+    u = np.array([-30, -7.1, -6.9, -1, 0, 1, 6.9, 7.1, 30], np.float32)
+    out = np.empty_like(g)
+    glu(g, u, out, GLU_KINDS.index("swiglu_oai"), np.zeros(1, np.float32))
+    want = _glu(g.astype(np.float64), u.astype(np.float64), "swiglu_oai")
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-7)
+    assert want[-1] == pytest.approx(7 / (1 + np.exp(-1.702 * 7)) * 8)
+
+
 def _dense_of_expert(src, dst, e: int):
     """The dense file equal to the MoE file ``src`` routed to expert ``e`` alone: its FFN tensors are
     expert e's slices, the router and the expert keys are dropped."""
@@ -282,7 +335,7 @@ def test_zero_router_two_experts(tmp_path):
 @pytest.mark.parametrize("arch, needle", [
     ("olmoe", "'olmoe' (mixture of experts) is not supported: quantkit does not have the whole-Q/K RMSNorm"),
     ("deepseek2", "'deepseek2' (mixture of experts) is not supported: quantkit does not have multi-head latent"),
-    ("gpt-oss", "'gpt-oss' (mixture of experts) is not supported: quantkit does not have attention sinks"),
+    ("deepseek", "'deepseek' (mixture of experts) is not supported: quantkit does not have the shared experts"),
 ])
 def test_unsupported_moe_archs(arch, needle):
     with pytest.raises(ModelError, match=re.escape(needle)):
@@ -298,18 +351,29 @@ def test_moe_config_refusals():
         LlamaConfig.from_metadata({**base, "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 9}, 10)
     c = LlamaConfig.from_metadata({**base, "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2}, 10)
     assert (c.n_expert, c.n_expert_used, c.n_ff_exp) == (8, 2, 32)
+    with pytest.raises(ModelError, match=r"rope scaling 'longrope' is not supported \(only linear and yarn\)"):
+        LlamaConfig.from_metadata({**base, "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2,
+                                   "qwen3moe.rope.scaling.type": "longrope", "qwen3moe.rope.scaling.factor": 4.0}, 10)
 
 
-def test_missing_expert_tensor(tmp_path):
-    with pytest.raises(ModelError, match="tensor 'blk.1.ffn_up_exps.weight' is missing"):
-        Llama(write_model(tmp_path / "bad.gguf", "qwen3moe", drop="blk.1.ffn_up_exps.weight"))
+@pytest.mark.parametrize("arch, name", [("qwen3moe", "blk.1.ffn_up_exps.weight"),
+                                        ("qwen2moe", "blk.0.ffn_gate_inp_shexp.weight"),
+                                        ("qwen2moe", "blk.1.ffn_down_shexp.weight"),
+                                        ("gpt-oss", "blk.0.attn_sinks.weight"), ("gpt-oss", "blk.1.attn_output.bias"),
+                                        ("gpt-oss", "blk.0.ffn_gate_inp.bias"), ("gpt-oss", "blk.1.ffn_down_exps.bias"),
+                                        ("gpt-oss", "blk.0.post_attention_norm.weight")])
+def test_missing_expert_tensor(tmp_path, arch, name):
+    """What the architecture reads (llama.cpp's load_arch_tensors: all required) is checked before any compute."""
+    with pytest.raises(ModelError, match=re.escape(f"tensor '{name}' is missing")):
+        Llama(write_model(tmp_path / "bad.gguf", arch, drop=name))
 
 
-def test_cli_run(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss"])
+def test_cli_run(tmp_path, arch):
     """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner."""
     from conftest import run_cli
 
-    path = write_model(tmp_path / "moe.gguf", "qwen3moe", "Q")
+    path = write_model(tmp_path / "moe.gguf", arch, "Q")
     r = run_cli(["run", "-m", path, "-p", "the", "-n", "12", "--temp", "0"], cwd=tmp_path)
     assert r.exit_code == 0, r.output
     with Llama(path) as m:

@@ -16,15 +16,19 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       h = rmsnorm(x) * attn_norm
       q, k, v = h @ attn_q/k/v               (+ attn_q/k/v.bias           when the file has them)
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
-      q, k = rope(q, k)                      (NORM or NEOX pairs; SWA layers use the SWA base)
-      o = softmax(scale * q k^T + causal [+ sliding-window] mask) v @ attn_output
+      q, k = rope(q, k)                      (NORM or NEOX pairs, YaRN when the file says; SWA layers use
+                                              the SWA base)
+      o = softmax(scale * q k^T + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
+                                             (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
       o = rmsnorm(o) * post_attention_norm                                 if post_norms
       x = x + o
-      h = rmsnorm(x) * ffn_norm
+      h = rmsnorm(x) * ffn_norm              (gpt-oss: post_attention_norm, its Arch.ffn_norm)
       f = (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down   act = SiLU or GELU (tanh form)     dense FFN
         or, a mixture of experts (moe; llama.cpp's build_moe_ffn):
       p = softmax(h @ ffn_gate_inp); E = the expert_used_count largest; w = p[E] (/ sum(p[E]) if moe_norm_w)
+        (gpt-oss: l = h @ ffn_gate_inp + bias; E = the largest l; w = softmax(l[E]), moe_gating)
       f = sum over e in E of w_e * (silu(h @ ffn_gate_exps[e]) * (h @ ffn_up_exps[e])) @ ffn_down_exps[e]
+        (gpt-oss: each product + its expert's bias, act = swiglu_oai, moe_biases)
       f += sigmoid(h . ffn_gate_inp_shexp) * (silu(h @ ffn_gate_shexp) * (h @ ffn_up_shexp)) @ ffn_down_shexp
                                                                            if shared_expert
       f = rmsnorm(f) * post_ffw_norm                                       if post_norms
@@ -99,7 +103,6 @@ SUPPORTED_ARCHS = tuple(ARCHS)
 UNSUPPORTED_MOE_ARCHS = {
     "deepseek": "the shared experts (ffn_*_shexp) and leading dense layers",
     "deepseek2": "multi-head latent attention (MLA), grouped expert routing and the shared experts",
-    "gpt-oss": "attention sinks, biased experts and the clamped SwiGLU in every path",
     "olmoe": "the whole-Q/K RMSNorm",
     "llama4": "the sigmoid gating before the experts and the shared expert",
 }

@@ -13,10 +13,12 @@ What the paths do with each kind today:
 =====================  ==========================  =========================  ==========================
 record                 reference (float64)         batch path                 compiled decode step
 =====================  ==========================  =========================  ==========================
-``Attn``               every flag                  every flag                 every flag (``dims``)
+``Attn``               every flag                  every flag                 every flag (``dims``), sinks
+                                                                              and output bias per layer
 ``DenseFFN``           GLU, post-norm              GLU, post-norm             GLU, post-norm
-``MoeFFN``             router, top-k, experts      experts over their tokens  router, ``moe_route``, the
-                                                                              chosen experts' rows only
+``MoeFFN``             router, top-k, experts,     experts over their tokens, router, ``moe_route``, the
+                       biases, shared expert       biases, shared expert      chosen experts' rows only, the
+                                                                              shared expert after them
 =====================  ==========================  =========================  ==========================
 
 The compiled step takes one attention kind and one FFN kind for all layers (``DecodeStep`` refuses other

@@ -398,7 +398,8 @@ class Llama:
                 for extra in UNSUPPORTED_MOE_TENSORS:
                     if extra not in read and gg.has_tensor(p + extra):
                         raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name} "
-                                         f"(shared experts and expert biases are not implemented)")
+                                         f"(its layer has no shared expert or expert biases; quantkit runs "
+                                         f"qwen2moe's shared expert and gpt-oss's biases)")
                 X, FX = c.n_expert, c.n_ff_exp
                 b.ffn_gate_inp = matrix(p + "ffn_gate_inp.weight", E, X)
                 b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
