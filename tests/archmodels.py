@@ -14,8 +14,10 @@ Variants: "F16" (matrices F16, the rest F32) and "Q" (matrices Q8_0 / Q4_0 / Q5_
 gguf.quants, byte-identical to ggml's reference quantizers).
 
 ``MOE_SPECS``: mixture-of-experts models written by the same function -- ``qwen3moe`` (8 experts, 2 used,
-``expert_feed_forward_length``) and ``mixtral``, a ``llama`` file with ``llama.expert_count`` 4 (Mixtral's
-layout). The router ``ffn_gate_inp`` stays F32 in every variant, as llama-quantize leaves it.
+``expert_feed_forward_length``), ``mixtral``, a ``llama`` file with ``llama.expert_count`` 4 (Mixtral's
+layout), ``qwen2moe`` (8 experts, 4 used, Q/K/V biases, a shared expert of another width with its
+sigmoid gate) and ``gpt-oss`` (attention sinks, the attention output's bias, alternating sliding-window
+layers, YaRN RoPE, the router's and the experts' biases, the clamped SwiGLU; MXFP4 experts in "Q"). The router ``ffn_gate_inp`` stays F32 in every variant, as llama-quantize leaves it.
 ``router="zero"``: an all-zero router, so every expert ties and every token goes to experts 0..k-1.
 """
 
@@ -45,6 +47,16 @@ MOE_SPECS = {
     "mixtral": dict(arch="llama", n_layer=2, n_embd=128, n_ff=96, n_head=4, n_head_kv=2, head_dim=None,
                     n_vocab=512, rope_base=10000.0, eps=1e-5, bias=False, qk_norm=False, post_norms=False,
                     tied=False, n_expert=4, n_used=2),
+    "qwen2moe": dict(arch="qwen2moe", n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, head_dim=None,
+                     n_vocab=512, rope_base=1000000.0, eps=1e-6, bias=True, qk_norm=False, post_norms=False,
+                     tied=False, n_expert=8, n_used=4, n_ff_exp=64, n_ff_shexp=160),
+    # gpt-oss: sinks, biases everywhere, layer 0 sliding (window 8), YaRN (factor 4 over 32 positions),
+    # gates wide enough that the SwiGLU's clamp at 7 bites; its "Q" experts are MXFP4 (MXFP4_MOE's)
+    "gpt-oss": dict(arch="gpt-oss", n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, head_dim=48,
+                    n_vocab=512, rope_base=150000.0, eps=1e-5, bias=True, qk_norm=False, post_norms=False,
+                    tied=False, n_expert=8, n_used=2, n_ff_exp=64, sliding_window=8, yarn=(4.0, 32),
+                    gate_scale=4.0, q_types={"ffn_gate_exps": T.MXFP4, "ffn_up_exps": T.MXFP4,
+                                             "ffn_down_exps": T.MXFP4}),
 }
 N_CTX = 128
 #: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
@@ -54,7 +66,8 @@ VARIANTS = {
     "F16": {},
     "Q": {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q8_0, "attn_v": T.Q5_0, "attn_output": T.Q4_1,
           "ffn_gate": T.Q4_0, "ffn_up": T.Q5_0, "ffn_down": T.Q8_0, "output": T.Q8_0,
-          "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q5_0, "ffn_down_exps": T.Q8_0},
+          "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q5_0, "ffn_down_exps": T.Q8_0,
+          "ffn_gate_shexp": T.Q4_1, "ffn_up_shexp": T.Q8_0, "ffn_down_shexp": T.Q5_0},
 }
 
 
@@ -99,7 +112,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     rng = np.random.default_rng(seed)
     E, F, V, H, HKV = s["n_embd"], s["n_ff"], s["n_vocab"], s["n_head"], s["n_head_kv"]
     hd = s["head_dim"] or E // H
-    types = VARIANTS[variant]
+    types = {**VARIANTS[variant], **(s.get("q_types", {}) if variant != "F16" else {})}
+    oss = arch == "gpt-oss"
     w = gguf.GGUFWriter(str(path), arch)
     w.add_uint32(f"{arch}.block_count", s["n_layer"])
     w.add_uint32(f"{arch}.context_length", N_CTX)
@@ -114,6 +128,10 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_float32(f"{arch}.attention.layer_norm_rms_epsilon", s["eps"])
     if "sliding_window" in s:
         w.add_uint32(f"{arch}.attention.sliding_window", s["sliding_window"])
+    if "yarn" in s:
+        w.add_string(f"{arch}.rope.scaling.type", "yarn")
+        w.add_float32(f"{arch}.rope.scaling.factor", s["yarn"][0])
+        w.add_uint32(f"{arch}.rope.scaling.original_context_length", s["yarn"][1])
     if "softcap" in s:
         w.add_float32(f"{arch}.final_logit_softcapping", s["softcap"])
     if n_exp:
@@ -121,6 +139,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         w.add_uint32(f"{arch}.expert_used_count", n_used or s["n_used"])
         if "n_ff_exp" in s:
             w.add_uint32(f"{arch}.expert_feed_forward_length", s["n_ff_exp"])
+        if "n_ff_shexp" in s:
+            w.add_uint32(f"{arch}.expert_shared_feed_forward_length", s["n_ff_shexp"])
     tokens, merges, ttypes = _vocab(V)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -166,15 +186,30 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "attn_q_norm.weight", hd, 0.5, 1.5)
             vec(p + "attn_k_norm.weight", hd, 0.5, 1.5)
         mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
+        if oss:   # the attention output's bias and the sinks; the FFN's norm is "post_attention_norm"
+            vec(p + "attn_output.bias", E, -0.2, 0.2)
+            vec(p + "attn_sinks.weight", H, 0.0, 3.0)
         if s["post_norms"]:
             vec(p + "post_attention_norm.weight", E, 1.5, 2.5)
-        vec(p + "ffn_norm.weight", E, 0.8, 1.2)
+        vec(p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
         if n_exp:
             FX = s.get("n_ff_exp", F)
-            mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, 3.0 / np.sqrt(E))
-            mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, 2.0 / np.sqrt(E), n_exp)
+            mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, s.get("router_scale", 3.0) / np.sqrt(E))
+            mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, s.get("gate_scale", 2.0) / np.sqrt(E), n_exp)
             mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp)
             mat(p + "ffn_down_exps.weight", "ffn_down_exps", FX, E, RESID / np.sqrt(FX), n_exp)
+            if oss:   # the router's and the experts' biases (one row per expert)
+                vec(p + "ffn_gate_inp.bias", n_exp, -0.5, 0.5)
+                for name, n, r in (("ffn_gate_exps", FX, 0.5), ("ffn_up_exps", FX, 0.5), ("ffn_down_exps", E, 0.2)):
+                    x = rng.uniform(-r, r, (n_exp, n)).astype(np.float32)
+                    if p + name + ".bias" != drop:
+                        w.add_tensor(p + name + ".bias", x)
+            if "n_ff_shexp" in s:   # the shared expert and its gate (a vector: sigmoid(h . g))
+                FS = s["n_ff_shexp"]
+                vec(p + "ffn_gate_inp_shexp.weight", E, -0.3, 0.3)
+                mat(p + "ffn_gate_shexp.weight", "ffn_gate_shexp", E, FS, 2.0 / np.sqrt(E))
+                mat(p + "ffn_up_shexp.weight", "ffn_up_shexp", E, FS, 1.0 / np.sqrt(E))
+                mat(p + "ffn_down_shexp.weight", "ffn_down_shexp", FS, E, RESID / np.sqrt(FS))
         else:
             mat(p + "ffn_gate.weight", "ffn_gate", E, F, 2.0 / np.sqrt(E))
             mat(p + "ffn_up.weight", "ffn_up", E, F, 1.0 / np.sqrt(E))

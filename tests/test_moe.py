@@ -1,10 +1,11 @@
-"""Mixture-of-experts models (qwen3moe; llama with experts, Mixtral's layout): config and layer records,
+"""Mixture-of-experts models (qwen3moe; llama with experts, Mixtral's layout; qwen2moe with its shared
+expert): config and layer records,
 the routing (ties, a router that sends every token to the same experts), the batch path and the
 one-token path against the float64 reference, a MoE file against the dense file of its one used expert,
 the refusals, and ``quantkit run`` end to end. One token at a time runs the compiled decode step.
 
 The tiny models come from tests/archmodels.py (``MOE_SPECS``, random weights, gguf.GGUFWriter);
-tests/data/arch/{qwen3moe,mixtral}-*.npz are llama.cpp's logits and greedy tokens on the very same files
+tests/data/arch/{qwen3moe,mixtral,qwen2moe}-*.npz are llama.cpp's logits and greedy tokens on the very same files
 (tools/make_arch_golden.py).
 """
 
@@ -32,10 +33,10 @@ CASES = [(a, v) for a in MOE_SPECS for v in ("F16", "Q")]
 #: llama.cpp's top-2 gap under this is a tie for a quantized tiny model (as tests/test_arch.py)
 TIE_Q = 1.0
 IDS = np.random.default_rng(7).integers(0, 500, 40)
-#: a routing margin (k-th minus (k+1)-th probability) under this in the reference may flip with 8-bit
-#: activations (measured: a flip at margin 0.043 on the mixtral "Q" file): such tokens are left out of
-#: the quantized files' comparison
-MARGIN_Q = 0.1
+#: a routing margin (the k-th largest router logit less the (k+1)-th) under this in the reference may
+#: flip with 8-bit activations (measured: flips at gaps up to 0.23 on the "Q" files): such tokens are left
+#: out of the quantized files' comparison
+MARGIN_Q = 0.3
 
 
 @pytest.fixture(scope="module", params=CASES, ids=[f"{a}-{v}" for a, v in CASES])
@@ -53,10 +54,27 @@ def test_config_and_layers(case):
     s, c = MOE_SPECS[arch], case[2].config
     assert c.arch.name == s["arch"] and c.n_expert == s["n_expert"] and c.n_expert_used == s["n_used"]
     assert c.n_ff_exp == s.get("n_ff_exp", s["n_ff"])
-    for d, b in zip(m.layers, m.blk):
-        assert d.moe and d.ffn == MoeFFN(s["n_expert"], s["n_used"], c.n_ff_exp, "softmax", True, 0.0, "silu")
-        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch == "qwen3moe")
+    assert c.n_ff_shexp == s.get("n_ff_shexp", 0)
+    oss = arch == "gpt-oss"
+    for il, (d, b) in enumerate(zip(m.layers, m.blk)):
+        # qwen2moe: build_moe_ffn's norm_w = false, and the shared expert; gpt-oss: norm_w = false,
+        # softmax_weight gating, the clamped SwiGLU, the router's and the experts' biases
+        assert d.moe and d.ffn == MoeFFN(s["n_expert"], s["n_used"], c.n_ff_exp, "softmax_weight" if oss else "softmax",
+                                         arch in ("qwen3moe", "mixtral"), 0.0, "swiglu_oai" if oss else "silu",
+                                         s.get("n_ff_shexp", 0), oss)
+        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch != "mixtral")
+        assert d.attn.qkv_bias == s["bias"] and (b.ffn_down_shexp is not None) == ("n_ff_shexp" in s)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
+        # gpt-oss: sinks and the output bias; layer 0 slides (load_swa_pattern(2)), layer 1 does not
+        assert d.attn.sinks == d.attn.out_bias == oss
+        assert (d.attn.n_swa, d.attn.rope_table) == ((8, 1) if oss and il % 2 == 0 else (0, 0))
+    if oss:
+        assert b.ffn_down_exps_bias.shape == (c.n_expert, c.n_embd) and b.attn_sinks.shape == (c.n_head,)
+        # 1/sqrt(n_rot); YaRN over 32 positions, factor 4, on the sliding layers too (their base and
+        # scale are the model's); ggml's magnitude 1 + 0.1 ln 4
+        assert c.kq_scale == pytest.approx(1 / np.sqrt(48)) and c.yarn and c.n_ctx_orig_yarn == 32
+        assert c.rope_freq_scale == c.rope_freq_scale_swa == 0.25 and c.rope_freq_base_swa == 150000.0
+        assert c.rope_mscale == pytest.approx(1 + 0.1 * np.log(4), rel=1e-6)
     # one expert is a view of its rows in the file's map: nothing copied
     w = m.blk[1].ffn_down_exps
     e = w.expert(3)
@@ -81,14 +99,23 @@ def _bar(variant: str, ref: np.ndarray) -> float:
 
 
 def _compare(got: np.ndarray, ref: np.ndarray, variant: str, routes: list) -> None:
+    """F16: every position within the bar on average, the same top-1 wherever the reference's top-2 gap
+    is 0.1 or more. Quantized: the positions clearly routed in every layer (``_keep``); a near-tie an
+    earlier position took the other way in layer 0 still reaches later positions of layer 1 through
+    their attention (measured: mixtral "Q", layer-0 flips at positions 2-29 moved position 34's layer-1
+    router logits by 0.9), so the median position is held to the bar and 90 % of the clear top-1s."""
     keep = _keep(variant, routes)
     assert keep.sum() >= 5
     d = np.abs(got - ref)[keep]
     gap = np.diff(np.sort(ref, 1)[:, -2:], axis=1)[keep, 0]
-    print(f"{variant}: {keep.sum()} positions, mean |d| {d.mean():.4f} max {d.max():.3f}")
-    assert d.mean() <= _bar(variant, ref)
+    print(f"{variant}: {keep.sum()} positions, mean |d| {d.mean():.4f} median {np.median(d.mean(1)):.4f} "
+          f"max {d.max():.3f}")
     clear = gap >= (0.1 if variant == "F16" else 1.0)
-    assert (got.argmax(1)[keep][clear] == ref.argmax(1)[keep][clear]).all()
+    same = got.argmax(1)[keep][clear] == ref.argmax(1)[keep][clear]
+    if variant == "F16":
+        assert d.mean() <= _bar(variant, ref) and same.all()
+    else:
+        assert np.median(d.mean(1)) <= _bar(variant, ref) and same.mean() >= 0.9
 
 
 def test_batch_matches_reference(case):
@@ -131,8 +158,10 @@ def golden(request, tmp_path_factory):
 
 def _check_llama_cpp(got: np.ndarray, variant: str, g: dict, ref: np.ndarray) -> None:
     """F16: no further from llama.cpp's logits than the float64 reference is (the gap is llama.cpp's
-    own rounding: fp16 activations and KV cache), the same top-1 everywhere. Quantized: MEAN_Q, the
-    same top-1 wherever llama.cpp's top-2 gap is over TIE_Q."""
+    own rounding: fp16 activations and KV cache), the same top-1 wherever llama.cpp's top-2 gap is over
+    its own largest batch vs token-by-token difference (``self_max``: measured, a qwen2moe position at
+    gap 0.012 against self_max 0.046 went the other way). Quantized: MEAN_Q, the same top-1 wherever
+    llama.cpp's top-2 gap is over TIE_Q."""
     want = g["logits"]
     d = np.abs(got - want).mean()
     print(f"{variant}: mean |d| {d:.4f} (reference {np.abs(ref - want).mean():.4f}, llama.cpp with itself "
@@ -140,7 +169,8 @@ def _check_llama_cpp(got: np.ndarray, variant: str, g: dict, ref: np.ndarray) ->
     gap = np.diff(np.sort(want, 1)[:, -2:], axis=1)[:, 0]
     if variant == "F16":
         assert d <= 1.25 * np.abs(ref - want).mean()
-        assert (got.argmax(1) == want.argmax(1)).all()
+        tie = float(g["self_max"])
+        assert (got.argmax(1)[gap >= tie] == want.argmax(1)[gap >= tie]).all()
     else:
         assert d <= MEAN_Q * float(want.std(1).mean())
         assert (got.argmax(1)[gap >= TIE_Q] == want.argmax(1)[gap >= TIE_Q]).all()
@@ -152,8 +182,8 @@ def test_batch_matches_llama_cpp(golden):
 
 
 def test_decode_matches_llama_cpp(golden):
-    """Token by token, then greedy generation after 8 prompt tokens: F16 equal to llama.cpp's all the
-    way, a quantized file may part only at a llama.cpp tie."""
+    """Token by token, then greedy generation after 8 prompt tokens: equal to llama.cpp's all the way,
+    or parting only at a llama.cpp tie (F16: a top-2 gap under its own noise, ``self_max``)."""
     variant, m, g, ref = golden
     r = Runner(m, 128)
     assert r.step is not None
@@ -169,7 +199,7 @@ def test_decode_matches_llama_cpp(golden):
         logits = r.forward(out[-1:])[-1]
     n = len(out) - (out != want[:len(out)])
     if n < len(want):
-        assert variant != "F16" and g["greedy_gap"][n] < TIE_Q, (n, g["greedy_gap"][n])
+        assert g["greedy_gap"][n] < (float(g["self_max"]) if variant == "F16" else TIE_Q), (n, g["greedy_gap"][n])
 
 
 # -- routing ---------------------------------------------------------------------------------------
@@ -191,6 +221,46 @@ def test_route_ties_and_order():
         chosen = np.take_along_axis(p, np.array(want), 1)
         np.testing.assert_allclose(w, chosen / chosen.sum(1, keepdims=True), rtol=1e-6)
         assert (w[:, 0] >= w[:, 1]).all()
+
+
+def test_route_softmax_weight_ties():
+    """gpt-oss's SOFTMAX_WEIGHT gating, both routings and the compiled step's ``moe_route``: the largest
+    raw logits (ties to the lower index), weighted by the softmax of those alone, not normalized again."""
+    from quantkit.model.decode import moe_route
+
+    f = MoeFFN(n_expert=6, n_expert_used=2, n_ff=8, gating="softmax_weight", norm_w=False, w_scale=0.0,
+               glu="swiglu_oai", biases=True)
+    logits = np.array([[0, 0, 0, 0, 0, 0], [1, 3, 3, 0, 3, 2], [0, 1, 5, 1, 0, 2], [-4, -9, -9, -3.5, -9, -4]],
+                      np.float32)
+    want = [[0, 1], [1, 2], [2, 5], [3, 0]]
+    chosen = np.take_along_axis(logits, np.array(want), 1).astype(np.float64)
+    soft = np.exp(chosen - chosen.max(1, keepdims=True))
+    soft /= soft.sum(1, keepdims=True)
+    for fn in (route, route_ref):
+        top, w = fn(logits if fn is route else logits.astype(np.float64), f)[:2]
+        assert top.tolist() == want
+        np.testing.assert_allclose(w, soft, rtol=1e-6)
+    for row, wt, ws in zip(logits, want, soft):
+        sel, selw = np.zeros(2, np.int64), np.zeros(2, np.float32)
+        moe_route(row.copy(), 2, False, True, sel, selw)
+        assert sel.tolist() == wt
+        np.testing.assert_allclose(selw, ws, rtol=1e-6)
+
+
+def test_swiglu_oai():
+    """ops.glu's swiglu_oai (the batch path and the step) against the float64 reference's: the gate
+    clamped above at 7, up to [-7, 7], both sides of each clamp."""
+    from quantkit.model.arch import GLU_KINDS
+    from quantkit.model.ops import glu
+    from quantkit.model.reference import _glu
+
+    g = np.array([-20, -7.5, -1, 0, 0.5, 6.9, 7, 7.1, 30], np.float32)
+    u = np.array([-30, -7.1, -6.9, -1, 0, 1, 6.9, 7.1, 30], np.float32)
+    out = np.empty_like(g)
+    glu(g, u, out, GLU_KINDS.index("swiglu_oai"), np.zeros(1, np.float32))
+    want = _glu(g.astype(np.float64), u.astype(np.float64), "swiglu_oai")
+    np.testing.assert_allclose(out, want, rtol=2e-6, atol=1e-7)
+    assert want[-1] == pytest.approx(7 / (1 + np.exp(-1.702 * 7)) * 8)
 
 
 def _dense_of_expert(src, dst, e: int):
@@ -263,9 +333,9 @@ def test_zero_router_two_experts(tmp_path):
 # -- refusals and the command line ----------------------------------------------------------------
 
 @pytest.mark.parametrize("arch, needle", [
-    ("qwen2moe", "'qwen2moe' (mixture of experts) is not supported: quantkit does not have the shared expert"),
+    ("olmoe", "'olmoe' (mixture of experts) is not supported: quantkit does not have the whole-Q/K RMSNorm"),
     ("deepseek2", "'deepseek2' (mixture of experts) is not supported: quantkit does not have multi-head latent"),
-    ("gpt-oss", "'gpt-oss' (mixture of experts) is not supported: quantkit does not have attention sinks"),
+    ("deepseek", "'deepseek' (mixture of experts) is not supported: quantkit does not have the shared experts"),
 ])
 def test_unsupported_moe_archs(arch, needle):
     with pytest.raises(ModelError, match=re.escape(needle)):
@@ -281,18 +351,29 @@ def test_moe_config_refusals():
         LlamaConfig.from_metadata({**base, "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 9}, 10)
     c = LlamaConfig.from_metadata({**base, "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2}, 10)
     assert (c.n_expert, c.n_expert_used, c.n_ff_exp) == (8, 2, 32)
+    with pytest.raises(ModelError, match=r"rope scaling 'longrope' is not supported \(only linear and yarn\)"):
+        LlamaConfig.from_metadata({**base, "qwen3moe.expert_count": 8, "qwen3moe.expert_used_count": 2,
+                                   "qwen3moe.rope.scaling.type": "longrope", "qwen3moe.rope.scaling.factor": 4.0}, 10)
 
 
-def test_missing_expert_tensor(tmp_path):
-    with pytest.raises(ModelError, match="tensor 'blk.1.ffn_up_exps.weight' is missing"):
-        Llama(write_model(tmp_path / "bad.gguf", "qwen3moe", drop="blk.1.ffn_up_exps.weight"))
+@pytest.mark.parametrize("arch, name", [("qwen3moe", "blk.1.ffn_up_exps.weight"),
+                                        ("qwen2moe", "blk.0.ffn_gate_inp_shexp.weight"),
+                                        ("qwen2moe", "blk.1.ffn_down_shexp.weight"),
+                                        ("gpt-oss", "blk.0.attn_sinks.weight"), ("gpt-oss", "blk.1.attn_output.bias"),
+                                        ("gpt-oss", "blk.0.ffn_gate_inp.bias"), ("gpt-oss", "blk.1.ffn_down_exps.bias"),
+                                        ("gpt-oss", "blk.0.post_attention_norm.weight")])
+def test_missing_expert_tensor(tmp_path, arch, name):
+    """What the architecture reads (llama.cpp's load_arch_tensors: all required) is checked before any compute."""
+    with pytest.raises(ModelError, match=re.escape(f"tensor '{name}' is missing")):
+        Llama(write_model(tmp_path / "bad.gguf", arch, drop=name))
 
 
-def test_cli_run(tmp_path):
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss"])
+def test_cli_run(tmp_path, arch):
     """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner."""
     from conftest import run_cli
 
-    path = write_model(tmp_path / "moe.gguf", "qwen3moe", "Q")
+    path = write_model(tmp_path / "moe.gguf", arch, "Q")
     r = run_cli(["run", "-m", path, "-p", "the", "-n", "12", "--temp", "0"], cwd=tmp_path)
     assert r.exit_code == 0, r.output
     with Llama(path) as m:

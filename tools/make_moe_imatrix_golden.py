@@ -3,7 +3,7 @@
     .venv/bin/python tools/make_moe_imatrix_golden.py [LLAMA_BIN_DIR]
 
 LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py). Development only: the test
-suite never runs llama.cpp. For each MoE model of tests/archmodels.py (``MOE_SPECS``: qwen3moe, mixtral),
+suite never runs llama.cpp. For each MoE model of tests/archmodels.py (``MOE_SPECS``: qwen3moe, mixtral, qwen2moe, gpt-oss),
 variant F16, written by the function the tests call, in a scratch directory that also holds
 tests/data/imatrix/calibration-sample.txt:
 

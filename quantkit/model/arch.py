@@ -16,15 +16,21 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       h = rmsnorm(x) * attn_norm
       q, k, v = h @ attn_q/k/v               (+ attn_q/k/v.bias           when the file has them)
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
-      q, k = rope(q, k)                      (NORM or NEOX pairs; SWA layers use the SWA base)
-      o = softmax(scale * q k^T + causal [+ sliding-window] mask) v @ attn_output
+      q, k = rope(q, k)                      (NORM or NEOX pairs, YaRN when the file says; SWA layers use
+                                              the SWA base)
+      o = softmax(scale * q k^T + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
+                                             (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
       o = rmsnorm(o) * post_attention_norm                                 if post_norms
       x = x + o
-      h = rmsnorm(x) * ffn_norm
+      h = rmsnorm(x) * ffn_norm              (gpt-oss: post_attention_norm, its Arch.ffn_norm)
       f = (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down   act = SiLU or GELU (tanh form)     dense FFN
         or, a mixture of experts (moe; llama.cpp's build_moe_ffn):
-      p = softmax(h @ ffn_gate_inp); E = the expert_used_count largest; w = p[E] / sum(p[E])
+      p = softmax(h @ ffn_gate_inp); E = the expert_used_count largest; w = p[E] (/ sum(p[E]) if moe_norm_w)
+        (gpt-oss: l = h @ ffn_gate_inp + bias; E = the largest l; w = softmax(l[E]), moe_gating)
       f = sum over e in E of w_e * (silu(h @ ffn_gate_exps[e]) * (h @ ffn_up_exps[e])) @ ffn_down_exps[e]
+        (gpt-oss: each product + its expert's bias, act = swiglu_oai, moe_biases)
+      f += sigmoid(h . ffn_gate_inp_shexp) * (silu(h @ ffn_gate_shexp) * (h @ ffn_up_shexp)) @ ffn_down_shexp
+                                                                           if shared_expert
       f = rmsnorm(f) * post_ffw_norm                                       if post_norms
       x = x + f
     logits = rmsnorm(x) * output_norm @ output   (+ output.bias; cap * tanh(logits / cap) if softcap)
@@ -52,10 +58,20 @@ class Arch:
     output_bias: bool        # output.bias is read when present (qwen2)
     softcap: bool            # {arch}.final_logit_softcapping is read (gemma3)
     moe: int = MOE_NONE      # whether the FFN is a mixture of experts (quantkit.model.layer.MoeFFN)
+    moe_norm_w: bool = True  # build_moe_ffn's norm_w: the chosen experts' weights divided by their sum
+    shared_expert: bool = False  # blk.N.ffn_{gate,up,down}_shexp, scaled by sigmoid(h . ffn_gate_inp_shexp)
+    moe_gating: str = "softmax"  # build_moe_ffn's gating_op: "softmax" or "softmax_weight" (quantkit.model.layer)
+    moe_biases: bool = False     # ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
+    attn_sinks: bool = False     # blk.N.attn_sinks (n_head): one more logit per head in the softmax (gpt-oss)
+    attn_out_bias: bool = False  # blk.N.attn_output.bias (gpt-oss)
+    ffn_norm: str = "ffn_norm"   # the FFN's input norm (gpt-oss: "post_attention_norm", its "attn_post_norm")
+    swa_rope_model: bool = False  # SWA layers use the model's RoPE base (unless {arch}.rope.freq_base_swa)
+                                  # and scaling (gpt-oss); else llama_hparams' 10000 and none (gemma3)
 
 
-#: GLU activations: the index the compiled kernels switch on
-GLU_KINDS = ("silu", "gelu")
+#: GLU activations: the index the compiled kernels switch on ("swiglu_oai": ggml_swiglu_oai with
+#: alpha 1.702, limit 7, as build_moe_ffn's LLM_FFN_SWIGLU_OAI_MOE calls it)
+GLU_KINDS = ("silu", "gelu", "swiglu_oai")
 
 ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("llama", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
@@ -68,16 +84,25 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          output_bias=False, softcap=True),
     Arch("qwen3moe", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS),
+    # src/models/qwen2moe.cpp: qwen2's attention (Q/K/V biases), build_moe_ffn with norm_w = false, and
+    # the shared expert
+    Arch("qwen2moe", rope_neox=True, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True),
+    # src/models/openai-moe.cpp: sinks, the attention output's bias, every other layer sliding
+    # (load_swa_pattern(2)), the FFN normed by blk.N.post_attention_norm, build_moe_ffn with the router's
+    # and the experts' biases, LLM_FFN_SWIGLU_OAI_MOE, norm_w = false and SOFTMAX_WEIGHT gating
+    Arch("gpt-oss", rope_neox=True, qk_norm=False, post_norms=False, glu="swiglu_oai", embd_scale=False,
+         swa_pattern=2, output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False,
+         moe_gating="softmax_weight", moe_biases=True, attn_sinks=True, attn_out_bias=True,
+         ffn_norm="post_attention_norm", swa_rope_model=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)
 
 #: mixture-of-experts architectures llama.cpp runs and quantkit does not yet: what each one lacks here
 UNSUPPORTED_MOE_ARCHS = {
-    "qwen2moe": "the shared expert with its sigmoid gate (ffn_*_shexp, ffn_gate_inp_shexp)",
     "deepseek": "the shared experts (ffn_*_shexp) and leading dense layers",
     "deepseek2": "multi-head latent attention (MLA), grouped expert routing and the shared experts",
-    "gpt-oss": "attention sinks, biased experts and the clamped SwiGLU",
     "olmoe": "the whole-Q/K RMSNorm",
     "llama4": "the sigmoid gating before the experts and the shared expert",
 }
@@ -86,7 +111,10 @@ UNSUPPORTED_MOE_ARCHS = {
 #: is refused rather than run without it (suffixes after ``blk.N.``)
 UNSUPPORTED_LAYER_TENSORS = ("attn_qkv.weight", "attn_output.bias", "ffn_gate.bias", "ffn_up.bias",
                              "ffn_down.bias")
+#: the shared expert's tensors (``Arch.shared_expert``)
+SHEXP_TENSORS = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
+#: the router's and the experts' biases (``Arch.moe_biases``)
+MOE_BIAS_TENSORS = ("ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
 #: tensors of MoE layers llama.cpp may read (shared experts, expert biases) that quantkit does not apply
-UNSUPPORTED_MOE_TENSORS = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
-                           "ffn_down_shexp.weight", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
-                           "ffn_gate_inp.bias", "exp_probs_b.bias")
+#: unless the architecture's row says it reads them: a file with one is refused
+UNSUPPORTED_MOE_TENSORS = SHEXP_TENSORS + MOE_BIAS_TENSORS + ("exp_probs_b.bias",)

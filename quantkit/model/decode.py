@@ -66,7 +66,8 @@ from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, rowdot2_kernel, row
 from quantkit.model.arch import GLU_KINDS
 from quantkit.model.layer import DenseFFN, MoeFFN
 from quantkit.model.llama import Llama, Weight
-# the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported for the batch path
+# the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported (the batch path, perplexity)
+from quantkit.model.ops import NO_SINK, add_bias
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
                                 kv_f16_store, kv_f32_same, max_f32, qk_prepare, rmsnorm1, window_start)
 
@@ -75,6 +76,8 @@ MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_
 #: a MoE layer's: the experts' 3D tensors in the FFN's places, and the router
 MOE_MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
             "ffn_gate_inp")
+#: after them, a shared expert's (qwen2moe)
+SHEXP_MATS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 #: columns of a ``wt`` row
 WT_COLS = 6
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
@@ -216,21 +219,29 @@ def quantize_needed(mask, a):
 # -- the step ---------------------------------------------------------------------------------------
 
 @njit_fast
-def moe_route(logits, k, norm_w, sel, selw):
-    """build_moe_ffn's routing of one token (as ``forward.route``): softmax of the router logits
-    (float32 exp, float64 sum, times 1 / sum; ``logits`` is overwritten by the probabilities), the k
-    largest into sel[:k] (a strict > scan: ties to the lower index), their probabilities into selw,
-    divided by their float32 sum (clamped below at 6.103515625e-5) when ``norm_w``."""
-    n = logits.shape[0]
-    mx = max_f32(logits, n)
+def softmax_inplace(x, n):
+    """x[:n] <- ggml_soft_max of x[:n] (float32 exp, float64 sum, times 1 / sum)."""
+    mx = max_f32(x, n)
     tot = 0.0
     for i in range(n):
-        e = expf(logits[i] - mx)
-        logits[i] = e
+        e = expf(x[i] - mx)
+        x[i] = e
         tot += np.float64(e)
     inv = np.float32(1.0) / np.float32(tot)
     for i in range(n):
-        logits[i] *= inv
+        x[i] *= inv
+
+
+@njit_fast
+def moe_route(logits, k, norm_w, weight_softmax, sel, selw):
+    """build_moe_ffn's routing of one token (as ``forward.route``; ``logits`` is overwritten): gating
+    softmax, the softmax of the router logits; the k largest into sel[:k] (a strict > scan: ties to the
+    lower index), their values into selw -- with ``weight_softmax`` (gpt-oss's softmax_weight gating)
+    the k largest logits, selw then their softmax --, divided by their float32 sum (clamped below at
+    6.103515625e-5) when ``norm_w``."""
+    n = logits.shape[0]
+    if not weight_softmax:
+        softmax_inplace(logits, n)
     for j in range(k):
         best = 0
         for i in range(1, n):
@@ -238,7 +249,9 @@ def moe_route(logits, k, norm_w, sel, selw):
                 best = i
         sel[j] = best
         selw[j] = logits[best]
-        logits[best] = np.float32(-1.0)
+        logits[best] = np.float32(-np.inf)
+    if weight_softmax:
+        softmax_inplace(selw, k)
     if norm_w:
         s = np.float32(0.0)
         for j in range(k):
@@ -250,13 +263,18 @@ def moe_route(logits, k, norm_w, sel, selw):
 
 def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
               aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, ctr, nth, dims, eps, scale, lay, bias, qk_norm,
-              post_norm, gelu_tab, embd_scale, moe):
+              post_norm, gelu_tab, embd_scale, moe, attn_x):
     """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
     ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
     dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms, experts used
-    (0: a dense FFN), normalize the experts' weights);
+    (0: a dense FFN), normalize the experts' weights, has a shared expert, softmax_weight gating);
     moe = (router logits (n_expert,), one expert's output (n_embd,), the chosen experts' weights and
-    indices (experts used,), the three expert matrices' ``wt`` rows (3, WT_COLS)) -- scratch;
+    indices (experts used,), the three expert matrices' ``wt`` rows (3, WT_COLS)) -- scratch --, the
+    shared expert's gate vectors (n_layer, n_embd) and the activation forms of its down product's input,
+    the router's biases (n_layer, n_expert), the experts' gate, up and down biases (n_layer, n_expert,
+    n_ff or n_embd) (each (n_layer, 0, ...) when there are none); a shared expert's three matrices are
+    ``wt[l, 8:11]``; attn_x = (sink logits (n_layer, n_head), attn_output biases (n_layer, n_embd)),
+    each (n_layer, 0) when there are none;
     need[l] = activation kinds of the four inputs of layer l (attn, attn_output, ffn, ffn_down),
     need[n_layer, 0] the output's; lay[l] = (RoPE table of cos / sin, sliding window or 0);
     bias[l] = the Q, K, V biases (n_layer, 0) when there are none; qk_norm[l] = (q, k) head norms,
@@ -272,11 +290,16 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     nob = bias[0, :0]       # an empty bias / norm: "none"
     xa = aE[0][0]           # the normed input of a block, float32 (E,)
     xo = aQ[0][0]           # the attention output, float32 (Q,)
-    ha = aF[0][0]           # act(gate) * up, float32 (n_ff,)
     o_0 = np.int64(0)       # output offset 0, typed int64 as Q and Q + KV are (one build of ROWS)
     n_used = dims[8]
     norm_w = dims[9] != 0
-    rlog, ye, selw, sel, mrow = moe[0], moe[1], moe[2], moe[3], moe[4]
+    rlog, ye, selw, sel, mrow, shg, aS = moe[0], moe[1], moe[2], moe[3], moe[4], moe[5], moe[6]
+    rbias, gbias, ubias, dbias = moe[7], moe[8], moe[9], moe[10]
+    has_shexp = 1 if dims[10] != 0 else 0
+    weight_softmax = dims[11] != 0
+    sinks, obias = attn_x[0], attn_x[1]
+    has_sinks = sinks.shape[1] != 0
+    has_eb = gbias.shape[1] != 0
 
     DEQROW(et[3], buf, pbuf, et[0], et[1], tok, tok + 1, aE, x, o_0, sc)  # noqa: F821
     if embd_scale != np.float32(1.0):
@@ -318,10 +341,12 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         vl = vc[l]
         k0 = window_start(n_kv, lay[l, 1])
         for h in prange(n_head):
-            ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, scores[h],  # noqa: F821
-                   xo[h * hd:(h + 1) * hd])
+            snk = sinks[l, h] if has_sinks else np.float32(NO_SINK)
+            ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, snk,  # noqa: F821
+                   scores[h], xo[h * hd:(h + 1) * hd])
         quantize_needed(need[l, 1], aQ)
         PRODUCT(w[3], buf, pbuf, aQ, xb2, sc, ctr, nth)  # noqa: F821
+        add_bias(xb2, obias[l])
         add_block(x, xb2, post_norm[l, 0], eps)
         # -- feed-forward: norm, (MoE: router, routing,) per expert (one for a dense FFN): gate and up
         # with the GLU (one parallel region), down, its weighted output added; (post-norm), add
@@ -329,15 +354,20 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         quantize_needed(need[l, 2], aE)
         if n_used:
             PRODUCT(w[7], buf, pbuf, aE, rlog, sc, ctr, nth)  # noqa: F821
-            moe_route(rlog, n_used, norm_w, sel, selw)
+            add_bias(rlog, rbias[l])
+            moe_route(rlog, n_used, norm_w, weight_softmax, sel, selw)
         for i in range(E):
             xb2[i] = 0.0
-        for j in range(max(n_used, 1)):
-            e = sel[j] if n_used else 0
+        for j in range(max(n_used, 1) + has_shexp):
+            shx = n_used != 0 and j == n_used      # the shared expert, after the routed ones
+            e = sel[j] if n_used and not shx else 0
+            m0 = 8 if shx else 4
+            af = aS if shx else aF
+            ha = af[0][0]                          # act(gate) * up, float32 (n_ff,)
             for r in range(3):
                 for col in range(WT_COLS):
-                    mrow[r, col] = w[4 + r, col]
-                mrow[r, 0] += e * w[4 + r, 5]
+                    mrow[r, col] = w[m0 + r, col]
+                mrow[r, 0] += e * w[m0 + r, 5]
             mg, mu, md = mrow[0], mrow[1], mrow[2]
             ctr[CTR] = 0
             for _ in prange(nth):
@@ -347,11 +377,22 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
                     ROWS(mu, c, buf, pbuf, aE, hu, o_0, sc)  # noqa: F821
                     r0 = c * mg[4]
                     r1 = min(r0 + mg[4], mg[2])
+                    if has_eb and not shx:   # the expert's gate and up biases (ggml_add_id)
+                        for i in range(r0, r1):
+                            hg[i] += gbias[l, e, i]
+                            hu[i] += ubias[l, e, i]
                     glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
                     c = fetch_add(ctr, CTR, 1)
-            quantize_needed(need[l, 3], aF)
-            PRODUCT(md, buf, pbuf, aF, ye, sc, ctr, nth)  # noqa: F821
-            we = selw[j] if n_used else np.float32(1.0)
+            quantize_needed(need[l, 3], af)
+            PRODUCT(md, buf, pbuf, af, ye, sc, ctr, nth)  # noqa: F821
+            if has_eb and not shx:
+                add_bias(ye, dbias[l, e])
+            we = selw[j] if n_used and not shx else np.float32(1.0)
+            if shx:   # sigmoid(h . ffn_gate_inp_shexp)
+                gs = np.float32(0.0)
+                for i in range(E):
+                    gs += xa[i] * shg[l, i]
+                we = np.float32(1.0) / (np.float32(1.0) + expf(-gs))
             for i in range(E):
                 xb2[i] += ye[i] * we
         add_block(x, xb2, post_norm[l, 1], eps)
@@ -462,7 +503,8 @@ class DecodeStep:
         # per-layer tables: one set of attention flags for all layers, a dense GLU FFN in each
         kinds = {(d.attn.rope_neox, d.attn.qk_norm, d.attn.post_norm, d.ffn.glu,
                   isinstance(d.ffn, DenseFFN) and d.ffn.post_norm,
-                  (d.ffn.n_expert, d.ffn.n_expert_used, d.ffn.n_ff, d.ffn.norm_w)
+                  (d.ffn.n_expert, d.ffn.n_expert_used, d.ffn.n_ff, d.ffn.norm_w, d.ffn.n_ff_shexp, d.ffn.gating,
+                   d.ffn.biases)
                   if isinstance(d.ffn, MoeFFN) else None)
                  for d in model.layers}
         if len(kinds) != 1:
@@ -471,9 +513,10 @@ class DecodeStep:
         if post_attn != post_ffw:
             raise ModelError("the compiled decode step needs both post-norms or neither")
         f = model.layers[0].ffn
-        if isinstance(f, MoeFFN) and (f.gating != "softmax" or f.w_scale not in (0.0, 1.0)):
-            raise ModelError("the compiled decode step routes experts by softmax without a weight scale only")
-        names = MOE_MATS if moe else MATS
+        if isinstance(f, MoeFFN) and f.w_scale not in (0.0, 1.0):
+            raise ModelError("the compiled decode step routes experts without a weight scale only")
+        n_shexp = moe[4] if moe else 0
+        names = MOE_MATS + (SHEXP_MATS if n_shexp else ()) if moe else MATS
         per_layer = [[getattr(b, name) for name in names] for b in model.blk]
         mats = [w for ws in per_layer for w in ws]
         weights = mats + [model.output, model.token_embd]
@@ -537,8 +580,9 @@ class DecodeStep:
 
         need = np.zeros((c.n_layer + 1, 4), np.int64)
         for i, ws in enumerate(per_layer):
-            # attention's input; attn_output's; the FFN's (and the router's); ffn_down's
-            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[4:6], *ws[7:]), bits(ws[6]))
+            # attention's input; attn_output's; the FFN's (and the router's, the shared expert's gate / up);
+            # ffn_down's (and the shared expert's)
+            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[4:6], *ws[7:10]), bits(ws[6], *ws[10:]))
         need[c.n_layer, 0] = bits(model.output)
         self.need = need
         self.attn_norm = np.ascontiguousarray(np.stack([b.attn_norm for b in model.blk]), np.float32)
@@ -551,15 +595,32 @@ class DecodeStep:
         self.x = np.zeros(c.n_embd, np.float32)
         self.xb2 = np.zeros(c.n_embd, np.float32)
         self.qkv = np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32)
-        self.hg = np.zeros(n_ff, np.float32)
-        self.hu = np.zeros(n_ff, np.float32)
+        self.hg = np.zeros(max(n_ff, n_shexp), np.float32)
+        self.hu = np.zeros(max(n_ff, n_shexp), np.float32)
         k = moe[1] if moe else 1
+        shg = np.ascontiguousarray(np.stack([b.ffn_gate_inp_shexp.dequantize().reshape(-1) for b in model.blk]),
+                                   np.float32) if n_shexp else np.zeros((c.n_layer, 0), np.float32)
+        eb = bool(moe and moe[6])
+
+        def per_layer_f32(name: str, shape: tuple) -> np.ndarray:
+            if not eb:
+                return np.zeros((c.n_layer,) + (0,) * len(shape), np.float32)
+            return np.ascontiguousarray(np.stack([getattr(b, name) for b in model.blk]), np.float32)
+
         self.moe = (np.zeros(moe[0] if moe else 1, np.float32), np.zeros(c.n_embd, np.float32), np.zeros(k, np.float32),
-                    np.zeros(k, np.int64), np.zeros((3, WT_COLS), np.int64))
+                    np.zeros(k, np.int64), np.zeros((3, WT_COLS), np.int64), shg, _activations(n_shexp or 32),
+                    per_layer_f32("ffn_gate_inp_bias", (1,)), per_layer_f32("ffn_gate_exps_bias", (1, 1)),
+                    per_layer_f32("ffn_up_exps_bias", (1, 1)), per_layer_f32("ffn_down_exps_bias", (1, 1)))
+        blk = model.blk
+        self.attn_x = (np.ascontiguousarray(np.stack([b.attn_sinks for b in blk]), np.float32)
+                       if blk[0].attn_sinks is not None else np.zeros((c.n_layer, 0), np.float32),
+                       np.ascontiguousarray(np.stack([b.attn_output_bias for b in blk]), np.float32)
+                       if blk[0].attn_output_bias is not None else np.zeros((c.n_layer, 0), np.float32))
         self.sc = np.zeros(16, np.int32)
         self.ctr = np.zeros(2 * CTR, np.int64)
         self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, neox, GLU_KINDS.index(glu_name),
-                              qk_norm, post_attn, moe[1] if moe else 0, moe[3] if moe else 0], np.int64)
+                              qk_norm, post_attn, moe[1] if moe else 0, moe[3] if moe else 0, n_shexp,
+                              int(bool(moe) and moe[5] == "softmax_weight")], np.int64)
         self.eps = np.float32(c.rms_eps)
         self.scale = np.float32(c.kq_scale)
         self.bias = layer_biases(model)
@@ -605,7 +666,7 @@ class DecodeStep:
         self.fn(tok, pos, want, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
                 self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
                 self.hg, self.hu, scores, logits, self.sc, self.ctr, get_threads(), self.dims, self.eps, self.scale,
-                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale, self.moe)
+                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale, self.moe, self.attn_x)
 
 
 def layer_biases(model: Llama) -> np.ndarray:
@@ -638,5 +699,5 @@ def _activations(n: int) -> tuple:
 
 
 __all__ = ["attend_kernel", "exp_shift_sum", "expf", "gelu_table", "glu", "kv_f16_store", "kv_f32_same",
-           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "MOE_MATS", "SLOTS",
+           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "MOE_MATS", "SHEXP_MATS", "SLOTS",
            "step_kernel"]

@@ -55,11 +55,11 @@ from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.mul_mat import blas_one_thread
 from quantkit.kernels.vecdot import build
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.decode import (MATS, MOE_MATS, DecodeStep, attend_kernel, exp_shift_sum, gelu_table, glu,
-                                   kv_f16_store, kv_f32_same, layer_biases, max_f32, qk_prepare, rmsnorm1,
-                                   window_start)
+from quantkit.model.decode import (MATS, MOE_MATS, SHEXP_MATS, DecodeStep, attend_kernel, gelu_table, glu,
+                                   kv_f16_store, kv_f32_same, layer_biases, qk_prepare, rmsnorm1, window_start)
 from quantkit.model.layer import Attn, DenseFFN, MoeFFN
-from quantkit.model.llama import Block, Llama, Weight
+from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
+from quantkit.model.ops import NO_SINK, exp_sink_inv
 
 COLLECT_MIN_ROWS = 16
 DEFAULT_N_BATCH = 512
@@ -92,9 +92,10 @@ def _prepare_store(q, k, v, kc, vc, pos0, cos, sin, qb, kb, vb, qn, kn, eps, n_h
             vc[p, j] = ST_KV(v[t, j])  # noqa: F821
 
 
-def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, n_swa, out):
+def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, n_swa, sinks, out):
     """Causal grouped-query attention: query t (at pos0+t), head h sees cache rows 0..pos0+t (the last
-    n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv). out (n, n_head*head_dim).
+    n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv), with its sink logit
+    sinks[h] (empty: none). out (n, n_head*head_dim).
     One (t, h) pair per iteration (the decode step's ``attend_head``), so the result does not depend on
     the thread count."""
     n = q.shape[0]
@@ -104,8 +105,9 @@ def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, n_swa, out):
         h = th - t * n_head
         n_kv = pos0 + t + 1
         k0 = window_start(n_kv, n_swa)
+        sink = sinks[h] if sinks.shape[0] else np.float32(NO_SINK)
         ATTEND(q[t, h * head_dim:(h + 1) * head_dim], kc, vc, (h // group) * head_dim, k0, n_kv,  # noqa: F821
-               scale, np.empty(n_kv - k0, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
+               scale, sink, np.empty(n_kv - k0, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
 
 
 def kv_kernels(kv_f16: bool):
@@ -129,9 +131,10 @@ ATTN_BLOCK = 64
 
 
 @njit_fast(inline="always")
-def _softmax_row(row, lo, lim, scale):
+def _softmax_row(row, lo, lim, scale, sink):
     """row[lo:lim] <- softmax(scale * row[lo:lim]), the rest <- 0, in ggml's non-flash-attention op
-    order (scale, max, exp, float32 sum, multiply by 1 / sum) -- deferring the division to the rows
+    order (scale, max, exp, float32 sum, multiply by 1 / sum); a ``sink`` logit (NO_SINK: none) joins
+    the max and the sum (ggml_soft_max_add_sinks) -- deferring the division to the rows
     of S @ V measured the same speed and moved the quantized files' results away from llama.cpp's.
     A 1-D contiguous row in its own function: inlined into the prange body below, the loops stay
     vectorized (written there directly they were lowered with scattered stores)."""
@@ -139,21 +142,23 @@ def _softmax_row(row, lo, lim, scale):
     m = lim - lo
     for j in range(m):
         w[j] *= scale
-    inv = np.float32(1.0) / exp_shift_sum(w, m, max_f32(w, m))
+    inv = exp_sink_inv(w, m, sink)
     for j in range(m):
         w[j] *= inv
     row[:lo] = 0.0
     row[lim:] = 0.0
 
 
-def _causal_softmax(S, first, group, scale, n_swa):
-    """S (rows, nk): scores, row r belonging to query r // group, which sees keys 0..first + r // group
-    (the last n_swa of them with a sliding window). In place: softmax of scale * S over the keys each
-    row sees, zeros elsewhere. One row per iteration."""
+def _causal_softmax(S, first, group, scale, n_swa, sinks):
+    """S (rows, nk): scores, row r belonging to query r // group and head r % group of the group, which
+    sees keys 0..first + r // group (the last n_swa of them with a sliding window), with that head's
+    sink logit sinks[r % group] (empty: none). In place: softmax of scale * S over the keys each row
+    sees, zeros elsewhere. One row per iteration."""
     m, nk = S.shape
     for r in prange(m):
         lim = min(first + r // group + 1, nk)
-        _softmax_row(S[r], window_start(lim, n_swa), lim, scale)
+        sink = sinks[r % group] if sinks.shape[0] else np.float32(NO_SINK)
+        _softmax_row(S[r], window_start(lim, n_swa), lim, scale, sink)
 
 
 causal_softmax = njit_fast_parallel(_causal_softmax)
@@ -181,17 +186,27 @@ def glu_rows(gate, up, kind, table):
         gate[r] = row
 
 
+def _softmax32(x: np.ndarray) -> np.ndarray:
+    """ggml_soft_max of each row of x float32: exp of x - max in float32, the sum in float64, times 1 / sum."""
+    e = np.exp(x - x.max(axis=1, keepdims=True), dtype=np.float32)
+    return e * (np.float32(1.0) / e.sum(axis=1, dtype=np.float64, keepdims=True).astype(np.float32))
+
+
 def route(logits: np.ndarray, f: MoeFFN) -> tuple[np.ndarray, np.ndarray]:
     """build_moe_ffn's routing of router logits (n, n_expert) float32: (experts (n, n_used) int64,
-    weights (n, n_used) float32). ggml_soft_max (float32 exp of x - max, the sum in float64, times 1 /
-    sum), the n_used largest with ties to the lower index (ggml_argsort_top_k; its std::sort of up to 16
-    elements is an insertion sort, which keeps equal ones in order), their probabilities divided by
+    weights (n, n_used) float32). Gating "softmax": ggml_soft_max (``_softmax32``) of the logits, the
+    n_used largest probabilities as weights; "softmax_weight": the n_used largest logits, weighted by
+    the softmax of those alone. Ties go to the lower index (ggml_argsort_top_k; its std::sort of up to
+    16 elements is an insertion sort, which keeps equal ones in order). The weights are divided by
     their float32 sum (clamped below at fp16's smallest normal) when ``norm_w``, times ``w_scale``
     unless it is 0 or 1. ``quantkit.model.reference.route`` is the float64 judge of it."""
-    e = np.exp(logits - logits.max(axis=1, keepdims=True), dtype=np.float32)
-    p = e * (np.float32(1.0) / e.sum(axis=1, dtype=np.float64, keepdims=True).astype(np.float32))
-    top = np.argsort(-p, axis=1, kind="stable")[:, :f.n_expert_used]
-    w = np.take_along_axis(p, top, axis=1)
+    if f.gating == "softmax":
+        p = _softmax32(logits)
+        top = np.argsort(-p, axis=1, kind="stable")[:, :f.n_expert_used]
+        w = np.take_along_axis(p, top, axis=1)
+    else:   # softmax_weight: the largest logits, weighted by the softmax of those alone
+        top = np.argsort(-logits, axis=1, kind="stable")[:, :f.n_expert_used]
+        w = _softmax32(np.take_along_axis(logits, top, axis=1))
     if f.norm_w:
         w = w / np.maximum(w.sum(axis=1, dtype=np.float32, keepdims=True), np.float32(6.103515625e-5))
     if f.w_scale not in (0.0, 1.0):
@@ -200,9 +215,12 @@ def route(logits: np.ndarray, f: MoeFFN) -> tuple[np.ndarray, np.ndarray]:
 
 
 def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
-               freq_factors: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+               freq_factors: np.ndarray | None = None, ramp: np.ndarray | None = None,
+               mscale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
     """cos, sin float32 (n_ctx, n_rot/2) as ggml_rope_cache_init: theta_i = p * theta_scale^i, the power
-    built by repeated float32 multiplication, times freq_scale, divided by freq_factors[i]."""
+    built by repeated float32 multiplication, divided by freq_factors[i], times freq_scale; with YaRN
+    (``ramp``: llama.yarn_ramp) that interpolated angle mixed with the unscaled one by ramp[i] and cos /
+    sin times ``mscale`` (ggml's rope_yarn)."""
     half = n_rot // 2
     theta_scale = np.float32(freq_base ** (-2.0 / n_rot))
     steps = np.empty((n_ctx, half), np.float32)
@@ -211,8 +229,11 @@ def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0
     theta = np.cumprod(steps, axis=1, dtype=np.float32)
     if freq_factors is not None:
         theta = (theta / freq_factors.astype(np.float32)).astype(np.float32)
-    theta = (np.float32(freq_scale) * theta).astype(np.float32)
-    return np.cos(theta).astype(np.float32), np.sin(theta).astype(np.float32)
+    interp = (np.float32(freq_scale) * theta).astype(np.float32)
+    if ramp is not None:
+        interp = (interp * (np.float32(1.0) - ramp) + theta * ramp).astype(np.float32)
+    ms = np.float32(mscale)
+    return (np.cos(interp) * ms).astype(np.float32), (np.sin(interp) * ms).astype(np.float32)
 
 
 _MALLOC_TUNED = False
@@ -297,10 +318,13 @@ class Runner:
         self._vc = self.value_cache.view(np.uint16) if kv16 else self.value_cache
         self._prepare_store, self._attn_serial, self._attn_parallel = kv_kernels(kv16)
         # RoPE tables (n_tables, n_ctx, n_rot/2): [0] the full-attention layers', [1] the sliding ones'
-        # (their own base, no scaling or factors: llama_model::get_rope_freq_base / _scale)
-        tabs = [rope_table(n_ctx, c.n_rot, c.rope_freq_base, c.rope_freq_scale, model.rope_freqs)]
+        # (their own base and scale, no factors: llama_model::get_rope_freq_base / _scale; YaRN's mix
+        # and magnitude, when the model has it, apply to both)
+        tabs = [rope_table(n_ctx, c.n_rot, c.rope_freq_base, c.rope_freq_scale, model.rope_freqs,
+                           yarn_ramp(c, c.rope_freq_base), c.rope_mscale)]
         if any(c.swa_layers):
-            tabs.append(rope_table(n_ctx, c.n_rot, c.rope_freq_base_swa))
+            tabs.append(rope_table(n_ctx, c.n_rot, c.rope_freq_base_swa, c.rope_freq_scale_swa, None,
+                                   yarn_ramp(c, c.rope_freq_base_swa), c.rope_mscale))
         self.rope_cos = np.ascontiguousarray(np.stack([t[0] for t in tabs]))
         self.rope_sin = np.ascontiguousarray(np.stack([t[1] for t in tabs]))
         #: per layer: (its RoPE table, its sliding window or 0)
@@ -332,7 +356,7 @@ class Runner:
         self.blk = []
         for b in m.blk:
             nb = copy.copy(b)
-            for name in MATS + MOE_MATS:
+            for name in MATS + MOE_MATS + SHEXP_MATS:
                 if getattr(b, name) is not None:
                     setattr(nb, name, moved(getattr(b, name)))
             self.blk.append(nb)
@@ -426,7 +450,7 @@ class Runner:
         return logits
 
     def _attend_blas(self, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, n_swa: int,
-                     out: np.ndarray) -> None:
+                     sinks: np.ndarray, out: np.ndarray) -> None:
         """Causal GQA attention as matrix products. Per KV head, the G query heads that share it are
         stacked as rows (token, head) -- one GEMM of G * block rows against the keys the block's last
         query sees, a masked softmax, one GEMM with V -- over blocks of ATTN_BLOCK queries.
@@ -451,7 +475,7 @@ class Runner:
                 t1 = min(n, t0 + ATTN_BLOCK)
                 nk = pos0 + t1
                 S = Qh[t0 * G:t1 * G] @ K[:nk].T                                          # (bt * G, nk)
-                causal_softmax_serial(S, pos0 + t0, G, self.scale, n_swa)
+                causal_softmax_serial(S, pos0 + t0, G, self.scale, n_swa, sinks[h * G:(h + 1) * G])
                 out[t0:t1, h * G * hd:(h + 1) * G * hd] = (S @ V[:nk]).reshape(t1 - t0, G * hd)
 
         threads = min(get_threads(), HKV)
@@ -509,12 +533,15 @@ class Runner:
                             bias[Q + KV:] if has_b else none,
                             b.attn_q_norm if d.qk_norm else none, b.attn_k_norm if d.qk_norm else none,
                             eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, d.rope_neox)
+        sinks = b.attn_sinks if d.sinks else none
         if n >= BLAS_ATTENTION_MIN_TOKENS:
-            self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, d.n_swa, att)
+            self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, d.n_swa, sinks, att)
         else:
             attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
-            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, d.n_swa, att)
+            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, d.n_swa, sinks, att)
         self._mm(b.attn_output, att, out)                                 # (n, n_embd)
+        if d.out_bias:
+            out += b.attn_output_bias
         if d.post_norm:
             rmsnorm(out, b.post_attention_norm, eps, out)
 
@@ -540,6 +567,8 @@ class Runner:
         mapped 3D tensors; out[t] = the sum over t's slots, in selection order, of weight * expert."""
         n, E = xb.shape
         logits = self._mm(b.ffn_gate_inp, xb, np.empty((n, f.n_expert), np.float32))   # (n, n_expert)
+        if f.biases:
+            logits += b.ffn_gate_inp_bias
         top, w = route(logits, f)                                                     # (n, n_used)
         slots = np.empty((f.n_expert_used, n, E), np.float32)    # each token's weighted expert outputs
         kind = GLU_KINDS.index(f.glu)
@@ -554,11 +583,27 @@ class Runner:
                 self.collect(b.ffn_up_exps.name, xe, (int(e), f.n_expert))
             matmul(b.ffn_gate_exps.expert(e).data, b.ffn_gate_exps.type, xe, gate, shared)
             matmul(b.ffn_up_exps.expert(e).data, b.ffn_up_exps.type, xe, up, shared)
+            if f.biases:   # ggml_add_id: each expert's bias row after its products
+                gate += b.ffn_gate_exps_bias[e]
+                up += b.ffn_up_exps_bias[e]
             glu_rows(gate, up, kind, self.gelu_tab)
             if self.collect is not None:
                 self.collect(b.ffn_down_exps.name, gate, (int(e), f.n_expert))
             y = matmul(b.ffn_down_exps.expert(e).data, b.ffn_down_exps.type, gate, np.empty((m, E), np.float32))
+            if f.biases:
+                y += b.ffn_down_exps_bias[e]
             slots[slot, rows] = y * w[rows, slot][:, None]
         out[...] = slots[0]
         for j in range(1, f.n_expert_used):
             out += slots[j]
+        if f.n_ff_shexp:
+            # the shared expert (qwen2moe): a dense GLU over every row, times sigmoid of its gate, added
+            # after the routed experts (ggml computes the sigmoid as silu(g) / g)
+            g = self._mm(b.ffn_gate_inp_shexp, xb, np.empty((n, 1), np.float32))          # (n, 1)
+            gate, up = np.empty((n, f.n_ff_shexp), np.float32), np.empty((n, f.n_ff_shexp), np.float32)
+            shared = {}
+            self._mm(b.ffn_gate_shexp, xb, gate, shared)
+            self._mm(b.ffn_up_shexp, xb, up, shared)
+            glu_rows(gate, up, kind, self.gelu_tab)
+            y = self._mm(b.ffn_down_shexp, gate, np.empty((n, E), np.float32))
+            out += y * (np.float32(1.0) / (np.float32(1.0) + np.exp(-g, dtype=np.float32)))

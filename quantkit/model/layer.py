@@ -13,10 +13,12 @@ What the paths do with each kind today:
 =====================  ==========================  =========================  ==========================
 record                 reference (float64)         batch path                 compiled decode step
 =====================  ==========================  =========================  ==========================
-``Attn``               every flag                  every flag                 every flag (``dims``)
+``Attn``               every flag                  every flag                 every flag (``dims``), sinks
+                                                                              and output bias per layer
 ``DenseFFN``           GLU, post-norm              GLU, post-norm             GLU, post-norm
-``MoeFFN``             router, top-k, experts      experts over their tokens  router, ``moe_route``, the
-                                                                              chosen experts' rows only
+``MoeFFN``             router, top-k, experts,     experts over their tokens, router, ``moe_route``, the
+                       biases, shared expert       biases, shared expert      chosen experts' rows only, the
+                                                                              shared expert after them
 =====================  ==========================  =========================  ==========================
 
 The compiled step takes one attention kind and one FFN kind for all layers (``DecodeStep`` refuses other
@@ -27,14 +29,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-#: expert gating functions (llama_expert_gating_func_type) quantkit runs
-GATINGS = ("softmax",)
+#: expert gating functions (llama_expert_gating_func_type) quantkit runs: "softmax" (the chosen experts'
+#: softmax probabilities over all experts), "softmax_weight" (LLAMA_EXPERT_GATING_FUNC_TYPE_SOFTMAX_WEIGHT,
+#: gpt-oss: the top-k of the raw logits, weighted by the softmax of those k logits alone)
+GATINGS = ("softmax", "softmax_weight")
 
 
 @dataclass(frozen=True)
 class Attn:
     """The attention block: ``rmsnorm(x) * attn_norm`` -> Q/K/V -> (biases) -> (per-head Q/K RMSNorm)
-    -> RoPE -> causal (sliding-window) softmax attention -> attn_output -> (post norm) -> residual add."""
+    -> RoPE -> causal (sliding-window) softmax attention (with a sink logit per head) -> attn_output
+    (+ bias) -> (post norm) -> residual add."""
 
     rope_neox: bool     # llama_model_rope_type: NEOX pairs (x[i], x[i + n_rot/2]), NORM (x[2i], x[2i+1])
     qkv_bias: bool      # blk.N.attn_{q,k,v}.bias (any of them; a missing one counts as zeros)
@@ -42,6 +47,8 @@ class Attn:
     post_norm: bool     # blk.N.post_attention_norm
     n_swa: int          # sliding window (0: the whole context)
     rope_table: int     # 0: the model's RoPE base and scaling; 1: the sliding layers' base
+    sinks: bool = False     # blk.N.attn_sinks: per head, one more logit in the softmax's denominator
+    out_bias: bool = False  # blk.N.attn_output.bias, added after the output product
 
 
 @dataclass(frozen=True)
@@ -61,7 +68,9 @@ class MoeFFN:
     lower expert index); their probabilities as weights, divided by their sum when ``norm_w`` (the sum
     clamped below at 6.103515625e-5), times ``w_scale`` unless it is 0 or 1; each chosen expert e gives
     ``(act(h @ gate_exps[e]) * (h @ up_exps[e])) @ down_exps[e]`` times its weight, and the outputs are
-    added in the order of selection (the largest first)."""
+    added in the order of selection (the largest first). With a shared expert (``n_ff_shexp`` > 0,
+    qwen2moe), ``sigmoid(h . ffn_gate_inp_shexp) * (act(h @ gate_shexp) * (h @ up_shexp)) @ down_shexp``
+    is added after them (src/models/qwen2moe.cpp)."""
 
     n_expert: int
     n_expert_used: int
@@ -70,6 +79,9 @@ class MoeFFN:
     norm_w: bool
     w_scale: float
     glu: str
+    n_ff_shexp: int = 0  # the shared expert's width (0: none)
+    biases: bool = False  # the router's bias (added to its logits) and the experts' (ggml_add_id after
+                          # each expert's gate, up and down products; gpt-oss)
 
 
 @dataclass(frozen=True)
@@ -90,12 +102,15 @@ def describe(config, block, il: int) -> Layer:
     attn = Attn(rope_neox=a.rope_neox,
                 qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
                 qk_norm=block.attn_q_norm is not None, post_norm=block.post_attention_norm is not None,
-                n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0)
+                n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
+                out_bias=block.attn_output_bias is not None)
     if c.n_expert:
-        # qwen3moe and llama (Mixtral) call build_moe_ffn with LLM_FFN_SILU, norm_w = true, softmax
-        # gating and hparams.expert_weights_scale, which neither architecture loads (so 0: no scaling)
-        ffn = MoeFFN(n_expert=c.n_expert, n_expert_used=c.n_expert_used, n_ff=c.n_ff_exp, gating="softmax",
-                     norm_w=True, w_scale=0.0, glu=a.glu)
+        # qwen3moe, qwen2moe, gpt-oss and llama (Mixtral) call build_moe_ffn with softmax gating (gpt-oss:
+        # softmax_weight), norm_w = true (qwen2moe, gpt-oss: false) and hparams.expert_weights_scale,
+        # which none of them loads (so 0: no scaling)
+        ffn = MoeFFN(n_expert=c.n_expert, n_expert_used=c.n_expert_used, n_ff=c.n_ff_exp, gating=a.moe_gating,
+                     norm_w=a.moe_norm_w, w_scale=0.0, glu=a.glu,
+                     n_ff_shexp=c.n_ff_shexp if a.shared_expert else 0, biases=a.moe_biases)
     else:
         ffn = DenseFFN(glu=a.glu, post_norm=block.post_ffw_norm is not None, n_ff=c.n_ff)
     return Layer(attn, ffn)

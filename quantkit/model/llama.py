@@ -22,8 +22,8 @@ from gguf import GGMLQuantizationType
 
 from quantkit.errors import ModelError
 from quantkit.formats.gguf_io import GGUFModel
-from quantkit.model.arch import (ARCHS, MOE_ALWAYS, MOE_NONE, SUPPORTED_ARCHS, UNSUPPORTED_LAYER_TENSORS,
-                                 UNSUPPORTED_MOE_ARCHS, UNSUPPORTED_MOE_TENSORS, Arch)
+from quantkit.model.arch import (ARCHS, MOE_ALWAYS, MOE_BIAS_TENSORS, MOE_NONE, SHEXP_TENSORS, SUPPORTED_ARCHS,
+                                 UNSUPPORTED_LAYER_TENSORS, UNSUPPORTED_MOE_ARCHS, UNSUPPORTED_MOE_TENSORS, Arch)
 from quantkit.model.layer import Layer, MoeFFN, describe
 
 
@@ -53,6 +53,13 @@ class LlamaConfig:
     n_expert_used: int = 0                # {arch}.expert_used_count
     n_ff_exp: int = 0                     # one expert's width: {arch}.expert_feed_forward_length (qwen3moe;
                                           # default n_ff / n_expert_used), n_ff for llama (Mixtral)
+    n_ff_shexp: int = 0                   # the shared expert's width: {arch}.expert_shared_feed_forward_length
+                                          # (default n_ff) when the arch has one (qwen2moe)
+    rope_freq_scale_swa: float = 1.0      # the sliding layers' RoPE scale (gpt-oss: the model's)
+    yarn: bool = False                    # {arch}.rope.scaling.type "yarn": ext_factor 1 (llama_context)
+    n_ctx_orig_yarn: int = 0              # {arch}.rope.scaling.original_context_length (default n_ctx_train)
+    rope_mscale: float = 1.0              # YaRN: cos and sin times this (yarn_attn_factor * (1 + 0.1 ln(1 /
+                                          # freq_scale)), ggml's rope_yarn)
 
     @property
     def n_embd_kv(self) -> int:
@@ -108,6 +115,12 @@ class LlamaConfig:
                 else (n_ff // n_expert_used if spec.moe == MOE_ALWAYS else n_ff)
             if n_ff_exp <= 0:
                 raise ModelError(f"{at}the experts' feed-forward length {n_ff_exp} must be positive")
+        n_ff_shexp = 0
+        if n_expert and spec.shared_expert:   # llama_model_qwen2moe::load_arch_tensors: default n_ff
+            n_ff_shexp = _int(opt("expert_shared_feed_forward_length", 0), f"{arch}.expert_shared_feed_forward_length",
+                              at) or n_ff
+            if n_ff_shexp <= 0:
+                raise ModelError(f"{at}the shared expert's feed-forward length {n_ff_shexp} must be positive")
         n_head = need("attention.head_count")
         n_head_kv = _int(opt("attention.head_count_kv", n_head), f"{arch}.attention.head_count_kv", at)
         for key, v in (("block_count", n_layer), ("embedding_length", n_embd),
@@ -129,9 +142,20 @@ class LlamaConfig:
             raise ModelError(f"{at}{arch}.rope.dimension_count {n_rot} must be even and in 2..{head_dim}")
         scaling = str(opt("rope.scaling.type", "none"))
         factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
-        if scaling not in ("none", "linear") and factor not in (0.0, 1.0):
-            raise ModelError(f"{at}rope scaling {scaling!r} is not supported (only linear)")
-        freq_scale = 1.0 / factor if scaling == "linear" and factor > 0 else 1.0
+        if scaling not in ("none", "linear", "yarn") and factor not in (0.0, 1.0):
+            raise ModelError(f"{at}rope scaling {scaling!r} is not supported (only linear and yarn)")
+        freq_scale = 1.0 / factor if scaling in ("linear", "yarn") and factor > 0 else 1.0
+        yarn = scaling == "yarn"
+        rope_mscale = 1.0
+        if yarn:
+            # llama_context: yarn_attn_factor = get_mscale(factor) / (1 + 0.1 ln factor) * rope.scaling.attn_factor;
+            # ggml's rope_yarn then multiplies by 1 + 0.1 ln(1 / freq_scale). In float32, as both do.
+            f32 = np.float32
+            fct = f32(1.0) / f32(freq_scale)
+            ms = f32(1.0) if fct <= 1.0 else f32(0.1) * np.log(fct) + f32(1.0)
+            attn = ms * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fct)))
+            attn = attn * f32(opt("rope.scaling.attn_factor", 1.0))
+            rope_mscale = float(attn * (f32(1.0) + f32(0.1) * np.log(f32(1.0) / f32(freq_scale))))
 
         # sliding-window attention (llama_model_gemma3::load_arch_hparams, load_swa_pattern)
         n_swa = _int(opt("attention.sliding_window", 0), f"{arch}.attention.sliding_window", at) \
@@ -149,8 +173,12 @@ class LlamaConfig:
                 swa_layers = tuple(n_pat == 0 or il % n_pat < n_pat - 1 for il in range(n_layer))
         else:
             n_swa = 0
-        # Gemma 3 27B scales q by 1/sqrt(n_embd / n_head), the others by 1/sqrt(head_dim)
-        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if arch == "gemma3" and n_layer == 62 else 0.0
+        # Gemma 3 27B scales q by 1/sqrt(n_embd / n_head), gpt-oss by 1/sqrt(n_rot), the others by
+        # 1/sqrt(head_dim)
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if arch == "gemma3" and n_layer == 62 else \
+            1.0 / math.sqrt(n_rot) if arch == "gpt-oss" else 0.0
+        n_ctx_train = _int(opt("context_length", 2048), f"{arch}.context_length", at)
+        base = float(opt("rope.freq_base", 10000.0))
 
         n_vocab = meta.get(f"{arch}.vocab_size")
         if n_vocab is None and "tokenizer.ggml.tokens" in meta:
@@ -164,16 +192,20 @@ class LlamaConfig:
             arch=spec, n_layer=n_layer, n_embd=n_embd, n_ff=n_ff, n_head=n_head, n_head_kv=n_head_kv,
             head_dim=head_dim, n_rot=n_rot,
             rms_eps=float(opt("attention.layer_norm_rms_epsilon", 1e-5)),
-            rope_freq_base=float(opt("rope.freq_base", 10000.0)),
+            rope_freq_base=base,
             rope_freq_scale=freq_scale,
-            n_ctx_train=_int(opt("context_length", 2048), f"{arch}.context_length", at),
+            n_ctx_train=n_ctx_train,
             n_vocab=_int(n_vocab, "vocab size", at),
             n_swa=n_swa, swa_layers=swa_layers,
-            rope_freq_base_swa=float(opt("rope.freq_base_swa", 10000.0)),
+            rope_freq_base_swa=float(opt("rope.freq_base_swa", base if spec.swa_rope_model else 10000.0)),
+            rope_freq_scale_swa=freq_scale if spec.swa_rope_model else 1.0,
+            yarn=yarn, rope_mscale=rope_mscale,
+            n_ctx_orig_yarn=_int(opt("rope.scaling.original_context_length", n_ctx_train) or n_ctx_train,
+                                 f"{arch}.rope.scaling.original_context_length", at),
             attn_scale=attn_scale,
             embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
-            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp,
         )
 
 
@@ -182,6 +214,29 @@ def _int(v: Any, key: str, at: str) -> int:
         return int(v)
     except (TypeError, ValueError):
         raise ModelError(f"{at}metadata key {key!r} = {v!r} is not an integer") from None
+
+
+#: llama_hparams' YaRN defaults (no GGUF key is read for them)
+YARN_BETA_FAST, YARN_BETA_SLOW = 32.0, 1.0
+
+
+def yarn_ramp(c: LlamaConfig, base: float) -> np.ndarray | None:
+    """YaRN's extrapolation mix per rotated pair i (float32 (n_rot/2,)), or None without YaRN: ggml's
+    ``rope_yarn_ramp(corr_dims, 2i) * ext_factor`` (ext_factor 1), the correction dims from
+    ``ggml_rope_yarn_corr_dims(n_rot, n_ctx_orig, base, beta_fast 32, beta_slow 1)``. A pair's angle is
+    then ``theta_interp * (1 - ramp) + theta_extrap * ramp`` (theta_interp = freq_scale * theta_extrap)."""
+    if not c.yarn:
+        return None
+    f32 = np.float32
+
+    def corr_dim(n_rot_: float) -> np.float32:
+        return f32(c.n_rot) * np.log(f32(c.n_ctx_orig_yarn) / (f32(n_rot_) * f32(2.0) * f32(math.pi))) \
+            / (f32(2.0) * np.log(f32(base)))
+
+    low = max(f32(0.0), np.floor(corr_dim(YARN_BETA_FAST)))
+    high = min(f32(c.n_rot - 1), np.ceil(corr_dim(YARN_BETA_SLOW)))
+    y = (np.arange(c.n_rot // 2, dtype=np.float32) - low) / max(f32(0.001), f32(high - low))
+    return (f32(1.0) - np.minimum(f32(1.0), np.maximum(f32(0.0), y))).astype(np.float32)
 
 
 @dataclass(frozen=True)
@@ -233,6 +288,8 @@ class Block:
     attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm
     attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm
     attn_output: Weight     # (n_head * head_dim -> n_embd)
+    attn_output_bias: np.ndarray | None = None   # float32 (n_embd,)   attn_out_bias
+    attn_sinks: np.ndarray | None = None         # float32 (n_head,)   attn_sinks
     post_attention_norm: np.ndarray | None = None  # float32 (n_embd,)   post_norms
     ffn_norm: np.ndarray    # float32 (n_embd,)
     ffn_gate: Weight | None = None   # (n_embd -> n_ff)      dense FFN
@@ -242,6 +299,14 @@ class Block:
     ffn_gate_exps: Weight | None = None   # (n_embd -> n_ff_exp) x n_expert, 3D
     ffn_up_exps: Weight | None = None     # (n_embd -> n_ff_exp) x n_expert
     ffn_down_exps: Weight | None = None   # (n_ff_exp -> n_embd) x n_expert
+    ffn_gate_inp_bias: np.ndarray | None = None    # float32 (n_expert,)              moe_biases
+    ffn_gate_exps_bias: np.ndarray | None = None   # float32 (n_expert, n_ff_exp)
+    ffn_up_exps_bias: np.ndarray | None = None     # float32 (n_expert, n_ff_exp)
+    ffn_down_exps_bias: np.ndarray | None = None   # float32 (n_expert, n_embd)
+    ffn_gate_inp_shexp: Weight | None = None  # (n_embd -> 1): the shared expert's gate        shared expert
+    ffn_gate_shexp: Weight | None = None  # (n_embd -> n_ff_shexp)
+    ffn_up_shexp: Weight | None = None    # (n_embd -> n_ff_shexp)
+    ffn_down_shexp: Weight | None = None  # (n_ff_shexp -> n_embd)
     post_ffw_norm: np.ndarray | None = None        # float32 (n_embd,)   post_norms
 
 
@@ -274,7 +339,7 @@ class Llama:
             if not gg.has_tensor(name):
                 raise ModelError(f"{where}: tensor {name!r} is missing")
             t = gg.tensor(name)
-            want = (n_in, n_out, n_exp) if n_exp else (n_in, n_out)
+            want = (n_in, n_out, n_exp) if n_exp else (n_in, n_out) if n_out else (n_in,)
             if tuple(t.shape) != want:
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected {list(want)}")
             _check_readable(where, name, t.type)
@@ -292,6 +357,11 @@ class Llama:
                                 dtype=np.float32)
             return np.ascontiguousarray(Weight(name, t.type, tuple(t.shape), t.data).dequantize().reshape(n))
 
+        def table(name: str, n: int, rows: int) -> np.ndarray:
+            """A 2D bias tensor [n, rows] (one row of n per expert) as float32 (rows, n)."""
+            w = matrix(name, n, rows)
+            return np.ascontiguousarray(w.dequantize(), dtype=np.float32)
+
         def optional(name: str, n: int) -> np.ndarray | None:
             return vector(name, n) if gg.has_tensor(name) else None
 
@@ -303,7 +373,7 @@ class Llama:
             b = Block()
             p = f"blk.{i}."
             for extra in UNSUPPORTED_LAYER_TENSORS:
-                if gg.has_tensor(p + extra):
+                if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias"):
                     raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
             b.attn_norm = vector(p + "attn_norm.weight", E)
             b.attn_q = matrix(p + "attn_q.weight", E, Q)
@@ -316,19 +386,36 @@ class Llama:
                 b.attn_q_norm = vector(p + "attn_q_norm.weight", hd)
                 b.attn_k_norm = vector(p + "attn_k_norm.weight", hd)
             b.attn_output = matrix(p + "attn_output.weight", Q, E)
+            if a.attn_out_bias:
+                b.attn_output_bias = vector(p + "attn_output.bias", E)
+            if a.attn_sinks:
+                b.attn_sinks = vector(p + "attn_sinks.weight", c.n_head)
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
-            b.ffn_norm = vector(p + "ffn_norm.weight", E)
+            b.ffn_norm = vector(p + a.ffn_norm + ".weight", E)
             if c.n_expert:
+                read = (SHEXP_TENSORS if a.shared_expert else ()) + (MOE_BIAS_TENSORS if a.moe_biases else ())
                 for extra in UNSUPPORTED_MOE_TENSORS:
-                    if gg.has_tensor(p + extra):
+                    if extra not in read and gg.has_tensor(p + extra):
                         raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name} "
-                                         f"(shared experts and expert biases are not implemented)")
+                                         f"(its layer has no shared expert or expert biases; quantkit runs "
+                                         f"qwen2moe's shared expert and gpt-oss's biases)")
                 X, FX = c.n_expert, c.n_ff_exp
                 b.ffn_gate_inp = matrix(p + "ffn_gate_inp.weight", E, X)
                 b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
                 b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
                 b.ffn_down_exps = matrix(p + "ffn_down_exps.weight", FX, E, X)
+                if a.moe_biases:
+                    b.ffn_gate_inp_bias = vector(p + "ffn_gate_inp.bias", X)
+                    b.ffn_gate_exps_bias = table(p + "ffn_gate_exps.bias", FX, X)
+                    b.ffn_up_exps_bias = table(p + "ffn_up_exps.bias", FX, X)
+                    b.ffn_down_exps_bias = table(p + "ffn_down_exps.bias", E, X)
+                if a.shared_expert:
+                    FS = c.n_ff_shexp
+                    b.ffn_gate_inp_shexp = matrix(p + "ffn_gate_inp_shexp.weight", E, 0)   # one row: [n_embd]
+                    b.ffn_gate_shexp = matrix(p + "ffn_gate_shexp.weight", E, FS)
+                    b.ffn_up_shexp = matrix(p + "ffn_up_shexp.weight", E, FS)
+                    b.ffn_down_shexp = matrix(p + "ffn_down_shexp.weight", FS, E)
             else:
                 b.ffn_gate = matrix(p + "ffn_gate.weight", E, F)
                 b.ffn_up = matrix(p + "ffn_up.weight", E, F)
@@ -354,7 +441,8 @@ class Llama:
         out = [self.token_embd]
         for b in self.blk:
             out += [w for w in (b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
-                                b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps) if w is not None]
+                                b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps, b.ffn_gate_inp_shexp,
+                                b.ffn_gate_shexp, b.ffn_up_shexp, b.ffn_down_shexp) if w is not None]
         if self.output is not self.token_embd:
             out.append(self.output)
         return out

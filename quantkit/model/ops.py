@@ -118,7 +118,11 @@ def qk_prepare(q, k, v, qb, kb, vb, qn, kn, eps, n_head, n_head_kv, hd, n_rot, c
 
 
 #: ``GLU_KINDS`` index of each activation
-GLU_SILU, GLU_GELU = 0, 1
+GLU_SILU, GLU_GELU, GLU_SWIGLU_OAI = 0, 1, 2
+#: ggml_swiglu_oai's constants as build_moe_ffn passes them (LLM_FFN_SWIGLU_OAI_MOE)
+OAI_ALPHA, OAI_LIMIT = 1.702, 7.0
+#: a sink logit meaning "no sink" (float32's lowest)
+NO_SINK = float(np.finfo(np.float32).min)
 
 
 def gelu_table() -> np.ndarray:
@@ -134,11 +138,18 @@ def gelu_table() -> np.ndarray:
 
 @njit_fast
 def glu(g, u, out, kind, table):
-    """out = act(g) * u: SiLU (ggml_vec_swiglu_f32) or ggml's table GELU (ggml_vec_geglu_f32)."""
+    """out = act(g) * u: SiLU (ggml_vec_swiglu_f32), ggml's table GELU (ggml_vec_geglu_f32) or
+    ggml_swiglu_oai (g clamped above at 7, u to [-7, 7]: g / (1 + exp(-1.702 g)) * (u + 1))."""
     if kind == GLU_SILU:
         for r in range(g.shape[0]):
             x = g[r]
             out[r] = x / (np.float32(1.0) + expf(-x)) * u[r]
+    elif kind == GLU_SWIGLU_OAI:
+        lim = np.float32(OAI_LIMIT)
+        for r in range(g.shape[0]):
+            x = min(g[r], lim)
+            y = min(max(u[r], -lim), lim)
+            out[r] = x / (np.float32(1.0) + expf(np.float32(OAI_ALPHA) * -x)) * (y + np.float32(1.0))
     else:
         for r in range(g.shape[0]):
             x = g[r]
@@ -199,10 +210,24 @@ def exp_shift_sum(s, n, mx):
     return tot
 
 
-def attend_head(q, kl, vl, ko, k0, n_kv, scale, s, y):
+@njit_fast(inline="always")
+def exp_sink_inv(s, n, sink):
+    """s[:n] <- exp(s[:n] - mx), mx the max of s[:n] and of the ``sink`` logit (NO_SINK: none); -> 1 /
+    (their float32 sum + exp(sink - mx)): a softmax's factor with the sink in its max and denominator
+    (ggml_soft_max_add_sinks). The attention's softmax of both paths (``attend_head``, the batch path's
+    rows)."""
+    mx = max_f32(s, n)
+    if sink > np.float32(NO_SINK):
+        mx = max(mx, sink)
+        return np.float32(1.0) / (exp_shift_sum(s, n, mx) + expf(sink - mx))
+    return np.float32(1.0) / exp_shift_sum(s, n, mx)
+
+
+def attend_head(q, kl, vl, ko, k0, n_kv, scale, sink, s, y):
     """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows k0..n_kv-1 of
     kl / vl (n_ctx, n_head_kv * head_dim) from column ko (k0 > 0: a sliding window; the rows before it
-    are masked); s (>= n_kv - k0) scratch for the scores. ggml's
+    are masked); ``sink``: the head's sink logit (gpt-oss; NO_SINK: none), which joins the max and the
+    denominator as ggml_soft_max_add_sinks; s (>= n_kv - k0) scratch for the scores. ggml's
     op order (scale, max, exp, float32 sum, multiply by 1 / sum). Its loops are functions of their
     own on 1-D slices: written inside a prange body they stayed scalar (10x slower; over 768 cached
     positions attention was most of a decode step's time)."""
@@ -210,8 +235,7 @@ def attend_head(q, kl, vl, ko, k0, n_kv, scale, s, y):
     m = n_kv - k0
     for t in range(m):
         s[t] = KV_DOT(q, kl[k0 + t, ko:ko + hd], hd) * scale  # noqa: F821
-    mx = max_f32(s, m)
-    inv = np.float32(1.0) / exp_shift_sum(s, m, mx)
+    inv = exp_sink_inv(s, m, sink)
     y[:] = 0.0
     for t in range(m):
         KV_AXPY(s[t] * inv, vl[k0 + t, ko:ko + hd], y, hd)  # noqa: F821
