@@ -54,7 +54,7 @@ LEVELS: tuple[Level, ...] = (
           "AVX-512 VNNI: 512-bit vpdpbusd, 8-row interleaved decode, integer GEMM"),
     Level("avxvnni", "x86", _X86_BASE | {"avxvnni"}, _NOT_AVX512, "vnni", "AVX-VNNI: 256-bit VEX vpdpbusd"),
     Level("avx2", "x86", _X86_BASE, _NOT_AVXVNNI, "avx2", "AVX2: vpmaddubsw + vpmaddwd"),
-    Level("neon", "arm", frozenset({"neon", "dotprod"}), ("i8mm", "sve"), "generic", "ARM NEON with sdot"),
+    Level("neon", "arm", frozenset({"neon", "dotprod"}), ("i8mm", "sve"), "neon", "ARM NEON with sdot"),
     Level("generic", "", frozenset(), _NOT_AVXVNNI + ("avx", "fma", "f16c", "bmi", "gfni", "vaes",
                                                          "vpclmulqdq", "dotprod", "i8mm", "sve"),
           "generic", "portable LLVM IR"),
@@ -67,12 +67,41 @@ ARCH = ("x86" if platform.machine().lower() in ("x86_64", "amd64", "i686", "x86"
         else "arm" if platform.machine().lower() in ("aarch64", "arm64") else "")
 
 
+#: the Linux kernel's AArch64 hwcap names (``/proc/cpuinfo``'s Features line) of the features that
+#: LLVM's host query leaves out there (lib/TargetParser/Host.cpp maps only fp, asimd, crc32, atomics,
+#: aes, sha2, sve, ...), by LLVM's names: without them no ARM host would show the dot product
+_ARM_HWCAPS = {"asimddp": "dotprod", "i8mm": "i8mm", "sve": "sve", "sve2": "sve2", "asimdhp": "fullfp16",
+               "bf16": "bf16"}
+
+
+def _arm_hwcaps(cpuinfo: str = "/proc/cpuinfo") -> dict[str, bool]:
+    """{LLVM feature: present} for ``_ARM_HWCAPS`` from the kernel's cpuinfo; {} where it has none."""
+    try:
+        with open(cpuinfo, encoding="ascii", errors="replace") as f:
+            line = next((ln for ln in f if ln.split(":")[0].strip() == "Features"), None)
+    except OSError:
+        return {}
+    if line is None:
+        return {}
+    have = set(line.split(":", 1)[1].split())
+    return {llvm: cap in have for cap, llvm in _ARM_HWCAPS.items()}
+
+
 @functools.cache
-def host_cpu() -> tuple[str, dict[str, bool]]:
-    """(LLVM's name for this CPU, {feature: present}) as numba sees them."""
+def _llvm_host_cpu() -> tuple[str, dict[str, bool]]:
     import llvmlite.binding as llvm
 
     return llvm.get_host_cpu_name(), dict(llvm.get_host_cpu_features())
+
+
+@functools.cache
+def host_cpu() -> tuple[str, dict[str, bool]]:
+    """(LLVM's name for this CPU, {feature: present}): numba's view of the host, on ARM completed with
+    the features the kernel reports that LLVM's host query does not (``_ARM_HWCAPS``)."""
+    name, feats = _llvm_host_cpu()
+    if ARCH == "arm":
+        feats = {**feats, **{k: v for k, v in _arm_hwcaps().items() if v or k not in feats}}
+    return name, feats
 
 
 @functools.cache
@@ -131,9 +160,10 @@ def target_features() -> frozenset[str]:
 
 def numba_cpu_features() -> str | None:
     """The ``NUMBA_CPU_FEATURES`` string that holds LLVM to the forced level, or None (not forced, or
-    the level is the host's best: nothing to turn off)."""
+    the level is the host's best: nothing to turn off, and numba's own view of the host is complete;
+    on ARM it lacks the dot product, which the string then turns on)."""
     level = selected()
-    if level == best():
+    if level == best() and host_cpu()[1] == _llvm_host_cpu()[1]:
         return None
     above = BY_NAME[level].above
     return ",".join(("+" if v and not _off(k, above) else "-") + k for k, v in sorted(host_cpu()[1].items()))

@@ -59,11 +59,24 @@ def test_a_forced_level_holds_llvm_to_its_features(monkeypatch, level):
     assert isa.BY_NAME[level].requires <= feats
     assert not any(f.startswith(("avx512", "amx")) for f in feats) or level == "avx512vnni"
     spec = isa.numba_cpu_features()
-    if level == isa.best():
-        assert spec is None
-    else:   # every feature above the level is turned off for numba
+    if spec is None:   # the host's best level, and numba's own view of the host has every feature
+        assert level == isa.best()
+    else:   # every feature above the level is turned off for numba, every one it uses is on
         off = {f[1:] for f in spec.split(",") if f.startswith("-")}
-        assert isa.host_features() - feats <= off
+        on = {f[1:] for f in spec.split(",") if f.startswith("+")}
+        assert isa.host_features() - feats <= off and feats <= on
+
+
+def test_arm_features_llvm_does_not_report_come_from_the_kernel(tmp_path):
+    """LLVM's host query on AArch64 Linux never reports the dot product; the kernel's hwcaps do."""
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd crc32 atomics asimdhp asimddp\n"
+                    "CPU implementer\t: 0x41\n")
+    got = isa._arm_hwcaps(str(info))
+    assert got["dotprod"] and got["fullfp16"] and not got["i8mm"] and not got["sve"]
+    info.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2\n")   # an x86 cpuinfo: nothing to add
+    assert isa._arm_hwcaps(str(info)) == {}
+    assert isa._arm_hwcaps(str(tmp_path / "absent")) == {}
 
 
 def test_forced_avx2_process_builds_avx2_kernels():

@@ -10,6 +10,7 @@ ggml's dot uses in place of the exact one, which that test accounts for."""
 
 from __future__ import annotations
 
+import numba
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
@@ -96,3 +97,28 @@ def test_two_rows_and_matvec_equal_the_row_dot(t):
         out = np.empty((3, y.shape[0]), np.float32)
         K.matvec_kernel(tt, parallel=parallel)(y, xq, xd, xs, out, 4)
         assert np.array_equal(out, want)
+
+
+#: the types whose NEON row dots the issue names (#28); every ``ir`` / ``loop`` type has one
+NEON_TYPES = ["Q4_0", "Q8_0", "Q4_K", "Q6_K", "IQ4_XS"]
+
+
+@pytest.mark.skipif("neon" not in VARIANTS, reason="not an AArch64 CPU with the dot product (tools/arm64_tests.sh)")
+@pytest.mark.parametrize("t", NEON_TYPES)
+def test_neon_row_dots_are_sdot(t):
+    """The neon variant's machine code multiplies with ``sdot`` (and looks IQ4_XS's table up with
+    ``tbl``), rather than LLVM's widening multiplies of the generic IR."""
+    row = row_intrinsic(T[t], "neon")
+
+    @numba.njit(cache=False)
+    def one(wr, xq, xd, xs):
+        return row(wr, xq, xd, xs)
+
+    n_in = _n_in(t, False)
+    w = make_weights(T[t], 1, n_in, seed=5)
+    (xq, xd, xs), _ = _activations(t, n_in, 6)
+    one(w[0], xq[0], xd[0], xs[0])
+    asm = one.inspect_asm(one.signatures[0])
+    assert "sdot\t" in asm or "sdot " in asm, t
+    if t == "IQ4_XS":
+        assert "tbl\t" in asm or "tbl " in asm

@@ -65,8 +65,9 @@ def test_a_missing_entry_falls_to_the_next_level_down(level):
                 continue
             assert names.index(got) >= names.index(level) and got in C.LEVELS[C.kind_of(name, op)]
             assert isa.BY_NAME[got].arch in ("", isa.BY_NAME[level].arch)
-    # neon has no entries of its own yet: its row dots are generic's, and it has no x8 layout or GEMM
-    assert C.level_of("Q4_K", "row", "neon") == "generic" and C.level_of("Q4_K", "gemm", "neon") is None
+    # neon has row dots of its own (sdot), but no x8 layout or GEMM yet; its float rows are generic's
+    assert C.level_of("Q4_K", "row", "neon") == "neon" and C.level_of("Q4_K", "gemm", "neon") is None
+    assert C.level_of("Q4_K", "x8", "neon") is None and C.level_of("F16", "row", "neon") == "generic"
     assert C.level_of("Q4_K", "x8", "avxvnni") == "avxvnni" and C.level_of("F16", "row", "avx2") == "generic"
     assert C.level_of("Q8_K", "row", level) is None  # no entry: the portable path
 

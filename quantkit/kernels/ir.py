@@ -14,6 +14,10 @@ block sums). So every dot is u8 x s8, which is exactly ``vpdpbusd``.
 Variants (the same numba bodies are compiled against either):
 
 * ``vnni``    -- ``llvm.x86.avx512.vpdpbusd.256`` (AVX512-VNNI+VL, or AVX-VNNI: LLVM picks the VEX form)
+* ``avx2``    -- ``vpmaddubsw`` + ``vpmaddwd`` (ggml's AVX2 dots; signed x signed with its sign trick)
+* ``neon``    -- AArch64 ``sdot`` (``llvm.aarch64.neon.sdot``, the dot-product extension) on 16-byte
+  halves, and ``tbl`` for the 16-entry tables; u below 128 is already a valid signed byte, a wide u is
+  ``(u ^ 0x80) + 128`` (one more ``sdot`` against the activations gives the 128 * sum)
 * ``generic`` -- target-independent IR: ``mul(zext u, sext x)`` summed to 8 lanes of 4 bytes (LLVM
   turns this into vpdpbusd/vpmaddubsw where it can, and into plain SIMD elsewhere)
 
@@ -58,7 +62,7 @@ HAS_BMI2 = IS_X86 and "bmi2" in _FEATURES
 HAS_GFNI = IS_X86 and "gfni" in _FEATURES
 
 #: the IR flavours of the integer dots (``_dot``), and ``plain`` (numba only, no IR)
-VARIANTS = ("vnni", "avx2", "generic", "plain")
+VARIANTS = ("vnni", "avx2", "neon", "generic", "plain")
 #: those this host can execute (the tests' parametrization)
 RUNNABLE_VARIANTS = isa.runnable_variants()
 #: opt-in (QUANTKIT_512=1): 32-element blocks two at a time with a 512-bit vpdpbusd where the CPU has
@@ -96,7 +100,7 @@ def act_sums(name: str) -> int:
 
 def default_variant() -> str:
     """The kernels' IR flavour for the CPU level in force (quantkit/isa.py): ``vnni`` (AVX-512 VNNI or
-    AVX-VNNI), ``avx2``, ``generic``, or ``plain`` when ``QUANTKIT_KERNELS=plain``."""
+    AVX-VNNI), ``avx2``, ``neon``, ``generic``, or ``plain`` when ``QUANTKIT_KERNELS=plain``."""
     return isa.variant()
 
 
@@ -106,6 +110,7 @@ I8, I16, I32, I64 = ir.IntType(8), ir.IntType(16), ir.IntType(32), ir.IntType(64
 V8I32 = ir.VectorType(I32, 8)
 V32I8 = ir.VectorType(I8, 32)
 V16I8 = ir.VectorType(I8, 16)
+V4I32 = ir.VectorType(I32, 4)
 V32I32 = ir.VectorType(I32, 32)
 V16I16 = ir.VectorType(I16, 16)
 
@@ -147,6 +152,10 @@ def _lut16(builder, variant, idx, table):
     if variant in ("vnni", "avx2"):  # AVX2 pshufb works within 128-bit lanes: the table is repeated
         fn = _decl(builder.module, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
         return builder.call(fn, [ir.Constant(V32I8, list(table) * 2), idx])
+    if variant == "neon":  # tbl: 16-byte table, 16 indices per instruction
+        fn = _decl(builder.module, "llvm.aarch64.neon.tbl1.v16i8", V16I8, [V16I8, V16I8])
+        t = ir.Constant(V16I8, list(table))
+        return _join(builder, *(builder.call(fn, [t, h]) for h in _halves(builder, idx)))
     # portable: a tree of selects on the index bits
     level = [_splat(I8, 32, t) for t in table]
     bit = 1
@@ -193,6 +202,37 @@ def _dot_s8(builder, acc, s, x):
     return t if acc is None else builder.add(acc, t)
 
 
+def _halves(builder, v):
+    """A 32-lane (or 8-lane) vector -> its two halves (one 128-bit NEON register each)."""
+    n = v.type.count // 2
+    return (builder.shuffle_vector(v, v, _vconst(range(n))), builder.shuffle_vector(v, v, _vconst(range(n, 2 * n))))
+
+
+def _join(builder, a, b):
+    """Two halves -> one vector of twice the lanes (the inverse of ``_halves``)."""
+    return builder.shuffle_vector(a, b, _vconst(range(2 * a.type.count)))
+
+
+def _sdot(builder, acc4, a, b):
+    """NEON ``sdot``: <4 x i32> acc4 + per-4-byte-lane sums of s8 a * s8 b (<16 x i8> each)."""
+    fn = _decl(builder.module, "llvm.aarch64.neon.sdot.v4i32.v16i8", V4I32, [V4I32, V16I8, V16I8])
+    return builder.call(fn, [acc4, a, b])
+
+
+def _dot_neon(builder, acc, u, x, wide):
+    """``_dot`` with ``sdot`` on each 16-byte half. u < 128 is its own signed byte; a wide u is
+    s + 128 with s = u ^ 0x80: sdot(s, x) - sdot(-128, x) (= + 128 * the sum of x, exactly)."""
+    s = builder.xor(u, _splat(I8, 32, 0x80)) if wide else u
+    accs = _halves(builder, acc) if acc is not None else (ir.Constant(V4I32, None),) * 2
+    out = []
+    for a4, sh, xh in zip(accs, _halves(builder, s), _halves(builder, x)):
+        t = _sdot(builder, a4, sh, xh)
+        if wide:
+            t = builder.sub(t, _sdot(builder, ir.Constant(V4I32, None), _splat(I8, 16, -128), xh))
+        out.append(t)
+    return _join(builder, *out)
+
+
 def _dot(builder, variant, acc, u, x, wide=True):
     """acc (<8 x i32> or None) + per-4-byte-lane sums of u8 u * s8 x.
 
@@ -210,6 +250,8 @@ def _dot(builder, variant, acc, u, x, wide=True):
         s = builder.xor(u, _splat(I8, 32, 0x80))
         xsum = _pairs_to_lanes(builder, _maddubs(builder, _splat(I8, 32, 0x80), x))  # 128 * sums of x
         return _dot_s8(builder, builder.add(xsum, acc) if acc is not None else xsum, s, x)
+    if variant == "neon":
+        return _dot_neon(builder, acc, u, x, wide)
     m = builder.mul(builder.zext(u, V32I32), builder.sext(x, V32I32))
     parts = [builder.shuffle_vector(m, m, ir.Constant(V8I32, [4 * i + j for i in range(8)])) for j in range(4)]
     s = builder.add(builder.add(parts[0], parts[1]), builder.add(parts[2], parts[3]))

@@ -338,12 +338,12 @@ def legacy_emitter(name, chunk, offset):
 
 
 def row_dot(variant, name, emit, nrows=1):
-    """The ``ROW(wr, xq, xd, xs)`` intrinsic of type ``name`` for one IR variant ('vnni', 'avx2' or
-    'generic'): the whole-row loop around the type's per-block ``emit`` (its row-dot entry in
+    """The ``ROW(wr, xq, xd, xs)`` intrinsic of type ``name`` for one IR variant ('vnni', 'avx2', 'neon'
+    or 'generic'): the whole-row loop around the type's per-block ``emit`` (its row-dot entry in
     kernels/cpu_traits.py), block bytes, elements and activation sums from the type table. With ``nrows``
     > 1 it dots that many consecutive rows (``wr`` holds them one after another) with the same activations
     and returns a tuple; each row's sum is computed exactly as the 1-row dot's."""
-    if variant not in ("vnni", "avx2", "generic"):
+    if variant not in ("vnni", "avx2", "neon", "generic"):
         raise ValueError(f"no IR dots for variant {variant!r}")
     info = type_info(name)
     ts, qk, ns = info.type_size, info.block_size, act_sums(name)
