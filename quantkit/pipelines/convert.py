@@ -1,0 +1,438 @@
+"""``quantkit convert``: a Hugging Face safetensors checkpoint to GGUF, as llama.cpp's
+``convert_hf_to_gguf.py`` writes it (the same tensor names, shapes, types and bytes, the same KV pairs).
+
+Plan first, then stream (docs/convert.md):
+
+1. ``plan_conversion`` reads config.json and every shard's header (``formats.safetensors.Checkpoint``),
+   picks the architecture's row of ``ARCHS``, maps every tensor to its GGUF name (gguf-py's
+   ``TensorNameMap``, as the reference does), decides each output type (``output_type``), checks the
+   config against the tensors' shapes, and builds every KV pair in the reference's order on an in-memory
+   ``gguf.GGUFWriter`` (``TextModel.prepare_metadata``: type, gguf-py's ``Metadata`` from the folder,
+   the hyperparameters, the quantization version, then the tokenizer). Every refusal happens here.
+2. ``convert`` writes the header and then each tensor in the reference's order through
+   ``formats.gguf_io.GGUFOutput`` (a temporary file renamed at the end), reading one tensor -- or a range
+   of rows, or one expert -- at a time, so memory stays near the largest chunk, not the model.
+
+The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
+from Hugging Face's RoPE layout, experts stacked into 3D tensors), qwen2, qwen3. Hyperparameters
+absent from config.json take the defaults of transformers' config class, which the reference reads
+the config through (``CONFIG_DEFAULTS``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import LlamaFileType as FT
+
+from quantkit.errors import FormatError
+from quantkit.formats.gguf_io import KV, GGUFOutput, Tensor, tensor_nbytes
+from quantkit.formats.safetensors import FLOAT_DTYPES, Checkpoint
+
+#: --outtype -> file type; "auto" is resolved from the first matrix's dtype (``resolve_auto``)
+OUTTYPES = {"f32": FT.ALL_F32, "f16": FT.MOSTLY_F16, "bf16": FT.MOSTLY_BF16, "q8_0": FT.MOSTLY_Q8_0}
+_FT_TYPE = {FT.ALL_F32: T.F32, FT.MOSTLY_F16: T.F16, FT.MOSTLY_BF16: T.BF16, FT.MOSTLY_Q8_0: T.Q8_0}
+#: rows read at once from a large plain tensor (64 MiB of float32 at the most)
+CHUNK_BYTES = 64 << 20
+
+#: transformers' config-class defaults (transformers 5.x) for the keys the reference reads, by
+#: ``model_type``; ``head_dim`` None means "not set" (no key_length written), "derived" hidden / heads
+CONFIG_DEFAULTS = {
+    "llama": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim="derived"),
+    "mixtral": dict(max_position_embeddings=4096 * 32, rms_norm_eps=1e-5, rope_theta=1e6, head_dim=None),
+    "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None),
+    "qwen3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=128),
+}
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What one Hugging Face architecture family changes (conversion/llama.py, conversion/qwen.py)."""
+
+    gguf_arch: gguf.MODEL_ARCH
+    permute_qk: bool = False          # LlamaModel.undo_permute
+    experts_key: str | None = None    # HF name part of per-expert tensors (stacked into 3D)
+    llama_keys: bool = False          # LlamaModel.set_gguf_parameters: vocab_size, rope dimension count
+    tokenizer_prefix_space: bool = False  # LlamaModel.set_vocab: add_space_prefix from tokenizer_config
+
+
+_LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, experts_key="block_sparse_moe.experts",
+              llama_keys=True, tokenizer_prefix_space=True)
+ARCHS = {
+    "LlamaForCausalLM": _LLAMA,
+    "MixtralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN2),
+    "Qwen3ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3),
+}
+#: names the reference drops before mapping (ModelBase.prepare_tensors)
+_DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
+#: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms)
+_F32_KEYS = (gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP, gguf.MODEL_TENSOR.POS_EMBD,
+             gguf.MODEL_TENSOR.TOKEN_TYPES)
+
+
+@dataclass
+class Source:
+    """Where an output tensor's data comes from: one HF tensor, or (experts) one per expert."""
+
+    names: list[str]
+    permute: tuple[int, int] | None = None   # (n_head, n_head_kv) for llama's Q/K rows
+
+
+@dataclass
+class OutTensor:
+    name: str
+    shape: tuple[int, ...]   # PyTorch order (rows first); the GGUF shape is its reverse
+    qtype: T
+    source: Source
+    src_dtype: str
+
+    @property
+    def gguf_shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.gguf_shape, self.qtype)
+
+
+@dataclass
+class Plan:
+    checkpoint: Checkpoint
+    arch: Arch
+    hparams: dict
+    ftype: FT
+    tensors: list[OutTensor]
+    kv: list[KV] = field(default_factory=list)
+    default_name: str = ""          # llama.cpp's default output file name (gguf.naming_convention)
+
+
+# -- hyperparameters ---------------------------------------------------------------------------------
+
+def _hparams(config: dict, path: Path) -> dict:
+    """config.json with transformers' defaults filled in for the keys the reference reads."""
+    if "text_config" in config:
+        config = {**config, **config["text_config"]}
+    defaults = CONFIG_DEFAULTS.get(config.get("model_type"), CONFIG_DEFAULTS["llama"])
+    hp = dict(config)
+    for k, v in defaults.items():
+        if hp.get(k) is None and v is not None:
+            hp[k] = v
+    for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+        if not isinstance(hp.get(k), int) or hp[k] <= 0:
+            raise FormatError(f"{path}: {k} must be a positive integer, got {hp.get(k)!r}")
+    if hp.get("num_key_value_heads") is None:
+        hp["num_key_value_heads"] = hp["num_attention_heads"]
+    if hp.get("head_dim") == "derived":
+        hp["head_dim"] = hp["hidden_size"] // hp["num_attention_heads"]
+    rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+    if "rope_theta" not in rope and hp.get("rope_theta") is not None:
+        rope["rope_theta"] = hp["rope_theta"]
+    if "rope_type" not in rope and rope.get("type") is not None:
+        rope["rope_type"] = rope["type"]
+    hp["rope_parameters"] = rope
+    return hp
+
+
+def _find(hp: dict, *keys: str):
+    """``find_hparam(keys, optional=True)``: the first key present (its value may be None)."""
+    return next((hp[k] for k in keys if k in hp), None)
+
+
+def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: Path) -> None:
+    """``TextModel.set_gguf_parameters`` and the architecture's additions, in the reference's order."""
+    w.add_block_count(hp["num_hidden_layers"])
+    if (v := _find(hp, "max_position_embeddings", "n_ctx", "n_positions", "max_length",
+                   "max_sequence_length", "model_max_length")) is not None:
+        w.add_context_length(v)
+    if (v := _find(hp, "hidden_size", "n_embd", "dim")) is not None:
+        w.add_embedding_length(v)
+    if (v := _find(hp, "prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size",
+                   "n_inner", "hidden_dim")) is not None:
+        w.add_feed_forward_length(v)
+    if (v := _find(hp, "num_attention_heads", "n_head", "n_heads")) is not None:
+        w.add_head_count(v)
+    if (v := _find(hp, "num_key_value_heads", "n_kv_heads")) is not None:
+        w.add_head_count_kv(v)
+    if hp.get("is_causal") is False:
+        w.add_causal_attention(False)
+    rope = hp["rope_parameters"]
+    rope_type = rope.get("rope_type")
+    if rope_type is not None:
+        factor = rope.get("factor")
+        if rope_type == "linear" and factor is not None:
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(factor)
+        elif rope_type in ("yarn", "llama3", "su", "longrope", "dynamic"):
+            raise FormatError(f"{path}: RoPE scaling {rope_type!r} is not converted yet")
+    if (v := rope.get("rope_theta")) is not None:
+        w.add_rope_freq_base(v)
+    if (v := _find(hp, "rms_norm_eps", "norm_eps")) is not None:
+        w.add_layer_norm_rms_eps(v)
+    if (v := _find(hp, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
+        w.add_layer_norm_eps(v)
+    if (v := _find(hp, "num_local_experts", "num_experts", "n_routed_experts")) is not None:
+        w.add_expert_count(v)
+    if (v := _find(hp, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
+        w.add_expert_used_count(v)
+    if (v := hp.get("head_dim")) is not None:
+        w.add_key_length(v)
+        w.add_value_length(v)
+    w.add_file_type(ftype)
+    if arch.llama_keys:
+        w.add_vocab_size(hp["vocab_size"])
+        w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
+
+
+# -- tensors -------------------------------------------------------------------------------------------
+
+def _bid(name: str) -> int | None:
+    """The first number-like part of a tensor name: its block id (as the reference takes it)."""
+    return next((int(p) for p in name.split(".") if p.isdecimal()), None)
+
+
+def output_type(name: str, n_dims: int, ftype: FT, arch: Arch, bid: int | None) -> T:
+    """The reference's type rule (``ModelBase.prepare_tensors``): 1-D tensors, norms and a few kinds
+    (router, position embeddings) F32; the rest the file type's, Q8_0 falling back to F16 on rows that
+    are not whole blocks."""
+    if n_dims <= 1 or name.endswith("_norm.weight"):
+        return T.F32
+    for key in _F32_KEYS:
+        if key in gguf.MODEL_TENSORS[arch.gguf_arch]:
+            base = gguf.TENSOR_NAMES[key]
+            if name == (base.format(bid=bid) if "{bid}" in base else base) + ".weight":
+                return T.F32
+    if name[-7:] != ".weight":
+        return T.F32
+    return _FT_TYPE[ftype]
+
+
+def _expected_shapes(hp: dict) -> dict[str, tuple[int, ...]]:
+    """What the config says some tensors must measure (PyTorch order), by GGUF name without the block."""
+    e, v = hp["hidden_size"], hp["vocab_size"]
+    hd = hp.get("head_dim") or e // hp["num_attention_heads"]
+    out = {"token_embd.weight": (v, e), "output.weight": (v, e),
+           "attn_q.weight": (hp["num_attention_heads"] * hd, e),
+           "attn_k.weight": (hp["num_key_value_heads"] * hd, e), "attn_v.weight": (hp["num_key_value_heads"] * hd, e)}
+    if isinstance(hp.get("intermediate_size"), int) and not hp.get("num_local_experts"):
+        out["ffn_up.weight"] = (hp["intermediate_size"], e)
+    return out
+
+
+def _check_shape(t: OutTensor, want: dict, path: Path) -> None:
+    key = t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name
+    if key in want and tuple(t.shape) != want[key]:
+        raise FormatError(f"{path}: tensor {t.source.names[0]!r} ({t.name}) has shape {list(t.shape)}, but "
+                          f"config.json says {list(want[key])}")
+
+
+def resolve_auto(ck: Checkpoint) -> FT:
+    """``--outtype auto``: BF16 or F16 after the first tensor of two or more dimensions, else F16."""
+    for t in ck.tensors.values():
+        if len(t.shape) < 2:
+            continue
+        if t.dtype == "BF16":
+            return FT.MOSTLY_BF16
+        if t.dtype == "F16":
+            return FT.MOSTLY_F16
+        break
+    return FT.MOSTLY_F16
+
+
+def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTensor]:
+    n_layer = hp["num_hidden_layers"]
+    tmap = gguf.get_tensor_name_map(arch.gguf_arch, n_layer)
+    path = ck.folder
+    n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
+    n_expert = hp.get("num_local_experts") or 0
+    groups: dict[int, list[str]] = {}
+    out: list[OutTensor] = []
+
+    def add(hf_name: str, shape: tuple[int, ...], source: Source, dtype: str, bid: int | None) -> None:
+        new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if new is None:
+            raise FormatError(f"{path}: cannot map tensor {hf_name!r} to a GGUF name "
+                              f"({arch.gguf_arch.name.lower()} has no such tensor)")
+        qtype = output_type(new, len(shape), ftype, arch, bid)
+        if qtype == T.Q8_0 and shape[-1] % 32:
+            qtype = T.F16   # gguf.quants.quantize's QuantError: the reference falls back to F16
+        out.append(OutTensor(new, tuple(shape), qtype, source, dtype))
+
+    for name, t in ck.tensors.items():
+        if name.endswith(_DROPPED):
+            continue
+        if t.dtype not in FLOAT_DTYPES:
+            raise FormatError(f"{t.file}: tensor {name!r} is {t.dtype}; only float tensors are converted "
+                              f"(quantized checkpoints are not)")
+        bid = _bid(name)
+        if arch.experts_key and arch.experts_key in name:
+            if not n_expert or bid is None:
+                raise FormatError(f"{path}: tensor {name!r} is an expert's, but config.json has no num_local_experts")
+            groups.setdefault(bid, []).append(name)
+            if len(groups[bid]) < n_expert * 3:
+                continue
+            for wid in ("w1", "w2", "w3"):
+                names = [f"model.layers.{bid}.{arch.experts_key}.{x}.{wid}.weight" for x in range(n_expert)]
+                missing = [n for n in names if n not in ck.tensors]
+                if missing:
+                    raise FormatError(f"{path}: layer {bid} lacks expert tensor {missing[0]!r}")
+                shapes = {ck.tensors[n].shape for n in names}
+                if len(shapes) != 1:
+                    raise FormatError(f"{path}: layer {bid}'s {wid} experts differ in shape: {sorted(shapes)}")
+                add(f"layers.{bid}.feed_forward.experts.{wid}.weight", (n_expert, *shapes.pop()),
+                    Source(names), ck.tensors[names[0]].dtype, bid)
+            continue
+        permute = None
+        if arch.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
+            permute = (n_head, n_head)
+        elif arch.permute_qk and name.endswith(("k_proj.weight", "k_proj.bias")):
+            permute = (n_head, n_kv)
+        if permute is not None:
+            heads = permute[1] if permute[0] != permute[1] else permute[0]
+            if t.shape[0] % (2 * heads):
+                raise FormatError(f"{t.file}: tensor {name!r} has {t.shape[0]} rows, not a multiple of 2 x {heads} "
+                                  f"heads (config.json)")
+        add(name, t.shape, Source([name], permute), t.dtype, bid)
+    leftover = [n for names in groups.values() for n in names if len(names) < n_expert * 3]
+    if leftover:
+        raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
+    want = _expected_shapes(hp)
+    for t in out:
+        _check_shape(t, want, path)
+    if n_layer and not any(t.name.startswith(f"blk.{n_layer - 1}.") for t in out):
+        raise FormatError(f"{path}: config.json says {n_layer} layers, but no tensor of layer {n_layer - 1}")
+    return out
+
+
+def _permute(x: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """``LlamaModel.permute``: Hugging Face's rotate-half Q/K rows back to GGML's interleaved pairs."""
+    if n_head != n_head_kv:
+        n_head = n_head_kv
+    return (x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape))
+
+
+def _encode(x: np.ndarray, qtype: T) -> np.ndarray:
+    """Float data (any of the checkpoint's float dtypes) as ``qtype`` bytes; the reference converts
+    everything but F16 / F32 to float32 first, then quantizes (gguf.quants.quantize)."""
+    if x.dtype not in (np.float16, np.float32):
+        x = x.astype(np.float32)
+    if qtype == T.F32:
+        return x.astype(np.float32, copy=False)
+    if qtype == T.F16:
+        return x.astype(np.float16, copy=False)
+    from quantkit.quants import codecs
+
+    return codecs.quantize(np.ascontiguousarray(x, dtype=np.float32), qtype)
+
+
+def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
+    """The output bytes of ``t``, in order, a bounded piece at a time."""
+    src = t.source
+    if len(src.names) > 1:                      # stacked experts: one expert at a time
+        for n in src.names:
+            yield _encode(ck.rows(n), t.qtype)
+        return
+    if src.permute is not None:                 # the permutation mixes rows within a head: whole tensor
+        yield _encode(_permute(ck.rows(src.names[0]), *src.permute), t.qtype)
+        return
+    shape = t.shape
+    if len(shape) < 2:
+        yield _encode(ck.rows(src.names[0]), t.qtype)
+        return
+    row = int(np.prod(shape[1:])) * 4
+    step = max(1, CHUNK_BYTES // max(1, row))
+    for start in range(0, shape[0], step):
+        yield _encode(ck.rows(src.names[0], start, min(shape[0], start + step)), t.qtype)
+
+
+# -- the plan ----------------------------------------------------------------------------------------
+
+def plan_conversion(folder: str | os.PathLike, outtype: str = "auto") -> Plan:
+    """Everything about the output, checked, before a byte is written."""
+    ck = Checkpoint(folder)
+    path = ck.folder / "config.json"
+    archs = ck.config.get("architectures") or []
+    name = archs[0] if archs else None
+    if name not in ARCHS:
+        raise FormatError(f"{path}: architecture {name!r} is not converted by quantkit (it converts: "
+                          f"{', '.join(ARCHS)})")
+    arch = ARCHS[name]
+    hp = _hparams(ck.config, path)
+    if name == "Qwen3ForCausalLM" and any("qwen3-reranker" in str(h).lower() for h in
+                                          (ck.folder.name, hp.get("_name_or_path", ""))):
+        raise FormatError(f"{ck.folder}: Qwen3 reranker models are not converted yet")
+    if outtype == "auto":
+        ftype = resolve_auto(ck)
+    elif outtype in OUTTYPES:
+        ftype = OUTTYPES[outtype]
+    else:
+        raise FormatError(f"unknown outtype {outtype!r} (f32, f16, bf16, q8_0 or auto)")
+    tensors = _plan_tensors(ck, arch, hp, ftype)
+    plan = Plan(ck, arch, hp, ftype, tensors)
+    plan.kv, plan.default_name = _metadata(plan)
+    return plan
+
+
+def _metadata(plan: Plan) -> tuple[list[KV], str]:
+    """Every KV pair, in the order ``ModelBase.prepare_metadata`` + ``TextModel.prepare_metadata`` add
+    them, on an in-memory GGUFWriter whose tensor infos make gguf-py's parameter count."""
+    from quantkit.pipelines.convert_vocab import add_vocab
+
+    ck, hp = plan.checkpoint, plan.hparams
+    w = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[plan.arch.gguf_arch])
+    for t in plan.tensors:
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), int(np.prod(t.shape)) * 4)
+    total, shared, expert, n_expert = w.get_total_parameter_count()
+    meta = gguf.Metadata.load(None, ck.folder, None, total)
+    gen = ck.json("generation_config.json") or {}
+    if meta.sampling_penalty_repeat is None and "repetition_penalty" in gen:
+        meta.sampling_penalty_repeat = gen["repetition_penalty"]   # llama.cpp 0c1e570's gguf-py reads it
+    if meta.name is None:
+        meta.name = ck.folder.name
+    if meta.size_label is None and total > 0:
+        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
+    w.add_type(gguf.GGUFType.MODEL)
+    meta.set_gguf_meta_model(w)
+    _add_parameters(w, hp, plan.arch, plan.ftype, ck.folder / "config.json")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tok_cfg = ck.json("tokenizer_config.json")
+    if plan.arch.tokenizer_prefix_space and isinstance(tok_cfg, dict):
+        if (v := tok_cfg.get("add_prefix_space")) is not None:
+            w.add_add_space_prefix(v)
+    add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"))
+    kv = [KV(k, v.value, v.type, v.sub_type) for k, v in w.kv_data[0].items()]
+    out_name = plan.ftype.name.partition("_")[2]
+    default = gguf.naming_convention(meta.name, meta.basename, meta.finetune, meta.version, meta.size_label,
+                                     out_name) + ".gguf"
+    return kv, default
+
+
+def convert(folder: str | os.PathLike, out: str | os.PathLike | None = None, outtype: str = "auto",
+            log: Callable[[str], None] = lambda s: None, progress=None) -> Path:
+    """Convert the checkpoint in ``folder``; returns the path written (``out``, or llama.cpp's default
+    name inside ``folder``). ``progress(total=, unit=, desc=)`` makes a tqdm-like bar (bytes)."""
+    plan = plan_conversion(folder, outtype)
+    dst = Path(out) if out is not None else plan.checkpoint.folder / plan.default_name
+    log(f"{plan.checkpoint.folder}: {plan.arch.gguf_arch.name.lower()}, {len(plan.tensors)} tensors, "
+        f"file type {plan.ftype.name} -> {dst}")
+    gtensors = [Tensor(t.name, t.gguf_shape, t.qtype) for t in plan.tensors]
+    bar = progress(total=sum(t.nbytes for t in plan.tensors), unit="B", unit_scale=True,
+                   desc="convert") if progress else None
+    try:
+        with GGUFOutput(dst, plan.kv, gtensors) as w:
+            for t in plan.tensors:
+                w.write_parts(t.name, tensor_chunks(plan.checkpoint, t))
+                if bar is not None:
+                    bar.update(t.nbytes)
+            w.commit()
+    finally:
+        if bar is not None:
+            bar.close()
+        plan.checkpoint.close()
+    return dst
