@@ -15,6 +15,8 @@ What each checkpoint exercises:
 * ``llama``: LlamaForCausalLM, BF16, grouped-query attention (the Q/K row permutation with 4 heads and 2
   KV heads), an untied ``lm_head``, two shards with ``model.safetensors.index.json``, a
   generation_config.json (the sampling defaults written as ``general.sampling.*``).
+* ``llama3rope``: Llama 3.2's RoPE scaling (``rope_type`` llama3, head size 64, tied embeddings): the
+  generated ``rope_freqs.weight``.
 * ``qwen2``: Qwen2ForCausalLM, F16, Q/K/V biases, tied embeddings (no ``output.weight``).
 * ``qwen3``: Qwen3ForCausalLM, BF16, per-head Q/K norms with ``head_dim`` * heads != hidden size.
 * ``mixtral``: MixtralForCausalLM, BF16, 4 experts (2 used) stacked into 3D tensors, an F32 router.
@@ -43,6 +45,12 @@ SPECS = {
                "attention_bias": False, "mlp_bias": False},
               "BF16", 2, {"bos_token_id": 151643, "eos_token_id": 151645, "do_sample": True,
                           "temperature": 0.6, "top_k": 20, "top_p": 0.95}),
+    "llama3rope": ({**_BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_attention_heads": 1,
+                    "num_key_value_heads": 1, "rope_theta": 500000.0, "tie_word_embeddings": True,
+                    "torch_dtype": "bfloat16", "max_position_embeddings": 131072,
+                    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+                   "BF16", 1, None),
     "qwen2": ({**_BASE, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
                "tie_word_embeddings": True, "torch_dtype": "float16", "use_sliding_window": False,
                "sliding_window": 2048, "max_window_layers": 2},

@@ -83,6 +83,7 @@ class Source:
 
     names: list[str]
     permute: tuple[int, int] | None = None   # (n_head, n_head_kv) for llama's Q/K rows
+    values: np.ndarray | None = None         # a tensor the converter makes (llama3's rope_freqs)
 
 
 @dataclass
@@ -169,7 +170,7 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         if rope_type == "linear" and factor is not None:
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(factor)
-        elif rope_type in ("yarn", "llama3", "su", "longrope", "dynamic"):
+        elif rope_type in ("yarn", "su", "longrope", "dynamic") or (rope_type == "llama3" and not arch.llama_keys):
             raise FormatError(f"{path}: RoPE scaling {rope_type!r} is not converted yet")
     if (v := rope.get("rope_theta")) is not None:
         w.add_rope_freq_base(v)
@@ -253,6 +254,10 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     n_expert = hp.get("num_local_experts") or 0
     groups: dict[int, list[str]] = {}
     out: list[OutTensor] = []
+    if arch.llama_keys and (hp["rope_parameters"].get("rope_type") or "").lower() == "llama3":
+        factors = llama3_rope_factors(hp)           # generate_extra_tensors: first in the file
+        out.append(OutTensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors.shape, T.F32,
+                             Source([], values=factors), "F32"))
 
     def add(hf_name: str, shape: tuple[int, ...], source: Source, dtype: str, bid: int | None) -> None:
         new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -310,6 +315,41 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     return out
 
 
+def llama3_rope_factors(hp: dict) -> np.ndarray:
+    """``LlamaModel.generate_extra_tensors``: Llama 3's per-frequency RoPE scaling factors, float32.
+
+    The reference computes in torch float32. Two of its operations are reproduced as torch does them:
+    ``2 * pi / freq`` is a reciprocal times the scalar (torch's scalar-over-tensor division), and the
+    power ``base ** (i / dim)`` -- torch's vectorized powf, not correctly rounded -- is taken here in
+    float64 and rounded. On Llama 3.x's settings (base 500000, head size 64 or 128, factor 8 or 32,
+    original context 8192) the bytes are the reference's; on other bases and head sizes a factor in
+    the smooth band can differ in its last bit (a grid of 60 settings: 41 had one to five such values).
+    """
+    import math
+
+    f32 = np.float32
+    rope = hp["rope_parameters"]
+    base = rope.get("rope_theta", 10000.0)
+    dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    factor = rope.get("factor", 8.0)
+    lo, hi = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    exps = np.arange(0, dim, 2, dtype=f32) / f32(dim)
+    freqs = f32(1.0) / (np.float64(base) ** exps.astype(np.float64)).astype(f32)
+    low_wavelen, high_wavelen = old / lo, old / hi
+    out = []
+    for freq in freqs:
+        wavelen = f32(2 * math.pi) * (f32(1) / freq)
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (f32(old) / wavelen - f32(lo)) / f32(hi - lo)
+            out.append(f32(1) / ((f32(1) - smooth) / f32(factor) + smooth))
+    return np.array(out, dtype=f32)
+
+
 def _permute(x: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
     """``LlamaModel.permute``: Hugging Face's rotate-half Q/K rows back to GGML's interleaved pairs."""
     if n_head != n_head_kv:
@@ -334,6 +374,9 @@ def _encode(x: np.ndarray, qtype: T) -> np.ndarray:
 def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
     """The output bytes of ``t``, in order, a bounded piece at a time."""
     src = t.source
+    if src.values is not None:
+        yield _encode(src.values, t.qtype)
+        return
     if len(src.names) > 1:                      # stacked experts: one expert at a time
         for n in src.names:
             yield _encode(ck.rows(n), t.qtype)
