@@ -20,6 +20,7 @@ What each checkpoint exercises:
 * ``qwen2``: Qwen2ForCausalLM, F16, Q/K/V biases, tied embeddings (no ``output.weight``).
 * ``qwen3``: Qwen3ForCausalLM, BF16, per-head Q/K norms with ``head_dim`` * heads != hidden size.
 * ``mixtral``: MixtralForCausalLM, BF16, 4 experts (2 used) stacked into 3D tensors, an F32 router.
+* ``qwen3moe``: Qwen3MoeForCausalLM, BF16, Q/K norms, 4 experts of width 32 (``moe_intermediate_size``).
 """
 
 from __future__ import annotations
@@ -63,6 +64,11 @@ SPECS = {
                  "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rope_theta": 1000000.0,
                  "router_aux_loss_coef": 0.02, "output_router_logits": False},
                 "BF16", 1, None),
+    "qwen3moe": ({**_BASE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 32,
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                  "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+                 "BF16", 1, None),
 }
 
 
@@ -92,13 +98,20 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         if bias:
             out += [(p + "self_attn.q_proj.bias", (nq,)), (p + "self_attn.k_proj.bias", (nkv,)),
                     (p + "self_attn.v_proj.bias", (nkv,))]
-        if cfg["model_type"] == "qwen3":
+        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
             out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
         if "num_local_experts" in cfg:
             out.append((p + "block_sparse_moe.gate.weight", (cfg["num_local_experts"], e)))
             for x in range(cfg["num_local_experts"]):
                 q = f"{p}block_sparse_moe.experts.{x}."
                 out += [(q + "w1.weight", (ff, e)), (q + "w2.weight", (e, ff)), (q + "w3.weight", (ff, e))]
+        elif "num_experts" in cfg:
+            mff = cfg["moe_intermediate_size"]
+            out.append((p + "mlp.gate.weight", (cfg["num_experts"], e)))
+            for x in range(cfg["num_experts"]):
+                q = f"{p}mlp.experts.{x}."
+                out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)),
+                        (q + "down_proj.weight", (e, mff))]
         else:
             out += [(p + "mlp.gate_proj.weight", (ff, e)), (p + "mlp.up_proj.weight", (ff, e)),
                     (p + "mlp.down_proj.weight", (e, ff))]

@@ -173,3 +173,17 @@ def test_write_parts_refuses_wrong_sizes(tmp_path):
             with out:
                 out.write_parts("a", iter(parts))
         assert list(tmp_path.iterdir()) == []
+
+
+def test_without_tokenizers_package_one_line(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "tokenizers", None)    # import tokenizers -> ImportError
+    _refused(ckpt("qwen2"), tmp_path, "pip install 'quantkit[convert]'")
+
+
+def test_unknown_pre_tokenizer_refused(ckpt, tmp_path):
+    """A tokenizer whose split of the check text llama.cpp's table does not know is refused, as there."""
+    folder = _copy(ckpt("qwen2"), tmp_path / "m")
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
+    (folder / "tokenizer.json").write_text(json.dumps(tj))
+    _refused(folder, tmp_path, "unknown BPE pre-tokenizer")

@@ -14,7 +14,8 @@ Plan first, then stream (docs/convert.md):
    of rows, or one expert -- at a time, so memory stays near the largest chunk, not the model.
 
 The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
-from Hugging Face's RoPE layout, experts stacked into 3D tensors), qwen2, qwen3. Hyperparameters
+from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
+qwen3moe. Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
@@ -48,7 +49,19 @@ CONFIG_DEFAULTS = {
     "mixtral": dict(max_position_embeddings=4096 * 32, rms_norm_eps=1e-5, rope_theta=1e6, head_dim=None),
     "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None),
     "qwen3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=128),
+    "qwen3_moe": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None,
+                      num_experts_per_tok=8, moe_intermediate_size=768),
 }
+
+
+@dataclass(frozen=True)
+class Experts:
+    """Per-expert tensors stacked into one 3D tensor per projection, once a layer's are all read
+    (``LlamaModel.modify_tensors`` for Mixtral, ``Qwen2MoeModel.modify_tensors``)."""
+
+    key: str                  # the part of an HF name that marks an expert's tensor
+    projections: tuple[str, ...]  # in the order the stacked tensors are written
+    merged: str               # the stacked tensor's HF-style name (mapped to GGUF by TensorNameMap)
 
 
 @dataclass(frozen=True)
@@ -57,18 +70,23 @@ class Arch:
 
     gguf_arch: gguf.MODEL_ARCH
     permute_qk: bool = False          # LlamaModel.undo_permute
-    experts_key: str | None = None    # HF name part of per-expert tensors (stacked into 3D)
+    experts: Experts | None = None
     llama_keys: bool = False          # LlamaModel.set_gguf_parameters: vocab_size, rope dimension count
+    moe_keys: bool = False            # Qwen2MoeModel.set_gguf_parameters: the experts' FFN widths
     tokenizer_prefix_space: bool = False  # LlamaModel.set_vocab: add_space_prefix from tokenizer_config
 
 
-_LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, experts_key="block_sparse_moe.experts",
-              llama_keys=True, tokenizer_prefix_space=True)
+_LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
+              experts=Experts("block_sparse_moe.experts", ("w1", "w2", "w3"),
+                              "layers.{bid}.feed_forward.experts.{wid}.weight"))
 ARCHS = {
     "LlamaForCausalLM": _LLAMA,
     "MixtralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN2),
     "Qwen3ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3),
+    "Qwen3MoeForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3MOE, moe_keys=True,
+                                experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
+                                                "model.layers.{bid}.mlp.experts.{wid}.weight")),
 }
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
@@ -189,6 +207,11 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
     if arch.llama_keys:
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
+    if arch.moe_keys:
+        if (v := hp.get("moe_intermediate_size")) is not None:
+            w.add_expert_feed_forward_length(v)
+        if (v := hp.get("shared_expert_intermediate_size")) is not None:
+            w.add_expert_shared_feed_forward_length(v)
 
 
 # -- tensors -------------------------------------------------------------------------------------------
@@ -221,7 +244,7 @@ def _expected_shapes(hp: dict) -> dict[str, tuple[int, ...]]:
     out = {"token_embd.weight": (v, e), "output.weight": (v, e),
            "attn_q.weight": (hp["num_attention_heads"] * hd, e),
            "attn_k.weight": (hp["num_key_value_heads"] * hd, e), "attn_v.weight": (hp["num_key_value_heads"] * hd, e)}
-    if isinstance(hp.get("intermediate_size"), int) and not hp.get("num_local_experts"):
+    if isinstance(hp.get("intermediate_size"), int):      # dense layers (a MoE's experts are ffn_*_exps)
         out["ffn_up.weight"] = (hp["intermediate_size"], e)
     return out
 
@@ -251,7 +274,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     tmap = gguf.get_tensor_name_map(arch.gguf_arch, n_layer)
     path = ck.folder
     n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
-    n_expert = hp.get("num_local_experts") or 0
+    n_expert = _find(hp, "num_local_experts", "num_experts") or 0
     groups: dict[int, list[str]] = {}
     out: list[OutTensor] = []
     if arch.llama_keys and (hp["rope_parameters"].get("rope_type") or "").lower() == "llama3":
@@ -276,22 +299,23 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
             raise FormatError(f"{t.file}: tensor {name!r} is {t.dtype}; only float tensors are converted "
                               f"(quantized checkpoints are not)")
         bid = _bid(name)
-        if arch.experts_key and arch.experts_key in name:
+        ex = arch.experts
+        if ex and ex.key in name:
             if not n_expert or bid is None:
-                raise FormatError(f"{path}: tensor {name!r} is an expert's, but config.json has no num_local_experts")
+                raise FormatError(f"{path}: tensor {name!r} is an expert's, but config.json gives no expert count")
             groups.setdefault(bid, []).append(name)
             if len(groups[bid]) < n_expert * 3:
                 continue
-            for wid in ("w1", "w2", "w3"):
-                names = [f"model.layers.{bid}.{arch.experts_key}.{x}.{wid}.weight" for x in range(n_expert)]
+            for wid in ex.projections:
+                names = [f"model.layers.{bid}.{ex.key}.{x}.{wid}.weight" for x in range(n_expert)]
                 missing = [n for n in names if n not in ck.tensors]
                 if missing:
                     raise FormatError(f"{path}: layer {bid} lacks expert tensor {missing[0]!r}")
                 shapes = {ck.tensors[n].shape for n in names}
                 if len(shapes) != 1:
                     raise FormatError(f"{path}: layer {bid}'s {wid} experts differ in shape: {sorted(shapes)}")
-                add(f"layers.{bid}.feed_forward.experts.{wid}.weight", (n_expert, *shapes.pop()),
-                    Source(names), ck.tensors[names[0]].dtype, bid)
+                add(ex.merged.format(bid=bid, wid=wid), (n_expert, *shapes.pop()), Source(names),
+                    ck.tensors[names[0]].dtype, bid)
             continue
         permute = None
         if arch.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
