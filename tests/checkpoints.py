@@ -20,6 +20,9 @@ What each checkpoint exercises:
 * ``qwen2``: Qwen2ForCausalLM, F16, Q/K/V biases, tied embeddings (no ``output.weight``).
 * ``qwen3``: Qwen3ForCausalLM, BF16, per-head Q/K norms with ``head_dim`` * heads != hidden size.
 * ``mixtral``: MixtralForCausalLM, BF16, 4 experts (2 used) stacked into 3D tensors, an F32 router.
+* ``gemma3``: Gemma3ForCausalLM, BF16, with the BPE tokenizer.json (Gemma 3's own is SentencePiece):
+  norms stored as weight - 1 (the converter adds 1), the embeddings cut to the tokenizer's real
+  vocabulary, pre/post FFN norms, Q/K norms, sliding-window and final-softcap keys.
 * ``qwen3moe``: Qwen3MoeForCausalLM, BF16, Q/K norms, 4 experts of width 32 (``moe_intermediate_size``).
 """
 
@@ -64,6 +67,11 @@ SPECS = {
                  "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rope_theta": 1000000.0,
                  "router_aux_loss_coef": 0.02, "output_router_logits": False},
                 "BF16", 1, None),
+    "gemma3": ({**_BASE, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 32,
+                "num_key_value_heads": 1, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 32,
+                "sliding_window": 16, "rope_local_base_freq": 10000.0, "final_logit_softcapping": 30.0,
+                "tie_word_embeddings": True, "torch_dtype": "bfloat16", "pad_token_id": 151643},
+               "BF16", 1, None),
     "qwen3moe": ({**_BASE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 32,
                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
@@ -89,16 +97,19 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     hd = cfg.get("head_dim") or e // cfg["num_attention_heads"]
     nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
     bias = cfg["model_type"] == "qwen2"
+    gemma = cfg["model_type"] == "gemma3_text"
     out = [("model.embed_tokens.weight", (v, e))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
+        if gemma:
+            out += [(p + "pre_feedforward_layernorm.weight", (e,)), (p + "post_feedforward_layernorm.weight", (e,))]
         out += [(p + "input_layernorm.weight", (e,)), (p + "post_attention_layernorm.weight", (e,)),
                 (p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
                 (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
         if bias:
             out += [(p + "self_attn.q_proj.bias", (nq,)), (p + "self_attn.k_proj.bias", (nkv,)),
                     (p + "self_attn.v_proj.bias", (nkv,))]
-        if cfg["model_type"] in ("qwen3", "qwen3_moe"):
+        if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text"):
             out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
         if "num_local_experts" in cfg:
             out.append((p + "block_sparse_moe.gate.weight", (cfg["num_local_experts"], e)))

@@ -54,7 +54,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 
 def test_golden_cases_present():
-    assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral"}
+    assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral", "qwen3moe", "gemma3", "llama3rope"}
 
 
 @pytest.mark.parametrize("name,outtype", CASES, ids=[f"{n}-{o}" for n, o in CASES])
@@ -187,3 +187,10 @@ def test_unknown_pre_tokenizer_refused(ckpt, tmp_path):
     tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
     (folder / "tokenizer.json").write_text(json.dumps(tj))
     _refused(folder, tmp_path, "unknown BPE pre-tokenizer")
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma3"])
+def test_sentencepiece_refused(ckpt, tmp_path, name):
+    folder = _copy(ckpt(name), tmp_path / "m")
+    (folder / "tokenizer.model").write_bytes(b"\x0a\x00")
+    _refused(folder, tmp_path, "tokenizer.model", "SentencePiece")

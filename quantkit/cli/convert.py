@@ -24,8 +24,8 @@ def convert(hf_dir, outfile, outtype, quiet):
     \b
     Writes what llama.cpp's convert_hf_to_gguf.py writes for the same folder: the same tensor names,
     shapes, types and bytes and the same metadata, for LlamaForCausalLM (Mixtral-style experts too),
-    MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM and Qwen3MoeForCausalLM with a BPE
-    tokenizer.json. Tensors are
+    MixtralForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, Qwen3MoeForCausalLM and Gemma3ForCausalLM
+    with a BPE tokenizer.json. Tensors are
     streamed one at a time into a temporary file renamed into place at the end: a refused or failed run
     writes nothing. Needs the `convert` extra (safetensors, ml_dtypes, tokenizers).
     """

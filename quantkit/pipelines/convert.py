@@ -15,13 +15,14 @@ Plan first, then stream (docs/convert.md):
 
 The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
 from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
-qwen3moe. Hyperparameters
+qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary). Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,6 +50,9 @@ CONFIG_DEFAULTS = {
     "mixtral": dict(max_position_embeddings=4096 * 32, rms_norm_eps=1e-5, rope_theta=1e6, head_dim=None),
     "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None),
     "qwen3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=128),
+    "gemma3_text": dict(max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1e6, head_dim=256,
+                        rope_local_base_freq=10000.0, sliding_window=4096, num_attention_heads=8,
+                        num_key_value_heads=4),
     "qwen3_moe": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None,
                       num_experts_per_tok=8, moe_intermediate_size=768),
 }
@@ -74,6 +78,7 @@ class Arch:
     llama_keys: bool = False          # LlamaModel.set_gguf_parameters: vocab_size, rope dimension count
     moe_keys: bool = False            # Qwen2MoeModel.set_gguf_parameters: the experts' FFN widths
     tokenizer_prefix_space: bool = False  # LlamaModel.set_vocab: add_space_prefix from tokenizer_config
+    gemma3: bool = False              # Gemma3Model: norms + 1, embeddings cut to the real vocabulary, its keys
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -84,6 +89,7 @@ ARCHS = {
     "MixtralForCausalLM": _LLAMA,
     "Qwen2ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN2),
     "Qwen3ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3),
+    "Gemma3ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA3, gemma3=True),
     "Qwen3MoeForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3MOE, moe_keys=True,
                                 experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
                                                 "model.layers.{bid}.mlp.experts.{wid}.weight")),
@@ -102,6 +108,8 @@ class Source:
     names: list[str]
     permute: tuple[int, int] | None = None   # (n_head, n_head_kv) for llama's Q/K rows
     values: np.ndarray | None = None         # a tensor the converter makes (llama3's rope_freqs)
+    n_rows: int | None = None                # only the first rows (gemma3's embeddings: the real vocabulary)
+    shift: float = 0.0                       # added to every value (gemma3's norms: weight + 1)
 
 
 @dataclass
@@ -151,10 +159,15 @@ def _hparams(config: dict, path: Path) -> dict:
     if hp.get("head_dim") == "derived":
         hp["head_dim"] = hp["hidden_size"] // hp["num_attention_heads"]
     rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
-    if "rope_theta" not in rope and hp.get("rope_theta") is not None:
-        rope["rope_theta"] = hp["rope_theta"]
-    if "rope_type" not in rope and rope.get("type") is not None:
-        rope["rope_type"] = rope["type"]
+    if "full_attention" not in rope and "sliding_attention" not in rope:     # TextModel.__init__'s mirroring
+        local = _find(hp, "local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
+                      "rope_local_base_freq")
+        if local is not None:
+            rope["sliding_attention"] = {"rope_theta": local}
+        if "rope_theta" not in rope and hp.get("rope_theta") is not None:
+            rope["rope_theta"] = hp["rope_theta"]
+        if "rope_type" not in rope and rope.get("type") is not None:
+            rope["rope_type"] = rope["type"]
     hp["rope_parameters"] = rope
     return hp
 
@@ -181,7 +194,7 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         w.add_head_count_kv(v)
     if hp.get("is_causal") is False:
         w.add_causal_attention(False)
-    rope = hp["rope_parameters"]
+    rope = hp["rope_parameters"].get("full_attention", hp["rope_parameters"])
     rope_type = rope.get("rope_type")
     if rope_type is not None:
         factor = rope.get("factor")
@@ -192,6 +205,8 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             raise FormatError(f"{path}: RoPE scaling {rope_type!r} is not converted yet")
     if (v := rope.get("rope_theta")) is not None:
         w.add_rope_freq_base(v)
+    if (v := hp["rope_parameters"].get("sliding_attention", {}).get("rope_theta")) is not None:
+        w.add_rope_freq_base_swa(v)
     if (v := _find(hp, "rms_norm_eps", "norm_eps")) is not None:
         w.add_layer_norm_rms_eps(v)
     if (v := _find(hp, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
@@ -207,6 +222,20 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
     if arch.llama_keys:
         w.add_vocab_size(hp["vocab_size"])
         w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
+    if arch.gemma3:        # Gemma3Model.set_gguf_parameters: keys set again keep their place
+        w.add_context_length(hp.get("max_position_embeddings", 131072))
+        w.add_head_count(hp.get("num_attention_heads", 8))
+        w.add_layer_norm_rms_eps(hp.get("rms_norm_eps", 1e-6))
+        w.add_key_length(hp.get("head_dim", 256))
+        w.add_value_length(hp.get("head_dim", 256))
+        w.add_rope_freq_base(rope.get("rope_theta", 1_000_000.0))
+        if hp.get("attn_logit_softcapping") is not None:
+            raise FormatError(f"{path}: attn_logit_softcapping is set, but Gemma 3 has none")
+        if v := hp.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(v)
+        if hp.get("sliding_window_pattern") != 1:
+            w.add_sliding_window(hp["sliding_window"])
+        w.add_head_count_kv(hp.get("num_key_value_heads", 4))
     if arch.moe_keys:
         if (v := hp.get("moe_intermediate_size")) is not None:
             w.add_expert_feed_forward_length(v)
@@ -327,11 +356,19 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
             if t.shape[0] % (2 * heads):
                 raise FormatError(f"{t.file}: tensor {name!r} has {t.shape[0]} rows, not a multiple of 2 x {heads} "
                                   f"heads (config.json)")
-        add(name, t.shape, Source([name], permute), t.dtype, bid)
+        shape, src = t.shape, Source([name], permute)
+        if arch.gemma3:
+            if "embed_tokens.weight" in name:     # Gemma3Model.modify_tensors: rows past the real vocabulary go
+                shape = (min(shape[0], vocab_rows(ck)), *shape[1:])
+            if name.endswith("norm.weight"):       # Gemma3RMSNorm scales by 1 + weight
+                src.shift = 1.0
+        add(name, shape, src, t.dtype, bid)
     leftover = [n for names in groups.values() for n in names if len(names) < n_expert * 3]
     if leftover:
         raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
     want = _expected_shapes(hp)
+    if arch.gemma3:
+        want["token_embd.weight"] = (min(hp["vocab_size"], vocab_rows(ck)), hp["hidden_size"])
     for t in out:
         _check_shape(t, want, path)
     if n_layer and not any(t.name.startswith(f"blk.{n_layer - 1}.") for t in out):
@@ -374,6 +411,18 @@ def llama3_rope_factors(hp: dict) -> np.ndarray:
     return np.array(out, dtype=f32)
 
 
+def vocab_rows(ck: Checkpoint) -> int:
+    """Gemma 3's real vocabulary: tokenizer.json's vocabulary plus its added tokens."""
+    if (ck.folder / "tokenizer.model").is_file():
+        raise FormatError(f"{ck.folder / 'tokenizer.model'}: SentencePiece tokenizers are not converted yet "
+                          f"(only a BPE tokenizer.json)")
+    tj = ck.json("tokenizer.json")
+    try:
+        return len(tj["model"]["vocab"]) + len(tj["added_tokens"])
+    except (TypeError, KeyError):
+        raise FormatError(f"{ck.folder / 'tokenizer.json'}: missing, or without model.vocab and added_tokens") from None
+
+
 def _permute(x: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
     """``LlamaModel.permute``: Hugging Face's rotate-half Q/K rows back to GGML's interleaved pairs."""
     if n_head != n_head_kv:
@@ -381,11 +430,21 @@ def _permute(x: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
     return (x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape))
 
 
-def _encode(x: np.ndarray, qtype: T) -> np.ndarray:
-    """Float data (any of the checkpoint's float dtypes) as ``qtype`` bytes; the reference converts
-    everything but F16 / F32 to float32 first, then quantizes (gguf.quants.quantize)."""
+def _read(ck: Checkpoint, src: Source, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Rows of a source tensor as the reference holds them before quantizing: anything but F16 / F32
+    as float32 (``prepare_tensors``), then the architecture's adjustment (``modify_tensors``)."""
+    x = ck.rows(name, start, stop)
     if x.dtype not in (np.float16, np.float32):
         x = x.astype(np.float32)
+    if src.shift:
+        x = x + x.dtype.type(src.shift)
+    if src.permute is not None:
+        x = _permute(x, *src.permute)
+    return x
+
+
+def _encode(x: np.ndarray, qtype: T) -> np.ndarray:
+    """Float16 / float32 data as ``qtype`` bytes (gguf.quants.quantize's results)."""
     if qtype == T.F32:
         return x.astype(np.float32, copy=False)
     if qtype == T.F16:
@@ -403,19 +462,16 @@ def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
         return
     if len(src.names) > 1:                      # stacked experts: one expert at a time
         for n in src.names:
-            yield _encode(ck.rows(n), t.qtype)
+            yield _encode(_read(ck, src, n), t.qtype)
         return
-    if src.permute is not None:                 # the permutation mixes rows within a head: whole tensor
-        yield _encode(_permute(ck.rows(src.names[0]), *src.permute), t.qtype)
+    if src.permute is not None or len(t.shape) < 2:  # the permutation mixes rows within a head: whole tensor
+        yield _encode(_read(ck, src, src.names[0]), t.qtype)
         return
     shape = t.shape
-    if len(shape) < 2:
-        yield _encode(ck.rows(src.names[0]), t.qtype)
-        return
     row = int(np.prod(shape[1:])) * 4
     step = max(1, CHUNK_BYTES // max(1, row))
     for start in range(0, shape[0], step):
-        yield _encode(ck.rows(src.names[0], start, min(shape[0], start + step)), t.qtype)
+        yield _encode(_read(ck, src, src.names[0], start, min(shape[0], start + step)), t.qtype)
 
 
 # -- the plan ----------------------------------------------------------------------------------------
@@ -448,7 +504,18 @@ def plan_conversion(folder: str | os.PathLike, outtype: str = "auto") -> Plan:
 
 def _metadata(plan: Plan) -> tuple[list[KV], str]:
     """Every KV pair, in the order ``ModelBase.prepare_metadata`` + ``TextModel.prepare_metadata`` add
-    them, on an in-memory GGUFWriter whose tensor infos make gguf-py's parameter count."""
+    them, on an in-memory GGUFWriter whose tensor infos make gguf-py's parameter count. gguf-py's
+    warnings (a key set twice, as Gemma 3's parameters do on purpose) are not shown."""
+    log = logging.getLogger("gguf")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return _metadata_kv(plan)
+    finally:
+        log.setLevel(level)
+
+
+def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
     from quantkit.pipelines.convert_vocab import add_vocab
 
     ck, hp = plan.checkpoint, plan.hparams
