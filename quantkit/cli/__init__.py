@@ -151,4 +151,4 @@ class PplLine:
 
 
 # Subcommands register themselves on import.
-from quantkit.cli import bench, cache, gguf_split, imatrix, perplexity, quantize, roundtrip, run, sweep, verify, warmup  # noqa: E402,F401
+from quantkit.cli import bench, cache, convert, gguf_split, imatrix, perplexity, quantize, roundtrip, run, sweep, verify, warmup  # noqa: E402,F401

@@ -531,16 +531,30 @@ class GGUFOutput:
         return self
 
     def write(self, name: str, data: np.ndarray) -> None:
+        self.write_parts(name, (data,))
+
+    def write_parts(self, name: str, parts: Iterable[np.ndarray]) -> None:
+        """Write the next planned tensor from consecutive pieces of its bytes (a converter's row ranges
+        or experts), so it never has to be whole in memory."""
         if self._out.tmp is None:
             raise FormatError(f"{self.path}: write() before open()")
         if self._next >= len(self.plan) or self.plan[self._next].name != name:
             want = self.plan[self._next].name if self._next < len(self.plan) else "nothing"
             raise FormatError(f"{self.path}: tensor {name!r} written out of order (expected {want})")
         t = self.plan[self._next]
-        buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
-        if buf.nbytes != t.nbytes:
-            raise FormatError(f"{self.path}: tensor {name!r} has {buf.nbytes} bytes, planned {t.nbytes}")
-        self._out.write(buf)
+        done = 0
+        for data in parts:
+            buf = np.ascontiguousarray(data).reshape(-1).view(np.uint8)
+            if done + buf.nbytes > t.nbytes:
+                break
+            self._out.write(buf)
+            done += buf.nbytes
+        else:
+            buf = None
+        if buf is not None or done != t.nbytes:
+            got = done + (buf.nbytes if buf is not None else 0)
+            raise FormatError(f"{self.path}: tensor {name!r} has {'more than ' if buf is not None else ''}{got} "
+                              f"bytes, planned {t.nbytes}")
         self._out.write(bytes(_pad(t.nbytes, self.alignment) - t.nbytes))
         self._next += 1
         pause_point("gguf.tensor")

