@@ -37,19 +37,24 @@ from llvmlite import ir
 from numba import types
 from numba.extending import intrinsic
 
-# Pin the threading layer: omp launches prange loops in 1-2 us, workqueue in 60-90 us
-# (docs/kernels.md). Fall back silently where omp is missing.
-if "NUMBA_THREADING_LAYER" not in os.environ:
-    numba.config.THREADING_LAYER = "omp"
-
 # After a parallel region libgomp's workers spin (GOMP_SPINCOUNT, 300k by default) before sleeping.
 # Between our regions OpenBLAS runs its own threads (the prefill's matrix products), and two spinning
 # numba workers on a 2-core machine starved them: pp512 at 2 threads was 2.4x slower than at 1.
 # A short spin keeps decode's back-to-back regions hot and frees the cores for BLAS (measured on
-# SmolLM2 Q4_K_M, 2 threads: pp512 147 -> ~400 t/s, tg128 113 -> ~115-120 t/s). libgomp reads this when
-# numba first loads its OpenMP pool, which happens after this module is imported; a user's own
-# setting wins.
+# SmolLM2 Q4_K_M, 2 threads: pp512 147 -> ~400 t/s, tg128 113 -> ~115-120 t/s). libgomp reads it when
+# it is loaded, so it is set before the probe below; a user's own setting wins.
 os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+
+# Pin the threading layer: omp launches prange loops in 1-2 us, workqueue in 60-90 us
+# (docs/kernels.md). Where numba's omp pool cannot load (no libgomp on the system, as in some
+# aarch64 roots), numba's own choice stands: pinning "omp" there fails every parallel kernel.
+if "NUMBA_THREADING_LAYER" not in os.environ:
+    try:
+        from numba.np.ufunc import omppool  # noqa: F401  (loads libgomp)
+    except ImportError:
+        pass
+    else:
+        numba.config.THREADING_LAYER = "omp"
 
 _BASE = dict(cache=True, nogil=True, error_model="numpy")
 
