@@ -84,14 +84,24 @@ def bandwidth_gbs(mib: int, threads: int, reps: int = 5) -> float:
 
 def weight_bytes_per_token(path: str) -> int:
     """Bytes a decode step reads: every tensor, except the token embedding's unread rows (one row is
-    gathered) -- unless the output projection is the embedding itself (tied), which reads it whole."""
+    gathered) -- unless the output projection is the embedding itself (tied), which reads it whole --
+    and of a mixture of experts' 3D ``*_exps`` tensors only the chosen experts' share (expert_used_count
+    of expert_count)."""
     from quantkit.formats.gguf_io import GGUFModel
 
     with GGUFModel(path) as g:
-        total = sum(t.nbytes for t in g.tensors)
+        n_expert = g.get(f"{g.arch}.expert_count", 0) or 0
+        n_used = g.get(f"{g.arch}.expert_used_count", 0) or 0
+
+        def read(t) -> float:
+            if n_expert and t.name.endswith("_exps.weight"):
+                return t.nbytes * n_used / n_expert
+            return t.nbytes
+
+        total = sum(read(t) for t in g.tensors)
         if g.has_tensor("output.weight") and g.has_tensor("token_embd.weight"):
             total -= g.tensor("token_embd.weight").nbytes
-    return total
+    return int(total)
 
 
 # -- quantkit --------------------------------------------------------------------------------------
