@@ -2,7 +2,7 @@
 peak RSS, and whether the two GGUFs are the same bytes.
 
     QUANTKIT_LLAMA_CPP=... .venv/bin/python benchmarks/convert_vs_llama.py WORKDIR \\
-        [--outtype auto] [--convert-python /opt/convref/venv/bin/python]
+        [--outtype auto] [--convert-python PYTHON]     (default: $QUANTKIT_CONVERT_PY)
 
 The checkpoint (written once into WORKDIR/llama-1b-shaped, ~2.6 GB of BF16) is Llama 3.2 1B's shape
 (hidden 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, tied embeddings) with Qwen3's tokenizer and
@@ -14,7 +14,6 @@ The reference converter runs in its own venv (tools/make_convert_golden.py says 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import os
 import re
 import subprocess
@@ -35,14 +34,6 @@ SPEC = ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_s
          "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu"}, "BF16", 2, None)
 
 
-def sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 24):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def timed(cmd: list[str], env: dict) -> tuple[float, int]:
     """Wall seconds and peak RSS (KiB) of ``cmd``."""
     t0 = time.perf_counter()
@@ -59,7 +50,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("workdir", type=Path)
     ap.add_argument("--outtype", default="auto")
-    ap.add_argument("--convert-python", default="/opt/convref/venv/bin/python")
+    ap.add_argument("--convert-python", help=f"python of the venv with torch and transformers "
+                    f"(default: ${llamaref.CONVERT_PY})")
     ap.add_argument("--skip-reference", action="store_true", help="only quantkit (no llama.cpp run)")
     args = ap.parse_args()
     ckpt = args.workdir / "llama-1b-shaped"
@@ -77,11 +69,11 @@ def main() -> None:
     if not root:
         raise SystemExit(f"set {llamaref.LLAMA_CPP} to the reference llama.cpp's source directory")
     ref = args.workdir / f"llama-{args.outtype}.gguf"
-    wall, rss = timed([args.convert_python, str(Path(root) / "convert_hf_to_gguf.py"), str(ckpt), "--outfile",
-                       str(ref), "--outtype", args.outtype],
+    converter = [llamaref.convert_python(args.convert_python), str(Path(root) / "convert_hf_to_gguf.py")]
+    wall, rss = timed([*converter, str(ckpt), "--outfile", str(ref), "--outtype", args.outtype],
                       {**os.environ, "PYTHONPATH": str(Path(root) / "gguf-py")})
     print(f"convert_hf_to_gguf.py: {wall:6.1f} s wall, peak RSS {rss / 1024:7.0f} MiB")
-    print("same bytes" if sha256(ours) == sha256(ref) else "FILES DIFFER")
+    print("same bytes" if llamaref.sha256(ours) == llamaref.sha256(ref) else "FILES DIFFER")
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
-"""Where the reference llama.cpp is: two environment variables, read here for tools/ and benchmarks/.
+"""Where the reference llama.cpp is: three environment variables, read here for tools/ and benchmarks/.
 
 * ``QUANTKIT_LLAMA_CPP`` -- the llama.cpp source directory (``vendor/llama.cpp`` of the llama-cpp-python
   0.3.36 sdist). Its builds: ``build/bin`` (native) and ``build-avx2/bin`` (the AVX2-only copy).
 * ``QUANTKIT_LLAMA_PY`` -- the python of a venv with llama-cpp-python, for the scripts that start it.
+* ``QUANTKIT_CONVERT_PY`` -- the python of a venv with torch (CPU) and transformers, for the scripts that
+  run llama.cpp's ``convert_hf_to_gguf.py`` (tools/make_convert_golden.py says how to make it).
 
 How to build it: docs/DEVELOPING.md, "Environment". The package and the test suite never read either.
 A program or library is looked up as: the path given on the command line, then the build under
@@ -19,6 +21,7 @@ from pathlib import Path
 
 LLAMA_CPP = "QUANTKIT_LLAMA_CPP"
 LLAMA_PY = "QUANTKIT_LLAMA_PY"
+CONVERT_PY = "QUANTKIT_CONVERT_PY"
 BUILDS = {"native": "build", "avx2": "build-avx2"}
 
 
@@ -74,6 +77,16 @@ def python(given: str | None = None) -> str | None:
     return given or os.environ.get(LLAMA_PY) or None
 
 
+def convert_python(given: str | None = None) -> str:
+    """The converter venv's python: ``given``, else ``$QUANTKIT_CONVERT_PY``; exits with one line when
+    neither is set."""
+    found = given or os.environ.get(CONVERT_PY)
+    if not found:
+        raise SystemExit(f"no python for convert_hf_to_gguf.py: pass --convert-python or set {CONVERT_PY} "
+                         f"(docs/DEVELOPING.md, \"Environment\")")
+    return found
+
+
 def sha256(path: str | os.PathLike) -> str:
     """A file's sha256, as golden files record their sources and outputs."""
     import hashlib
@@ -87,8 +100,9 @@ def sha256(path: str | os.PathLike) -> str:
 
 def portable(text: str) -> str:
     """``text`` (a command line, a library path) as a golden file's provenance records it: the values of
-    the two variables, this interpreter and its prefix written as names, so no machine's paths are stored."""
+    the three variables, this interpreter and its prefix written as names, so no machine's paths are stored."""
     subs = [(os.environ.get(LLAMA_CPP), f"${LLAMA_CPP}"), (os.environ.get(LLAMA_PY), f"${LLAMA_PY}"),
+            (os.environ.get(CONVERT_PY), f"${CONVERT_PY}"),
             (sys.executable, "python"), (sys.prefix, "<python prefix>")]
     for value, name in sorted((s for s in subs if s[0]), key=lambda s: -len(s[0])):
         text = text.replace(value, name)

@@ -7,10 +7,10 @@ MB: the Qwen3 vocabulary's embeddings).
 
 The converter needs torch and transformers, so it runs in a venv of its own, never quantkit's:
 
-    python3.11 -m venv /opt/convref/venv
-    /opt/convref/venv/bin/pip install torch==2.13.0 transformers safetensors sentencepiece numpy
-    QUANTKIT_LLAMA_CPP=... .venv/bin/python tools/make_convert_golden.py \\
-        [--convert-python /opt/convref/venv/bin/python] [--workdir DIR] [NAME ...]
+    python3 -m venv DIR
+    DIR/bin/pip install torch==2.13.0 transformers safetensors sentencepiece numpy
+    QUANTKIT_LLAMA_CPP=... QUANTKIT_CONVERT_PY=DIR/bin/python .venv/bin/python tools/make_convert_golden.py \\
+        [--convert-python PYTHON] [--workdir DIR] [NAME ...]
 
 (``torch==2.13.0`` is the CPU wheel; plain ``torch`` pulls the CUDA build.) It runs with
 ``PYTHONPATH=$QUANTKIT_LLAMA_CPP/gguf-py``, so the converter uses its own gguf-py, as in the checkout.
@@ -43,8 +43,8 @@ OUTTYPES = {"llama": ("auto", "f32", "f16", "q8_0"), "qwen2": ("auto", "bf16"), 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("names", nargs="*", help="checkpoints to do (default: all)")
-    ap.add_argument("--convert-python", default="/opt/convref/venv/bin/python",
-                    help="python of the venv with torch and transformers")
+    ap.add_argument("--convert-python", help="python of the venv with torch and transformers "
+                    f"(default: ${llamaref.CONVERT_PY})")
     ap.add_argument("--workdir", help="where the checkpoints and GGUFs go (default: a temporary folder)")
     args = ap.parse_args()
     root = os.environ.get(llamaref.LLAMA_CPP)
@@ -60,7 +60,7 @@ def main() -> None:
             ckpt = checkpoints.make_checkpoint(name, work / f"tiny-{name}")
             for outtype in OUTTYPES[name]:
                 out = work / f"tiny-{name}-{outtype}.gguf"
-                cmd = [args.convert_python, str(script), str(ckpt), "--outfile", str(out), "--outtype", outtype]
+                cmd = [llamaref.convert_python(args.convert_python), str(script), str(ckpt), "--outfile", str(out), "--outtype", outtype]
                 t0 = time.time()
                 res = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(Path(root) / "gguf-py")},
                                      capture_output=True, text=True)
