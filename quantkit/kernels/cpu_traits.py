@@ -130,7 +130,8 @@ CPU_TRAITS: dict[str, CpuTraits] = {
     "BF16": CpuTraits(Row("float", ld_bf16)),
     "TQ1_0": CpuTraits(_ir(L._emit_tq1_0)),
     "TQ2_0": CpuTraits(_ir(L._emit_tq2_0)),
-    "MXFP4": CpuTraits(_ir(L._emit_mxfp4)),
+    "MXFP4": CpuTraits(_ir(L._emit_mxfp4), None,
+                       G.Spec(T.MXFP4, 0, 128, None, L._chunk_mxfp4, "qs", L._mxfp4_scales)),
     "Q1_0": CpuTraits(Row("loop", L.row_q1_0)),
 }
 

@@ -108,17 +108,31 @@ def _emit_tq1_0(blk, acc, extra):
 _MXFP4_U = tuple((int(v) + 128) & 0xFF for v in KVALUES_MXFP4)  # offset by 128 -> unsigned
 
 
-def _emit_mxfp4(blk, acc, extra):
-    b = blk.b
-    e = b.zext(K._ld(b, blk.wb, _MX_E, K.I8), K.I32)
+def _e8m0_half(b, wb):
+    """The block's scale byte as float32: ggml's GGML_E8M0_TO_FP32_HALF(e), 2^(e-128) (the table's values
+    are doubled), with the two smallest exponents as subnormals."""
+    e = b.zext(K._ld(b, wb, _MX_E, K.I8), K.I32)
     small = b.icmp_unsigned("<", e, ir.Constant(K.I32, 2))
     sub = b.sub(b.select(small, ir.Constant(K.I32, 1), e), ir.Constant(K.I32, 1))
     bits = b.select(small, b.shl(ir.Constant(K.I32, 0x00200000), e), b.shl(sub, ir.Constant(K.I32, 23)))
-    scale = b.fmul(blk.dx, b.bitcast(bits, K.F32T), flags=K._FM)  # d_a * GGML_E8M0_TO_FP32_HALF(e)
+    return b.bitcast(bits, K.F32T)
+
+
+def _chunk_mxfp4(b, var, p, k):  # qs[16] of table indices, looked up offset by 128
+    return K._lut16(b, var, K._nibbles16(b, p, 0), _MXFP4_U)
+
+
+def _mxfp4_scales(b, wb):  # the GEMM's (scales, mins, d, m): one scale per 32-block
+    return None, None, _e8m0_half(b, wb), None
+
+
+def _emit_mxfp4(blk, acc, extra):
+    b = blk.b
+    scale = b.fmul(blk.dx, _e8m0_half(b, blk.wb), flags=K._FM)  # d_a * GGML_E8M0_TO_FP32_HALF(e)
     xsum = K._ld(b, blk.sb, 0, K.I32)
     neg = b.sub(ir.Constant(K.I32, 0), b.shl(xsum, ir.Constant(K.I32, 7)))
     init = b.insert_element(ir.Constant(K.V8I32, None), neg, ir.Constant(K.I32, 0))
-    u = K._lut16(b, blk.v, K._nibbles16(b, blk.wb, _MX_QS), _MXFP4_U)
+    u = _chunk_mxfp4(b, blk.v, K._gep(b, blk.wb, _MX_QS), 0)
     t = K._dot(b, blk.v, init, u, K._ld(b, blk.xb, 0, K.V32I8))
     return K._fma_acc(b, acc, t, scale), extra
 
