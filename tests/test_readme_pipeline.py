@@ -160,3 +160,16 @@ def test_the_readme_pipeline_runs_as_written(tmp_path):
     line = next(ln for ln in reversed(out.splitlines()) if ln.startswith(p.prompt))
     assert len(line) > len(p.prompt) + 1, line
     (w / p.kld).unlink()    # tens of MB; pytest keeps the last runs' folders
+
+
+def test_the_checkpoint_command_refuses_in_one_line(tmp_path, capsys):
+    from quantkit.checkpoints import main
+
+    f = tmp_path / "file"
+    f.write_text("x")
+    assert main(["qwen3", str(f)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "not a folder" in err and "Traceback" not in err
+    with pytest.raises(SystemExit) as e:          # argparse: misuse exits 2
+        main(["no-such-checkpoint", str(tmp_path / "d")])
+    assert e.value.code == 2 and not (tmp_path / "d").exists()
