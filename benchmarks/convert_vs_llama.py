@@ -6,7 +6,7 @@ peak RSS, and whether the two GGUFs are the same bytes.
 
 The checkpoint (written once into WORKDIR/llama-1b-shaped, ~2.6 GB of BF16) is Llama 3.2 1B's shape
 (hidden 2048, 16 layers, 32 heads, 8 KV heads, FFN 8192, tied embeddings) with Qwen3's tokenizer and
-its 151936-token vocabulary, random weights (tests/checkpoints.py writes it, one tensor at a time).
+its 151936-token vocabulary, random weights (quantkit/checkpoints.py writes it, one tensor at a time).
 Each converter runs under ``/usr/bin/time -v`` (its "Maximum resident set size" is the peak RSS).
 The reference converter runs in its own venv (tools/make_convert_golden.py says how to make it).
 """
@@ -22,10 +22,10 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE.parent / "tools"))
-import checkpoints  # noqa: E402
 import llamaref  # noqa: E402
+
+from quantkit import checkpoints  # noqa: E402
 
 SPEC = ({"architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": 2048,
          "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,

