@@ -140,12 +140,11 @@ def _nibbles16(builder, p, off):
     return _concat16(builder, lo, hi)
 
 
-def _bits_to_bytes(builder, word, shift):
-    """n-bit mask (an integer, or a vector of n bits in all) -> <n x i8> with (bit j) << shift in element j."""
-    n = word.type.width if isinstance(word.type, ir.IntType) else word.type.count * word.type.element.width
-    m = builder.bitcast(word, ir.VectorType(ir.IntType(1), n))
-    z = builder.zext(m, ir.VectorType(I8, n))
-    return builder.shl(z, _splat(I8, n, shift)) if shift else z
+def _bits_to_bytes(builder, word_i32, shift):
+    """32-bit mask -> <32 x i8> with (bit j) << shift in element j."""
+    m = builder.bitcast(word_i32, ir.VectorType(ir.IntType(1), 32))
+    z = builder.zext(m, V32I8)
+    return builder.shl(z, _splat(I8, 32, shift)) if shift else z
 
 
 def _lut16(builder, variant, idx, table):
