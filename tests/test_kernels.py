@@ -437,7 +437,8 @@ needs_x8 = pytest.mark.skipif(not X8, reason="no AVX2: no x8 kernels")
 #: the x8 layout as ir.py's comment states it: per type, the block's header fields (offset, bytes,
 #: element bytes) and its quant bytes (start, end)
 X8_HEADERS = {T.Q8_0: (((0, 2, 2),), (2, 34)), T.Q4_0: (((0, 2, 2),), (2, 18)),
-              T.Q4_1: (((0, 2, 2), (2, 2, 2)), (4, 20)),
+              T.Q4_1: (((0, 2, 2), (2, 2, 2)), (4, 20)), T.IQ4_NL: (((0, 2, 2),), (2, 18)),
+              T.Q5_0: (((0, 2, 2), (2, 4, 4)), (6, 22)), T.Q5_1: (((0, 2, 2), (2, 2, 2), (4, 4, 4)), (8, 24)),
               T.Q2_K: (((0, 16, 1), (80, 2, 2), (82, 2, 2)), (16, 80)),
               T.Q3_K: (((96, 12, 4), (108, 2, 2)), (0, 96)),
               T.Q4_K: (((0, 2, 2), (2, 2, 2), (4, 12, 4)), (16, 144)),
