@@ -175,9 +175,12 @@ def variant() -> str:
 
 
 def runnable_variants() -> tuple[str, ...]:
-    """The IR flavours whose instructions this host executes, best first, then ``plain``: what the
-    tests run every kernel in."""
-    return tuple(dict.fromkeys([BY_NAME[lv].variant for lv in runnable()] + [PLAIN]))
+    """The IR flavours whose instructions this host executes at the level in force (a forced level holds
+    LLVM to its features, so the flavours of the levels above it cannot be built), best first, then
+    ``plain``: what the tests run every kernel in."""
+    levels = runnable()
+    levels = levels[levels.index(selected()):]
+    return tuple(dict.fromkeys([BY_NAME[lv].variant for lv in levels] + [PLAIN]))
 
 
 def describe() -> str:
