@@ -43,10 +43,11 @@ warmup: setup
 
 # Two pytest-xdist workers, a test file each at a time (module fixtures are built once): most of a cold
 # suite is numba compiling, one core per process, so a second process uses the second core
-# (docs/DEVELOPING.md, "Test suite time"). TEST_WORKERS=0 runs it in one process.
+# (docs/DEVELOPING.md, "Test suite time"). Files go out in collection order, the longest first
+# (tests/conftest.py's LONGEST_FIRST), so the two workers end together. TEST_WORKERS=0: one process.
 TEST_WORKERS ?= 2
 test: setup
-	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) tests
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) tests
 
 # The edit-and-test loop: the codecs, the kernels of every level this CPU runs, the type tables, the
 # cache and levels, the command line -- no model-level runs (docs/DEVELOPING.md, "Test suite time").
@@ -55,7 +56,7 @@ QUICK_TESTS := tests/test_ggml_types.py tests/test_type_record.py tests/test_cod
 	tests/test_kernels.py tests/test_rowdots.py tests/test_vecdot_iq.py tests/test_gemm.py \
 	tests/test_policy.py tests/test_cli.py
 test-quick: setup
-	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile) $(QUICK_TESTS)
+	$(BIN)/python -m pytest -q $(if $(filter-out 0,$(TEST_WORKERS)),-n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder) $(QUICK_TESTS)
 
 bench: setup
 	$(BIN)/python benchmarks/bench_quantize_model.py

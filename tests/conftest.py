@@ -22,6 +22,19 @@ from quantkit.cli import main
 from quantkit.formats.locate import bundled_model
 
 
+#: the files that take longest on a cold cache (CPU seconds, nearly all compiling; tools/suite_profile.py),
+#: longest first. `make test` hands whole files to two workers in collection order
+#: (--no-loadscope-reorder): started first, the long ones end beside each other rather than one of them
+#: running alone at the end while the other worker has nothing left.
+LONGEST_FIRST = ("test_kernels.py", "test_decode.py", "test_model.py", "test_moe.py", "test_golden.py",
+                 "test_gemm.py", "test_convert.py", "test_rowdots.py")
+
+
+def pytest_collection_modifyitems(items):
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: in-file order kept
+
+
 def sha256(path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:

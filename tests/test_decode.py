@@ -48,14 +48,23 @@ def test_step_equals_batch_path(tiny, type_kv, monkeypatch):
     np.testing.assert_array_equal(r.key_cache[:, :len(TOKENS)], r2.key_cache[:, :len(TOKENS)])
 
 
-@pytest.mark.parametrize("level", [lv for lv in isa.runnable() if x8_types(isa.BY_NAME[lv].variant)] or
-                         [pytest.param("none", marks=pytest.mark.skip(reason="no AVX2: no x8 kernels"))])
+#: the levels with x8 kernels the host runs, highest first
+X8_LEVELS = [lv for lv in isa.runnable() if x8_types(isa.BY_NAME[lv].variant)]
+
+
+@pytest.mark.parametrize("tiny,level", [(m, lv) for lv in X8_LEVELS for m in ("mixed", "mixed+tied")
+                                        if m == "mixed" or lv == X8_LEVELS[0]] or
+                         [pytest.param("mixed", "none", marks=pytest.mark.skip(reason="no AVX2: no x8 kernels"))],
+                         indirect=["tiny"])
 def test_x8_step_vs_reference(tiny, monkeypatch, level):
     """The step with the matrices of x8 types in the 8-row interleaved layout (all but attn_output,
     F16; the 300-row output is not a multiple of 8 and keeps the file's rows): as close to the float64
     reference as the step on the file's rows. Not equal to it: the x8 dot sums blocks in another float order, and the
     activations' re-quantization to 8 bits carries any last-bit difference on (docs/run.md). For every
-    level with x8 kernels the host runs (their kernels, in this process: LLVM may use more)."""
+    level with x8 kernels the host runs (their kernels, in this process: LLVM may use more); the tied
+    model (its output the embedding's Q4_1, a packed type too: another slot set) at the highest only:
+    the choice of slots is the same code at every level, and each (model, level, layout) is a step
+    build of its own, ~10 CPU-s on a cold cache (the untied model's x8=0 run covers Q4_1's row dots)."""
     monkeypatch.setenv("QUANTKIT_KERNELS", level)
     ref = reference_logits(tiny, TOKENS)
     scale = np.abs(ref).max()

@@ -16,7 +16,7 @@ from quantkit import kernels as K
 from quantkit import quants as Q
 from quantkit.errors import QuantError
 from quantkit.formats.ggml_types import type_info
-from quantkit.jit import get_threads, set_threads
+from quantkit.jit import frozen, get_threads, set_threads
 from quantkit.kernels.activations import FLOAT_KINDS
 
 LEGACY = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
@@ -116,7 +116,7 @@ def test_variants_agree(t, variant):
     ref = x.astype(np.float64) @ ref_dequantize(w, t).astype(np.float64).T
     kind = K.activation_kind(t, variant)
     out = np.empty((2, 21), np.float32)
-    K.matvec_kernel(t, variant)(w, *K.quantize_activations(x, kind), out, 4)
+    K.matvec_kernel(t, variant)(frozen(w), *K.quantize_activations(x, kind), out, 4)
     tol = 0.02 if kind not in FLOAT_KINDS else (2e-6 if variant == "plain" else tolerance(t, "decode"))
     assert rel_err(out, ref) < tol, (variant, rel_err(out, ref))
 
@@ -146,7 +146,7 @@ def test_integer_dot_exact(t, variant):
     xdeq = (qs.astype(np.float64).reshape(1, -1, per) * d.astype(np.float64)[:, :, None]).reshape(1, -1)
     ref = xdeq @ ref_dequantize(w, t).astype(np.float64).T + q8_1_min_term_shift(w, t, kind, qs, d, s)
     out = np.empty((1, 5), np.float32)
-    K.matvec_kernel(t, variant)(w, qs, d, s, out, 16)
+    K.matvec_kernel(t, variant)(frozen(w), qs, d, s, out, 16)
     np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-4 * np.abs(ref).max())
 
 
@@ -507,7 +507,7 @@ def test_x8_dot_exact(t, variant):
     K.matvec_x8_kernel(t, variant=variant)(K.pack_x8(w, t), qs, d, s, got, 16)
     np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
     rows = np.empty((2, n_out), np.float32)
-    K.matvec_kernel(t, variant)(w, qs, d, s, rows, 16)
+    K.matvec_kernel(t, variant)(frozen(w), qs, d, s, rows, 16)
     np.testing.assert_allclose(got, rows, rtol=0, atol=2e-6 * np.abs(ref).max())
 
 

@@ -18,6 +18,7 @@ from gguf import GGMLQuantizationType as T
 import quantkit.kernels as K
 import quantkit.quants as Q
 from quantkit.formats.ggml_types import type_info
+from quantkit.jit import frozen
 from quantkit.kernels.activations import ACT_LAYOUT, quantize_activations
 from quantkit.kernels.cpu_traits import CPU_TRAITS, kind_of
 from quantkit.kernels.ir import RUNNABLE_VARIANTS
@@ -95,7 +96,7 @@ def test_two_rows_and_matvec_equal_the_row_dot(t):
         assert two(y[r:r + 2].reshape(-1), xq[1], xd[1], xs[1], sc) == (want[1, r], want[1, r + 1])
     for parallel in (False, True):
         out = np.empty((3, y.shape[0]), np.float32)
-        K.matvec_kernel(tt, parallel=parallel)(y, xq, xd, xs, out, 4)
+        K.matvec_kernel(tt, parallel=parallel)(frozen(y), xq, xd, xs, out, 4)
         assert np.array_equal(out, want)
 
 

@@ -39,12 +39,13 @@ class _Compiles:
         disp = event.data.get("dispatcher")
         name = getattr(getattr(disp, "py_func", None), "__qualname__", repr(disp))
         mod = getattr(getattr(disp, "py_func", None), "__module__", "")
-        self.stack.append([f"{mod}.{name}", time.thread_time(), 0.0])
+        sig = ", ".join(map(str, event.data.get("args") or ()))
+        self.stack.append([f"{mod}.{name}", time.thread_time(), 0.0, sig])
 
     def on_end(self, event):
-        name, t0, child = self.stack.pop()
+        name, t0, child, sig = self.stack.pop()
         dt = time.thread_time() - t0
-        self.done.append((name, dt - child))
+        self.done.append((name, dt - child, sig))
         if self.stack:
             self.stack[-1][2] += dt
 
@@ -70,7 +71,8 @@ class Profile:
         self.compiles.done = []
         w0, c0 = time.perf_counter(), time.process_time()
         yield
-        self.rows.append({"test": item.nodeid, "wall": time.perf_counter() - w0,
+        self.rows.append({"test": item.nodeid, "start": time.time() - (time.perf_counter() - w0),
+                          "wall": time.perf_counter() - w0,
                           "cpu": time.process_time() - c0, "compiles": self.compiles.done})
 
     def pytest_sessionfinish(self, session):
@@ -94,9 +96,9 @@ def summarize(paths: list[str], top: int = 40) -> None:
         f = files[r["test"].split("::")[0]]
         f[0] += r["wall"]
         f[1] += r["cpu"]
-        f[2] += sum(s for _, s in r["compiles"])
+        f[2] += sum(c[1] for c in r["compiles"])
         f[3] += len(r["compiles"])
-        for name, s in r["compiles"]:
+        for name, s, *_ in r["compiles"]:
             kernels[name][0] += 1
             kernels[name][1] += s
     tw = sum(f[0] for f in files.values())
@@ -112,7 +114,7 @@ def summarize(paths: list[str], top: int = 40) -> None:
     slow = sorted(rows, key=lambda r: -r["wall"])[:top]
     print(f"\n{'slowest tests':90s} {'wall':>7s} {'compile':>8s}")
     for r in slow:
-        print(f"{r['test'][-90:]:90s} {r['wall']:7.1f} {sum(s for _, s in r['compiles']):8.1f}")
+        print(f"{r['test'][-90:]:90s} {r['wall']:7.1f} {sum(c[1] for c in r['compiles']):8.1f}")
 
 
 if __name__ == "__main__":
