@@ -174,13 +174,18 @@ def variant() -> str:
     return PLAIN if forced() == PLAIN else BY_NAME[selected()].variant
 
 
-def runnable_variants() -> tuple[str, ...]:
-    """The IR flavours whose instructions this host executes at the level in force (a forced level holds
-    LLVM to its features, so the flavours of the levels above it cannot be built), best first, then
-    ``plain``: what the tests run every kernel in."""
+def buildable() -> tuple[str, ...]:
+    """The levels this process can build kernels for, best first: the runnable ones from the level in
+    force down (a forced level holds LLVM to its features for the whole process, so a level above it
+    cannot be compiled, even when ``QUANTKIT_KERNELS`` is changed later)."""
     levels = runnable()
-    levels = levels[levels.index(selected()):]
-    return tuple(dict.fromkeys([BY_NAME[lv].variant for lv in levels] + [PLAIN]))
+    return levels[levels.index(selected()):]
+
+
+def runnable_variants() -> tuple[str, ...]:
+    """The IR flavours of the ``buildable`` levels, best first, then ``plain``: what the tests run every
+    kernel in."""
+    return tuple(dict.fromkeys([BY_NAME[lv].variant for lv in buildable()] + [PLAIN]))
 
 
 def describe() -> str:
