@@ -97,7 +97,7 @@ def test_commands_by_hand_use_the_per_user_folder(tmp_path):
     """Without NUMBA_CACHE_DIR, kernels go to the user's cache, one folder per version and level, and
     `quantkit cache` shows and clears it."""
     env = {"XDG_CACHE_HOME": str(tmp_path), "QUANTKIT_COMPILE_NOTICE": "0"}
-    want = tmp_path / "quantkit" / __version__ / isa.best()
+    want = tmp_path / "quantkit" / __version__ / isa.selected()
     r = _python("""
         import numpy as np
         from quantkit.jit import specialize
