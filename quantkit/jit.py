@@ -4,7 +4,13 @@
 * ``njit_parallel``  -- same body rules, ``parallel=True`` so ``prange`` splits work over threads.
 * ``njit_fast``      -- serial kernel with fastmath, for dot products and ops tested with tolerances.
 * ``njit_fast_parallel``
-* ``specialize(fn, tag, ...)`` -- one kernel body, compiled once per binding of the kernels it calls.
+* ``specialize(fn, tag, ...)`` -- one kernel body, compiled once per binding of the kernels it calls;
+  with ``cfunc=`` a C-callable build whose address a compiled caller takes as an argument (a
+  first-class function: the caller is then built once for every such callee).
+* ``addr_of(a)`` / ``view_u8_ro`` / ``view_i8`` / ``view_i32`` / ``view_f32`` / ``view_i64`` -- an
+  array's data address as an int64, and a 1-D array over ``n`` items at an address (no ownership):
+  how such a callee gets its arrays, as int64 arguments (a call with array arguments costs ~40 ns
+  through a function pointer, one with integers ~3 ns).
 * ``ld_f32`` / ``ld_u16`` / ``ld_u32`` / ``ld_f16_hw`` -- little-endian loads at a byte offset of an array.
 * ``fetch_add(a, i, v)`` -- atomic ``a[i] += v`` returning the old value: a chunk counter that the
   threads of a ``prange`` share, so each takes the next chunk when it is free (ggml's threadpool
@@ -26,6 +32,7 @@ import re
 import sys
 import time
 import types as pytypes
+import warnings
 
 from quantkit import cache, config, isa
 
@@ -35,7 +42,12 @@ import numba  # noqa: E402
 import numpy as np
 from llvmlite import ir
 from numba import types
+from numba.core.errors import NumbaExperimentalFeatureWarning
 from numba.extending import intrinsic
+
+# the decode step takes its row runners as first-class functions (``specialize(..., cfunc=)``), a
+# feature numba still calls experimental and warns about at each compile of a caller
+warnings.filterwarnings("ignore", "First-class function type", NumbaExperimentalFeatureWarning)
 
 # After a parallel region libgomp's workers spin (GOMP_SPINCOUNT, 300k by default) before sleeping.
 # Between our regions OpenBLAS runs its own threads (the prefill's matrix products), and two spinning
@@ -137,6 +149,30 @@ def _compile_once() -> None:
                 os.close(fd)                        # closing releases the lock
 
     Dispatcher.compile = compile
+    try:
+        from numba.core.ccallback import CFunc
+    except ImportError:
+        return
+    original_c = CFunc.compile
+
+    @functools.wraps(original_c)
+    def compile_c(self):
+        path = index_path(self)
+        if path is None:
+            return original_c(self)
+        with global_compiler_lock:
+            try:
+                os.makedirs(os.path.dirname(path), exist_ok=True)
+                fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+            except OSError:
+                return original_c(self)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                return original_c(self)
+            finally:
+                os.close(fd)
+
+    CFunc.compile = compile_c
 
 
 _compile_once()
@@ -362,7 +398,7 @@ def build_digest(fn) -> str:
 _SPECIALIZED: dict[tuple, object] = {}
 
 
-def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, **names):
+def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, cfunc=None, **names):
     """Compile a copy of the plain Python function ``fn`` whose globals ``names`` are replaced.
 
     This is how a kernel body written once is bound to what it calls -- a type's row decoder, a row
@@ -371,19 +407,24 @@ def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, **na
     specialization supplies it. ``tag`` makes the copy's name, and so numba's on-disk cache entry,
     unique per binding (numba caches by function name and file, and cannot cache closures); the name
     also carries ``build_digest`` of what the copy reaches, so an edit anywhere in it is a new entry.
-    ``fast`` compiles with fastmath (dots, not codecs)."""
-    key = (fn.__module__, fn.__qualname__, tag, parallel, fast)
+    ``fast`` compiles with fastmath (dots, not codecs). ``cfunc``, a numba signature: a C-callable
+    build (``numba.cfunc``, cached as the others), which compiled code receives as a first-class
+    function of that signature (its arguments integers: ``addr_of`` / ``view_*``)."""
+    key = (fn.__module__, fn.__qualname__, tag, parallel, fast, str(cfunc))
     if key in _SPECIALIZED:
         return _SPECIALIZED[key]
     g = dict(fn.__globals__)
     g.update(names)
     new = pytypes.FunctionType(fn.__code__, g, fn.__name__, fn.__defaults__, fn.__closure__)
-    suffix = f"__{tag}_{build_digest(new)}_{'par' if parallel else 'ser'}"
+    suffix = f"__{tag}_{build_digest(new)}_{'cfn' if cfunc is not None else 'par' if parallel else 'ser'}"
     new.__name__ = fn.__name__ + suffix
     new.__qualname__ = fn.__qualname__ + suffix
     new.__module__ = fn.__module__
     new.__doc__ = fn.__doc__
-    deco = (njit_fast_parallel if parallel else njit_fast) if fast else (njit_parallel if parallel else njit)
+    if cfunc is not None:
+        deco = numba.cfunc(cfunc, **{**(_BASE if fast else _EXACT), "fastmath": fast})
+    else:
+        deco = (njit_fast_parallel if parallel else njit_fast) if fast else (njit_parallel if parallel else njit)
     out = _SPECIALIZED[key] = deco(new)
     return out
 
@@ -516,6 +557,55 @@ def fetch_add(typingctx, a, i, v):
         return builder.atomic_rmw("add", ptr, val, "seq_cst")
 
     return sig, codegen
+
+
+@intrinsic
+def addr_of(typingctx, a):
+    """The address of array ``a``'s first element, as an int64."""
+    if not isinstance(a, types.Array):
+        return None
+
+    def codegen(context, builder, signature, args):
+        ary = context.make_array(signature.args[0])(context, builder, args[0])
+        return builder.ptrtoint(ary.data, ir.IntType(64))
+
+    return types.int64(a), codegen
+
+
+def _view(name: str, dtype, readonly: bool = False):
+    """An intrinsic ``(addr, n) -> array``: the C-contiguous 1-D array of ``n`` ``dtype`` items at
+    ``addr``, owning nothing (no reference count: whoever passed the address keeps the memory alive)."""
+    aty = types.Array(dtype, 1, "C", readonly=readonly)
+
+    def impl(typingctx, addr, n):
+        if not (_is_int(addr) and _is_int(n)):
+            return None
+
+        def codegen(context, builder, signature, args):
+            from numba.np.arrayobj import populate_array
+
+            ary = context.make_array(aty)(context, builder)
+            size = context.get_constant(types.intp, context.get_abi_sizeof(context.get_data_type(dtype)))
+            data = builder.inttoptr(context.cast(builder, args[0], signature.args[0], types.int64), ary.data.type)
+            n = context.cast(builder, args[1], signature.args[1], types.intp)
+            populate_array(ary, data=data, shape=[n], strides=[size], itemsize=size, meminfo=None)
+            return ary._getvalue()
+
+        return aty(addr, n), codegen
+
+    impl.__name__ = name
+    return intrinsic(impl)
+
+
+#: read-only bytes (as the weights are: ``frozen``), and writable int8 / int32 / float32 / int64 items
+view_u8_ro = _view("view_u8_ro", types.uint8, readonly=True)
+view_i8 = _view("view_i8", types.int8)
+view_i32 = _view("view_i32", types.int32)
+view_f32 = _view("view_f32", types.float32)
+view_i64 = _view("view_i64", types.int64)
+#: the view function for arrays of a numpy dtype (writable)
+VIEWS = {np.dtype(np.int8): view_i8, np.dtype(np.int32): view_i32, np.dtype(np.float32): view_f32,
+         np.dtype(np.int64): view_i64}
 
 
 def host_features() -> frozenset[str]:

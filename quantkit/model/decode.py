@@ -24,17 +24,16 @@ How the weights get in, and the type dispatch:
   rows, expert stride)`` for the eight matrices of a layer in ``MATS`` order (``MOE_MATS`` in a MoE
   layer: a 3D expert tensor is one entry of one expert's rows, expert e at offset + e * stride; a
   dense layer's eighth entry is empty); ``ot`` / ``et`` the same for ``output`` and ``token_embd``.
-* ``code`` indexes the model's *type set* (its distinct matrix types, at most ``SLOTS``). The slot
-  dispatcher ``slot_body`` has one branch per slot, each bound to that slot's compiled row runner
-  (``rows_body`` calls it per chunk; the embedding lookup's build binds the row decoders), and
-  is built (compiled, cached on disk) once per type set: a Q4_1 file gets a 2-type build, a Q4_K_M
-  file a 4-type one. The branch is taken once per chunk of rows, so its cost is nil; the if-chain
-  is ``SLOTS`` long whatever the number of call sites.
-* Each slot's row function has one uniform signature ``urow(wr, a, sc)``: ``a`` is the tuple of
-  every activation form of one input vector (float32, Q8_0 quants/scales/sums, Q8_1 float sums,
-  Q8_K quants/scales/bsums), and the wrapper picks the form its type's dot wants
-  (``activation_kind``: the type's vec_dot type). Before a product the step quantizes the input only to the
-  kinds its consumers need (``need`` bit masks, computed here from the types).
+* ``code`` indexes the model's *type set* (its distinct matrix types and layouts, at most ``SLOTS``):
+  ``runs[code]`` is that slot's row runner, a C-callable build of one type and layout, which the step
+  calls through its address once per chunk of rows (``deqs[code]`` the embedding lookup's). The step is
+  therefore built once for every model (per KV cache kind), and a type's runner once for every model
+  that has it.
+* Each runner has one uniform signature of integers (``RUN_SIG``): the activation table's address
+  (``act_table``: every activation form of one input vector -- float32, Q8_0 quants/scales/sums, Q8_1
+  float sums, Q8_K quants/scales/bsums), from which it views the forms its type's dot wants
+  (``activation_kind``: the type's vec_dot type). Before a product the step quantizes the input only to
+  the kinds its consumers need (``need`` bit masks, computed here from the types).
 
 Parallelism: each product is split into chunks of ``chunk_rows`` output rows (Q, K and V in one
 region; gate and up in one region that also applies the GLU to its own rows), and the threads of a
@@ -58,7 +57,11 @@ import numpy as np
 
 from quantkit import config
 from quantkit.errors import ModelError
-from quantkit.jit import fetch_add, frozen, get_threads, njit_fast, prange
+from quantkit.formats.ggml_types import type_info
+from numba import types
+
+from quantkit.jit import (VIEWS, addr_of, fetch_add, frozen, get_threads, njit_fast, njit_fast_parallel, prange,
+                          specialize, view_f32, view_i32, view_i64, view_u8_ro)
 from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
                               rowdot_kernel)
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
@@ -111,76 +114,78 @@ KIND_BIT = {"Q8_0": 1, "Q8_1": 2, "Q8_K": 4, "F32": 0, "F16": 8, "BF16": 16}
 # a = (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32,
 # x rounded to fp16, x rounded to bf16), each (1, n_in). A row dot takes three of them (quants or the
 # float row, block scales, block sums): ``AQ``, ``AD``, ``AS`` below, bound per activation kind.
+#
+# The step calls a matrix's row runner through a table of function pointers indexed by the matrix's
+# slot (``runs[code]``): each runner is a C-callable build of one type and layout (``specialize(...,
+# cfunc=RUN_SIG)``), so the step itself is built once for every model (per KV cache kind), not once per
+# set of matrix types. A runner's arguments are integers -- addresses and sizes -- from which it views
+# its arrays (``jit.view_*``): through a function pointer a call with array arguments costs ~40 ns, one
+# with integers ~3 ns (a 135M model makes ~4,000 such calls a token).
 
 #: activation kind -> the indices in ``a`` of the (quants, scales, sums) its row dots take
 ACT_FIELDS = {"Q8_0": (1, 2, 3), "Q8_1": (1, 2, 4), "Q8_K": (5, 6, 7), "F32": (0, 2, 3), "F16": (8, 2, 3),
               "BF16": (9, 2, 3)}
+#: the element type of each activation form (``_activations``)
+ACT_DTYPES = (np.float32, np.int8, np.float32, np.int32, np.float32, np.int8, np.float32, np.int32, np.float32,
+              np.float32)
+#: a row runner's signature: (weights' address, x8 copy's address, matrix offset, bytes a row (an x8
+#: group), first row, end row, activation table's address, output's address, output offset, scratch's address)
+RUN_SIG = types.void(*([types.int64] * 10))
+#: int32 items of the row dots' scratch ``sc``
+SC_LEN = 16
 
 
-def run_rows(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """out[o0 + r] = (row r of the matrix at buf[off:]) . a for r in r0..r1-1: rows in pairs (ROWDOT2
+def run_rows(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
+    """out[o0 + r] = (row r of the matrix at bp + off) . a for r in r0..r1-1: rows in pairs (ROWDOT2
     shares the activation loads between them; each sum is the same as ROWDOT's), then a last one.
-    (``pbuf``, the x8 buffer, is not read: one signature for both layouts.) The activation arrays are
-    picked once per call: passing the whole tuple ``a`` to a row dot per row pair cost ~20 % of a
-    2048-wide GEMV."""
-    xq, xd, xs = a[AQ][0], a[AD][0], a[AS][0]  # noqa: F821
-    r = np.int64(r0)  # a prange index may be unsigned: uint64 + int64 would give float64
+    (``pp``, the x8 copy, is not read: one signature for both layouts.) ``ap``: the activation table
+    (``act_table``), from which the forms of this type's activation kind are viewed."""
+    at = view_i64(ap, 2 * len(ACT_DTYPES))
+    xq, xd, xs = VQ(at[2 * AQ], at[2 * AQ + 1]), VD(at[2 * AD], at[2 * AD + 1]), VS(at[2 * AS], at[2 * AS + 1])  # noqa: F821
+    buf = view_u8_ro(bp + off, r1 * rb)
+    out = view_f32(op, o0 + r1)
+    sc = view_i32(sp, SC_LEN)
+    r = r0
     while r + 1 < r1:
-        s0, s1 = ROWDOT2(buf[off + r * rb:off + (r + 2) * rb], xq, xd, xs, sc)  # noqa: F821
+        s0, s1 = ROWDOT2(buf[r * rb:(r + 2) * rb], xq, xd, xs, sc)  # noqa: F821
         out[o0 + r] = s0
         out[o0 + r + 1] = s1
         r += 2
     if r < r1:
-        out[o0 + r] = ROWDOT(buf[off + r * rb:off + (r + 1) * rb], xq, xd, xs, sc)  # noqa: F821
+        out[o0 + r] = ROWDOT(buf[r * rb:(r + 1) * rb], xq, xd, xs, sc)  # noqa: F821
 
 
-def run_rows_x8(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """``run_rows`` for a matrix in the x8 layout at pbuf[off:] (``rb`` = bytes of one 8-row group);
-    r0 is a multiple of 8 (chunks are multiples of 16 rows) and so is the matrix's row count. ``ROWX8`` is the
-    IR intrinsic itself: its code is emitted here."""
-    xq, xd, xs = a[AQ][0], a[AD][0], a[AS][0]  # noqa: F821
-    g = np.int64(r0) // X8_ROWS
-    g1 = (np.int64(r1) + X8_ROWS - 1) // X8_ROWS
+def run_rows_x8(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
+    """``run_rows`` for a matrix in the x8 layout at pp + off (``rb`` = bytes of one 8-row group); r0
+    is a multiple of 8 (chunks are multiples of 16 rows) and so is the matrix's row count. ``ROWX8`` is
+    the IR intrinsic itself: its code is emitted here."""
+    at = view_i64(ap, 2 * len(ACT_DTYPES))
+    xq, xd, xs = VQ(at[2 * AQ], at[2 * AQ + 1]), VD(at[2 * AD], at[2 * AD + 1]), VS(at[2 * AS], at[2 * AS + 1])  # noqa: F821
+    g = r0 // X8_ROWS
+    g1 = (r1 + X8_ROWS - 1) // X8_ROWS
+    pbuf = view_u8_ro(pp + off, g1 * rb)
+    out = view_f32(op, o0 + g1 * X8_ROWS)
     while g < g1:
-        r = ROWX8(pbuf[off + g * rb:off + (g + 1) * rb], xq, xd, xs)  # noqa: F821
+        r = ROWX8(pbuf[g * rb:(g + 1) * rb], xq, xd, xs)  # noqa: F821
         for i in range(X8_ROWS):
             out[o0 + g * X8_ROWS + i] = r[i]
         g += 1
 
 
-def run_deq(buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """The embedding lookup in ``run_rows``' signature (so one slot dispatcher serves both): out =
-    dequantized row r0 of the matrix at buf[off:] (``DEQ``, the type's row decoder)."""
-    DEQ(buf[off + r0 * rb:off + (r0 + 1) * rb], out)  # noqa: F821
+def run_deq(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
+    """The embedding lookup in ``run_rows``' signature (so one table serves both): out = dequantized
+    row r0 of the matrix at bp + off (``DEQ``, the type's row decoder; ``PER_BYTE``: its values a byte
+    of row, as (block size, type size))."""
+    DEQ(view_u8_ro(bp + off + r0 * rb, rb), view_f32(op, rb // PER_BYTE[1] * PER_BYTE[0]))  # noqa: F821
 
 
-def slot_body(code, buf, pbuf, off, rb, r0, r1, a, out, o0, sc):
-    """The slot ``code``'s ``RUN`` (RUN0..RUN7 bound per slot set: row runners, or ``run_deq``; unused
-    slots repeat slot 0). One branch per slot: the branch is taken once per chunk of rows."""
-    if code == 0:
-        RUN0(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-    elif code == 1:
-        RUN1(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-    elif code == 2:
-        RUN2(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-    elif code == 3:
-        RUN3(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-    elif code == 4:
-        RUN4(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-    elif code == 5:
-        RUN5(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-    elif code == 6:
-        RUN6(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-    else:
-        RUN7(buf, pbuf, off, rb, r0, r1, a, out, o0, sc)  # noqa: F821
-
-
-def rows_body(m, c, buf, pbuf, a, out, o0, sc):
+@njit_fast
+def rows(runs, m, c, bp, pp, ap, op, o0, sp):
     """Chunk c of the product of the matrix ``m`` (a row of ``wt``: offset, bytes a row -- or an x8
-    row group --, rows, slot, chunk rows) with ``a``: out[o0 + r] for its rows r (``SLOT``: slot_body
-    bound to the slot set's row runners)."""
+    row group --, rows, slot, chunk rows) with the activations at ``ap``: out[o0 + r] for its rows r,
+    by the slot's runner ``runs[m[3]]``."""
     r0 = np.int64(c) * m[4]  # a prange index may be unsigned: uint64 * int64 would give float64
-    SLOT(m[3], buf, pbuf, m[0], m[1], r0, min(r0 + m[4], m[2]), a, out, o0, sc)  # noqa: F821
+    runs[m[3]](bp, pp, m[0], m[1], r0, min(r0 + m[4], m[2]), ap, op, o0, sp)
 
 
 @njit_fast(inline="always")
@@ -189,15 +194,16 @@ def nchunks(m):
     return (m[2] + m[4] - 1) // m[4]
 
 
-def product_body(m, buf, pbuf, a, out, sc, ctr, nth):
+@njit_fast_parallel
+def product(runs, m, bp, pp, ap, op, sp, ctr, nth):
     """out = the matrix ``m`` (a ``wt`` row) . a, over ``nth`` threads that claim its chunks from the
-    counter ``ctr[CTR]`` as each becomes free (``ROWS``: rows_body bound to the slot set)."""
-    o_0 = np.int64(0)  # not the literal 0: one build of ROWS for every call (numba types a literal apart)
+    counter ``ctr[CTR]`` as each becomes free."""
+    o_0 = np.int64(0)
     ctr[CTR] = 0
     for _ in prange(nth):
         c = fetch_add(ctr, CTR, 1)
         while c < nchunks(m):
-            ROWS(m, c, buf, pbuf, a, out, o_0, sc)  # noqa: F821
+            rows(runs, m, c, bp, pp, ap, op, o_0, sp)
             c = fetch_add(ctr, CTR, 1)
 
 
@@ -261,11 +267,13 @@ def moe_route(logits, k, norm_w, weight_softmax, sel, selw):
             selw[j] = selw[j] / s
 
 
-def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
+def step_body(tok, pos, want, runs, deqs, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
               aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, ctr, nth, dims, eps, scale, lay, bias, qk_norm,
-              post_norm, gelu_tab, embd_scale, moe, attn_x):
+              post_norm, gelu_tab, embd_scale, moe, attn_x, atab):
     """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
-    ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
+    ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``, by the row
+    runners ``runs[slot]`` (the embedding's row by ``deqs[slot]``); ``atab`` (4, 20): the activation
+    tables (``act_table``) of aE, aQ, aF and the shared expert's. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
     dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms, experts used
     (0: a dense FFN), normalize the experts' weights, has a shared expert, softmax_weight gating);
     moe = (router logits (n_expert,), one expert's output (n_embd,), the chosen experts' weights and
@@ -300,8 +308,11 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     sinks, obias = attn_x[0], attn_x[1]
     has_sinks = sinks.shape[1] != 0
     has_eb = gbias.shape[1] != 0
+    bp, pp, sp = addr_of(buf), addr_of(pbuf), addr_of(sc)
+    aEp, aQp, aFp, aSp = addr_of(atab[0]), addr_of(atab[1]), addr_of(atab[2]), addr_of(atab[3])
+    qkvp, hgp, hup, xb2p, yep = addr_of(qkv), addr_of(hg), addr_of(hu), addr_of(xb2), addr_of(ye)
 
-    DEQROW(et[3], buf, pbuf, et[0], et[1], tok, tok + 1, aE, x, o_0, sc)  # noqa: F821
+    deqs[et[3]](bp, pp, et[0], et[1], np.int64(tok), np.int64(tok) + 1, aEp, addr_of(x), o_0, sp)
     if embd_scale != np.float32(1.0):
         for i in range(E):
             x[i] *= embd_scale
@@ -317,11 +328,11 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             c = fetch_add(ctr, CTR, 1)
             while c < cq + ck + cv:
                 if c < cq:
-                    ROWS(w[0], c, buf, pbuf, aE, qkv, o_0, sc)  # noqa: F821
+                    rows(runs, w[0], c, bp, pp, aEp, qkvp, o_0, sp)
                 elif c < cq + ck:
-                    ROWS(w[1], c - cq, buf, pbuf, aE, qkv, Q, sc)  # noqa: F821
+                    rows(runs, w[1], c - cq, bp, pp, aEp, qkvp, Q, sp)
                 else:
-                    ROWS(w[2], c - cq - ck, buf, pbuf, aE, qkv, Q + KV, sc)  # noqa: F821
+                    rows(runs, w[2], c - cq - ck, bp, pp, aEp, qkvp, Q + KV, sp)
                 c = fetch_add(ctr, CTR, 1)
         bl = bias[l]
         has_b = bl.shape[0] != 0
@@ -345,7 +356,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, snk,  # noqa: F821
                    scores[h], xo[h * hd:(h + 1) * hd])
         quantize_needed(need[l, 1], aQ)
-        PRODUCT(w[3], buf, pbuf, aQ, xb2, sc, ctr, nth)  # noqa: F821
+        product(runs, w[3], bp, pp, aQp, xb2p, sp, ctr, nth)
         add_bias(xb2, obias[l])
         add_block(x, xb2, post_norm[l, 0], eps)
         # -- feed-forward: norm, (MoE: router, routing,) per expert (one for a dense FFN): gate and up
@@ -353,7 +364,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
         rmsnorm1(x, ffn_norm[l], eps, xa)
         quantize_needed(need[l, 2], aE)
         if n_used:
-            PRODUCT(w[7], buf, pbuf, aE, rlog, sc, ctr, nth)  # noqa: F821
+            product(runs, w[7], bp, pp, aEp, addr_of(rlog), sp, ctr, nth)
             add_bias(rlog, rbias[l])
             moe_route(rlog, n_used, norm_w, weight_softmax, sel, selw)
         for i in range(E):
@@ -363,6 +374,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             e = sel[j] if n_used and not shx else 0
             m0 = 8 if shx else 4
             af = aS if shx else aF
+            afp = aSp if shx else aFp
             ha = af[0][0]                          # act(gate) * up, float32 (n_ff,)
             for r in range(3):
                 for col in range(WT_COLS):
@@ -373,8 +385,8 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
             for _ in prange(nth):
                 c = fetch_add(ctr, CTR, 1)
                 while c < nchunks(mg):  # gate and up have the same rows, so the same chunks
-                    ROWS(mg, c, buf, pbuf, aE, hg, o_0, sc)  # noqa: F821
-                    ROWS(mu, c, buf, pbuf, aE, hu, o_0, sc)  # noqa: F821
+                    rows(runs, mg, c, bp, pp, aEp, hgp, o_0, sp)
+                    rows(runs, mu, c, bp, pp, aEp, hup, o_0, sp)
                     r0 = c * mg[4]
                     r1 = min(r0 + mg[4], mg[2])
                     if has_eb and not shx:   # the expert's gate and up biases (ggml_add_id)
@@ -384,7 +396,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
                     glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
                     c = fetch_add(ctr, CTR, 1)
             quantize_needed(need[l, 3], af)
-            PRODUCT(md, buf, pbuf, af, ye, sc, ctr, nth)  # noqa: F821
+            product(runs, md, bp, pp, afp, yep, sp, ctr, nth)
             if has_eb and not shx:
                 add_bias(ye, dbias[l, e])
             we = selw[j] if n_used and not shx else np.float32(1.0)
@@ -399,7 +411,7 @@ def step_body(tok, pos, want, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_no
     if want:
         rmsnorm1(x, out_norm, eps, xa)
         quantize_needed(need[n_layer, 0], aE)
-        PRODUCT(ot, buf, pbuf, aE, logits, sc, ctr, nth)  # noqa: F821
+        product(runs, ot, bp, pp, aEp, addr_of(logits), sp, ctr, nth)
 
 
 # -- building it for a model ------------------------------------------------------------------------
@@ -466,29 +478,35 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
     return frozen(np.concatenate(parts)), [int(o) for o in offs], True
 
 
-def step_kernel(slots: tuple, variant: str, kv_f16: bool):
-    """The compiled step for a slot set (a tuple of (GGML type, x8 layout?) in slot order) and KV
-    cache kind."""
-    tag = "_".join(t.name + ("x8" if x8 else "") for t, x8 in slots) + f"_{variant}_{'kv16' if kv_f16 else 'kv32'}"
-    rows, deqs = {}, {}
-    for k in range(SLOTS):
-        t, x8 = slots[k] if k < len(slots) else slots[0]
-        kind = activation_kind(t, variant)
-        tv = f"{t.name}_{variant}"
-        aq, ad, as_ = ACT_FIELDS[kind]
-        if x8:
-            rows[f"RUN{k}"] = build(run_rows_x8, f"{t.name}_x8_{variant}", False, ROWX8=rowx8_kernel(t, variant), AQ=aq,
-                                    AD=ad, AS=as_)
-        else:
-            rows[f"RUN{k}"] = build(run_rows, tv, False, ROWDOT=rowdot_kernel(t, variant),
-                                    ROWDOT2=rowdot2_kernel(t, variant), AQ=aq, AD=ad, AS=as_)
-        deqs[f"RUN{k}"] = build(run_deq, t.name, False, DEQ=deq_kernel(t))
-    rows_fn = build(rows_body, tag, False, SLOT=build(slot_body, f"{tag}_rows", False, **rows))
-    deq_fn = build(slot_body, f"{tag}_deq", False, **deqs)
+def row_runner(t, x8: bool, variant: str):
+    """The C-callable row runner of GGML type ``t`` in the x8 layout or the file's rows (``RUN_SIG``)."""
+    aq, ad, as_ = ACT_FIELDS[activation_kind(t, variant)]
+    views = dict(AQ=aq, AD=ad, AS=as_, VQ=VIEWS[np.dtype(ACT_DTYPES[aq])], VD=VIEWS[np.dtype(ACT_DTYPES[ad])],
+                 VS=VIEWS[np.dtype(ACT_DTYPES[as_])])
+    if x8:
+        return specialize(run_rows_x8, f"{t.name}_x8_{variant}", fast=True, cfunc=RUN_SIG,
+                          ROWX8=rowx8_kernel(t, variant), **views)
+    return specialize(run_rows, f"{t.name}_{variant}", fast=True, cfunc=RUN_SIG, ROWDOT=rowdot_kernel(t, variant),
+                      ROWDOT2=rowdot2_kernel(t, variant), **views)
+
+
+def deq_runner(t):
+    """The C-callable embedding-row lookup of GGML type ``t`` (``RUN_SIG``)."""
+    info = type_info(t)
+    return specialize(run_deq, t.name, fast=True, cfunc=RUN_SIG, DEQ=deq_kernel(t),
+                      PER_BYTE=(info.block_size, info.type_size))
+
+
+def step_kernel(kv_f16: bool):
+    """The compiled step for a KV cache kind (fp16 bits or float32): one build for every model."""
     ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
-    product = build(product_body, tag, True, ROWS=rows_fn)
-    return build(step_body, tag, True, ROWS=rows_fn, PRODUCT=product, DEQROW=deq_fn, ST_KV=st,
-                 ATTEND=attend_kernel(kv_f16))
+    return build(step_body, "kv16" if kv_f16 else "kv32", True, ST_KV=st, ATTEND=attend_kernel(kv_f16))
+
+
+def act_table(a: tuple) -> np.ndarray:
+    """int64 (20,): the address and length of each activation form of ``a`` (``_activations``), which a
+    row runner views its forms from (the arrays stay alive with the ``DecodeStep`` that holds both)."""
+    return np.array([v for x in a for v in (x.ctypes.data, x.shape[1])], np.int64)
 
 
 class DecodeStep:
@@ -628,7 +646,15 @@ class DecodeStep:
         self.post_norm = _stack(model, ("post_attention_norm", "post_ffw_norm"), c.n_embd)
         self.gelu_tab = gelu_table() if glu_name == "gelu" else np.zeros(1, np.float32)
         self.embd_scale = np.float32(c.embd_scale)
-        self.fn = step_kernel(slots, variant, kv_f16)
+        # numba's first-class functions (typing and passing a cfunc): registered by this module, which a
+        # process that only loads cached kernels has not imported otherwise
+        import numba.experimental.function_type  # noqa: F401
+        # the slot table: each slot's row runner (unused slots repeat slot 0) and embedding lookup
+        pad = list(slots) + [slots[0]] * (SLOTS - len(slots))
+        self.runs = tuple(row_runner(t, x8, variant) for t, x8 in pad)
+        self.deqs = tuple(deq_runner(t) for t, _ in pad)
+        self.atab = np.stack([act_table(a) for a in (self.aE, self.aQ, self.aF, self.moe[6])])
+        self.fn = step_kernel(kv_f16)
 
     def make_x8(self) -> None:
         """Fill ``pbuf`` with the x8 layout of the matrices that use it (the first ``run`` does, once),
@@ -663,10 +689,11 @@ class DecodeStep:
         """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``lay`` (n_layer, 2): as ``step_body``'s."""
         if self._x8_todo:
             self.make_x8()
-        self.fn(tok, pos, want, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
+        self.fn(tok, pos, want, self.runs, self.deqs, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
                 self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
                 self.hg, self.hu, scores, logits, self.sc, self.ctr, get_threads(), self.dims, self.eps, self.scale,
-                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale, self.moe, self.attn_x)
+                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale, self.moe, self.attn_x,
+                self.atab)
 
 
 def layer_biases(model: Llama) -> np.ndarray:
