@@ -90,6 +90,31 @@ def test_tokens_do_not_interact(flavour):
     assert part.tobytes() == full[13:18].tobytes()
 
 
+@pytest.mark.skipif("neon" not in FLAVOURS, reason="not an AArch64 CPU with the dot product (tools/arm64_tests.sh)")
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_K, T.IQ4_XS], ids=lambda t: t.name)
+def test_neon_gemm_is_sdot(t):
+    """The neon tiles' machine code multiplies with ``sdot``, not LLVM's widening multiplies of generic
+    IR: the GEMM body built serial (its code then in one listing) gives ``gemm``'s bytes and has it."""
+    from quantkit.formats.ggml_types import type_info
+    from quantkit.kernels.vecdot import build
+
+    spec, cols = cpu_traits(t).gemm, G.FLAVOUR_COLS["neon"]
+    serial = build(G.gemm_body, f"gemm_{t.name}_{cols}_neon_serial", False,
+                   UNPACK=G._unpack_tile(t.name, spec, type_info(t).type_size, "neon"),
+                   MK=G._micro(t.name, spec, cols, 1, "neon"), MK2=G._micro(t.name, spec, cols // 2, 2, "neon"),
+                   QK=spec.qk, NG=spec.ng, LANES=G.LANES, COLS=cols)
+    k = n_in(t)
+    w = make_weights(t, 40, k, seed=8)
+    x = np.random.default_rng(3).standard_normal((9, k)).astype(np.float32)
+    want = np.empty((9, 40), np.float32)
+    G.gemm(w, t, x, want, {}, 1, "neon")
+    got = np.empty((9, 40), np.float32)
+    serial(w, *G.gemm_operands(t, x, {}), got, 32)
+    assert got.tobytes() == want.tobytes()
+    asm = serial.inspect_asm(serial.signatures[0])
+    assert "sdot\t" in asm or "sdot " in asm
+
+
 @pytest.mark.parametrize("kind", ["Q8_0", "Q8_1", "Q8_K"])
 def test_activations_are_the_gemvs(kind):
     x = np.random.default_rng(7).standard_normal((11, 512)).astype(np.float32)

@@ -526,6 +526,34 @@ def test_x8_threads_identical(t, variant):
     np.testing.assert_array_equal(out[0], out[1])
 
 
+@pytest.mark.skipif("neon" not in X8_VARIANTS, reason="not an AArch64 CPU with the dot product (tools/arm64_tests.sh)")
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q8_0, T.IQ4_XS], ids=lambda t: t.name)
+def test_neon_x8_dots_are_sdot(t):
+    """The neon x8 dots' machine code multiplies with ``sdot`` (IQ4_XS's table looked up with ``tbl``),
+    not LLVM's widening multiplies of generic IR, and gives the x8 GEMV's result."""
+    import numba
+
+    from quantkit.kernels.vecdot import rowx8_kernel
+    row = rowx8_kernel(t, "neon")
+
+    @numba.njit(cache=False)
+    def one(wg, xq, xd, xs):
+        return row(wg, xq, xd, xs)
+
+    n_in = n_in_for(t)
+    w = K.pack_x8(make_weights(t, 8, n_in, seed=9), t)
+    qs, d, s = K.quantize_activations(np.random.default_rng(4).standard_normal((1, n_in)).astype(np.float32),
+                                      K.activation_kind(t))
+    got = np.array(one(w[0], qs[0], d[0], s[0]), np.float32)
+    want = np.empty((1, 8), np.float32)
+    K.matvec_x8_kernel(t, variant="neon")(w, qs, d, s, want, 16)
+    assert got.tobytes() == want[0].tobytes()
+    asm = one.inspect_asm(one.signatures[0])
+    assert "sdot\t" in asm or "sdot " in asm
+    if t == T.IQ4_XS:
+        assert "tbl\t" in asm or "tbl " in asm
+
+
 def _q8_k_reference(x: np.ndarray):
     """ggml's quantize_row_q8_K_ref (ggml-quants.c) for one row, in numpy float32: (qs, d, bsums)."""
     qs, d, bs = [], [], []

@@ -27,8 +27,8 @@ Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mu
 The sum over a row's blocks is in float32 in a fixed order (blocks in order, one accumulator per
 output), so results do not depend on the thread count or on how tokens are grouped. Needs AVX512-VNNI
 (``ir.HAS_VNNI512``) for the ``vnni`` flavour; the ``avx2`` flavour (``_Ops``, ``ir.int8_flavour``) runs the
-same tiles on AVX2 with half the tokens per micro-kernel; elsewhere ``mul_mat`` keeps its dequantize +
-BLAS prefill.
+same tiles on AVX2 with half the tokens per micro-kernel, the ``neon`` flavour on AArch64's ``sdot``
+(also half the tokens); elsewhere ``mul_mat`` keeps its dequantize + BLAS prefill.
 """
 
 from __future__ import annotations
@@ -44,8 +44,8 @@ from quantkit.formats.ggml_types import type_info
 from quantkit.jit import frozen, njit_parallel, prange
 from quantkit.kernels import ir_rowdot as kir
 from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
-from quantkit.kernels.ir import (F32T, I8, I16, I32, I64, V8I32, V16I16, V32I8, _byte_ptr, _decl, _f16, _gep, _ld, _madd16,
-                                 _maddubs, _pairs_to_lanes, _splat)
+from quantkit.kernels.ir import (F32T, I8, I16, I32, I64, V4I32, V8I32, V16I8, V16I16, V32I8, _byte_ptr, _decl, _f16, _gep,
+                                 _ld, _madd16, _maddubs, _pairs_to_lanes, _sdot, _splat)
 
 #: tokens per micro-kernel call (activation columns held in registers)
 COLS = 8
@@ -247,11 +247,13 @@ class _Ops:
     (ggml's AVX2 dots); for the types whose unsigned values are offset by 128 (``signed``: Q8_0,
     IQ4_NL, IQ4_XS, whose values reach 255 and would saturate ``vpmaddubsw``'s int16 pairs) the weights
     are made signed again (``u ^ 0x80``) and multiplied with ggml's sign trick, so their dots need no
-    ``-128 * sum(x)`` start."""
+    ``-128 * sum(x)`` start. ``neon``: four 16-byte quarters (rows 0-3, 4-7, 8-11, 12-15), one ``sdot``
+    each (s8 x s8: unsigned values below 128 are their own signed bytes; those offset by 128 made
+    signed as for avx2); the mins' int16 pairs by widening multiplies."""
 
     def __init__(self, b, flavour, spec):
         self.b, self.flavour = b, flavour
-        self.signed = flavour == "avx2" and spec.offset == 128
+        self.signed = flavour in ("avx2", "neon") and spec.offset == 128
         if flavour == "vnni":
             self.dpb = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
             self.dpw = _decl(b.module, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
@@ -269,6 +271,11 @@ class _Ops:
         if self.flavour == "vnni":
             return w
         b = self.b
+        if self.flavour == "neon":
+            v = b.bitcast(w, ir.VectorType(I8, 64))
+            if self.signed:
+                v = b.xor(v, _splat(I8, 64, 0x80))
+            return [b.shuffle_vector(v, v, ir.Constant(V16I32, list(range(16 * q, 16 * q + 16)))) for q in range(4)]
         halves = self._halves(b.bitcast(w, ir.VectorType(I8, 64)), 64)
         if not self.signed:
             return halves
@@ -281,6 +288,9 @@ class _Ops:
         if self.flavour == "vnni":
             return _splat16(self.b, x4)
         b = self.b
+        if self.flavour == "neon":
+            v = b.insert_element(ir.Constant(V4I32, None), x4, ir.Constant(I32, 0))
+            return b.bitcast(b.shuffle_vector(v, v, ir.Constant(V4I32, [0] * 4)), V16I8)
         v = b.insert_element(ir.Constant(V8I32, None), x4, ir.Constant(I32, 0))
         return b.bitcast(b.shuffle_vector(v, v, ir.Constant(V8I32, [0] * 8)), V32I8)
 
@@ -289,6 +299,11 @@ class _Ops:
         b = self.b
         if self.flavour == "vnni":
             return b.call(self.dpb, [acc, w, x])
+        if self.flavour == "neon":
+            accs = [b.shuffle_vector(acc, acc, ir.Constant(V4I32, list(range(4 * q, 4 * q + 4)))) for q in range(4)]
+            parts = [_sdot(b, a, wq, x) for a, wq in zip(accs, w)]
+            lo, hi = (b.shuffle_vector(parts[2 * h], parts[2 * h + 1], ir.Constant(V8I32, list(range(8)))) for h in range(2))
+            return self._join(lo, hi)
         if self.signed:
             sign = _decl(b.module, "llvm.x86.avx2.psign.b", V32I8, [V32I8, V32I8])
             parts = [_pairs_to_lanes(b, _maddubs(b, a, b.call(sign, [x, sv]))) for a, sv in w]
@@ -301,6 +316,12 @@ class _Ops:
         b = self.b
         if self.flavour == "vnni":
             return b.call(self.dpw, [acc, m, _splat16(b, x2)])
+        if self.flavour == "neon":  # sext to int32, multiply, add each lane's two products
+            v32 = ir.VectorType(I32, 32)
+            p = b.mul(b.sext(b.bitcast(m, ir.VectorType(I16, 32)), v32),
+                      b.sext(b.bitcast(_splat16(b, x2), ir.VectorType(I16, 32)), v32))
+            ev, od = (b.shuffle_vector(p, p, ir.Constant(V16I32, list(range(e, 32, 2)))) for e in range(2))
+            return b.add(acc, b.add(ev, od))
         xv = b.bitcast(self.acts(x2), V16I16)
         parts = [_madd16(b, b.bitcast(h, V16I16), xv) for h in self._halves(m, 16)]
         return b.add(acc, self._join(*parts))
@@ -494,7 +515,8 @@ def _spec(t) -> Spec:
 
 
 #: tokens per micro-kernel call per flavour: 16 ymm registers hold half the accumulators 32 zmm do
-FLAVOUR_COLS = {"vnni": COLS, "avx2": COLS // 2}
+#: (NEON: 32 q registers, a <16 x i32> accumulator takes 4: 2 sub-tiles x 2 tokens = 16 of them)
+FLAVOUR_COLS = {"vnni": COLS, "avx2": COLS // 2, "neon": COLS // 2}
 
 
 def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None):

@@ -85,9 +85,12 @@ def int8_flavour(variant: str) -> str | None:
     """How the multi-row kernels (the x8 decode dots, the integer GEMM), written for 16 int32 lanes, run
     for a variant: ``vnni`` (one 512-bit vpdpbusd, where the CPU has 512-bit VNNI), ``avx2`` (two
     256-bit halves through the avx2 ``_dot``: the avx2 variant, and vnni on AVX-VNNI CPUs without
-    AVX-512), or None (generic, plain: not built)."""
+    AVX-512), ``neon`` (four 128-bit quarters, one ``sdot`` each: AArch64 with the dot product), or
+    None (generic, plain: not built)."""
     if variant == "vnni" and HAS_VNNI512:
         return "vnni"
+    if variant == "neon" and not IS_X86:
+        return "neon"
     return "avx2" if variant in ("vnni", "avx2") and HAS_AVX2 else None
 
 

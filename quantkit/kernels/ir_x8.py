@@ -10,7 +10,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.kernels.ir import (F32T, HAS_GFNI, I8, I16, I32, I64, V8F32, V8I32, V32I8, X8_PREFETCH, _FM,
-                                 _byte_ptr, _decl, _dot, _fold16, _ld, _pairs16, _shuf, _splat, _vconst,
+                                 _byte_ptr, _decl, _dot, _fold16, _ld, _lut16, _pairs16, _shuf, _splat, _vconst,
                                  act_sums, int8_flavour)
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.ir_rowdot import _IQ4_U
@@ -57,17 +57,23 @@ def _x8_f16(b, gb, off):
     return b.fpext(_ld(b, gb, off, V8F16), V8F32)
 
 
+#: the x8 flavours that run a 64-byte vector as two 32-byte halves through ``ir._dot`` (its avx2 or
+#: neon variant) instead of one 512-bit instruction
+HALVES = ("avx2", "neon")
+
+
 def _x8_dot(b, dpb, acc, u, xb, off, wide=False):
     """acc + vpdpbusd(u (8 bytes per row), activations xb[off:off+8] broadcast). ``dpb`` is the 512-bit
-    vpdpbusd, or ``"avx2"``: then each 32-byte half of u (rows 0-3, rows 4-7) goes through the avx2
-    variant's ``_dot`` (``wide``: u may reach 128 and more, as ``_dot`` says) and the two 8-lane results
-    are the 16 lanes vpdpbusd gives (lanes 2r, 2r+1: row r)."""
-    if dpb != "avx2":
+    vpdpbusd, or a flavour of ``HALVES``: then each 32-byte half of u (rows 0-3, rows 4-7) goes through
+    that variant's ``_dot`` (``wide``: u may reach 128 and more, as ``_dot`` says; neon's splits it
+    again into two ``sdot`` of 16 bytes, rows 0-1 and 2-3) and the two 8-lane results are the 16 lanes
+    vpdpbusd gives (lanes 2r, 2r+1: row r)."""
+    if dpb not in HALVES:
         return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
     q = _ld(b, xb, off, I64)
     x = b.insert_element(ir.Constant(ir.VectorType(I64, 4), None), q, ir.Constant(I32, 0))
     x = b.bitcast(b.shuffle_vector(x, x, _vconst([0] * 4)), V32I8)
-    lo, hi = (_dot(b, "avx2", None, b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32))), x, wide=wide)
+    lo, hi = (_dot(b, dpb, None, b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32))), x, wide=wide)
               for h in range(2))
     return b.add(acc, b.shuffle_vector(lo, hi, _vconst(range(16))))
 
@@ -83,7 +89,7 @@ def _gf2_bits(k, v, moves):
     one ``vgf2p8affineqb`` (a shift and a mask in one instruction; GFNI, with AVX-512: the 512-bit
     flavour only). The matrix byte 7 - o holds the input bits that make output bit o."""
     b = k.b
-    if not (HAS_GFNI and k.dpb != "avx2"):  # the moves are one shift: shift and mask
+    if not (HAS_GFNI and k.dpb not in HALVES):  # the moves are one shift: shift and mask
         (d,) = {o - i for o, i in moves.items()}
         mask = _splat(I8, 64, sum(1 << o for o in moves))
         return b.and_(b.shl(v, _splat(I8, 64, d)) if d > 0 else b.lshr(v, _splat(I8, 64, -d)) if d else v, mask)
@@ -95,7 +101,7 @@ def _gf2_bits(k, v, moves):
 
 
 class _X8:
-    """What an x8 emitter gets: builder, vpdpbusd (or ``"avx2"``, ``_x8_dot``), group-block pointer, this
+    """What an x8 emitter gets: builder, vpdpbusd (or a flavour of ``HALVES``, ``_x8_dot``), group-block pointer, this
     block's activations (quants, float scale, int32 sums pointer), and where its entry's x8 block puts
     things (``places``: ``x8_places`` of the entry)."""
 
@@ -116,12 +122,11 @@ class _X8:
     def lut(self, table, idx):
         """<64 x i8> bytes of the 16-entry ``table`` at the nibble indices ``idx`` (pshufb)."""
         b = self.b
-        if self.dpb != "avx2":
+        if self.dpb not in HALVES:
             fn = _decl(b.module, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
             return b.call(fn, [ir.Constant(V64I8, list(table) * 4), idx])
-        fn = _decl(b.module, "llvm.x86.avx2.pshuf.b", V32I8, [V32I8, V32I8])
-        t = ir.Constant(V32I8, list(table) * 2)
-        lo, hi = (b.call(fn, [t, b.shuffle_vector(idx, idx, _vconst(range(32 * h, 32 * h + 32)))]) for h in range(2))
+        lo, hi = (_lut16(b, self.dpb, b.shuffle_vector(idx, idx, _vconst(range(32 * h, 32 * h + 32))), table)
+                  for h in range(2))  # pshufb on 32 bytes, or two neon tbl of 16
         return b.shuffle_vector(lo, hi, _vconst(range(64)))
 
     def sums32(self):
@@ -475,7 +480,7 @@ def row_dot_x8(spec, flavour):
             dp = b.bitcast(_byte_ptr(context, b, ta[2], args[2], zero, types.intp), F32T.as_pointer())
             sp = b.bitcast(_byte_ptr(context, b, ta[3], args[3], zero, types.intp), I32.as_pointer())
             nb = cgutils.unpack_tuple(b, context.make_array(ta[2])(context, b, args[2]).shape)[0]
-            dpb = ("avx2" if flavour == "avx2" else
+            dpb = (flavour if flavour in HALVES else
                    _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32, V16I32, V16I32]))
             pf = _decl(b.module, "llvm.prefetch.p0", ir.VoidType(), [I8.as_pointer(), I32, I32, I32])
             accps = [cgutils.alloca_once_value(b, ir.Constant(V8F32, None)) for _ in range(unroll)]

@@ -159,8 +159,8 @@ _HALF_ACTIVATIONS = {T.F16: _rounded_half(False), T.BF16: _rounded_half(True)}
 
 def integer_gemm(t) -> bool:
     """Whether batches of weight type ``t`` run on integer dots (kernels/gemm.py): a quantized type,
-    an integer-dot flavour for the 16-row tiles (``ir.int8_flavour``: AVX512-VNNI, AVX-VNNI or AVX2;
-    not generic or plain), and not ``QUANTKIT_GEMM=0`` (the switch back to the dequantize + BLAS
+    an integer-dot flavour for the 16-row tiles (``ir.int8_flavour``: AVX512-VNNI, AVX-VNNI, AVX2 or
+    NEON with the dot product; not generic or plain), and not ``QUANTKIT_GEMM=0`` (the switch back to the dequantize + BLAS
     prefill). Both paths round the activations as ggml does; their results differ
     in float summation order only, and both sit inside llama.cpp's own spread between its
     configurations (docs/imatrix-perplexity.md, "Agreement noise")."""

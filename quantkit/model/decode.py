@@ -452,7 +452,7 @@ def _huge_copy(src: np.ndarray) -> np.ndarray:
 
 def use_x8(variant: str) -> bool:
     """Whether the decode step reads the x8 types' matrices from an 8-row interleaved copy: the vnni and
-    avx2 variants (ir_x8.x8_flavour), unless ``QUANTKIT_X8=0``."""
+    avx2 and neon variants (ir_x8.x8_flavour), unless ``QUANTKIT_X8=0``."""
     return bool(x8_types(variant)) and config.x8()
 
 
