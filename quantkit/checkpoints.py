@@ -267,13 +267,13 @@ def sentencepiece_model(tokens: list[str], scores: list[float], types: list[int]
 
 def gemma3_tokenizer_files(out: Path, gguf_path: Path) -> None:
     """tokenizer.model (and a tokenizer_config.json naming the special tokens) from the vocabulary of the
-    Gemma 3 270M GGUF that tests use: a real SentencePiece vocabulary of 262144 pieces."""
-    from gguf import GGUFReader
+    Gemma 3 270M GGUF that tests use: a real SentencePiece vocabulary of 262144 pieces. Read with quantkit's
+    GGUF reader (gguf's, without its per-item slicing: 1 CPU-s where stock ``GGUFReader`` took 11)."""
+    from quantkit.formats.gguf_io import GGUFModel
 
-    r = GGUFReader(str(gguf_path))
-    get = lambda k: r.fields[k].contents()  # noqa: E731
+    md = GGUFModel(gguf_path).metadata
     (out / "tokenizer.model").write_bytes(
-        sentencepiece_model(get("tokenizer.ggml.tokens"), get("tokenizer.ggml.scores"), get("tokenizer.ggml.token_type")))
+        sentencepiece_model(md["tokenizer.ggml.tokens"], md["tokenizer.ggml.scores"], md["tokenizer.ggml.token_type"]))
     (out / "tokenizer_config.json").write_text(json.dumps(
         {"add_bos_token": True, "add_eos_token": False, "bos_token": "<bos>", "eos_token": "<eos>",
          "pad_token": "<pad>", "unk_token": "<unk>"}, indent=2))

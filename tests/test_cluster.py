@@ -256,7 +256,10 @@ def test_cluster_without_the_extra_is_one_line(tiny, tmp_path, monkeypatch):
     assert not (tmp_path / "s").exists() and not (tmp_path / "i.gguf").exists()
 
 
-def test_unreachable_scheduler_is_one_line(tiny, tmp_path):
+def test_unreachable_scheduler_is_one_line(tiny, tmp_path, monkeypatch):
+    import quantkit.pipelines.cluster as cl
+
+    monkeypatch.setattr(cl, "CONNECT_TIMEOUT", 1.0)  # the port refuses at once; dask retries until then
     res = run_cli(["sweep", "-m", tiny, "--types", "Q8_0", "-o", tmp_path / "s", "--cluster", "tcp://127.0.0.1:1"])
     assert res.exit_code == 1, res.output
     last = res.output.strip().splitlines()[-1]

@@ -40,8 +40,13 @@ def available() -> bool:
     return True
 
 
-def connect(address: str, timeout: float = 10.0):
+#: seconds to reach the scheduler, and then to wait for its first worker, before giving up in one line
+CONNECT_TIMEOUT = 10.0
+
+
+def connect(address: str, timeout: float | None = None):
     """A ``distributed.Client`` for the scheduler at ``address`` (``tcp://host:8786``), or one line."""
+    timeout = CONNECT_TIMEOUT if timeout is None else timeout
     if not available():
         raise ClusterError(EXTRA_NOTE)
     from distributed import Client
