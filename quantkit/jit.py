@@ -5,8 +5,8 @@
 * ``njit_fast``      -- serial kernel with fastmath, for dot products and ops tested with tolerances.
 * ``njit_fast_parallel``
 * ``specialize(fn, tag, ...)`` -- one kernel body, compiled once per binding of the kernels it calls;
-  with ``cfunc=`` a C-callable build whose address a compiled caller takes as an argument (a
-  first-class function: the caller is then built once for every such callee).
+  with ``cfunc=`` a C-callable build whose address a compiled caller takes as an int64 argument and
+  calls (``call_addr``): the caller is then built once for every such callee.
 * ``addr_of(a)`` / ``view_u8_ro`` / ``view_i8`` / ``view_i32`` / ``view_f32`` / ``view_i64`` -- an
   array's data address as an int64, and a 1-D array over ``n`` items at an address (no ownership):
   how such a callee gets its arrays, as int64 arguments (a call with array arguments costs ~40 ns
@@ -32,7 +32,6 @@ import re
 import sys
 import time
 import types as pytypes
-import warnings
 
 from quantkit import cache, config, isa
 
@@ -42,12 +41,7 @@ import numba  # noqa: E402
 import numpy as np
 from llvmlite import ir
 from numba import types
-from numba.core.errors import NumbaExperimentalFeatureWarning
 from numba.extending import intrinsic
-
-# the decode step takes its row runners as first-class functions (``specialize(..., cfunc=)``), a
-# feature numba still calls experimental and warns about at each compile of a caller
-warnings.filterwarnings("ignore", "First-class function type", NumbaExperimentalFeatureWarning)
 
 # After a parallel region libgomp's workers spin (GOMP_SPINCOUNT, 300k by default) before sleeping.
 # Between our regions OpenBLAS runs its own threads (the prefill's matrix products), and two spinning
@@ -408,8 +402,8 @@ def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, cfun
     unique per binding (numba caches by function name and file, and cannot cache closures); the name
     also carries ``build_digest`` of what the copy reaches, so an edit anywhere in it is a new entry.
     ``fast`` compiles with fastmath (dots, not codecs). ``cfunc``, a numba signature: a C-callable
-    build (``numba.cfunc``, cached as the others), which compiled code receives as a first-class
-    function of that signature (its arguments integers: ``addr_of`` / ``view_*``)."""
+    build (``numba.cfunc``, cached as the others), whose ``.address`` compiled code receives as an
+    int64 and calls with ``call_addr`` (its arguments integers: ``addr_of`` / ``view_*``)."""
     key = (fn.__module__, fn.__qualname__, tag, parallel, fast, str(cfunc))
     if key in _SPECIALIZED:
         return _SPECIALIZED[key]
@@ -557,6 +551,26 @@ def fetch_add(typingctx, a, i, v):
         return builder.atomic_rmw("add", ptr, val, "seq_cst")
 
     return sig, codegen
+
+
+@intrinsic
+def call_addr(typingctx, fn, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9):
+    """Call the C function at address ``fn`` (an int64: a ``specialize(..., cfunc=...)`` build's
+    ``.address``) with ten int64 arguments, returning nothing. Compiled callers take such functions as
+    integers: passed from Python as first-class function objects, numba typed each on every call (7-9 us
+    a function, ~140 us a token for the decode step's two tables of eight)."""
+    args = (fn, a0, a1, a2, a3, a4, a5, a6, a7, a8, a9)
+    if not all(_is_int(t) for t in args):
+        return None
+
+    def codegen(context, builder, signature, values):
+        i64 = ir.IntType(64)
+        vals = [context.cast(builder, v, t, types.int64) for v, t in zip(values, signature.args)]
+        ptr = builder.inttoptr(vals[0], ir.FunctionType(ir.VoidType(), [i64] * 10).as_pointer())
+        builder.call(ptr, vals[1:])
+        return context.get_dummy_value()
+
+    return types.void(*args), codegen
 
 
 @intrinsic

@@ -171,7 +171,8 @@ def test_kernel_names_are_the_same_in_every_process():
         import json
         from gguf import GGMLQuantizationType as T
         from quantkit import kernels as K
-        print(json.dumps([K.matvec_kernel(t).py_func.__name__ for t in (T.Q4_K, T.IQ4_XS, T.Q8_0, T.F16)]))
+        print(json.dumps([(K.matvec_kernel(t).runner.__name__, K.matvec_kernel(t).fn.py_func.__name__)
+                          for t in (T.Q4_K, T.IQ4_XS, T.Q8_0, T.F16)]))
     """
     env = {"NUMBA_CACHE_DIR": os.environ.get("NUMBA_CACHE_DIR", "")}
     runs = [_python(code, env) for _ in range(2)]

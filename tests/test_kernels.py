@@ -408,10 +408,12 @@ def test_portable_row_dot_equals_fast_one_on_the_same_values():
     info = type_info(T.Q4_K)
     body = vecdot.build(vecdot.rowdot_deq, "Q4_K_deq_test", False, DEQ=K.deq_kernel(T.Q4_K),
                         TS=info.type_size, BS=info.block_size)
-    mv = vecdot.build(vecdot.matvec_body, "Q4_K_deq_test", True, ROWDOT=body,
-                      ROWDOT2=vecdot.build(vecdot.rowdot2_split, "Q4_K_deq_test", False, ROWDOT=body))
+    from quantkit.kernels import runners
+
+    run = runners.rows_runner("Q4_K_deq_test", "F32", body,
+                              vecdot.build(vecdot.rowdot2_split, "Q4_K_deq_test", False, ROWDOT=body))
     out = np.empty((2, 9), np.float32)
-    mv(w, *K.quantize_activations(x, "F32"), out, 4)
+    runners.Bound(runners._matvec(True), run, 1)(w, *K.quantize_activations(x, "F32"), out, 4)
     ref = x.astype(np.float64) @ gq.dequantize(w, T.Q4_K).astype(np.float64).T
     np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 

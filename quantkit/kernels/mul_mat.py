@@ -14,7 +14,8 @@ from quantkit.kernels import gemm as _gemm
 from quantkit.kernels.cpu_traits import cpu_traits
 from quantkit.kernels.ir import default_variant, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
-from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, gemv_kernel, get_rows_kernel
+from quantkit.kernels.runners import gemv_kernel
+from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, get_rows_kernel
 from quantkit.quants import TRAITS, resolve_type
 
 #: from this many tokens on, matmul dequantizes weight tiles and multiplies with BLAS

@@ -1,4 +1,4 @@
-"""Row dots (one weight row . one token's quantized activations) and the GEMV kernels built on them.
+"""Row dots (one weight row . one token's quantized activations), the x8 layout, the row decoders' kernels.
 
 Each ``rowdot_X(wr, xq, xd, xs, sc) -> float32`` takes one weight row's bytes ``wr`` (1-D uint8), one
 token's planar activations (``xq`` int8 quants, ``xd`` float32 block scales, ``xs`` int32 group
@@ -9,7 +9,8 @@ one float multiply-add per block as ggml's ``vec_dot_X_Y``.
 
 The bodies are written once and *built* per variant: ``build(fn, variant, ...)`` copies a body with
 the variant's intrinsics in its globals and compiles it -- the umap habit of one body, several
-builds (serial / parallel, vnni / generic / plain), so they can be compared in tests.
+builds (vnni / avx2 / neon / generic), so they can be compared in tests. The GEMV over them is
+runners.py's: a type's row dots in a C-callable row runner, one generic GEMV body for every type.
 """
 
 from __future__ import annotations
@@ -88,95 +89,7 @@ def rowdot_deq(wr, xq, xd, xs, sc):
     return acc
 
 
-# -- GEMV bodies -----------------------------------------------------------------------------------
-
-def matvec_body(w, xq, xd, xs, out, chunk):
-    """out[t, r] = w[r] . x[t] for every token t; prange over chunks of ``chunk`` rows, each thread
-    owning its rows (no cross-thread reduction: results do not depend on the thread count). The
-    token loop is innermost so a weight row is read from memory once for all tokens."""
-    n_out = w.shape[0]
-    n_tok = xq.shape[0]
-    rb = w.shape[1]
-    wf = w.reshape(n_out * rb)
-    n_chunks = (n_out + chunk - 1) // chunk
-    for c in prange(n_chunks):
-        sc = np.zeros(16, np.int32)
-        r0 = c * chunk
-        r1 = min(r0 + chunk, n_out)
-        r = r0
-        while r + 1 < r1:  # rows in pairs (ROWDOT2: shared activation loads, same sums as ROWDOT)
-            w2 = wf[r * rb:(r + 2) * rb]
-            for t in range(n_tok):
-                s0, s1 = ROWDOT2(w2, xq[t], xd[t], xs[t], sc)  # noqa: F821
-                out[t, r] = s0
-                out[t, r + 1] = s1
-            r += 2
-        if r < r1:
-            wr = w[r]
-            for t in range(n_tok):
-                out[t, r] = ROWDOT(wr, xq[t], xd[t], xs[t], sc)  # noqa: F821
-
-
-def matvec_x8_body(wp, xq, xd, xs, out, chunk):
-    """``matvec_body`` for weights in the 8-row interleaved layout (``pack_x8``): wp uint8
-    (n_out / 8, 8 * row_bytes); prange over chunks of ``chunk`` rows (a multiple of 8)."""
-    n_g = wp.shape[0]
-    n_tok = xq.shape[0]
-    gpc = max(chunk // 8, 1)
-    n_chunks = (n_g + gpc - 1) // gpc
-    for c in prange(n_chunks):
-        for g in range(c * gpc, min((c + 1) * gpc, n_g)):
-            for t in range(n_tok):
-                r = ROWX8(wp[g], xq[t], xd[t], xs[t])  # noqa: F821
-                for i in range(8):
-                    out[t, 8 * g + i] = r[i]
-
-
-def matvec_plain_body(w, xq, xd, xs, out, chunk):
-    """The portable fallback: dequantize each weight row (DEQ) and dot it with float32 activations."""
-    n_out = w.shape[0]
-    n_tok = xq.shape[0]
-    n_in = xq.shape[1]
-    n_chunks = (n_out + chunk - 1) // chunk
-    for c in prange(n_chunks):
-        row = np.empty(n_in, np.float32)
-        r0 = c * chunk
-        r1 = min(r0 + chunk, n_out)
-        for r in range(r0, r1):
-            DEQ(w[r], row)  # noqa: F821
-            for t in range(n_tok):
-                x = xq[t]
-                acc = F(0.0)
-                for j in range(n_in):
-                    acc += row[j] * x[j]
-                out[t, r] = acc
-
-
-def gemv_q_body(w, x, out, chunk):
-    """Quantize x to the planar activations of kind (QUANT, QD, QS) and run MATVEC: one compiled
-    call per matmul, so the Python-level cost of a small GEMV is a single dispatch."""
-    n_tok = x.shape[0]
-    n_in = x.shape[1]
-    xq = np.empty((n_tok, n_in), np.int8)
-    xd = np.empty((n_tok, n_in // QD), np.float32)  # noqa: F821
-    xs = np.empty((n_tok, n_in // QS), XS_DTYPE)  # noqa: F821
-    QUANT(x, xq, xd, xs)  # noqa: F821
-    MATVEC(w, xq, xd, xs, out, chunk)  # noqa: F821
-
-
-def gemv_f_body(w, x, out, chunk):
-    """MATVEC with float32 activations (F32 weights, and the plain variant)."""
-    n_tok = x.shape[0]
-    MATVEC(w, x, np.empty((n_tok, 0), np.float32), np.empty((n_tok, 0), np.int32), out, chunk)  # noqa: F821
-
-
-def gemv_r_body(w, x, out, chunk):
-    """MATVEC with float activations rounded once by ROUND (F16 / BF16 weights)."""
-    n_tok = x.shape[0]
-    xr = np.empty_like(x)
-    ROUND(x, xr)  # noqa: F821
-    MATVEC(w, xr, np.empty((n_tok, 0), np.float32), np.empty((n_tok, 0), np.int32), out, chunk)  # noqa: F821
-
+# -- dequantized rows (the prefill's tiles, the embedding lookup) ----------------------------------
 
 def deq_rows_body(w, r0, tile):
     """tile[i] = dequantized w[r0 + i]; prange over rows."""
@@ -253,17 +166,6 @@ def rowdot2_kernel(wtype, variant: str | None = None):
     return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=row_intrinsic(t, variant, 2))
 
 
-def matvec_kernel(wtype, variant: str | None = None, parallel: bool = True):
-    """The compiled ``matvec(w, xq, xd, xs, out, chunk)`` of ``wtype``: w uint8 (n_out, row_bytes),
-    activations as ``activation_kind(wtype, variant)``, out float32 (n_tok, n_out)."""
-    variant = variant or default_variant()
-    t = T(wtype)
-    if variant == "plain":
-        return build(matvec_plain_body, f"{t.name}_plain", parallel, DEQ=deq_kernel(t))
-    return build(matvec_body, f"{t.name}_{variant}", parallel, ROWDOT=rowdot_kernel(t, variant),
-                 ROWDOT2=rowdot2_kernel(t, variant))
-
-
 # -- the 8-row interleaved layout (a type's x8 entry, ir_x8.X8) -----------------------------------
 
 def x8_types(variant: str | None = None) -> tuple:
@@ -313,36 +215,6 @@ def rowx8_kernel(wtype, variant: str | None = None):
     if key not in _DOTS:
         _DOTS[key] = row_dot_x8(cpu_traits(wtype).x8, flavour)
     return _DOTS[key]
-
-
-def matvec_x8_kernel(wtype, parallel: bool = True, variant: str | None = None):
-    """The compiled ``matvec(wp, xq, xd, xs, out, chunk)`` for ``pack_x8`` weights of ``wtype``
-    (activations as ``activation_kind(wtype)``)."""
-    t = T(wtype)
-    flavour = x8_flavour(variant or default_variant())
-    return build(matvec_x8_body, f"{t.name}_x8{flavour}", parallel, ROWX8=rowx8_kernel(t, variant))
-
-
-def gemv_kernel(wtype, variant: str | None = None):
-    """The compiled ``gemv(w, x, out, chunk)``: quantize float32 x (n_tok, n_in) and multiply."""
-    from quantkit.kernels.activations import ACT_LAYOUT, ACT_QUANTIZER, ACT_SUM_DTYPE, FLOAT_KINDS
-
-    from numba.np.ufunc.parallel import _launch_threads
-
-    variant = variant or default_variant()
-    t = T(wtype)
-    kind = activation_kind(t, variant)
-    mv = matvec_kernel(t, variant)
-    # The serial wrapper calls a parallel kernel; loaded from numba's cache, it does not start numba's
-    # threading layer itself, and a process whose first parallel call went through it crashed (SIGSEGV)
-    _launch_threads()
-    if kind == "F32":
-        return build(gemv_f_body, f"{t.name}_{variant}", False, MATVEC=mv)
-    if kind in FLOAT_KINDS:
-        return build(gemv_r_body, f"{t.name}_{variant}", False, MATVEC=mv, ROUND=FLOAT_KINDS[kind])
-    qd, qs = ACT_LAYOUT[kind]
-    return build(gemv_q_body, f"{t.name}_{variant}", False, MATVEC=mv, QUANT=ACT_QUANTIZER[kind], QD=qd,
-                 QS=qs, XS_DTYPE=ACT_SUM_DTYPE[kind])
 
 
 def deq_kernel(wtype):

@@ -25,8 +25,9 @@ How the weights get in, and the type dispatch:
   layer: a 3D expert tensor is one entry of one expert's rows, expert e at offset + e * stride; a
   dense layer's eighth entry is empty); ``ot`` / ``et`` the same for ``output`` and ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types and layouts, at most ``SLOTS``):
-  ``runs[code]`` is that slot's row runner, a C-callable build of one type and layout, which the step
-  calls through its address once per chunk of rows (``deqs[code]`` the embedding lookup's). The step is
+  ``runs[code]`` is the address of that slot's row runner, a C-callable build of one type and layout
+  (kernels/runners.py), which the step calls (``jit.call_addr``) once per chunk of rows (``deqs[code]``
+  the embedding lookup's). The step is
   therefore built once for every model (per KV cache kind), and a type's runner once for every model
   that has it.
 * Each runner has one uniform signature of integers (``RUN_SIG``): the activation table's address
@@ -60,12 +61,11 @@ from quantkit.errors import ModelError
 from quantkit.formats.ggml_types import type_info
 from numba import types
 
-from quantkit.jit import (VIEWS, addr_of, fetch_add, frozen, get_threads, njit_fast, njit_fast_parallel, prange,
-                          specialize, view_f32, view_i32, view_i64, view_u8_ro)
-from quantkit.kernels import (activation_kind, default_variant, deq_kernel, quantize_q8_01_into, quantize_q8_k_into,
-                              rowdot_kernel)
+from quantkit.jit import addr_of, call_addr, fetch_add, frozen, get_threads, njit_fast, njit_fast_parallel, prange
+from quantkit.kernels import activation_kind, default_variant, quantize_q8_01_into, quantize_q8_k_into
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
-from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, rowdot2_kernel, rowx8_kernel, x8_types
+from quantkit.kernels.runners import SC_LEN, act_table, deq_runner, row_runner
+from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, x8_types
 from quantkit.model.arch import GLU_KINDS
 from quantkit.model.layer import DenseFFN, MoeFFN
 from quantkit.model.llama import Llama, Weight
@@ -111,73 +111,13 @@ KIND_BIT = {"Q8_0": 1, "Q8_1": 2, "Q8_K": 4, "F32": 0, "F16": 8, "BF16": 16}
 
 
 # -- rows of a weight . one input vector ----------------------------------------------------------
-# a = (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32,
-# x rounded to fp16, x rounded to bf16), each (1, n_in). A row dot takes three of them (quants or the
-# float row, block scales, block sums): ``AQ``, ``AD``, ``AS`` below, bound per activation kind.
+# a = the activation forms of one input vector, in the order of kernels/runners.py's activation table:
+# (x f32, q8 int8, q8 d f32, q8_0 sums i32, q8_1 sums f32, q8k int8, q8k d f32, q8k bsums i32, x rounded
+# to fp16, x rounded to bf16), each (1, n_in); ``act_table`` gives their addresses.
 #
-# The step calls a matrix's row runner through a table of function pointers indexed by the matrix's
-# slot (``runs[code]``): each runner is a C-callable build of one type and layout (``specialize(...,
-# cfunc=RUN_SIG)``), so the step itself is built once for every model (per KV cache kind), not once per
-# set of matrix types. A runner's arguments are integers -- addresses and sizes -- from which it views
-# its arrays (``jit.view_*``): through a function pointer a call with array arguments costs ~40 ns, one
-# with integers ~3 ns (a 135M model makes ~4,000 such calls a token).
-
-#: activation kind -> the indices in ``a`` of the (quants, scales, sums) its row dots take
-ACT_FIELDS = {"Q8_0": (1, 2, 3), "Q8_1": (1, 2, 4), "Q8_K": (5, 6, 7), "F32": (0, 2, 3), "F16": (8, 2, 3),
-              "BF16": (9, 2, 3)}
-#: the element type of each activation form (``_activations``)
-ACT_DTYPES = (np.float32, np.int8, np.float32, np.int32, np.float32, np.int8, np.float32, np.int32, np.float32,
-              np.float32)
-#: a row runner's signature: (weights' address, x8 copy's address, matrix offset, bytes a row (an x8
-#: group), first row, end row, activation table's address, output's address, output offset, scratch's address)
-RUN_SIG = types.void(*([types.int64] * 10))
-#: int32 items of the row dots' scratch ``sc``
-SC_LEN = 16
-
-
-def run_rows(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
-    """out[o0 + r] = (row r of the matrix at bp + off) . a for r in r0..r1-1: rows in pairs (ROWDOT2
-    shares the activation loads between them; each sum is the same as ROWDOT's), then a last one.
-    (``pp``, the x8 copy, is not read: one signature for both layouts.) ``ap``: the activation table
-    (``act_table``), from which the forms of this type's activation kind are viewed."""
-    at = view_i64(ap, 2 * len(ACT_DTYPES))
-    xq, xd, xs = VQ(at[2 * AQ], at[2 * AQ + 1]), VD(at[2 * AD], at[2 * AD + 1]), VS(at[2 * AS], at[2 * AS + 1])  # noqa: F821
-    buf = view_u8_ro(bp + off, r1 * rb)
-    out = view_f32(op, o0 + r1)
-    sc = view_i32(sp, SC_LEN)
-    r = r0
-    while r + 1 < r1:
-        s0, s1 = ROWDOT2(buf[r * rb:(r + 2) * rb], xq, xd, xs, sc)  # noqa: F821
-        out[o0 + r] = s0
-        out[o0 + r + 1] = s1
-        r += 2
-    if r < r1:
-        out[o0 + r] = ROWDOT(buf[r * rb:(r + 1) * rb], xq, xd, xs, sc)  # noqa: F821
-
-
-def run_rows_x8(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
-    """``run_rows`` for a matrix in the x8 layout at pp + off (``rb`` = bytes of one 8-row group); r0
-    is a multiple of 8 (chunks are multiples of 16 rows) and so is the matrix's row count. ``ROWX8`` is
-    the IR intrinsic itself: its code is emitted here."""
-    at = view_i64(ap, 2 * len(ACT_DTYPES))
-    xq, xd, xs = VQ(at[2 * AQ], at[2 * AQ + 1]), VD(at[2 * AD], at[2 * AD + 1]), VS(at[2 * AS], at[2 * AS + 1])  # noqa: F821
-    g = r0 // X8_ROWS
-    g1 = (r1 + X8_ROWS - 1) // X8_ROWS
-    pbuf = view_u8_ro(pp + off, g1 * rb)
-    out = view_f32(op, o0 + g1 * X8_ROWS)
-    while g < g1:
-        r = ROWX8(pbuf[g * rb:(g + 1) * rb], xq, xd, xs)  # noqa: F821
-        for i in range(X8_ROWS):
-            out[o0 + g * X8_ROWS + i] = r[i]
-        g += 1
-
-
-def run_deq(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
-    """The embedding lookup in ``run_rows``' signature (so one table serves both): out = dequantized
-    row r0 of the matrix at bp + off (``DEQ``, the type's row decoder; ``PER_BYTE``: its values a byte
-    of row, as (block size, type size))."""
-    DEQ(view_u8_ro(bp + off + r0 * rb, rb), view_f32(op, rb // PER_BYTE[1] * PER_BYTE[0]))  # noqa: F821
-
+# The step calls a matrix's row runner (kernels/runners.py) through a table of function pointers
+# indexed by the matrix's slot (``runs[code]``), so the step itself is built once for every model (per
+# KV cache kind), not once per set of matrix types (a 135M model makes ~4,000 such calls a token).
 
 @njit_fast
 def rows(runs, m, c, bp, pp, ap, op, o0, sp):
@@ -185,7 +125,7 @@ def rows(runs, m, c, bp, pp, ap, op, o0, sp):
     row group --, rows, slot, chunk rows) with the activations at ``ap``: out[o0 + r] for its rows r,
     by the slot's runner ``runs[m[3]]``."""
     r0 = np.int64(c) * m[4]  # a prange index may be unsigned: uint64 * int64 would give float64
-    runs[m[3]](bp, pp, m[0], m[1], r0, min(r0 + m[4], m[2]), ap, op, o0, sp)
+    call_addr(runs[m[3]], bp, pp, m[0], m[1], r0, min(r0 + m[4], m[2]), ap, op, o0, sp)
 
 
 @njit_fast(inline="always")
@@ -312,7 +252,7 @@ def step_body(tok, pos, want, runs, deqs, buf, pbuf, wt, ot, et, attn_norm, ffn_
     aEp, aQp, aFp, aSp = addr_of(atab[0]), addr_of(atab[1]), addr_of(atab[2]), addr_of(atab[3])
     qkvp, hgp, hup, xb2p, yep = addr_of(qkv), addr_of(hg), addr_of(hu), addr_of(xb2), addr_of(ye)
 
-    deqs[et[3]](bp, pp, et[0], et[1], np.int64(tok), np.int64(tok) + 1, aEp, addr_of(x), o_0, sp)
+    call_addr(deqs[et[3]], bp, pp, et[0], et[1], np.int64(tok), np.int64(tok) + 1, aEp, addr_of(x), o_0, sp)
     if embd_scale != np.float32(1.0):
         for i in range(E):
             x[i] *= embd_scale
@@ -478,35 +418,10 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
     return frozen(np.concatenate(parts)), [int(o) for o in offs], True
 
 
-def row_runner(t, x8: bool, variant: str):
-    """The C-callable row runner of GGML type ``t`` in the x8 layout or the file's rows (``RUN_SIG``)."""
-    aq, ad, as_ = ACT_FIELDS[activation_kind(t, variant)]
-    views = dict(AQ=aq, AD=ad, AS=as_, VQ=VIEWS[np.dtype(ACT_DTYPES[aq])], VD=VIEWS[np.dtype(ACT_DTYPES[ad])],
-                 VS=VIEWS[np.dtype(ACT_DTYPES[as_])])
-    if x8:
-        return specialize(run_rows_x8, f"{t.name}_x8_{variant}", fast=True, cfunc=RUN_SIG,
-                          ROWX8=rowx8_kernel(t, variant), **views)
-    return specialize(run_rows, f"{t.name}_{variant}", fast=True, cfunc=RUN_SIG, ROWDOT=rowdot_kernel(t, variant),
-                      ROWDOT2=rowdot2_kernel(t, variant), **views)
-
-
-def deq_runner(t):
-    """The C-callable embedding-row lookup of GGML type ``t`` (``RUN_SIG``)."""
-    info = type_info(t)
-    return specialize(run_deq, t.name, fast=True, cfunc=RUN_SIG, DEQ=deq_kernel(t),
-                      PER_BYTE=(info.block_size, info.type_size))
-
-
 def step_kernel(kv_f16: bool):
     """The compiled step for a KV cache kind (fp16 bits or float32): one build for every model."""
     ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
     return build(step_body, "kv16" if kv_f16 else "kv32", True, ST_KV=st, ATTEND=attend_kernel(kv_f16))
-
-
-def act_table(a: tuple) -> np.ndarray:
-    """int64 (20,): the address and length of each activation form of ``a`` (``_activations``), which a
-    row runner views its forms from (the arrays stay alive with the ``DecodeStep`` that holds both)."""
-    return np.array([v for x in a for v in (x.ctypes.data, x.shape[1])], np.int64)
 
 
 class DecodeStep:
@@ -634,7 +549,7 @@ class DecodeStep:
                        if blk[0].attn_sinks is not None else np.zeros((c.n_layer, 0), np.float32),
                        np.ascontiguousarray(np.stack([b.attn_output_bias for b in blk]), np.float32)
                        if blk[0].attn_output_bias is not None else np.zeros((c.n_layer, 0), np.float32))
-        self.sc = np.zeros(16, np.int32)
+        self.sc = np.zeros(SC_LEN, np.int32)
         self.ctr = np.zeros(2 * CTR, np.int64)
         self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, neox, GLU_KINDS.index(glu_name),
                               qk_norm, post_attn, moe[1] if moe else 0, moe[3] if moe else 0, n_shexp,
@@ -646,13 +561,13 @@ class DecodeStep:
         self.post_norm = _stack(model, ("post_attention_norm", "post_ffw_norm"), c.n_embd)
         self.gelu_tab = gelu_table() if glu_name == "gelu" else np.zeros(1, np.float32)
         self.embd_scale = np.float32(c.embd_scale)
-        # numba's first-class functions (typing and passing a cfunc): registered by this module, which a
-        # process that only loads cached kernels has not imported otherwise
-        import numba.experimental.function_type  # noqa: F401
         # the slot table: each slot's row runner (unused slots repeat slot 0) and embedding lookup
         pad = list(slots) + [slots[0]] * (SLOTS - len(slots))
-        self.runs = tuple(row_runner(t, x8, variant) for t, x8 in pad)
-        self.deqs = tuple(deq_runner(t) for t, _ in pad)
+        # (the runners' addresses: int64 arrays, which numba types in no time, where a tuple of the
+        # runners themselves took ~140 us a token to type; ``runners`` keeps their code alive)
+        self.runners = [(row_runner(t, x8, variant), deq_runner(t)) for t, x8 in pad]
+        self.runs = np.array([r.address for r, _ in self.runners], np.int64)
+        self.deqs = np.array([d.address for _, d in self.runners], np.int64)
         self.atab = np.stack([act_table(a) for a in (self.aE, self.aQ, self.aF, self.moe[6])])
         self.fn = step_kernel(kv_f16)
 
