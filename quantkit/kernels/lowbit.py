@@ -89,20 +89,37 @@ def _trits(b, v, pow3):
     return b.trunc(t, ir.VectorType(K.I8, n))
 
 
+def _chunk_tq1_0(b, var, p, c):
+    """The trits (0..2) of elements 32c..32c+31 of the TQ1_0 block whose ``qs`` starts at ``p``: qs[0:32]
+    holds elements 32n + m (n < 5), qs[32:48] elements 160 + 16n + m, qh[4] elements 240 + 4n + j."""
+    if c < 5:
+        return _trits(b, K._ld(b, p, 0, K.V32I8), 3 ** c)
+    v16 = K._ld(b, p, 32, K.V16I8)
+    if c < 7:
+        return K._concat16(b, _trits(b, v16, 9 ** (c - 5)), _trits(b, v16, 3 * 9 ** (c - 5)))
+    qh = K._ld(b, p, _TQ1_QH - _TQ1_QS, ir.VectorType(K.I8, 4))
+    qh16 = b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4))
+    return K._concat16(b, _trits(b, v16, 81), _trits(b, qh16, [1] * 4 + [3] * 4 + [9] * 4 + [27] * 4))
+
+
 def _emit_tq1_0(blk, acc, extra):
     b = blk.b
-    v32 = K._ld(b, blk.wb, _TQ1_QS, K.V32I8)   # qs[0:32]: elements 32n + m
-    v16 = K._ld(b, blk.wb, _TQ1_QS + 32, K.V16I8)  # qs[32:48]: elements 160 + 16n + m
-    qh = K._ld(b, blk.wb, _TQ1_QH, ir.VectorType(K.I8, 4))  # qh[4]: elements 240 + 4n + j
-    qh16 = b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4))
-    chunks = [_trits(b, v32, 3 ** n) for n in range(5)]
-    chunks.append(K._concat16(b, _trits(b, v16, 1), _trits(b, v16, 3)))
-    chunks.append(K._concat16(b, _trits(b, v16, 9), _trits(b, v16, 27)))
-    chunks.append(K._concat16(b, _trits(b, v16, 81), _trits(b, qh16, [1] * 4 + [3] * 4 + [9] * 4 + [27] * 4)))
+    qs = K._gep(b, blk.wb, _TQ1_QS)
     ai = None
     for c in range(8):
-        ai = K._dot(b, blk.v, ai, chunks[c], K._ld(b, blk.xb, 32 * c, K.V32I8), wide=False)
+        ai = K._dot(b, blk.v, ai, _chunk_tq1_0(b, blk.v, qs, c), K._ld(b, blk.xb, 32 * c, K.V32I8), wide=False)
     return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ1_D)), extra
+
+
+def _tq_scales(d_off):
+    """The GEMM's (scales, mins, d, m) of a TQ type: its 256 values as 8 groups of 32 of integer scale 1
+    (the GEMM's group path), the fp16 d at ``d_off``; the offset of 1 (t - 1) is the Spec's."""
+    def sc(b, wb):
+        return ir.Constant(K.V8I32, [1] * 8), None, K._f16(b, wb, d_off), None
+    return sc
+
+
+_tq1_scales, _tq2_scales = _tq_scales(_TQ1_D), _tq_scales(_TQ2_D)
 
 
 _MXFP4_U = tuple((int(v) + 128) & 0xFF for v in KVALUES_MXFP4)  # offset by 128 -> unsigned
