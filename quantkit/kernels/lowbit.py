@@ -281,6 +281,51 @@ def _emit_iq3_s(blk, acc, extra):
     return K._fma_acc(b, acc, ai, _scale(b, blk, _S_D)), extra
 
 
+# -- IQ3_XXS / IQ3_S on the integer GEMM (kernels/gemm.py) -------------------------------------------
+# The GEMM wants each 32-value chunk as unsigned bytes u with a fixed offset (u - offset = the value):
+# the grid points with their signs applied to them (not to the activations, as the row dots do), plus
+# 64 (the grid bytes are below 64, so u stays below 128: no sign trick on avx2); the odd sub-block scale
+# 2s + 1 is the group's integer scale, IQ3_XXS's 0.25 folded into d (a power of two: exact).
+
+def _signed_u(b, words, signs32):
+    """The 32 grid bytes of ``words`` negated where bit j of ``signs32`` is set, plus 64 -> <32 x i8>."""
+    u = b.bitcast(words, K.V32I8)
+    neg = b.bitcast(signs32, ir.VectorType(ir.IntType(1), 32))
+    return b.add(b.select(neg, b.sub(ir.Constant(K.V32I8, None), u), u), K._splat(K.I8, 32, 64))
+
+
+def _chunk_iq3_xxs(b, var, p, c):  # p: the block (its d at 0)
+    table = _grid_table(b, "quantkit_iq3xxs_grid", GRID_IQ3_XXS)
+    idx = _fields(b, K._ld(b, p, _XXS_QS + 8 * c, K.I64), 8, 8)
+    mask = b.extract_element(_xxs_signs(b, K._ld(b, p, _XXS_SAS, K.V8I32)), ir.Constant(K.I32, c))
+    return _signed_u(b, _gather(b, table, idx), mask)
+
+
+def _iq3xxs_scales(b, wb):
+    aux = K._ld(b, wb, _XXS_SAS, K.V8I32)
+    ls = b.add(b.shl(b.lshr(aux, K._vconst([28] * 8)), K._vconst([1] * 8)), K._vconst([1] * 8))
+    return ls, None, b.fmul(K._f16(b, wb, _XXS_D), ir.Constant(K.F32T, 0.25)), None
+
+
+def _chunk_iq3_s(b, var, p, c):  # p: the block (its d at 0)
+    table = _grid_table(b, "quantkit_iq3s_grid", GRID_IQ3_S)
+    qh = K._ld(b, p, _S_QH + c, K.I8)
+    idx = []
+    for h in range(2):
+        lo = _pdep(b, K._ld(b, p, _S_QS + 8 * c + 4 * h, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, b.lshr(qh, ir.Constant(K.I8, 4 * h)) if h else qh, 0x0100010001000100)
+        idx += _fields(b, b.or_(lo, hi), 16, 4)
+    return _signed_u(b, _gather(b, table, idx), K._ld(b, p, _S_SIGNS + 4 * c, K.I32))
+
+
+def _iq3s_scales(b, wb):
+    w = K._ld(b, wb, _S_SCALES, K.I32)
+    v = b.shuffle_vector(b.insert_element(ir.Constant(K.V8I32, None), w, ir.Constant(K.I32, 0)),
+                         ir.Constant(K.V8I32, None), K._vconst([0] * 8))
+    s4 = b.and_(b.lshr(v, K._vconst([4 * c for c in range(8)])), K._vconst([15] * 8))
+    return b.add(b.shl(s4, K._vconst([1] * 8)), K._vconst([1] * 8)), None, K._f16(b, wb, _S_D), None
+
+
 # -- Q1_0: its own row loop -------------------------------------------------------------------------
 
 def row_q1_0(variant):
