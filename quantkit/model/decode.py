@@ -58,8 +58,6 @@ import numpy as np
 
 from quantkit import config
 from quantkit.errors import ModelError
-from quantkit.formats.ggml_types import type_info
-from numba import types
 
 from quantkit.jit import addr_of, call_addr, fetch_add, frozen, get_threads, njit_fast, njit_fast_parallel, prange
 from quantkit.kernels import activation_kind, default_variant, quantize_q8_01_into, quantize_q8_k_into
