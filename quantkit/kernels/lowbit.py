@@ -246,13 +246,29 @@ def _xxs_signs(b, aux):
     return b.or_(m, b.shl(b.and_(p, c(0x01010101)), c(7)))
 
 
+def _xxs_scales(b, aux):
+    """IQ3_XXS's eight odd sub-block scales 2s + 1, s the top 4 bits of each word of ``aux`` (<8 x i32>)."""
+    return b.add(b.shl(b.lshr(aux, K._vconst([28] * 8)), K._vconst([1] * 8)), K._vconst([1] * 8))
+
+
+def _iq3s_indices(b, wb, c):
+    """IQ3_S chunk c's eight 9-bit grid indices: four per 16-bit field, the qs byte | its qh bit << 8."""
+    qh = K._ld(b, wb, _S_QH + c, K.I8)
+    idx = []
+    for h in range(2):
+        lo = _pdep(b, K._ld(b, wb, _S_QS + 8 * c + 4 * h, K.I32), 0x00FF00FF00FF00FF)
+        hi = _pdep(b, b.lshr(qh, ir.Constant(K.I8, 4 * h)) if h else qh, 0x0100010001000100)
+        idx += _fields(b, b.or_(lo, hi), 16, 4)
+    return idx
+
+
 def _emit_iq3_xxs(blk, acc, extra):
     b = blk.b
     table = _grid_table(b, "quantkit_iq3xxs_grid", GRID_IQ3_XXS)
     ai = ir.Constant(K.V8I32, None)
     aux = K._ld(b, blk.wb, _XXS_SAS, K.V8I32)  # the eight sub-blocks' words, decoded in one go
     masks = _xxs_signs(b, aux)
-    lss = b.add(b.shl(b.lshr(aux, K._vconst([28] * 8)), K._vconst([1] * 8)), K._vconst([1] * 8))
+    lss = _xxs_scales(b, aux)
     for c in range(8):
         idx = _fields(b, K._ld(b, blk.wb, _XXS_QS + 8 * c, K.I64), 8, 8)
         mask = b.extract_element(masks, ir.Constant(K.I32, c))
@@ -267,12 +283,7 @@ def _emit_iq3_s(blk, acc, extra):
     table = _grid_table(b, "quantkit_iq3s_grid", GRID_IQ3_S)
     ai = ir.Constant(K.V8I32, None)
     for c in range(8):
-        qh = K._ld(b, blk.wb, _S_QH + c, K.I8)
-        idx = []
-        for h in range(2):  # four 9-bit indices per 16-bit field: qs byte | qh bit << 8
-            lo = _pdep(b, K._ld(b, blk.wb, _S_QS + 8 * c + 4 * h, K.I32), 0x00FF00FF00FF00FF)
-            hi = _pdep(b, b.lshr(qh, ir.Constant(K.I8, 4 * h)) if h else qh, 0x0100010001000100)
-            idx += _fields(b, b.or_(lo, hi), 16, 4)
+        idx = _iq3s_indices(b, blk.wb, c)
         signs = K._ld(b, blk.wb, _S_SIGNS + 4 * c, K.I32)
         sc = b.zext(K._ld(b, blk.wb, _S_SCALES + c // 2, K.I8), K.I32)
         s4 = b.and_(b.lshr(sc, ir.Constant(K.I32, 4 * (c % 2))), ir.Constant(K.I32, 15))
@@ -302,20 +313,12 @@ def _chunk_iq3_xxs(b, var, p, c):  # p: the block (its d at 0)
 
 
 def _iq3xxs_scales(b, wb):
-    aux = K._ld(b, wb, _XXS_SAS, K.V8I32)
-    ls = b.add(b.shl(b.lshr(aux, K._vconst([28] * 8)), K._vconst([1] * 8)), K._vconst([1] * 8))
-    return ls, None, b.fmul(K._f16(b, wb, _XXS_D), ir.Constant(K.F32T, 0.25)), None
+    return _xxs_scales(b, K._ld(b, wb, _XXS_SAS, K.V8I32)), None, b.fmul(K._f16(b, wb, _XXS_D), ir.Constant(K.F32T, 0.25)), None
 
 
 def _chunk_iq3_s(b, var, p, c):  # p: the block (its d at 0)
     table = _grid_table(b, "quantkit_iq3s_grid", GRID_IQ3_S)
-    qh = K._ld(b, p, _S_QH + c, K.I8)
-    idx = []
-    for h in range(2):
-        lo = _pdep(b, K._ld(b, p, _S_QS + 8 * c + 4 * h, K.I32), 0x00FF00FF00FF00FF)
-        hi = _pdep(b, b.lshr(qh, ir.Constant(K.I8, 4 * h)) if h else qh, 0x0100010001000100)
-        idx += _fields(b, b.or_(lo, hi), 16, 4)
-    return _signed_u(b, _gather(b, table, idx), K._ld(b, p, _S_SIGNS + 4 * c, K.I32))
+    return _signed_u(b, _gather(b, table, _iq3s_indices(b, p, c)), K._ld(b, p, _S_SIGNS + 4 * c, K.I32))
 
 
 def _iq3s_scales(b, wb):
