@@ -8,16 +8,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from gguf import GGMLQuantizationType as T
-from gguf import quants as gq
 
 from quantkit import isa
+from quantkit.formats.ggml_types import type_info
 from quantkit import kernels as K
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import gemm as G
 from quantkit.kernels.cpu_traits import CPU_TRAITS, cpu_traits
 from quantkit.kernels.ir import RUNNABLE_VARIANTS, int8_flavour
 
-from test_kernels import _restore_threads, make_weights  # noqa: F401 (autouse fixture)
+from test_kernels import _restore_threads, make_weights, ref_dequantize  # noqa: F401 (autouse fixture)
 
 #: the GEMM's flavours this host executes (vnni: 512-bit VNNI; avx2: any AVX2 CPU)
 FLAVOURS = sorted({f for f in map(int8_flavour, RUNNABLE_VARIANTS) if f})
@@ -34,7 +34,7 @@ def exact_reference(w, t, x):
     per = 256 if kind == "Q8_K" else 32
     n = x.shape[0]
     xdeq = (qs.astype(np.float64).reshape(n, -1, per) * d.astype(np.float64)[:, :, None]).reshape(n, -1)
-    ref = xdeq @ gq.dequantize(w, t).astype(np.float64).T
+    ref = xdeq @ ref_dequantize(w, t).astype(np.float64).T
     if kind == "Q8_1":
         bs = 20 if t == T.Q4_1 else 24
         m = w.reshape(w.shape[0], -1, bs)[:, :, 2:4].copy().view(np.float16)[:, :, 0].astype(np.float64)
@@ -44,7 +44,8 @@ def exact_reference(w, t, x):
 
 
 def n_in(t, wide=False):
-    return (1024 if wide else 512) if cpu_traits(t).gemm.qk == 256 else (1088 if wide else 576)
+    """Whole weight blocks, several micro-kernel blocks: 2 or 4 of 256, 5 or 9 of 128, 18 or 34 of 32."""
+    return {256: (512, 1024), 128: (640, 1152)}.get(type_info(t).block_size, (576, 1088))[wide]
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -95,7 +96,6 @@ def test_tokens_do_not_interact(flavour):
 def test_neon_gemm_is_sdot(t):
     """The neon tiles' machine code multiplies with ``sdot``, not LLVM's widening multiplies of generic
     IR: the GEMM body built serial (its code then in one listing) gives ``gemm``'s bytes and has it."""
-    from quantkit.formats.ggml_types import type_info
     from quantkit.kernels.vecdot import build
 
     spec, cols = cpu_traits(t).gemm, G.FLAVOUR_COLS["neon"]

@@ -49,7 +49,7 @@ def test_kernel_columns_name_rows_with_codecs():
         if c.x8 is not None:  # sizes from the row, never restated
             assert (c.x8.ts, c.x8.qk, c.x8.name) == (info.type_size, info.block_size, name)
         if c.gemm is not None:
-            assert (c.gemm.qk, c.gemm.act) == (info.block_size, info.vec_dot_type)
+            assert (c.gemm.qk * c.gemm.per, c.gemm.act) == (info.block_size, info.vec_dot_type)
 
 
 @pytest.mark.parametrize("level", [lv.name for lv in isa.LEVELS])
@@ -65,11 +65,11 @@ def test_a_missing_entry_falls_to_the_next_level_down(level):
                 continue
             assert names.index(got) >= names.index(level) and got in C.LEVELS[C.kind_of(name, op)]
             assert isa.BY_NAME[got].arch in ("", isa.BY_NAME[level].arch)
-    # neon has row dots, the x8 layout and the GEMM of its own (sdot); its float rows are generic's; Q1_0
-    # (its own row loop) has no GEMM at any level, an IQ2 type no x8 layout
+    # neon has row dots, the x8 layout and the GEMM of its own (sdot); its float rows are generic's; a float
+    # type has no GEMM at any level, an IQ2 type no x8 layout
     assert C.level_of("Q4_K", "row", "neon") == "neon" and C.level_of("Q4_K", "gemm", "neon") == "neon"
     assert C.level_of("Q4_K", "x8", "neon") == "neon" and C.level_of("F16", "row", "neon") == "generic"
-    assert C.level_of("Q1_0", "gemm", "neon") is None and C.level_of("Q1_0", "row", "neon") == "neon"
+    assert C.level_of("F16", "gemm", "neon") is None and C.level_of("Q1_0", "row", "neon") == "neon"
     assert C.level_of("IQ2_XS", "x8", "neon") is None and C.level_of("IQ2_XS", "gemm", "neon") == "neon"
     assert C.level_of("Q4_K", "x8", "avxvnni") == "avxvnni" and C.level_of("F16", "row", "avx2") == "generic"
     assert C.level_of("Q8_K", "row", level) is None  # no entry: the portable path

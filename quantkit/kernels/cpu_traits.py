@@ -134,7 +134,7 @@ CPU_TRAITS: dict[str, CpuTraits] = {
     "TQ2_0": CpuTraits(_ir(L._emit_tq2_0), None, G.Spec(T.TQ2_0, 32, 1, None, R._chunk_q2_k, "qs", L._tq2_scales)),
     "MXFP4": CpuTraits(_ir(L._emit_mxfp4), None,
                        G.Spec(T.MXFP4, 0, 128, None, L._chunk_mxfp4, "qs", L._mxfp4_scales)),
-    "Q1_0": CpuTraits(Row("loop", L.row_q1_0)),
+    "Q1_0": CpuTraits(Row("loop", L.row_q1_0), None, G.Spec(T.Q1_0, 0, 1, None, L._chunk_q1_0, "qs", L._q1_scales)),
 }
 
 _NONE = CpuTraits()

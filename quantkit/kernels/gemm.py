@@ -59,20 +59,25 @@ V16F32 = ir.VectorType(F32T, 16)
 class Spec:
     """How one weight type enters the GEMM.
 
-    From the type table (formats/ggml_types.py): ``qk`` elements per (super-)block, ``act`` the
-    activation kind (its ``vec_dot_type``), ``q_off`` the byte offset of ``q_field``, the field the chunk
-    loader reads from. Given here: ``g`` elements per scaled group (``qk`` for 32-blocks); ``offset``: u -
-    offset is the signed value (0: none); ``mins``: 'int' (K-quant mins, via the group sums), 'float'
-    (Q8_1's ``m * s``) or None; ``chunk(b, p, k)`` -> <32 x i8> unsigned values of the block's chunk k
-    (ir.py's loaders); ``scales(b, wb)`` -> (<n x i32> sub-block scales or None, <n x i32> mins or
-    None, d, dmin-or-m)."""
+    From the type table (formats/ggml_types.py): ``qk`` elements per block of the micro-kernel -- the
+    type's (super-)block, or its activation kind's block where that is shorter (Q1_0: 128 weights against
+    Q8_0's 32, so four such blocks share a weight block's scales; ``per`` of them per weight block),
+    ``act`` the activation kind (its ``vec_dot_type``), ``q_off`` the byte offset of ``q_field``, the
+    field the chunk loader reads from. Given here: ``g`` elements per scaled group (``qk`` for
+    32-blocks); ``offset``: u - offset is the signed value (0: none); ``mins``: 'int' (K-quant mins, via
+    the group sums), 'float' (Q8_1's ``m * s``) or None; ``chunk(b, var, p, k)`` -> <32 x i8> unsigned
+    values of the weight block's chunk k (ir.py's loaders); ``scales(b, wb)`` -> (<n x i32> sub-block
+    scales or None, <n x i32> mins or None, d, dmin-or-m) of the weight block."""
 
     def __init__(self, t, g, offset, mins, chunk, q_field, scales):
         info = type_info(t.name)
-        self.qk, self.act, self.q_off = info.block_size, info.vec_dot_type, info.field(q_field)
-        self.g, self.offset, self.mins = g or info.block_size, offset, mins
+        self.act, self.q_off = info.vec_dot_type, info.field(q_field)
+        self.qk = min(info.block_size, type_info(self.act).block_size)
+        self.per = info.block_size // self.qk
+        self.g, self.offset, self.mins = g or self.qk, offset, mins
         self.chunk, self.scales = chunk, scales
         self.ng = self.qk // self.g  # groups per block
+        assert self.per == 1 or (self.ng == 1 and mins is None), "shared scales: only d per weight block"
 
 
 #: the byte offsets of the fields the scale readers below take, from the type table
@@ -185,7 +190,7 @@ def _unpack_tile(name: str, spec: Spec, ts: int, flavour: str = "vnni"):
     Per 32-element chunk the 16 rows' decoded bytes are transposed in registers (``_transpose16x8``)
     and stored as 8 whole ``zmm`` -- one row at a time took 8 scalar stores per chunk, and the unpack
     then cost ~6 % of a 512-token product."""
-    qk, ng = spec.qk, spec.ng
+    qk, ng, per = spec.qk * spec.per, spec.ng, spec.per  # qk: the weight block's elements here
 
     def impl(typingctx, w, r0, nr, wu, sc, mn, dd, dm):
         sig = types.void(w, r0, nr, wu, sc, mn, dd, dm)
@@ -212,16 +217,19 @@ def _unpack_tile(name: str, spec: Spec, ts: int, flavour: str = "vnni"):
                     c = [b.bitcast(spec.chunk(b, flavour, _gep(b, wb, spec.q_off), k), V8I32) for wb in wbs]
                     for j, v in enumerate(_transpose16x8(b, c)):
                         _put(b, ub, (8 * k + j) * 64, v)
-                per = [spec.scales(b, wb) for wb in wbs]  # per row: (scales, mins, d, dmin-or-m)
-                row_off = _mul(b, i, 4 * LANES)                 # [sb][16] float
-                _put(b, dp, row_off, _gather16(b, [x[2] for x in per], V16F32))
-                if per[0][3] is not None:
-                    _put(b, ep, row_off, _gather16(b, [x[3] for x in per], V16F32))
-                if per[0][0] is not None:                       # [sb][g][16] int32
-                    _store_lanes(b, sp, _mul(b, i, 4 * ng * LANES), [x[0] for x in per])
-                if per[0][1] is not None:                       # [sb][g/2][16][2] int16: (min, min) pairs
+                rs = [spec.scales(b, wb) for wb in wbs]  # per row: (scales, mins, d, dmin-or-m)
+                dv = _gather16(b, [x[2] for x in rs], V16F32)
+                for v in range(per):                            # [sb][16] float, per micro-kernel block
+                    _put(b, dp, _mul(b, i, 4 * LANES * per) if v == 0 else
+                         b.add(_mul(b, i, 4 * LANES * per), ir.Constant(I64, 4 * LANES * v)), dv)
+                row_off = _mul(b, i, 4 * LANES)
+                if rs[0][3] is not None:
+                    _put(b, ep, row_off, _gather16(b, [x[3] for x in rs], V16F32))
+                if rs[0][0] is not None:                        # [sb][g][16] int32
+                    _store_lanes(b, sp, _mul(b, i, 4 * ng * LANES), [x[0] for x in rs])
+                if rs[0][1] is not None:                        # [sb][g/2][16][2] int16: (min, min) pairs
                     pairs = [b.bitcast(b.trunc(x[1], ir.VectorType(I16, ng)), ir.VectorType(I32, ng // 2))
-                             for x in per]
+                             for x in rs]
                     _store_lanes(b, mp, _mul(b, i, 2 * ng * LANES), pairs)
             return context.get_dummy_value()
 

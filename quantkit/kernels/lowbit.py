@@ -28,7 +28,8 @@ The ``_emit_X`` are per-block emitters for ir_rowdot.py's whole-row loop (u8 x s
 
 Q1_0 (128 values per block against four Q8_0 scales) does not fit that one-activation-scale-per-block
 loop: ``row_q1_0`` is its own IR row loop (each 32-bit mask -> 0/2 bytes, one ``vpdpbusd`` per 32 values
-started from ``-sum(q)``), its row-dot entry in kernels/cpu_traits.py.
+started from ``-sum(q)``), its row-dot entry in kernels/cpu_traits.py. On the integer GEMM it is ``2 * bit``
+offset by 1, each 128-value block four of the GEMM's 32-value blocks sharing its ``d`` (gemm.Spec's ``per``).
 """
 
 from __future__ import annotations
@@ -329,7 +330,15 @@ def _iq3s_scales(b, wb):
     return b.add(b.shl(s4, K._vconst([1] * 8)), K._vconst([1] * 8)), None, K._f16(b, wb, _S_D), None
 
 
-# -- Q1_0: its own row loop -------------------------------------------------------------------------
+# -- Q1_0: its own row loop; on the GEMM 2 * bit per value, offset 1, four Q8_0 blocks per d -----------
+
+def _chunk_q1_0(b, var, p, c):  # p: the block's qs
+    return K._bits_to_bytes(b, K._ld(b, p, 4 * c, K.I32), 1)
+
+
+def _q1_scales(b, wb):
+    return None, None, K._f16(b, wb, _Q1_D), None
+
 
 def row_q1_0(variant):
     """The intrinsic ``ROW(wr, xq, xd, xs) -> float32`` of Q1_0 against Q8_0 activations (``xd``, ``xs``:
