@@ -8,6 +8,8 @@ picks the best build the CPU can run; quantkit does the same with named levels, 
                8-row interleaved decode layout and the integer GEMM tiles
 ``avxvnni``    256-bit VEX ``vpdpbusd`` without AVX-512 (Intel 12th-14th gen, Core Ultra)
 ``avx2``       ``vpmaddubsw`` + ``vpmaddwd`` (Haswell and later, AMD Zen 1-3)
+``i8mm``       AArch64 with the dot product and the int8 matrix multiply (``smmla``, Armv8.6 FEAT_I8MM:
+               Graviton 3/4, Apple M2 and later, Neoverse N2/V1/V2): neon's kernels, the GEMM on ``smmla``
 ``neon``       AArch64 with the dot-product extension (``sdot``/``udot``)
 ``generic``    portable LLVM IR, any CPU
 =============  =====================================================================================
@@ -54,6 +56,8 @@ LEVELS: tuple[Level, ...] = (
           "AVX-512 VNNI: 512-bit vpdpbusd, 8-row interleaved decode, integer GEMM"),
     Level("avxvnni", "x86", _X86_BASE | {"avxvnni"}, _NOT_AVX512, "vnni", "AVX-VNNI: 256-bit VEX vpdpbusd"),
     Level("avx2", "x86", _X86_BASE, _NOT_AVXVNNI, "avx2", "AVX2: vpmaddubsw + vpmaddwd"),
+    Level("i8mm", "arm", frozenset({"neon", "dotprod", "i8mm"}), ("sve",), "neon",
+          "ARM NEON with sdot, integer GEMM on smmla (i8mm)"),
     Level("neon", "arm", frozenset({"neon", "dotprod"}), ("i8mm", "sve"), "neon", "ARM NEON with sdot"),
     Level("generic", "", frozenset(), _NOT_AVXVNNI + ("avx", "fma", "f16c", "bmi", "gfni", "vaes",
                                                          "vpclmulqdq", "dotprod", "i8mm", "sve"),

@@ -15,12 +15,13 @@ from quantkit import kernels as K
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import gemm as G
 from quantkit.kernels.cpu_traits import CPU_TRAITS, cpu_traits
-from quantkit.kernels.ir import RUNNABLE_VARIANTS, int8_flavour
+from quantkit.kernels.ir import RUNNABLE_VARIANTS, gemm_flavour, int8_flavour
 
 from test_kernels import _restore_threads, make_weights, ref_dequantize  # noqa: F401 (autouse fixture)
 
-#: the GEMM's flavours this host executes (vnni: 512-bit VNNI; avx2: any AVX2 CPU)
-FLAVOURS = sorted({f for f in map(int8_flavour, RUNNABLE_VARIANTS) if f})
+#: the GEMM's flavours this host executes (vnni: 512-bit VNNI; avx2: any AVX2 CPU; neon: AArch64 with
+#: the dot product; i8mm: and the int8 matrix multiply)
+FLAVOURS = sorted({f for v in RUNNABLE_VARIANTS for f in (int8_flavour(v), gemm_flavour(v)) if f})
 pytestmark = pytest.mark.skipif(not FLAVOURS, reason="the integer GEMM needs AVX2")
 #: every type whose record has a GEMM entry
 TYPES = [T[n] for n, c in CPU_TRAITS.items() if c.gemm is not None]
@@ -91,28 +92,25 @@ def test_tokens_do_not_interact(flavour):
     assert part.tobytes() == full[13:18].tobytes()
 
 
-@pytest.mark.skipif("neon" not in FLAVOURS, reason="not an AArch64 CPU with the dot product (tools/arm64_tests.sh)")
+@pytest.mark.parametrize("flavour, insn", [("neon", "sdot"), ("i8mm", "smmla")])
 @pytest.mark.parametrize("t", [T.Q4_0, T.Q4_K, T.IQ4_XS], ids=lambda t: t.name)
-def test_neon_gemm_is_sdot(t):
-    """The neon tiles' machine code multiplies with ``sdot``, not LLVM's widening multiplies of generic
-    IR: the GEMM body built serial (its code then in one listing) gives ``gemm``'s bytes and has it."""
-    from quantkit.kernels.vecdot import build
-
-    spec, cols = cpu_traits(t).gemm, G.FLAVOUR_COLS["neon"]
-    serial = build(G.gemm_body, f"gemm_{t.name}_{cols}_neon_serial", False,
-                   UNPACK=G._unpack_tile(t.name, spec, type_info(t).type_size, "neon"),
-                   MK=G._micro(t.name, spec, cols, 1, "neon"), MK2=G._micro(t.name, spec, cols // 2, 2, "neon"),
-                   QK=spec.qk, NG=spec.ng, LANES=G.LANES, COLS=cols)
+def test_arm_gemm_instruction(t, flavour, insn):
+    """The neon tiles' machine code multiplies with ``sdot``, the i8mm tiles' with ``smmla``, not LLVM's
+    widening multiplies of generic IR: the GEMM body built serial (its code then in one listing) gives
+    ``gemm``'s bytes and has the instruction."""
+    if flavour not in FLAVOURS:
+        pytest.skip(f"not an AArch64 CPU with {flavour} (tools/arm64_tests.sh)")
+    serial = G.gemm_kernel(t, flavour, parallel=False)
     k = n_in(t)
     w = make_weights(t, 40, k, seed=8)
     x = np.random.default_rng(3).standard_normal((9, k)).astype(np.float32)
     want = np.empty((9, 40), np.float32)
-    G.gemm(w, t, x, want, {}, 1, "neon")
+    G.gemm(w, t, x, want, {}, 1, flavour)
     got = np.empty((9, 40), np.float32)
     serial(w, *G.gemm_operands(t, x, {}), got, 32)
     assert got.tobytes() == want.tobytes()
     asm = serial.inspect_asm(serial.signatures[0])
-    assert "sdot\t" in asm or "sdot " in asm
+    assert f"{insn}\t" in asm or f"{insn} " in asm
 
 
 @pytest.mark.parametrize("kind", ["Q8_0", "Q8_1", "Q8_K"])
@@ -125,7 +123,7 @@ def test_activations_are_the_gemvs(kind):
         assert a[:11].tobytes() == b.tobytes()
 
 
-@pytest.mark.parametrize("level", [lv for lv in isa.buildable() if int8_flavour(isa.BY_NAME[lv].variant)])
+@pytest.mark.parametrize("level", [lv for lv in isa.buildable() if gemm_flavour(isa.BY_NAME[lv].variant)])
 def test_matmul_routes_batches_to_gemm(monkeypatch, level):
     """By default (QUANTKIT_GEMM unset), from GEMM_MIN_TOKENS tokens on (and only then) matmul runs the
     GEMM of the level's flavour; its result is matmul's. QUANTKIT_GEMM=0 switches back to the
@@ -142,7 +140,7 @@ def test_matmul_routes_batches_to_gemm(monkeypatch, level):
     real_kernel = G.gemm_kernel
     monkeypatch.setattr(G, "gemm_kernel", lambda t, fl, *a: flavours.append(fl) or real_kernel(t, fl, *a))
     y = K.matmul(w, t, x)
-    assert calls == [t] and flavours == [int8_flavour(isa.BY_NAME[level].variant)]
+    assert calls == [t] and flavours == [gemm_flavour(isa.BY_NAME[level].variant)]
     np.testing.assert_allclose(y, exact_reference(w, t, x), rtol=2e-6, atol=2e-6 * np.abs(y).max())
     K.matmul(w, t, x[1:])
     assert calls == [t]

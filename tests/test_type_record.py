@@ -71,6 +71,9 @@ def test_a_missing_entry_falls_to_the_next_level_down(level):
     assert C.level_of("Q4_K", "x8", "neon") == "neon" and C.level_of("F16", "row", "neon") == "generic"
     assert C.level_of("F16", "gemm", "neon") is None and C.level_of("Q1_0", "row", "neon") == "neon"
     assert C.level_of("IQ2_XS", "x8", "neon") is None and C.level_of("IQ2_XS", "gemm", "neon") == "neon"
+    # i8mm fills the GEMM column only: its row dots and x8 layout are neon's
+    assert C.level_of("Q4_K", "gemm", "i8mm") == "i8mm" and C.level_of("Q4_K", "row", "i8mm") == "neon"
+    assert C.level_of("Q4_K", "x8", "i8mm") == "neon" and C.level_of("F16", "gemm", "i8mm") is None
     assert C.level_of("Q4_K", "x8", "avxvnni") == "avxvnni" and C.level_of("F16", "row", "avx2") == "generic"
     assert C.level_of("Q8_K", "row", level) is None  # no entry: the portable path
 

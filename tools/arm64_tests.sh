@@ -18,8 +18,10 @@
 # site/ and the checkout on PYTHONPATH. qemu's `-L sys` sends every absolute path the emulated process
 # opens to sys/ when the file exists there (the loader, libc, /usr/lib/python3.11, ...).
 #
-# The emulated CPU is qemu's Neoverse N1 (Graviton 2 class: NEON with sdot/udot, no i8mm, no SVE):
-# QUANTKIT_ARM64_CPU overrides it (qemu-aarch64-static -cpu help lists them). qemu 7.2 (bookworm)
+# The emulated CPU is qemu's Neoverse N1 (Graviton 2 class: NEON with sdot/udot, no i8mm, no SVE), the
+# `neon` level; QUANTKIT_ARM64_CPU=max emulates qemu's max CPU, shown as a Neoverse V1 (i8mm, bf16,
+# SVE), the `i8mm` level. Other qemu CPUs (qemu-aarch64-static -cpu help lists them) need
+# QUANTKIT_ARM64_CPUINFO. qemu 7.2 (bookworm)
 # shows the emulated process the host's /proc/cpuinfo, from which LLVM, and so numba and quantkit.isa,
 # read the CPU's name and features; the script therefore puts a Neoverse N1 cpuinfo at
 # sys/proc/cpuinfo, which `-L` serves in its place. With another CPU, set QUANTKIT_ARM64_CPUINFO to
@@ -80,20 +82,29 @@ write_cpuinfo() {
         cp "$QUANTKIT_ARM64_CPUINFO" "$root/sys/proc/cpuinfo"
         return
     fi
-    [ "$cpu" = neoverse-n1 ] || die "QUANTKIT_ARM64_CPU=$cpu: give its /proc/cpuinfo in QUANTKIT_ARM64_CPUINFO"
-    # the lines LLVM reads (lib/TargetParser/Host.cpp): implementer 0x41 part 0xd0c is Neoverse N1,
-    # Features as the Linux kernel prints them for that core (asimddp: the dot product)
-    local n
+    # the lines LLVM reads (lib/TargetParser/Host.cpp), as the Linux kernel prints them for that core:
+    # implementer 0x41 part 0xd0c is Neoverse N1 (asimddp: the dot product); for qemu's `max` CPU,
+    # part 0xd40, Neoverse V1 (Graviton 3 class), whose features qemu's max has (i8mm: smmla)
+    local n part variant features
+    case "$cpu" in
+        neoverse-n1)
+            part=0xd0c variant=0x3
+            features="fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs" ;;
+        max)
+            part=0xd40 variant=0x1
+            features="fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm jscvt fcma lrcpc dcpop sha3 sm3 sm4 asimddp sha512 sve asimdfhm dit uscat ilrcpc flagm ssbs paca pacg dcpodp svei8mm svebf16 i8mm bf16 dgh rng" ;;
+        *) die "QUANTKIT_ARM64_CPU=$cpu: give its /proc/cpuinfo in QUANTKIT_ARM64_CPUINFO" ;;
+    esac
     : > "$root/sys/proc/cpuinfo"
     for n in $(seq 0 $(($(nproc) - 1))); do
         cat >> "$root/sys/proc/cpuinfo" <<EOF
 processor	: $n
 BogoMIPS	: 50.00
-Features	: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
+Features	: $features
 CPU implementer	: 0x41
 CPU architecture: 8
-CPU variant	: 0x3
-CPU part	: 0xd0c
+CPU variant	: $variant
+CPU part	: $part
 CPU revision	: 1
 
 EOF

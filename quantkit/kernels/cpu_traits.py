@@ -66,13 +66,14 @@ class CpuTraits:
 #: built for every level's integer-dot variant (vnni on avx512vnni and avxvnni, avx2, neon's sdot,
 #: generic); the float rows are one numba loop LLVM vectorizes for whatever target (``generic``); the x8
 #: GEMV and the GEMM tiles where ``ir.int8_flavour`` gives them a flavour (one 512-bit vpdpbusd on
-#: avx512vnni, two 256-bit halves on avxvnni and avx2, four 128-bit sdot on neon).
+#: avx512vnni, two 256-bit halves on avxvnni and avx2, four 128-bit sdot on neon; the GEMM on i8mm's
+#: smmla, ``ir.gemm_flavour``; every other kind at i8mm is neon's).
 LEVELS: dict[str, tuple[str, ...]] = {
     "ir": ("avx512vnni", "avxvnni", "avx2", "neon", "generic"),
     "loop": ("avx512vnni", "avxvnni", "avx2", "neon", "generic"),
     "float": ("generic",),
     "x8": ("avx512vnni", "avxvnni", "avx2", "neon"),
-    "gemm": ("avx512vnni", "avxvnni", "avx2", "neon"),
+    "gemm": ("avx512vnni", "avxvnni", "avx2", "i8mm", "neon"),
 }
 OPS = ("row", "x8", "gemm")
 

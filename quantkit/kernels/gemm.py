@@ -28,7 +28,8 @@ The sum over a row's blocks is in float32 in a fixed order (blocks in order, one
 output), so results do not depend on the thread count or on how tokens are grouped. Needs AVX512-VNNI
 (``ir.HAS_VNNI512``) for the ``vnni`` flavour; the ``avx2`` flavour (``_Ops``, ``ir.int8_flavour``) runs the
 same tiles on AVX2 with half the tokens per micro-kernel, the ``neon`` flavour on AArch64's ``sdot``
-(also half the tokens); elsewhere ``mul_mat`` keeps its dequantize + BLAS prefill.
+(also half the tokens), the ``i8mm`` flavour on its ``smmla`` (``_group_mm``; ``ir.gemm_flavour``);
+elsewhere ``mul_mat`` keeps its dequantize + BLAS prefill.
 """
 
 from __future__ import annotations
@@ -257,11 +258,12 @@ class _Ops:
     are made signed again (``u ^ 0x80``) and multiplied with ggml's sign trick, so their dots need no
     ``-128 * sum(x)`` start. ``neon``: four 16-byte quarters (rows 0-3, 4-7, 8-11, 12-15), one ``sdot``
     each (s8 x s8: unsigned values below 128 are their own signed bytes; those offset by 128 made
-    signed as for avx2); the mins' int16 pairs by widening multiplies."""
+    signed as for avx2); the mins' int16 pairs by widening multiplies. ``i8mm``: ``smmla`` on pairs of
+    rows x pairs of tokens (``_group_mm``), otherwise as neon."""
 
     def __init__(self, b, flavour, spec):
         self.b, self.flavour = b, flavour
-        self.signed = flavour in ("avx2", "neon") and spec.offset == 128
+        self.signed = flavour in ("avx2", "neon", "i8mm") and spec.offset == 128
         if flavour == "vnni":
             self.dpb = _decl(b.module, "llvm.x86.avx512.vpdpbusd.512", V16I32, [V16I32] * 3)
             self.dpw = _decl(b.module, "llvm.x86.avx512.vpdpwssd.512", V16I32, [V16I32] * 3)
@@ -290,6 +292,17 @@ class _Ops:
         s = [b.xor(h, _splat(I8, 32, 0x80)) for h in halves]
         ab = _decl(b.module, "llvm.abs.v32i8", V32I8, [V32I8, ir.IntType(1)])
         return [(b.call(ab, [x, ir.Constant(ir.IntType(1), 0)]), x) for x in s]
+
+    def row_pairs(self, lo, hi):
+        """i8mm: two loaded <16 x i32> weight vectors (4-element groups q and q + 1 of 16 rows) -> 8
+        <16 x i8>, rows 2m and 2m + 1's 8 bytes each (``smmla``'s 2 x 8 operand; a zip of 32-bit lanes)."""
+        b = self.b
+        out = []
+        for m in range(8):
+            v = b.bitcast(b.shuffle_vector(lo, hi, ir.Constant(V4I32, [2 * m, 16 + 2 * m, 2 * m + 1, 17 + 2 * m])),
+                          V16I8)
+            out.append(b.xor(v, _splat(I8, 16, 0x80)) if self.signed else v)
+        return out
 
     def acts(self, x4):
         """4 activation bytes (an i32) broadcast to every row."""
@@ -324,7 +337,7 @@ class _Ops:
         b = self.b
         if self.flavour == "vnni":
             return b.call(self.dpw, [acc, m, _splat16(b, x2)])
-        if self.flavour == "neon":  # sext to int32, multiply, add each lane's two products
+        if self.flavour in ("neon", "i8mm"):  # sext to int32, multiply, add each lane's two products
             v32 = ir.VectorType(I32, 32)
             p = b.mul(b.sext(b.bitcast(m, ir.VectorType(I16, 32)), v32),
                       b.sext(b.bitcast(_splat16(b, x2), ir.VectorType(I16, 32)), v32))
@@ -345,9 +358,11 @@ def _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, ops):
         init = [_splat16(b, _at(b, xcp, _mul(b, gx, 4), I32)) for gx in gidx]
     else:
         init = [ir.Constant(V16I32, None)] * cols
-    iacc = [list(init) for _ in wsb]
     wg = [b.gep(w, [_mul(b, gi, g * LANES)]) for w in wsb]
     xg = [b.gep(x, [_mul(b, gi, g)]) for x in xsb]
+    if ops.flavour == "i8mm":
+        return _group_mm(b, g, cols, wg, xg, init, ops)
+    iacc = [list(init) for _ in wsb]
     for q in range(g // 4):
         wv = [ops.weights(_at(b, w, q * 64, V16I32)) for w in wg]
         for c in range(cols):
@@ -355,6 +370,40 @@ def _group(b, spec, cols, i, gi, toks, ngr, wsb, xsb, xcp, ops):
             for j, w in enumerate(wv):
                 iacc[j][c] = ops.dot(iacc[j][c], w, xv)
     return iacc
+
+
+def _group_mm(b, g, cols, wg, xg, init, ops):
+    """``_group`` on AArch64's ``smmla`` (FEAT_I8MM; ggml's ``vmmlaq_s32``): per 8 elements, each pair of
+    rows (8 bytes each, ``row_pairs``) times each pair of tokens (their 8 activation bytes) gives the
+    2 x 2 int32 products [r.c, r.c', r'.c, r'.c'], twice sdot's work per instruction. The group's
+    <4 x i32> accumulators are then sorted back into one <16 x i32> per token (lane = row) and added to
+    ``init``: the same integer sums as the other flavours, so the same results."""
+    mm = _decl(b.module, "llvm.aarch64.neon.smmla.v4i32.v16i8", V4I32, [V4I32, V16I8, V16I8])
+    v2 = ir.VectorType(I64, 2)
+    npair = cols // 2
+    acc = [[[ir.Constant(V4I32, None)] * 8 for _ in range(npair)] for _ in wg]
+    for q in range(g // 8):
+        xs = []
+        for p in range(npair):
+            v = b.insert_element(ir.Constant(v2, None), _at(b, xg[2 * p], 8 * q, I64), ir.Constant(I32, 0))
+            v = b.insert_element(v, _at(b, xg[2 * p + 1], 8 * q, I64), ir.Constant(I32, 1))
+            xs.append(b.bitcast(v, V16I8))
+        for j, w in enumerate(wg):
+            rp = ops.row_pairs(_at(b, w, 128 * q, V16I32), _at(b, w, 128 * q + 64, V16I32))
+            for p, xv in enumerate(xs):
+                acc[j][p] = [b.call(mm, [a, r, xv]) for a, r in zip(acc[j][p], rp)]
+    out = []
+    for j in range(len(wg)):
+        row = []
+        for p in range(npair):
+            a = acc[j][p]
+            cat = [b.shuffle_vector(a[2 * m], a[2 * m + 1], ir.Constant(V8I32, list(range(8)))) for m in range(4)]
+            lo, hi = (b.shuffle_vector(cat[2 * h], cat[2 * h + 1], ir.Constant(V16I32, list(range(16)))) for h in range(2))
+            for e in range(2):  # token 2p: lanes 0, 2 of each pair's product; token 2p + 1: lanes 1, 3
+                tok = b.shuffle_vector(lo, hi, ir.Constant(V16I32, list(range(e, 32, 2))))
+                row.append(b.add(init[2 * p + e], tok))
+        out.append(row)
+    return out
 
 
 def _groups(b, spec, cols, i, toks, ngr, wsb, xsb, sps, xcp, ops):
@@ -524,24 +573,29 @@ def _spec(t) -> Spec:
 
 #: tokens per micro-kernel call per flavour: 16 ymm registers hold half the accumulators 32 zmm do
 #: (NEON: 32 q registers, a <16 x i32> accumulator takes 4: 2 sub-tiles x 2 tokens = 16 of them)
-FLAVOUR_COLS = {"vnni": COLS, "avx2": COLS // 2, "neon": COLS // 2}
+#: (i8mm: 4 tokens as 2 pairs; 16 rows are 8 row pairs, 16 <4 x i32> accumulators as for neon)
+FLAVOUR_COLS = {"vnni": COLS, "avx2": COLS // 2, "neon": COLS // 2, "i8mm": COLS // 2}
+#: the chunk loaders' flavour (ir.py) per GEMM flavour, where they differ
+_LOAD_FLAVOUR = {"i8mm": "neon"}
 
 
-def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None):
+def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None, parallel: bool = True):
     """The compiled ``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` (a type whose record has a GEMM
-    entry, kernels/cpu_traits.py) for an ``ir.int8_flavour``."""
+    entry, kernels/cpu_traits.py) for an ``ir.gemm_flavour``; ``parallel=False`` builds it serial (the
+    tests read one listing of its machine code)."""
     from quantkit.kernels.vecdot import build
 
     t = T(wtype)
     cols = cols or FLAVOUR_COLS[flavour]
-    key = (t, cols, flavour)
+    key = (t, cols, flavour, parallel)
     if key not in _KERNELS:
         spec = _spec(t)
         ts = type_info(t.name).type_size
-        _KERNELS[key] = build(gemm_body, f"gemm_{t.name}_{cols}_{flavour}", True,
-                              UNPACK=_unpack_tile(t.name, spec, ts, flavour), MK=_micro(t.name, spec, cols, 1, flavour),
-                              MK2=_micro(t.name, spec, cols // 2, 2, flavour), QK=spec.qk, NG=spec.ng, LANES=LANES,
-                              COLS=cols)
+        name = f"gemm_{t.name}_{cols}_{flavour}" + ("" if parallel else "_serial")
+        _KERNELS[key] = build(gemm_body, name, parallel,
+                              UNPACK=_unpack_tile(t.name, spec, ts, _LOAD_FLAVOUR.get(flavour, flavour)),
+                              MK=_micro(t.name, spec, cols, 1, flavour), MK2=_micro(t.name, spec, cols // 2, 2, flavour),
+                              QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
     return _KERNELS[key]
 
 

@@ -60,6 +60,8 @@ HAS_F16 = (not IS_X86) or "f16c" in _FEATURES
 HAS_BMI2 = IS_X86 and "bmi2" in _FEATURES
 #: GFNI's vgf2p8affineqb (a byte's bits moved in one instruction: the x8 Q6_K unpack)
 HAS_GFNI = IS_X86 and "gfni" in _FEATURES
+#: AArch64's int8 matrix multiply (``smmla``: 2x8 by 8x2 bytes into 2x2 int32), the ``i8mm`` level's GEMM
+HAS_I8MM = not IS_X86 and "i8mm" in _FEATURES
 
 #: the IR flavours of the integer dots (``_dot``), and ``plain`` (numba only, no IR)
 VARIANTS = ("vnni", "avx2", "neon", "generic", "plain")
@@ -92,6 +94,14 @@ def int8_flavour(variant: str) -> str | None:
     if variant == "neon" and not IS_X86:
         return "neon"
     return "avx2" if variant in ("vnni", "avx2") and HAS_AVX2 else None
+
+
+def gemm_flavour(variant: str) -> str | None:
+    """The integer GEMM's flavour for a variant: ``int8_flavour``'s, but ``i8mm`` (``smmla`` on pairs of
+    rows x pairs of tokens, kernels/gemm.py) for ``neon`` where the CPU has the int8 matrix multiply
+    and the ``i8mm`` level is in force (``QUANTKIT_KERNELS=neon`` keeps sdot)."""
+    f = int8_flavour(variant)
+    return "i8mm" if f == "neon" and HAS_I8MM and isa.selected() == "i8mm" else f
 
 
 def act_sums(name: str) -> int:

@@ -12,7 +12,7 @@ from quantkit.errors import QuantError
 from quantkit.jit import frozen, get_threads
 from quantkit.kernels import gemm as _gemm
 from quantkit.kernels.cpu_traits import cpu_traits
-from quantkit.kernels.ir import default_variant, int8_flavour
+from quantkit.kernels.ir import default_variant, gemm_flavour, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.runners import gemv_kernel
 from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, get_rows_kernel
@@ -131,7 +131,7 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
         return out
     if n_tok >= GEMM_MIN_TOKENS and integer_gemm(t):
         return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads(),
-                          int8_flavour(default_variant()))
+                          gemm_flavour(default_variant()))
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out, {} if rounded is None else rounded)
     variant = default_variant()
