@@ -324,6 +324,20 @@ def _pairs16(builder, v16):
     return builder.add(_shuf(builder, v16, range(0, 16, 2)), _shuf(builder, v16, range(1, 16, 2)))
 
 
+def _e8m0_half(builder, e):
+    """MXFP4's scale exponents ``e`` (i32, or <n x i32>, zero-extended bytes) as float32: ggml's
+    GGML_E8M0_TO_FP32_HALF(e), 2^(e-128) (its table's values are doubled), with the two smallest
+    exponents as subnormals."""
+    n = e.type.count if isinstance(e.type, ir.VectorType) else 0
+
+    def c(v):
+        return _splat(I32, n, v) if n else ir.Constant(I32, v)
+    small = builder.icmp_unsigned("<", e, c(2))
+    sub = builder.sub(builder.select(small, c(1), e), c(1))
+    bits = builder.select(small, builder.shl(c(0x00200000), e), builder.shl(sub, c(23)))
+    return builder.bitcast(bits, ir.VectorType(F32T, n) if n else F32T)
+
+
 def _fma_acc(builder, acc, ivec, scale):
     """acc + float(ivec) * scale (ivec <8 x i32>, scale a float)."""
     sv = builder.insert_element(ir.Constant(V8F32, None), scale, ir.Constant(I32, 0))

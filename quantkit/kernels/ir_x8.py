@@ -10,8 +10,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.kernels.ir import (F32T, HAS_GFNI, I8, I16, I32, I64, V8F32, V8I32, V32I8, X8_PREFETCH, _FM,
-                                 _byte_ptr, _decl, _dot, _fold16, _ld, _lut16, _pairs16, _shuf, _splat, _vconst,
-                                 act_sums, int8_flavour)
+                                 _byte_ptr, _decl, _dot, _e8m0_half, _fold16, _ld, _lut16, _pairs16, _shuf, _splat,
+                                 _vconst, act_sums, int8_flavour)
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.ir_rowdot import _IQ4_U
 
@@ -55,6 +55,11 @@ def _bcast(builder, x, vty):
 def _x8_f16(b, gb, off):
     """The 8 rows' fp16 field at group-block offset ``off`` -> <8 x float>."""
     return b.fpext(_ld(b, gb, off, V8F16), V8F32)
+
+
+def _x8_e8m0(b, gb, off):
+    """The 8 rows' MXFP4 scale bytes at group-block offset ``off`` -> <8 x float> (``ir._e8m0_half``)."""
+    return _e8m0_half(b, b.zext(_ld(b, gb, off, ir.VectorType(I8, 8)), V8I32))
 
 
 #: the x8 flavours that run a 64-byte vector as two 32-byte halves through ``ir._dot`` (its avx2 or
@@ -164,8 +169,9 @@ def _x8_fifth(b, qh, c):
 
 
 def _x8_legacy(name, offset, table=None):
-    """The 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL; their entry: ``legacy_x8``), at the
-    x8 places of the type table's fields: d (and m) fp16 elements, Q5's qh one u32 per row, the quants
+    """The 32-element types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, MXFP4; their entry: ``legacy_x8``), at
+    the x8 places of the type table's fields: d (and m) fp16 elements (MXFP4: its e8m0 byte ``e`` as
+    ggml's GGML_E8M0_TO_FP32_HALF, its table's values doubled), Q5's qh one u32 per row, the quants
     in 64-byte slices: Q8_0's 4 of int8 (made unsigned by + 128), or 2 of nibbles (slice j: low nibbles
     elements 8j.., high ones 16 + 8j..), with Q5's fifth bits or'ed in (``_x8_fifth``) or IQ4_NL's
     table values + 128 looked up (``table``, as IQ4_XS). The unsigned values are the signed ones +
@@ -196,7 +202,8 @@ def _x8_legacy(name, offset, table=None):
         if offset:
             neg = b.shl(k.xsum(0), ir.Constant(I32, offset.bit_length() - 1))
             t8 = b.sub(t8, _bcast(b, neg, V8I32))
-        out = [(t8, b.fmul(_x8_f16(b, k.gb, at["d"]), k.dxv(), flags=_FM))]
+        d = _x8_e8m0(b, k.gb, at["e"]) if "e" in at else _x8_f16(b, k.gb, at["d"])
+        out = [(t8, b.fmul(d, k.dxv(), flags=_FM))]
         if "m" in at:
             sx = b.load(b.bitcast(k.sb, F32T.as_pointer()))
             mt = b.fmul(_x8_f16(b, k.gb, at["m"]), _bcast(b, sx, V8F32), flags=_FM)
@@ -422,9 +429,9 @@ KS = {"d": 2, "dmin": 2, "scales": 4}
 
 
 def legacy_x8(name, offset, table=None):
-    """The x8 entry of a 32-element type (``_x8_legacy``): its fp16 d and m, and Q5's qh (u32 words)
-    in the header; ``offset`` and ``table`` as ``_x8_legacy`` takes them."""
-    header = {f: n for f, n in (("d", 2), ("m", 2), ("qh", 4)) if f in type_info(name).offsets}
+    """The x8 entry of a 32-element type (``_x8_legacy``): its fp16 d and m (MXFP4: the e8m0 byte e),
+    and Q5's qh (u32 words) in the header; ``offset`` and ``table`` as ``_x8_legacy`` takes them."""
+    header = {f: n for f, n in (("d", 2), ("m", 2), ("e", 1), ("qh", 4)) if f in type_info(name).offsets}
     return X8(name, header, _x8_legacy(name, offset, table))
 
 

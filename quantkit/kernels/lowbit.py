@@ -127,13 +127,8 @@ _MXFP4_U = tuple((int(v) + 128) & 0xFF for v in KVALUES_MXFP4)  # offset by 128 
 
 
 def _e8m0_half(b, wb):
-    """The block's scale byte as float32: ggml's GGML_E8M0_TO_FP32_HALF(e), 2^(e-128) (the table's values
-    are doubled), with the two smallest exponents as subnormals."""
-    e = b.zext(K._ld(b, wb, _MX_E, K.I8), K.I32)
-    small = b.icmp_unsigned("<", e, ir.Constant(K.I32, 2))
-    sub = b.sub(b.select(small, ir.Constant(K.I32, 1), e), ir.Constant(K.I32, 1))
-    bits = b.select(small, b.shl(ir.Constant(K.I32, 0x00200000), e), b.shl(sub, ir.Constant(K.I32, 23)))
-    return b.bitcast(bits, K.F32T)
+    """The block's scale byte as float32 (``ir._e8m0_half``)."""
+    return K._e8m0_half(b, b.zext(K._ld(b, wb, _MX_E, K.I8), K.I32))
 
 
 def _chunk_mxfp4(b, var, p, k):  # qs[16] of table indices, looked up offset by 128
