@@ -495,27 +495,34 @@ def _micro(name: str, spec: Spec, cols: int, ns: int = 1, flavour: str = "vnni")
                             acc[c] = b.fadd(acc[c], b.fmul(mv, _splat16(b, s), flags=_FM), flags=_FM)
                     for c in range(cols):
                         b.store(acc[c], facc[j][c])
-            for j in range(ns):
-                nrj = b.sub(nr_, ir.Constant(I64, LANES * j))
-                full = b.icmp_signed(">=", nrj, ir.Constant(I64, LANES))
-                rj = b.add(r0_, ir.Constant(I64, LANES * j))
-                for c in range(cols):
-                    with b.if_then(b.icmp_signed("<", ir.Constant(I64, c), ct_)):
-                        dst = b.gep(op, [b.mul(b.add(b.mul(toks[c], n_out), rj), ir.Constant(I64, 4))])
-                        v = b.load(facc[j][c])
-                        with b.if_else(full) as (then, other):
-                            with then:
-                                b.store(v, b.bitcast(dst, V16F32.as_pointer()), align=4)
-                            with other:
-                                with cgutils.for_range(b, nrj) as lp:
-                                    el = b.extract_element(v, b.trunc(lp.index, I32))
-                                    _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
+            store_tile(b, op, facc, toks, ct_, r0_, nr_, n_out)
             return context.get_dummy_value()
 
         return sig, codegen
 
     impl.__name__ = f"gemm_micro_{name}_{cols}_{ns}_{flavour}"
     return intrinsic(impl)
+
+
+def store_tile(b, op, facc, toks, ct, r0, nr, n_out):
+    """The micro-kernel's outputs: out[toks[c], r0 + 16 j + l] = lane l of ``facc[j][c]`` (allocas of
+    <16 x float>) for c < ct and 16 j + l < nr (a partial last sub-tile lane by lane); ``op`` is out's
+    i8*, ``n_out`` its row length (i64 values)."""
+    for j in range(len(facc)):
+        nrj = b.sub(nr, ir.Constant(I64, LANES * j))
+        full = b.icmp_signed(">=", nrj, ir.Constant(I64, LANES))
+        rj = b.add(r0, ir.Constant(I64, LANES * j))
+        for c in range(len(facc[j])):
+            with b.if_then(b.icmp_signed("<", ir.Constant(I64, c), ct)):
+                dst = b.gep(op, [b.mul(b.add(b.mul(toks[c], n_out), rj), ir.Constant(I64, 4))])
+                v = b.load(facc[j][c])
+                with b.if_else(full) as (then, other):
+                    with then:
+                        b.store(v, b.bitcast(dst, V16F32.as_pointer()), align=4)
+                    with other:
+                        with cgutils.for_range(b, nrj) as lp:
+                            el = b.extract_element(v, b.trunc(lp.index, I32))
+                            _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
 
 
 def gemm_body(w, xq, dx, xc, xm, out, mr):

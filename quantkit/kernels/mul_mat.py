@@ -11,8 +11,9 @@ from quantkit import config
 from quantkit.errors import QuantError
 from quantkit.jit import frozen, get_threads
 from quantkit.kernels import gemm as _gemm
+from quantkit.kernels import gemm_bf16 as _gemm_bf16
 from quantkit.kernels.cpu_traits import cpu_traits
-from quantkit.kernels.ir import default_variant, gemm_flavour, int8_flavour
+from quantkit.kernels.ir import HAS_BF16_DOT, default_variant, gemm_flavour, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.runners import gemv_kernel
 from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, get_rows_kernel
@@ -109,7 +110,8 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
 
     Few tokens: x is quantized once to the type's vec_dot type and each weight row is dotted with
     integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX2 or better x86 level: the
-    same activations and integer math in a register-blocked GEMM (kernels/gemm.py). Otherwise from
+    same activations and integer math in a register-blocked GEMM (kernels/gemm.py); BF16 weights on a CPU
+    with AVX512-BF16: the bf16 activations on ``vdpbf16ps`` (kernels/gemm_bf16.py). Otherwise from
     PREFILL_MIN_TOKENS: x is rounded the same way (quantized and decoded back), tiles of TILE_ROWS weight
     rows are dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count.
 
@@ -132,6 +134,8 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     if n_tok >= GEMM_MIN_TOKENS and integer_gemm(t):
         return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads(),
                           gemm_flavour(default_variant()))
+    if n_tok >= GEMM_MIN_TOKENS and t == T.BF16 and bf16_gemm():
+        return _gemm_bf16.gemm_bf16(w, x, out, get_threads(), {} if rounded is None else rounded)
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out, {} if rounded is None else rounded)
     variant = default_variant()
@@ -166,6 +170,13 @@ def integer_gemm(t) -> bool:
     in float summation order only, and both sit inside llama.cpp's own spread between its
     configurations (docs/imatrix-perplexity.md, "Agreement noise")."""
     return cpu_traits(t).gemm is not None and int8_flavour(default_variant()) is not None and config.integer_gemm()
+
+
+def bf16_gemm() -> bool:
+    """Whether batches of BF16 weights run on ``vdpbf16ps`` (kernels/gemm_bf16.py): the level in force
+    allows AVX512-BF16 (``ir.HAS_BF16_DOT``; not under ``QUANTKIT_KERNELS=plain``) and not
+    ``QUANTKIT_GEMM=0``, which switches back to the dequantize + BLAS prefill as for the integer GEMM."""
+    return HAS_BF16_DOT and default_variant() != "plain" and config.integer_gemm()
 
 
 def _prefill(w, t, x, out, rounded):
