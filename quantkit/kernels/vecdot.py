@@ -21,7 +21,7 @@ from gguf import GGMLQuantizationType as T
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange, specialize
 from quantkit.kernels.cpu_traits import CPU_TRAITS, cpu_traits
-from quantkit.kernels.ir import PREFETCH, default_variant, prefetch
+from quantkit.kernels.ir import default_variant
 from quantkit.kernels.ir_rowdot import row_dot
 from quantkit.kernels.ir_x8 import X8_ROWS, row_dot_x8, x8_flavour, x8_places
 from quantkit.quants import traits
@@ -48,25 +48,15 @@ def rowdot2_split(wr, xq, xd, xs, sc):
 
 
 # -- unquantized weights: float32 activations (xq is the float32 row; xd, xs unused) ---------------
-# Each first prefetches the next row's cache lines (rows lie one after another; past the matrix's end
-# the prefetch is harmless): streaming F16 rows from DRAM measured 10-25 % faster so (SmolLM2 shapes,
-# 1 and 2 threads; prefetching 2+ rows ahead was slower). ``PREFETCH`` = 0 turns it off as for the
-# quantized dots.
-
-def prefetch_next_row(wr):
-    """Prefetch the cache lines of the row after ``wr`` (the next ``wr.shape[0]`` bytes). Bound into
-    the bodies below as ``NEXT_ROW`` by ``build``, whose cache tag carries ``PREFETCH``."""
-    if PREFETCH:
-        for o in range(wr.shape[0], 2 * wr.shape[0], 64):
-            prefetch(wr, o)
-
 
 def rowdot_float(wr, xq, xd, xs, sc):
     """F32 / F16 / BF16 weights (``LD``: the type's ``Row`` load, ``ld_f32`` / ``ld_f16`` / ``ld_bf16``;
     ``ES`` bytes a weight, its type size);
     ``xq`` is the float32 row, already rounded to fp16 / bf16 for those (kinds 'F16' / 'BF16': ggml's
-    vec_dot_type of each)."""
-    NEXT_ROW(wr)  # noqa: F821
+    vec_dot_type of each). No software prefetch: it prefetched the next row's cache lines until
+    2026-12-06, measured 10-25 % faster on the Sapphire Rapids machine with the code of 2026-12-01, but
+    18-33 % slower F16 decode on a Zen 4 with today's (docs/performance-history.md, "The other types
+    on Zen 4"); the hardware prefetchers follow the rows' one ascending stream."""
     acc = F(0.0)
     for j in range(xq.shape[0]):
         acc += LD(wr, ES * j) * xq[j]  # noqa: F821
@@ -151,8 +141,7 @@ def rowdot_kernel(wtype, variant: str | None = None):
     if row is None:
         return build(rowdot_deq, f"{t.name}_deq", False, DEQ=deq_kernel(t), TS=info.type_size, BS=info.block_size)
     if row.kind == "float":
-        return build(rowdot_float, t.name, False, NEXT_ROW=build(prefetch_next_row, "f", False), LD=row.fn,
-                     ES=info.type_size)
+        return build(rowdot_float, t.name, False, LD=row.fn, ES=info.type_size)
     return build(rowdot_ir, f"{t.name}_{variant}", False, ROW=row_intrinsic(t, variant))
 
 
