@@ -401,6 +401,25 @@ def _x8_iq4_xs(k):
     return [(_fold16(b, isum), b.fmul(_x8_f16(b, k.gb, 0), k.dxv(), flags=_FM))]
 
 
+def _x8_tq2_0(k):
+    """TQ2_0: qs (row bytes 0..63: slices 0..7), d (fp16) at 512. Row byte 32n + m holds elements
+    128n + 32l + m in bits 2l, 2l + 1 (ggml's dequantize_row_tq2_0, the same bytes as Q2_K's qs), so
+    slice s shifted by 2l is elements 128 (s // 4) + 32 l + 8 (s % 4) .. + 7 of the 8 rows. Values 0..2,
+    offset 1: the dot less the super-block's activation sum; one scale, d."""
+    b = k.b
+    (d_at,), q_at, _ = k.places
+    three = _splat(I8, 64, 3)
+    acc = ir.Constant(V16I32, None)
+    for s in range(8):
+        v = _ld(b, k.gb, q_at + 64 * s, V64I8)
+        for sh in range(4):
+            u = b.and_(b.lshr(v, _splat(I8, 64, 2 * sh)) if sh else v, three)
+            acc = _x8_dot(b, k.dpb, acc, u, k.xb, 128 * (s // 4) + 32 * sh + 8 * (s % 4))
+    total = b.call(_decl(b.module, "llvm.vector.reduce.add.v16i32", I32, [V16I32]), [k.bsums()])
+    t8 = b.sub(_pairs16(b, acc), _bcast(b, total, V8I32))
+    return [(t8, b.fmul(_x8_f16(b, k.gb, d_at), k.dxv(), flags=_FM))]
+
+
 class X8:
     """A type's x8 entry (its record's interleaved-layout column, kernels/cpu_traits.py), its layout facts
     from the type table (formats/ggml_types.py): ``header`` names the block's header fields with their
