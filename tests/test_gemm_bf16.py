@@ -1,8 +1,8 @@
 """The BF16 prefill on AVX512-BF16's vdpbf16ps (kernels/gemm_bf16.py) against a float64 product of the
 same bf16 values (the weights as stored, the activations as ggml's from_float rounds them, read back by
 numpy, not by quantkit); partial row tiles and token groups; 1 thread == 2 threads byte for byte; a
-token's outputs do not depend on the tokens beside it; matmul routes BF16 batches to it and
-QUANTKIT_GEMM=0 back to the dequantize + BLAS prefill."""
+token's outputs do not depend on the tokens beside it; matmul routes BF16 batches to it (and `quantkit
+bench`'s kernel line says so) and QUANTKIT_GEMM=0 back to the dequantize + BLAS prefill."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from gguf import GGMLQuantizationType as T
 from quantkit import kernels as K
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import gemm_bf16 as G
+from quantkit.kernels.cpu_traits import describe
 from quantkit.kernels.ir import HAS_BF16_DOT
 
 from test_kernels import _restore_threads  # noqa: F401 (autouse fixture)
@@ -74,7 +75,8 @@ def test_matmul_routes_bf16_batches(monkeypatch):
     ref = bf16_round(x) @ wd.T
     np.testing.assert_allclose(y, ref, rtol=0, atol=2e-6 * np.abs(ref).max())
     K.matmul(w, T.BF16, x[1:])  # below the batch threshold: the row dots
+    assert describe([T.BF16]).endswith(" gemm avx512bf16")  # what `quantkit bench` says ran
     monkeypatch.setenv("QUANTKIT_GEMM", "0")
     z = K.matmul(w, T.BF16, x)
-    assert calls == [(64, 1024)]
+    assert calls == [(64, 1024)] and describe([T.BF16]).endswith(" gemm off")
     np.testing.assert_allclose(z, ref, rtol=0, atol=2e-6 * np.abs(ref).max())

@@ -12,8 +12,8 @@ from quantkit.errors import QuantError
 from quantkit.jit import frozen, get_threads
 from quantkit.kernels import gemm as _gemm
 from quantkit.kernels import gemm_bf16 as _gemm_bf16
-from quantkit.kernels.cpu_traits import cpu_traits
-from quantkit.kernels.ir import HAS_BF16_DOT, default_variant, gemm_flavour, int8_flavour
+from quantkit.kernels.cpu_traits import bf16_gemm, cpu_traits
+from quantkit.kernels.ir import default_variant, gemm_flavour, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.runners import gemv_kernel
 from quantkit.kernels.vecdot import activation_kind, deq_rows_kernel, get_rows_kernel
@@ -170,13 +170,6 @@ def integer_gemm(t) -> bool:
     in float summation order only, and both sit inside llama.cpp's own spread between its
     configurations (docs/imatrix-perplexity.md, "Agreement noise")."""
     return cpu_traits(t).gemm is not None and int8_flavour(default_variant()) is not None and config.integer_gemm()
-
-
-def bf16_gemm() -> bool:
-    """Whether batches of BF16 weights run on ``vdpbf16ps`` (kernels/gemm_bf16.py): the level in force
-    allows AVX512-BF16 (``ir.HAS_BF16_DOT``; not under ``QUANTKIT_KERNELS=plain``) and not
-    ``QUANTKIT_GEMM=0``, which switches back to the dequantize + BLAS prefill as for the integer GEMM."""
-    return HAS_BF16_DOT and default_variant() != "plain" and config.integer_gemm()
 
 
 def _prefill(w, t, x, out, rounded):
