@@ -38,7 +38,7 @@ from quantkit.kernels import ir_rowdot as R
 from quantkit.kernels import ir_x8 as X
 from quantkit.kernels import lowbit as L
 from quantkit.kernels import vecdot_iq as V
-from quantkit.kernels.ir import HAS_BF16_DOT, default_variant, ld_bf16, ld_f16, ld_f32
+from quantkit.kernels.ir import HAS_AVX512F, HAS_BF16_DOT, default_variant, ld_bf16, ld_f16, ld_f32
 
 
 @dataclass(frozen=True)
@@ -174,24 +174,31 @@ def level_of(qtype, op: str, level: str | None = None) -> str | None:
     return None
 
 
-def bf16_gemm() -> bool:
-    """Whether batches of BF16 weights run on ``vdpbf16ps`` (kernels/gemm_bf16.py; not a ``gemm.Spec``:
-    a float product): the level in force allows AVX512-BF16 (``ir.HAS_BF16_DOT``; not under
-    ``QUANTKIT_KERNELS=plain``) and not ``QUANTKIT_GEMM=0``, which switches back to the dequantize + BLAS
-    prefill as for the integer GEMM."""
-    return HAS_BF16_DOT and default_variant() != "plain" and config.integer_gemm()
+def float_gemm(qtype) -> str | None:
+    """How batches of float weights multiply (kernels/gemm_float.py; not a ``gemm.Spec``: a float
+    product): ``bf16`` (``vdpbf16ps``) for BF16 where the level in force allows AVX512-BF16, ``fma``
+    (float32 FMAs) for F32 / F16 / BF16 where it allows AVX-512, else None (the dequantize + BLAS
+    prefill); None under ``QUANTKIT_KERNELS=plain`` and ``QUANTKIT_GEMM=0``, as for the integer GEMM."""
+    name = type_info(qtype).name
+    if name not in ("F32", "F16", "BF16") or default_variant() == "plain" or not config.integer_gemm():
+        return None
+    if name == "BF16" and HAS_BF16_DOT:
+        return "bf16"
+    return "fma" if HAS_AVX512F else None
 
 
 def describe(types, level: str | None = None) -> str:
     """One line for ``quantkit bench``: per type, the level its row dot, x8 decode layout and GEMM run at
     (``-`` for none: the portable path, the row dots, dequantized tiles + BLAS; ``off`` where a switch
-    turned it off; BF16's batches on vdpbf16ps: ``avx512bf16``), e.g.
+    turned it off; the float types' batches on ``float_gemm``: ``avx512bf16`` for vdpbf16ps, the level
+    in force for FMAs), e.g.
     ``Q4_K row avx512vnni x8 avx512vnni gemm avx512vnni``."""
     off = {"x8": not config.x8(), "gemm": not config.integer_gemm()}  # QUANTKIT_X8=0, QUANTKIT_GEMM=0
     parts = []
     for t in types:
         lv = ["off" if off.get(op) else level_of(t, op, level) for op in OPS]
-        if type_info(t).name == "BF16" and level is None and bf16_gemm():
-            lv[OPS.index("gemm")] = "avx512bf16"
+        fg = float_gemm(t) if level is None else None
+        if fg:
+            lv[OPS.index("gemm")] = "avx512bf16" if fg == "bf16" else isa.selected()
         parts.append(f"{type_info(t).name} " + " ".join(f"{op} {v or '-'}" for op, v in zip(OPS, lv)))
     return "; ".join(parts)

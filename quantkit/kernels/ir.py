@@ -60,8 +60,10 @@ HAS_F16 = (not IS_X86) or "f16c" in _FEATURES
 HAS_BMI2 = IS_X86 and "bmi2" in _FEATURES
 #: GFNI's vgf2p8affineqb (a byte's bits moved in one instruction: the x8 Q6_K unpack)
 HAS_GFNI = IS_X86 and "gfni" in _FEATURES
-#: AVX512-BF16's vdpbf16ps (two bf16 products per float32 lane): the BF16 weights' prefill (gemm_bf16.py)
-HAS_BF16_DOT = IS_X86 and {"avx512f", "avx512bf16"} <= _FEATURES
+#: AVX-512 (32 zmm registers): the float weights' prefill GEMM (gemm_float.py); with AVX512-BF16's
+#: vdpbf16ps (two bf16 products per float32 lane) BF16's
+HAS_AVX512F = IS_X86 and "avx512f" in _FEATURES
+HAS_BF16_DOT = HAS_AVX512F and "avx512bf16" in _FEATURES
 #: AArch64's int8 matrix multiply (``smmla``: 2x8 by 8x2 bytes into 2x2 int32), the ``i8mm`` level's GEMM
 HAS_I8MM = not IS_X86 and "i8mm" in _FEATURES
 

@@ -11,8 +11,8 @@ from quantkit import config
 from quantkit.errors import QuantError
 from quantkit.jit import frozen, get_threads
 from quantkit.kernels import gemm as _gemm
-from quantkit.kernels import gemm_bf16 as _gemm_bf16
-from quantkit.kernels.cpu_traits import bf16_gemm, cpu_traits
+from quantkit.kernels import gemm_float as _gemm_float
+from quantkit.kernels.cpu_traits import cpu_traits, float_gemm
 from quantkit.kernels.ir import default_variant, gemm_flavour, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.runners import gemv_kernel
@@ -110,8 +110,9 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
 
     Few tokens: x is quantized once to the type's vec_dot type and each weight row is dotted with
     integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX2 or better x86 level: the
-    same activations and integer math in a register-blocked GEMM (kernels/gemm.py); BF16 weights on a CPU
-    with AVX512-BF16: the bf16 activations on ``vdpbf16ps`` (kernels/gemm_bf16.py). Otherwise from
+    same activations and integer math in a register-blocked GEMM (kernels/gemm.py); float weights on an
+    AVX-512 level: the activations rounded as ggml does in a float GEMM (kernels/gemm_float.py; BF16 on
+    ``vdpbf16ps`` where the CPU has it). Otherwise from
     PREFILL_MIN_TOKENS: x is rounded the same way (quantized and decoded back), tiles of TILE_ROWS weight
     rows are dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count.
 
@@ -134,8 +135,8 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     if n_tok >= GEMM_MIN_TOKENS and integer_gemm(t):
         return _gemm.gemm(w, t, x, out, {} if rounded is None else rounded, get_threads(),
                           gemm_flavour(default_variant()))
-    if n_tok >= GEMM_MIN_TOKENS and t == T.BF16 and bf16_gemm():
-        return _gemm_bf16.gemm_bf16(w, x, out, get_threads(), {} if rounded is None else rounded)
+    if n_tok >= GEMM_MIN_TOKENS and (op := float_gemm(t)):
+        return _gemm_float.gemm_float(w, t, x, out, get_threads(), {} if rounded is None else rounded, op)
     if n_tok >= PREFILL_MIN_TOKENS:
         return _prefill(w, t, x, out, {} if rounded is None else rounded)
     variant = default_variant()

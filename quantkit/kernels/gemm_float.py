@@ -1,0 +1,193 @@
+"""Prefill GEMM for float weights (F32, F16, BF16) on AVX-512: register-blocked float32 FMAs, and BF16
+on AVX512-BF16's ``vdpbf16ps`` (Zen 4 / 5, Sapphire Rapids, Cooper Lake).
+
+ggml multiplies float weights with activations rounded to the weight's type (``vec_dot_type``: F16 ->
+fp16, BF16 -> bf16, F32 as is); for a batch its llamafile sgemm (``ggml-cpu/llamafile/sgemm.cpp``,
+``tinyBLAS``) runs register-blocked FMAs on the weights widened to float32, and on CPUs with AVX512-BF16
+``_mm512_dpbf16_ps``, where each 32-bit lane holds two bf16 and one instruction adds both products to a
+float32 accumulator -- twice what an fp32 FMA does. The dequantize + BLAS prefill (``mul_mat._prefill``)
+measured 0.56x llama.cpp for BF16 and 0.82-0.92x for F16 on a Zen 4 (docs/performance.md). This module is
+the integer GEMM's shape (kernels/gemm.py) in float:
+
+* **Pack once per tile.** A thread's tile of weight rows is copied 16 rows at a time into ``[K'][16]``
+  32-bit words, one 64-byte load per word index of 16 rows: ``fma``: word k is row r's element k as
+  float32 (F16 widened by ``ld_f16``); ``bf16``: word k is row r's elements 2k and 2k + 1 as stored.
+* **Micro-kernel** (2 sub-tiles of 16 rows x ``COLS`` tokens): per word index, 2 weight loads, one
+  broadcast of each token's word, ``2 * COLS`` FMAs or ``vdpbf16ps``; lane r accumulates row r, no
+  horizontal sums. The activations are x rounded as ggml rounds them (``round_half_rows``), float32 words
+  for ``fma``, the bf16 upper halves in pairs for ``bf16``.
+
+Each output is one float32 accumulator running over K in order, so results do not depend on the
+thread count or on the tokens beside it; against a float64 product of the same rounded values the
+error is float32 accumulation's (tests/test_gemm_float.py). ``vdpbf16ps`` flushes denormals to zero.
+It is emitted as inline assembly: LLVM 22 types its intrinsic with ``bfloat`` vectors, which llvmlite's
+IR builder lacks. Built for 512-bit registers (32 ``zmm`` hold the 16 accumulators and the loads); on a
+CPU without AVX-512 float weights keep the BLAS prefill.
+"""
+
+from __future__ import annotations
+
+import llvmlite.binding as llvm
+import numpy as np
+from gguf import GGMLQuantizationType as T
+from llvmlite import ir
+from numba import types
+from numba.core import cgutils
+from numba.extending import intrinsic
+
+from quantkit.jit import prange
+from quantkit.kernels.activations import round_half_rows
+from quantkit.kernels.gemm import LANES, TILE_BYTES, store_tile
+from quantkit.kernels.ir import F32T, I32, I64, _byte_ptr, ld_bf16, ld_f16, ld_f32, ld_u32
+
+# numba sets up LLVM's native target and asm printer, not its asm parser, which inline assembly needs
+llvm.initialize_native_asmparser()
+
+#: tokens per micro-kernel call (rows per sub-tile: gemm.LANES, one zmm of float32 lanes; bytes of
+#: packed weights per tile: gemm.TILE_BYTES)
+COLS = 8
+V16I32 = ir.VectorType(I32, 16)
+V16F32 = ir.VectorType(F32T, 16)
+_FM = ("contract",)
+
+#: per (weight type, product): the packed word's load from a row (``PACK``), its bytes of row, its dtype;
+#: BF16 on ``fma`` is widened as F16 is (AVX-512 CPUs without AVX512-BF16)
+WORDS = {(T.F32, "fma"): (ld_f32, 4, np.float32), (T.F16, "fma"): (ld_f16, 2, np.float32),
+         (T.BF16, "fma"): (ld_bf16, 2, np.float32), (T.BF16, "bf16"): (ld_u32, 4, np.uint32)}
+
+
+def _dpbf16(b, acc, w, x):
+    """acc (<16 x float>) + per lane the two bf16 products of w's and x's 32-bit lanes (vdpbf16ps)."""
+    fty = ir.FunctionType(V16F32, [V16F32, V16I32, V16I32])
+    return b.asm(fty, "vdpbf16ps $3, $2, $0", "=v,0,v,v", [acc, w, x], False, name="dpbf16")
+
+
+def _micro(ns: int, op: str):
+    """``mk(wp, xp, out, t0, ct, r0, nr)``: out[t0 + c, r0 + l] for c < ct (<= COLS), l < nr (the ``ns``
+    16-row sub-tiles of packed words ``wp``, the last may be partial) from the tokens' words ``xp``
+    ((n_pad, K'), one per packed word index): float32 FMAs (``fma``) or ``vdpbf16ps`` (``bf16``)."""
+    vt = V16F32 if op == "fma" else V16I32
+    st = F32T if op == "fma" else I32
+
+    def impl(typingctx, wp, xp, out, t0, ct, r0, nr):
+        sig = types.void(wp, xp, out, t0, ct, r0, nr)
+
+        def codegen(context, builder, signature, args):
+            b = builder
+            ta = signature.args
+            zero = context.get_constant(types.intp, 0)
+            wbase, xbase, obase = (_byte_ptr(context, b, ta[i], args[i], zero, types.intp) for i in range(3))
+            t0_, ct_, r0_, nr_ = (context.cast(b, args[i], ta[i], types.intp) for i in range(3, 7))
+            kw = cgutils.unpack_tuple(b, context.make_array(ta[1])(context, b, args[1]).shape)[1]
+            n_out = cgutils.unpack_tuple(b, context.make_array(ta[2])(context, b, args[2]).shape)[1]
+            c = lambda v: ir.Constant(I64, v)  # noqa: E731
+            subs = [b.gep(wbase, [b.mul(b.mul(kw, c(64)), c(j))]) for j in range(ns)]
+            toks = [b.add(t0_, c(t)) for t in range(COLS)]
+            xrows = [b.gep(xbase, [b.mul(b.mul(tk, kw), c(4))]) for tk in toks]
+            accs = [[cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(COLS)] for _ in range(ns)]
+            with cgutils.for_range(b, kw) as loop:
+                k = loop.index
+                ws = [b.load(b.bitcast(b.gep(s, [b.mul(k, c(64))]), vt.as_pointer()), align=1) for s in subs]
+                for t in range(COLS):
+                    x = b.load(b.bitcast(b.gep(xrows[t], [b.mul(k, c(4))]), st.as_pointer()), align=1)
+                    xv = b.insert_element(ir.Constant(vt, None), x, ir.Constant(I32, 0))
+                    xv = b.shuffle_vector(xv, xv, ir.Constant(V16I32, [0] * 16))
+                    for j, w in enumerate(ws):
+                        a = b.load(accs[j][t])
+                        a = (b.fadd(a, b.fmul(w, xv, flags=_FM), flags=_FM) if op == "fma" else _dpbf16(b, a, w, xv))
+                        b.store(a, accs[j][t])
+            store_tile(b, obase, accs, toks, ct_, r0_, nr_, n_out)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    impl.__name__ = f"gemm_float_micro_{ns}_{op}"
+    return intrinsic(impl)
+
+
+def pack_word(row, k):
+    """Packed word k of a weight row: ``LD`` (the type's load) at byte ``ES * k``."""
+    return LD(row, ES * k)  # noqa: F821
+
+
+def gemm_float_body(w, xp, out, mr):
+    """out (n_tok, n_out) = weights w (rows of ``K'`` words, ``PACK`` reading word k) x the tokens' words
+    xp ((n_pad, K'), rows padded to a multiple of COLS); prange over tiles of ``mr`` rows (a multiple of 32)."""
+    n_out = w.shape[0]
+    kw = xp.shape[1]
+    n_tok = out.shape[0]
+    for tile in prange((n_out + mr - 1) // mr):
+        r0 = tile * mr
+        r1 = min(r0 + mr, n_out)
+        nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
+        pk = np.zeros(nsub * kw * LANES, WORD)  # noqa: F821
+        for s in range(nsub):
+            base = s * kw * LANES  # noqa: F821
+            for r in range(min(LANES, r1 - r0 - s * LANES)):  # noqa: F821
+                row = w[r0 + s * LANES + r]  # noqa: F821
+                for k in range(kw):
+                    pk[base + k * LANES + r] = PACK(row, k)  # noqa: F821
+        for t0 in range(0, n_tok, COLS):  # noqa: F821
+            ct = min(COLS, n_tok - t0)  # noqa: F821
+            s = 0
+            while s + 1 < nsub:
+                MK2(pk[s * kw * LANES:(s + 2) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
+                    min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
+                s += 2
+            if s < nsub:
+                MK(pk[s * kw * LANES:(s + 1) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
+                   min(LANES, r1 - r0 - s * LANES))  # noqa: F821
+
+
+_KERNELS: dict = {}
+
+
+def _kernel(t, op: str):
+    from quantkit.kernels.vecdot import build
+
+    key = (T(t), op)
+    if key not in _KERNELS:
+        ld, es, word = WORDS[key]
+        tag = f"{key[0].name}_{op}"
+        _KERNELS[key] = build(gemm_float_body, f"gemm_float_{tag}", True,
+                              PACK=build(pack_word, tag, False, LD=ld, ES=es), WORD=word,
+                              MK=_micro(1, op), MK2=_micro(2, op), LANES=LANES, COLS=COLS)
+    return _KERNELS[key]
+
+
+def activation_words(x: np.ndarray, t, op: str) -> np.ndarray:
+    """x float32 (n, K) -> the micro-kernel's token words for weight type ``t`` and product ``op``, rows
+    padded with zeros to a multiple of COLS: x rounded to fp16 (F16) or bf16 (BF16) as ggml's from_float
+    rounds it, as float32 words (``fma``) or the bf16 upper halves in pairs (``bf16``: u32 (n_pad, K/2))."""
+    n, kdim = x.shape
+    r = np.zeros((-(-n // COLS) * COLS, kdim), np.float32)
+    if t == T.F32:
+        r[:n] = x
+        return r
+    round_half_rows(x, r[:n], t == T.BF16)
+    if op == "fma":
+        return r
+    hi = (r.view(np.uint32) >> np.uint32(16)).astype(np.uint16)
+    return hi.view(np.uint32).reshape(r.shape[0], kdim // 2)
+
+
+def tile_rows(n_out: int, kdim: int, threads: int) -> int:
+    """Rows per prange tile: a multiple of 32 packing to about TILE_BYTES (4 bytes a weight: the widest
+    packing), at least two tiles per thread where the matrix allows."""
+    unit = 2 * LANES
+    mr = unit * max(1, TILE_BYTES // (unit * 4 * kdim))
+    per = -(-n_out // (2 * threads))
+    return max(unit, min(mr, -(-per // unit) * unit))
+
+
+def gemm_float(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, threads: int, cache: dict,
+               op: str) -> np.ndarray:
+    """out = x @ w.T for float weights w (uint8 (n_out, row bytes), as the file holds them; ``bf16``: K
+    even) of type ``t`` with product ``op`` (``cpu_traits.float_gemm``); ``cache`` (a dict shared by the
+    products of one x, as gemm.gemm_operands takes it) keeps x's words."""
+    t = T(t)
+    key = ("float_words", t, op)
+    if key not in cache:
+        cache[key] = activation_words(x, t, op)
+    _kernel(t, op)(w, cache[key], out, tile_rows(w.shape[0], x.shape[1], threads))
+    return out
