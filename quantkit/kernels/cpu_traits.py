@@ -38,7 +38,7 @@ from quantkit.kernels import ir_rowdot as R
 from quantkit.kernels import ir_x8 as X
 from quantkit.kernels import lowbit as L
 from quantkit.kernels import vecdot_iq as V
-from quantkit.kernels.ir import HAS_AVX512F, HAS_BF16_DOT, default_variant, ld_bf16, ld_f16, ld_f32
+from quantkit.kernels.ir import HAS_AVX2, HAS_AVX512F, HAS_BF16_DOT, default_variant, ld_bf16, ld_f16, ld_f32
 
 
 @dataclass(frozen=True)
@@ -177,14 +177,15 @@ def level_of(qtype, op: str, level: str | None = None) -> str | None:
 def float_gemm(qtype) -> str | None:
     """How batches of float weights multiply (kernels/gemm_float.py; not a ``gemm.Spec``: a float
     product): ``bf16`` (``vdpbf16ps``) for BF16 where the level in force allows AVX512-BF16, ``fma``
-    (float32 FMAs) for F32 / F16 / BF16 where it allows AVX-512, else None (the dequantize + BLAS
-    prefill); None under ``QUANTKIT_KERNELS=plain`` and ``QUANTKIT_GEMM=0``, as for the integer GEMM."""
+    (float32 FMAs) for F32 / F16 / BF16 where it allows AVX2 or AVX-512, else None (the dequantize +
+    BLAS prefill: NEON, generic); None under ``QUANTKIT_KERNELS=plain`` and ``QUANTKIT_GEMM=0``, as for
+    the integer GEMM."""
     name = type_info(qtype).name
     if name not in ("F32", "F16", "BF16") or default_variant() == "plain" or not config.integer_gemm():
         return None
     if name == "BF16" and HAS_BF16_DOT:
         return "bf16"
-    return "fma" if HAS_AVX512F else None
+    return "fma" if HAS_AVX512F or HAS_AVX2 else None
 
 
 def describe(types, level: str | None = None) -> str:

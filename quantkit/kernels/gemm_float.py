@@ -1,5 +1,5 @@
-"""Prefill GEMM for float weights (F32, F16, BF16) on AVX-512: register-blocked float32 FMAs, and BF16
-on AVX512-BF16's ``vdpbf16ps`` (Zen 4 / 5, Sapphire Rapids, Cooper Lake).
+"""Prefill GEMM for float weights (F32, F16, BF16) on x86 with AVX2 or AVX-512: register-blocked float32
+FMAs, and BF16 on AVX512-BF16's ``vdpbf16ps`` (Zen 4 / 5, Sapphire Rapids, Cooper Lake).
 
 ggml multiplies float weights with activations rounded to the weight's type (``vec_dot_type``: F16 ->
 fp16, BF16 -> bf16, F32 as is); for a batch its llamafile sgemm (``ggml-cpu/llamafile/sgemm.cpp``,
@@ -21,8 +21,8 @@ Each output is one float32 accumulator running over K in order, so results do no
 thread count or on the tokens beside it; against a float64 product of the same rounded values the
 error is float32 accumulation's (tests/test_gemm_float.py). ``vdpbf16ps`` flushes denormals to zero.
 It is emitted as inline assembly: LLVM 22 types its intrinsic with ``bfloat`` vectors, which llvmlite's
-IR builder lacks. Built for 512-bit registers (32 ``zmm`` hold the 16 accumulators and the loads); on a
-CPU without AVX-512 float weights keep the BLAS prefill.
+IR builder lacks. At AVX-512 the 16 accumulators and the loads fit 32 ``zmm``; below it (16 ``ymm``) the
+micro-kernel takes one sub-tile x COLS / 2 tokens (``_kernel``).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ from numba.extending import intrinsic
 from quantkit.jit import prange
 from quantkit.kernels.activations import round_half_rows
 from quantkit.kernels.gemm import LANES, TILE_BYTES, store_tile
-from quantkit.kernels.ir import F32T, I32, I64, _byte_ptr, ld_bf16, ld_f16, ld_f32, ld_u32
+from quantkit.kernels.ir import HAS_AVX512F, F32T, I32, I64, _byte_ptr, ld_bf16, ld_f16, ld_f32, ld_u32
 
 # numba sets up LLVM's native target and asm printer, not its asm parser, which inline assembly needs
 llvm.initialize_native_asmparser()
@@ -62,8 +62,8 @@ def _dpbf16(b, acc, w, x):
     return b.asm(fty, "vdpbf16ps $3, $2, $0", "=v,0,v,v", [acc, w, x], False, name="dpbf16")
 
 
-def _micro(ns: int, op: str):
-    """``mk(wp, xp, out, t0, ct, r0, nr)``: out[t0 + c, r0 + l] for c < ct (<= COLS), l < nr (the ``ns``
+def _micro(ns: int, op: str, cols: int = COLS):
+    """``mk(wp, xp, out, t0, ct, r0, nr)``: out[t0 + c, r0 + l] for c < ct (<= cols), l < nr (the ``ns``
     16-row sub-tiles of packed words ``wp``, the last may be partial) from the tokens' words ``xp``
     ((n_pad, K'), one per packed word index): float32 FMAs (``fma``) or ``vdpbf16ps`` (``bf16``)."""
     vt = V16F32 if op == "fma" else V16I32
@@ -82,13 +82,13 @@ def _micro(ns: int, op: str):
             n_out = cgutils.unpack_tuple(b, context.make_array(ta[2])(context, b, args[2]).shape)[1]
             c = lambda v: ir.Constant(I64, v)  # noqa: E731
             subs = [b.gep(wbase, [b.mul(b.mul(kw, c(64)), c(j))]) for j in range(ns)]
-            toks = [b.add(t0_, c(t)) for t in range(COLS)]
+            toks = [b.add(t0_, c(t)) for t in range(cols)]
             xrows = [b.gep(xbase, [b.mul(b.mul(tk, kw), c(4))]) for tk in toks]
-            accs = [[cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(COLS)] for _ in range(ns)]
+            accs = [[cgutils.alloca_once_value(b, ir.Constant(V16F32, None)) for _ in range(cols)] for _ in range(ns)]
             with cgutils.for_range(b, kw) as loop:
                 k = loop.index
                 ws = [b.load(b.bitcast(b.gep(s, [b.mul(k, c(64))]), vt.as_pointer()), align=1) for s in subs]
-                for t in range(COLS):
+                for t in range(cols):
                     x = b.load(b.bitcast(b.gep(xrows[t], [b.mul(k, c(4))]), st.as_pointer()), align=1)
                     xv = b.insert_element(ir.Constant(vt, None), x, ir.Constant(I32, 0))
                     xv = b.shuffle_vector(xv, xv, ir.Constant(V16I32, [0] * 16))
@@ -101,7 +101,7 @@ def _micro(ns: int, op: str):
 
         return sig, codegen
 
-    impl.__name__ = f"gemm_float_micro_{ns}_{op}"
+    impl.__name__ = f"gemm_float_micro_{ns}_{op}_{cols}"
     return intrinsic(impl)
 
 
@@ -127,31 +127,37 @@ def gemm_float_body(w, xp, out, mr):
                 row = w[r0 + s * LANES + r]  # noqa: F821
                 for k in range(kw):
                     pk[base + k * LANES + r] = PACK(row, k)  # noqa: F821
-        for t0 in range(0, n_tok, COLS):  # noqa: F821
-            ct = min(COLS, n_tok - t0)  # noqa: F821
+        for t0 in range(0, n_tok, NCOL):  # noqa: F821
+            ct = min(NCOL, n_tok - t0)  # noqa: F821
             s = 0
-            while s + 1 < nsub:
+            while PAIRS and s + 1 < nsub:  # noqa: F821
                 MK2(pk[s * kw * LANES:(s + 2) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
                     min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
                 s += 2
-            if s < nsub:
+            while s < nsub:  # the odd last sub-tile; every sub-tile without PAIRS
                 MK(pk[s * kw * LANES:(s + 1) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
                    min(LANES, r1 - r0 - s * LANES))  # noqa: F821
+                s += 1
 
 
 _KERNELS: dict = {}
 
 
 def _kernel(t, op: str):
+    """The compiled GEMM of float type ``t`` with product ``op``. At AVX-512 (32 zmm): pairs of 16-row
+    sub-tiles x COLS tokens, 16 accumulators; below it (16 ymm, each <16 x float> two of them): one
+    sub-tile x COLS / 2 tokens, 8 ymm accumulators."""
     from quantkit.kernels.vecdot import build
 
-    key = (T(t), op)
+    key = (T(t), op, HAS_AVX512F)
     if key not in _KERNELS:
-        ld, es, word = WORDS[key]
+        ld, es, word = WORDS[key[:2]]
         tag = f"{key[0].name}_{op}"
-        _KERNELS[key] = build(gemm_float_body, f"gemm_float_{tag}", True,
+        ncol = COLS if HAS_AVX512F else COLS // 2
+        _KERNELS[key] = build(gemm_float_body, f"gemm_float_{tag}_{ncol}", True,
                               PACK=build(pack_word, tag, False, LD=ld, ES=es), WORD=word,
-                              MK=_micro(1, op), MK2=_micro(2, op), LANES=LANES, COLS=COLS)
+                              MK=_micro(1, op, ncol), MK2=_micro(2, op, ncol), PAIRS=HAS_AVX512F,
+                              LANES=LANES, NCOL=ncol)
     return _KERNELS[key]
 
 
