@@ -51,7 +51,7 @@ V16F32 = ir.VectorType(F32T, 16)
 _FM = ("contract",)
 
 #: per (weight type, product): the packed word's load from a row (``PACK``), its bytes of row, its dtype;
-#: BF16 on ``fma`` is widened as F16 is (AVX-512 CPUs without AVX512-BF16)
+#: BF16 on ``fma`` is widened as F16 is (CPUs without AVX512-BF16)
 WORDS = {(T.F32, "fma"): (ld_f32, 4, np.float32), (T.F16, "fma"): (ld_f16, 2, np.float32),
          (T.BF16, "fma"): (ld_bf16, 2, np.float32), (T.BF16, "bf16"): (ld_u32, 4, np.uint32)}
 
