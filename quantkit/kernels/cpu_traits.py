@@ -38,7 +38,7 @@ from quantkit.kernels import ir_rowdot as R
 from quantkit.kernels import ir_x8 as X
 from quantkit.kernels import lowbit as L
 from quantkit.kernels import vecdot_iq as V
-from quantkit.kernels.ir import HAS_AVX2, HAS_AVX512F, HAS_BF16_DOT, default_variant, ld_bf16, ld_f16, ld_f32
+from quantkit.kernels.ir import HAS_AVX2, HAS_BF16_DOT, default_variant, ld_bf16, ld_f16, ld_f32
 
 
 @dataclass(frozen=True)
@@ -132,7 +132,8 @@ CPU_TRAITS: dict[str, CpuTraits] = {
     "IQ1_M": CpuTraits(_ir(V._emit_iq1_m), None, G.Spec(T.IQ1_M, 16, 16, None, V._chunk_iq1_m, "qs", V._iq1m_scales)),
     "BF16": CpuTraits(Row("float", ld_bf16)),
     "TQ1_0": CpuTraits(_ir(L._emit_tq1_0), None, G.Spec(T.TQ1_0, 32, 1, None, L._chunk_tq1_0, "qs", L._tq1_scales)),
-    "TQ2_0": CpuTraits(_ir(L._emit_tq2_0), X.X8("TQ2_0", {"d": 2}, X._x8_tq2_0), G.Spec(T.TQ2_0, 32, 1, None, R._chunk_q2_k, "qs", L._tq2_scales)),
+    "TQ2_0": CpuTraits(_ir(L._emit_tq2_0), X.X8("TQ2_0", {"d": 2}, X._x8_tq2_0),
+                       G.Spec(T.TQ2_0, 32, 1, None, R._chunk_q2_k, "qs", L._tq2_scales)),
     "MXFP4": CpuTraits(_ir(L._emit_mxfp4), X.legacy_x8("MXFP4", 128, L._MXFP4_U),
                        G.Spec(T.MXFP4, 0, 128, None, L._chunk_mxfp4, "qs", L._mxfp4_scales)),
     "Q1_0": CpuTraits(Row("loop", L.row_q1_0), None, G.Spec(T.Q1_0, 0, 1, None, L._chunk_q1_0, "qs", L._q1_scales)),
@@ -185,7 +186,7 @@ def float_gemm(qtype) -> str | None:
         return None
     if name == "BF16" and HAS_BF16_DOT:
         return "bf16"
-    return "fma" if HAS_AVX512F or HAS_AVX2 else None
+    return "fma" if HAS_AVX2 else None  # every AVX-512 CPU has AVX2
 
 
 def describe(types, level: str | None = None) -> str:

@@ -111,8 +111,8 @@ def matmul(w: np.ndarray, wtype, x: np.ndarray, out: np.ndarray | None = None,
     Few tokens: x is quantized once to the type's vec_dot type and each weight row is dotted with
     integer block products (GEMV). From GEMM_MIN_TOKENS, quantized weights on an AVX2 or better x86 level: the
     same activations and integer math in a register-blocked GEMM (kernels/gemm.py); float weights on an
-    AVX-512 level: the activations rounded as ggml does in a float GEMM (kernels/gemm_float.py; BF16 on
-    ``vdpbf16ps`` where the CPU has it). Otherwise from
+    x86 level (AVX2 or AVX-512): the activations rounded as ggml does in a float GEMM
+    (kernels/gemm_float.py; BF16 on ``vdpbf16ps`` where the CPU has it). Otherwise from
     PREFILL_MIN_TOKENS: x is rounded the same way (quantized and decoded back), tiles of TILE_ROWS weight
     rows are dequantized to float32 and multiplied with BLAS. Results do not depend on the thread count.
 
