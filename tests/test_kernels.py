@@ -346,6 +346,31 @@ def test_half_rounding_of_activations_is_ggmls():
         assert np.array_equal(one, want)
 
 
+@pytest.mark.parametrize("t", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
+def test_float_row_dot_is_the_rounded_activations_product(t):
+    """The float row dots (four rows at a time, then single ones) multiply the weights with the
+    activations rounded once to the vec_dot type: float64's product of those two, to float32
+    accumulation, over wide (8192) and narrow rows, and the same bytes at 1 and 2 threads."""
+    for n_in in (576, 8192):
+        w = make_weights(t, 19, n_in, seed=n_in)
+        x = (np.random.default_rng(n_in).standard_normal((2, n_in)) * 3).astype(np.float32)
+        xr = x
+        if t == T.F16:
+            xr = x.astype(np.float16).astype(np.float32)
+        elif t == T.BF16:  # ggml's fp32 -> bf16, nearest even
+            u = x.view(np.uint32)
+            xr = ((u + (np.uint32(0x7FFF) + ((u >> 16) & np.uint32(1)))) & np.uint32(0xFFFF0000)).view(np.float32)
+        ref = xr.astype(np.float64) @ ref_dequantize(w, t).astype(np.float64).T
+        acts = K.quantize_activations(x, K.activation_kind(t))
+        outs = []
+        for n in (1, 2):
+            set_threads(n)
+            outs.append(np.empty((2, 19), np.float32))
+            K.matvec_kernel(t)(frozen(w), *acts, outs[-1], 4)
+        assert outs[0].tobytes() == outs[1].tobytes()
+        np.testing.assert_allclose(outs[0], ref, rtol=0, atol=2e-6 * np.sqrt(n_in) * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("kind,name,per", [(1, "Q8_0", 32), (2, "Q8_K", 256)])
 def test_prefill_round_trip_is_quantize_then_decode(kind, name, per):
     """The prefill's vectorized activation round trip gives exactly q * d of the activation quantizer
@@ -411,7 +436,7 @@ def test_portable_row_dot_equals_fast_one_on_the_same_values():
     from quantkit.kernels import runners
 
     run = runners.rows_runner("Q4_K_deq_test", "F32", body,
-                              vecdot.build(vecdot.rowdot2_split, "Q4_K_deq_test", False, ROWDOT=body))
+                              vecdot.build(vecdot.rowdot2_split, "Q4_K_deq_test", False, ROWDOT=body), 2)
     out = np.empty((2, 9), np.float32)
     runners.Bound(runners._matvec(True), run, 1)(w, *K.quantize_activations(x, "F32"), out, 4)
     ref = x.astype(np.float64) @ gq.dequantize(w, T.Q4_K).astype(np.float64).T

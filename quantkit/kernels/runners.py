@@ -34,7 +34,7 @@ from quantkit.formats.ggml_types import type_info
 from quantkit.jit import VIEWS, addr_of, call_addr, prange, specialize, view_f32, view_i32, view_i64, view_u8_ro
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels.ir_x8 import X8_ROWS
-from quantkit.kernels.vecdot import activation_kind, build, deq_kernel, rowdot2_kernel, rowdot_kernel, rowx8_kernel
+from quantkit.kernels.vecdot import activation_kind, build, deq_kernel, rowdot_kernel, rowdots_kernel, rowx8_kernel
 
 F = np.float32
 
@@ -58,23 +58,24 @@ SC_LEN = 16
 # -- the runners ------------------------------------------------------------------------------------
 
 def run_rows(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
-    """out[o0 + r] = (row r of the matrix at bp + off) . a for r in r0..r1-1: rows in pairs (ROWDOT2
-    shares the activation loads between them; each sum is the same as ROWDOT's), then a last one.
-    (``pp``, the x8 copy, is not read: one signature for both layouts.) ``ap``: the activation table,
-    from which the forms of this type's activation kind are viewed."""
+    """out[o0 + r] = (row r of the matrix at bp + off) . a for r in r0..r1-1: rows ``NR`` at a time
+    (ROWDOTS shares the activation loads between them), then the last ones by ROWDOT. (``pp``, the x8
+    copy, is not read: one signature for both layouts.) ``ap``: the activation table, from which the
+    forms of this type's activation kind are viewed."""
     at = view_i64(ap, 2 * N_FORMS)
     xq, xd, xs = VQ(at[2 * AQ], at[2 * AQ + 1]), VD(at[2 * AD], at[2 * AD + 1]), VS(at[2 * AS], at[2 * AS + 1])  # noqa: F821
     buf = view_u8_ro(bp + off, r1 * rb)
     out = view_f32(op, o0 + r1)
     sc = view_i32(sp, SC_LEN)
     r = r0
-    while r + 1 < r1:
-        s0, s1 = ROWDOT2(buf[r * rb:(r + 2) * rb], xq, xd, xs, sc)  # noqa: F821
-        out[o0 + r] = s0
-        out[o0 + r + 1] = s1
-        r += 2
-    if r < r1:
+    while r + NR <= r1:  # noqa: F821
+        s = ROWDOTS(buf[r * rb:(r + NR) * rb], xq, xd, xs, sc)  # noqa: F821
+        for i in range(NR):  # noqa: F821
+            out[o0 + r + i] = s[i]
+        r += NR  # noqa: F821
+    while r < r1:
         out[o0 + r] = ROWDOT(buf[r * rb:(r + 1) * rb], xq, xd, xs, sc)  # noqa: F821
+        r += 1
 
 
 def run_rows_x8(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
@@ -123,10 +124,11 @@ def _views(kind: str) -> dict:
                 VS=VIEWS[np.dtype(ACT_DTYPES[as_])])
 
 
-def rows_runner(tag: str, kind: str, rowdot, rowdot2):
-    """A ``run_rows`` runner over given compiled row dots (``rowdot``, ``rowdot2``) taking activations of
-    ``kind``; ``tag`` names its cache entry."""
-    return specialize(run_rows, tag, fast=True, cfunc=RUN_SIG, ROWDOT=rowdot, ROWDOT2=rowdot2, **_views(kind))
+def rows_runner(tag: str, kind: str, rowdot, rowdots, nrows: int):
+    """A ``run_rows`` runner over given compiled row dots (``rowdot``; ``rowdots``, ``nrows`` rows at a
+    time) taking activations of ``kind``; ``tag`` names its cache entry."""
+    return specialize(run_rows, tag, fast=True, cfunc=RUN_SIG, ROWDOT=rowdot, ROWDOTS=rowdots, NR=nrows,
+                      **_views(kind))
 
 
 def row_runner(t, x8: bool, variant: str | None = None):
@@ -140,7 +142,7 @@ def row_runner(t, x8: bool, variant: str | None = None):
     if x8:
         return specialize(run_rows_x8, f"{t.name}_x8_{variant}", fast=True, cfunc=RUN_SIG,
                           ROWX8=rowx8_kernel(t, variant), **_views(kind))
-    return rows_runner(f"{t.name}_{variant}", kind, rowdot_kernel(t, variant), rowdot2_kernel(t, variant))
+    return rows_runner(f"{t.name}_{variant}", kind, rowdot_kernel(t, variant), *rowdots_kernel(t, variant))
 
 
 def deq_runner(t):

@@ -27,6 +27,10 @@ from quantkit.kernels.ir_x8 import X8_ROWS, row_dot_x8, x8_flavour, x8_places
 from quantkit.quants import traits
 
 F = np.float32
+#: float rows a float row dot takes at once (``rowdot4_float``), each activation loaded once for all of
+#: them: 1B-shape F16 tg32 on Sapphire Rapids (avx512vnni, 2 threads) 8.6 t/s a row at a time, 10.5-10.6
+#: four at a time (docs/performance-history.md, "Float decode, four rows a call")
+FLOAT_ROWS = 4
 
 
 def rowdot_ir(wr, xq, xd, xs, sc):
@@ -41,8 +45,7 @@ def rowdot2_ir(wr, xq, xd, xs, sc):
 
 
 def rowdot2_split(wr, xq, xd, xs, sc):
-    """Two consecutive rows with the 1-row dot (unquantized weights; a shared-load two-row loop
-    measured slower here for SmolLM2's cache-resident 576-wide rows)."""
+    """Two consecutive rows with the 1-row dot (the portable path's decoded rows)."""
     n = wr.shape[0] // 2
     return ROWDOT(wr[:n], xq, xd, xs, sc), ROWDOT(wr[n:], xq, xd, xs, sc)  # noqa: F821
 
@@ -51,9 +54,8 @@ def rowdot2_split(wr, xq, xd, xs, sc):
 
 def rowdot_float(wr, xq, xd, xs, sc):
     """F32 / F16 / BF16 weights (``LD``: the type's ``Row`` load, ``ld_f32`` / ``ld_f16`` / ``ld_bf16``;
-    ``ES`` bytes a weight, its type size);
-    ``xq`` is the float32 row, already rounded to fp16 / bf16 for those (kinds 'F16' / 'BF16': ggml's
-    vec_dot_type of each). No software prefetch: it prefetched the next row's cache lines until
+    ``ES`` bytes a weight, its type size); ``xq`` is the float32 row, already rounded to fp16 / bf16 for
+    those (kinds 'F16' / 'BF16': ggml's vec_dot_type of each). No software prefetch: it prefetched the next row's cache lines until
     2026-12-06, measured 10-25 % faster on the Sapphire Rapids machine with the code of 2026-12-01, but
     18-33 % slower F16 decode on a Zen 4 with today's (docs/performance-history.md, "The other types
     on Zen 4"); the hardware prefetchers follow the rows' one ascending stream."""
@@ -61,6 +63,23 @@ def rowdot_float(wr, xq, xd, xs, sc):
     for j in range(xq.shape[0]):
         acc += LD(wr, ES * j) * xq[j]  # noqa: F821
     return acc
+
+
+def rowdot4_float(wr, xq, xd, xs, sc):
+    """``FLOAT_ROWS`` (4) consecutive float rows (``wr`` holds them), each activation loaded once for all
+    four, as llama.cpp's tinyBLAS tiles several rows over one column. -> 4 x float32"""
+    n = wr.shape[0] // 4
+    a0 = F(0.0)
+    a1 = F(0.0)
+    a2 = F(0.0)
+    a3 = F(0.0)
+    for j in range(xq.shape[0]):
+        x = xq[j]
+        a0 += LD(wr, ES * j) * x  # noqa: F821
+        a1 += LD(wr, n + ES * j) * x  # noqa: F821
+        a2 += LD(wr, 2 * n + ES * j) * x  # noqa: F821
+        a3 += LD(wr, 3 * n + ES * j) * x  # noqa: F821
+    return a0, a1, a2, a3
 
 
 # -- a type with a codec but no integer dot: the portable path ---------------------------------------
@@ -145,14 +164,19 @@ def rowdot_kernel(wtype, variant: str | None = None):
     return build(rowdot_ir, f"{t.name}_{variant}", False, ROW=row_intrinsic(t, variant))
 
 
-def rowdot2_kernel(wtype, variant: str | None = None):
-    """The compiled serial ``rowdot2(wr2, xq, xd, xs, sc) -> (float32, float32)`` of ``wtype``: the
-    dots of two consecutive rows (``wr2`` = their 2 * row_bytes bytes), each equal to ``rowdot``'s."""
+def rowdots_kernel(wtype, variant: str | None = None):
+    """(``rowdots``, n): the compiled serial ``rowdots(wr, xq, xd, xs, sc) -> n x float32`` of ``wtype``,
+    the dots of n consecutive rows (``wr`` = their n * row_bytes bytes) sharing the activation loads: 2
+    for a quantized row dot (each sum equal to ``rowdot``'s), ``FLOAT_ROWS`` for float weights (each sum
+    ``rowdot``'s up to float32 summation order), 2 through ``rowdot`` itself for the portable path."""
     variant = variant or default_variant()
     t = T(wtype)
-    if cpu_traits(t).row is None or cpu_traits(t).row.kind != "ir":
-        return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant))
-    return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=row_intrinsic(t, variant, 2))
+    row, info = cpu_traits(t).row, type_info(t)
+    if row is not None and row.kind == "float":
+        return build(rowdot4_float, t.name, False, LD=row.fn, ES=info.type_size), FLOAT_ROWS
+    if row is None or row.kind != "ir":
+        return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant)), 2
+    return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=row_intrinsic(t, variant, 2)), 2
 
 
 # -- the 8-row interleaved layout (a type's x8 entry, ir_x8.X8) -----------------------------------
