@@ -78,17 +78,31 @@ _ARM_HWCAPS = {"asimddp": "dotprod", "i8mm": "i8mm", "sve": "sve", "sve2": "sve2
                "bf16": "bf16"}
 
 
-def _arm_hwcaps(cpuinfo: str = "/proc/cpuinfo") -> dict[str, bool]:
-    """{LLVM feature: present} for ``_ARM_HWCAPS`` from the kernel's cpuinfo; {} where it has none."""
+def _cpuinfo_field(name: str, cpuinfo: str = "/proc/cpuinfo") -> str | None:
+    """The value of the kernel's cpuinfo field ``name`` (its first processor's), None where it has none."""
     try:
         with open(cpuinfo, encoding="ascii", errors="replace") as f:
-            line = next((ln for ln in f if ln.split(":")[0].strip() == "Features"), None)
+            line = next((ln for ln in f if ln.split(":")[0].strip() == name), None)
     except OSError:
-        return {}
+        return None
+    return None if line is None else line.split(":", 1)[1].strip()
+
+
+def _arm_hwcaps(cpuinfo: str = "/proc/cpuinfo") -> dict[str, bool]:
+    """{LLVM feature: present} for ``_ARM_HWCAPS`` from the kernel's cpuinfo; {} where it has none."""
+    line = _cpuinfo_field("Features", cpuinfo)
     if line is None:
         return {}
-    have = set(line.split(":", 1)[1].split())
+    have = set(line.split())
     return {llvm: cap in have for cap, llvm in _ARM_HWCAPS.items()}
+
+
+@functools.cache
+def cpu_vendor() -> str:
+    """The x86 CPU's vendor string (cpuinfo's ``vendor_id``: 'GenuineIntel', 'AuthenticAMD'), '' where
+    none is reported (ARM, no /proc): where a choice between two kernels of one level depends on the
+    microarchitecture rather than on its features (kernels/cpu_traits.float_gemm)."""
+    return _cpuinfo_field("vendor_id") or ""
 
 
 @functools.cache

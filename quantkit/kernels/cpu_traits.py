@@ -175,16 +175,22 @@ def level_of(qtype, op: str, level: str | None = None) -> str | None:
     return None
 
 
+#: CPU vendors whose AVX512-BF16 ``vdpbf16ps`` multiplies BF16 batches slower than float32 FMAs do: on
+#: the Sapphire Rapids machine (2 threads, 1B-shape BF16 pp512) the FMA GEMM ran 104 t/s, vdpbf16ps
+#: 86-89; on a Zen 4 (AuthenticAMD) vdpbf16ps 180-184, FMAs ~95 (docs/performance-history.md)
+BF16_DOT_SLOWER = ("GenuineIntel",)
+
+
 def float_gemm(qtype) -> str | None:
     """How batches of float weights multiply (kernels/gemm_float.py; not a ``gemm.Spec``: a float
-    product): ``bf16`` (``vdpbf16ps``) for BF16 where the level in force allows AVX512-BF16, ``fma``
-    (float32 FMAs) for F32 / F16 / BF16 where it allows AVX2 or AVX-512, else None (the dequantize +
-    BLAS prefill: NEON, generic); None under ``QUANTKIT_KERNELS=plain`` and ``QUANTKIT_GEMM=0``, as for
-    the integer GEMM."""
+    product): ``bf16`` (``vdpbf16ps``) for BF16 where the level in force allows AVX512-BF16 and the
+    vendor is not in ``BF16_DOT_SLOWER``, ``fma`` (float32 FMAs) for F32 / F16 / BF16 where it allows
+    AVX2 or AVX-512, else None (the dequantize + BLAS prefill: NEON, generic); None under
+    ``QUANTKIT_KERNELS=plain`` and ``QUANTKIT_GEMM=0``, as for the integer GEMM."""
     name = type_info(qtype).name
     if name not in ("F32", "F16", "BF16") or default_variant() == "plain" or not config.integer_gemm():
         return None
-    if name == "BF16" and HAS_BF16_DOT:
+    if name == "BF16" and HAS_BF16_DOT and isa.cpu_vendor() not in BF16_DOT_SLOWER:
         return "bf16"
     return "fma" if HAS_AVX2 else None  # every AVX-512 CPU has AVX2
 
