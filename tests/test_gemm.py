@@ -14,7 +14,7 @@ from quantkit.formats.ggml_types import type_info
 from quantkit import kernels as K
 from quantkit.jit import get_threads, set_threads
 from quantkit.kernels import gemm as G
-from quantkit.kernels.cpu_traits import CPU_TRAITS, cpu_traits
+from quantkit.kernels.cpu_traits import CPU_TRAITS, cpu_traits, kind_of
 from quantkit.kernels.ir import RUNNABLE_VARIANTS, gemm_flavour, int8_flavour
 
 from test_kernels import _restore_threads, make_weights, ref_dequantize  # noqa: F401 (autouse fixture)
@@ -24,7 +24,7 @@ from test_kernels import _restore_threads, make_weights, ref_dequantize  # noqa:
 FLAVOURS = sorted({f for v in RUNNABLE_VARIANTS for f in (int8_flavour(v), gemm_flavour(v)) if f})
 pytestmark = pytest.mark.skipif(not FLAVOURS, reason="the integer GEMM needs AVX2")
 #: every type whose record has a GEMM entry
-TYPES = [T[n] for n, c in CPU_TRAITS.items() if c.gemm is not None]
+TYPES = [T[n] for n in CPU_TRAITS if kind_of(n, "gemm") == "gemm"]
 
 
 def exact_reference(w, t, x):

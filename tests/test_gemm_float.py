@@ -76,6 +76,7 @@ def test_gemm_float_threads_and_neighbours(t, op):
     assert part.tobytes() == outs[0][13:18].tobytes()
 
 
+@pytest.mark.skipif(isa.forced() == isa.PLAIN, reason="QUANTKIT_KERNELS=plain: batches on BLAS")
 @pytest.mark.parametrize("vendor", ["AuthenticAMD", "GenuineIntel"])
 @pytest.mark.parametrize("t", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
 def test_matmul_routes_float_batches(monkeypatch, t, vendor):

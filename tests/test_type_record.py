@@ -48,8 +48,11 @@ def test_kernel_columns_name_rows_with_codecs():
             assert c.row.kind in C.LEVELS and (c.row.kind == "float") == (not info.quantized)
         if c.x8 is not None:  # sizes from the row, never restated
             assert (c.x8.ts, c.x8.qk, c.x8.name) == (info.type_size, info.block_size, name)
-        if c.gemm is not None:
+        if C.kind_of(name, "gemm") == "gemm":
             assert (c.gemm.qk * c.gemm.per, c.gemm.act) == (info.block_size, info.vec_dot_type)
+        elif c.gemm is not None:  # a float product: only for the float types, bf16 only for BF16
+            assert not info.quantized and "fma" in c.gemm.products
+            assert ("bf16" in c.gemm.products) == (name == "BF16")
 
 
 @pytest.mark.parametrize("level", [lv.name for lv in isa.LEVELS])
@@ -66,7 +69,7 @@ def test_a_missing_entry_falls_to_the_next_level_down(level):
             assert names.index(got) >= names.index(level) and got in C.LEVELS[C.kind_of(name, op)]
             assert isa.BY_NAME[got].arch in ("", isa.BY_NAME[level].arch)
     # neon has row dots, the x8 layout and the GEMM of its own (sdot); its float rows are generic's; a float
-    # type has no GEMM at any level, an IQ2 type no x8 layout
+    # type's GEMM is at the x86 levels only, an IQ2 type has no x8 layout
     assert C.level_of("Q4_K", "row", "neon") == "neon" and C.level_of("Q4_K", "gemm", "neon") == "neon"
     assert C.level_of("Q4_K", "x8", "neon") == "neon" and C.level_of("F16", "row", "neon") == "generic"
     assert C.level_of("F16", "gemm", "neon") is None and C.level_of("Q1_0", "row", "neon") == "neon"
@@ -75,6 +78,8 @@ def test_a_missing_entry_falls_to_the_next_level_down(level):
     assert C.level_of("Q4_K", "gemm", "i8mm") == "i8mm" and C.level_of("Q4_K", "row", "i8mm") == "neon"
     assert C.level_of("Q4_K", "x8", "i8mm") == "neon" and C.level_of("F16", "gemm", "i8mm") is None
     assert C.level_of("Q4_K", "x8", "avxvnni") == "avxvnni" and C.level_of("F16", "row", "avx2") == "generic"
+    assert C.level_of("F16", "gemm", "avx2") == "avx2" and C.level_of("BF16", "gemm", "avx512vnni") == "avx512vnni"
+    assert C.level_of("F32", "gemm", "generic") is None
     assert C.level_of("Q8_K", "row", level) is None  # no entry: the portable path
 
 
@@ -82,6 +87,7 @@ def test_a_missing_entry_falls_to_the_next_level_down(level):
 def test_kernel_columns_agree_with_what_the_kernels_dispatch():
     """The level ``level_of`` reports for the level in force is what ``matmul`` and the decode step pick."""
     import quantkit.kernels as K
+    from quantkit.kernels.cpu_traits import float_gemm
     from quantkit.kernels.mul_mat import integer_gemm
 
     x8 = set(K.x8_types())
@@ -89,7 +95,7 @@ def test_kernel_columns_agree_with_what_the_kernels_dispatch():
         assert (C.level_of(t, "row") is not None) == (t in K.WEIGHT_TYPES), t
         assert (C.level_of(t, "x8") is not None) == (t in x8), t
         if config.integer_gemm():
-            assert (C.level_of(t, "gemm") is not None) == integer_gemm(t), t
+            assert (C.level_of(t, "gemm") is not None) == (integer_gemm(t) or float_gemm(t) is not None), t
     if config.x8() and config.integer_gemm():  # neither switched off: every column as level_of says
         want = " ".join(f"{op} {C.level_of('Q4_K', op) or '-'}" for op in C.OPS)
         assert C.describe([T.Q4_K, T.Q8_K]) == f"Q4_K {want}; Q8_K row - x8 - gemm -"

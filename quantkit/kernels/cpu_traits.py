@@ -12,7 +12,8 @@ A type's kernel entries:
 
 * ``row``: the row dot of the GEMV and the decode step (``vecdot.rowdot_kernel``), a ``Row``;
 * ``x8``: the 8-row interleaved layout and its GEMV (``ir_x8.X8``; the decode step's copy of a matrix);
-* ``gemm``: the integer GEMM tiles of the prefill (``gemm.Spec``).
+* ``gemm``: the prefill's batch product: integer GEMM tiles (``gemm.Spec``) for a quantized type, the
+  float GEMM's products (``FloatGemm``, kernels/gemm_float.py) for F32 / F16 / BF16.
 
 A type without a row entry runs on the portable path (its codec's row decoder and a float32 dot), without
 a GEMM entry its batches on dequantized tiles and BLAS, without an x8 entry its decode on row dots.
@@ -38,7 +39,7 @@ from quantkit.kernels import ir_rowdot as R
 from quantkit.kernels import ir_x8 as X
 from quantkit.kernels import lowbit as L
 from quantkit.kernels import vecdot_iq as V
-from quantkit.kernels.ir import HAS_AVX2, HAS_BF16_DOT, default_variant, ld_bf16, ld_f16, ld_f32
+from quantkit.kernels.ir import HAS_BF16_DOT, ld_bf16, ld_f16, ld_f32
 
 
 @dataclass(frozen=True)
@@ -56,10 +57,20 @@ class Row:
 
 
 @dataclass(frozen=True)
+class FloatGemm:
+    """A float type's batch product (kernels/gemm_float.py), by the products it can run, best first:
+    ``bf16``, ``vdpbf16ps`` on the stored bf16 pairs (where the CPU has AVX512-BF16 and is not in
+    ``BF16_DOT_SLOWER``); ``fma``, float32 FMAs on the weights widened by the row's load (``Row.fn``)."""
+
+    products: tuple[str, ...] = ("fma",)
+    kind = "float_gemm"
+
+
+@dataclass(frozen=True)
 class CpuTraits:
     row: Row | None = None
     x8: X.X8 | None = None
-    gemm: G.Spec | None = None
+    gemm: G.Spec | FloatGemm | None = None
 
 
 #: the levels at which each kind of entry is built (isa.LEVELS' names, best first). The IR row dots are
@@ -67,13 +78,15 @@ class CpuTraits:
 #: generic); the float rows are one numba loop LLVM vectorizes for whatever target (``generic``); the x8
 #: GEMV and the GEMM tiles where ``ir.int8_flavour`` gives them a flavour (one 512-bit vpdpbusd on
 #: avx512vnni, two 256-bit halves on avxvnni and avx2, four 128-bit sdot on neon; the GEMM on i8mm's
-#: smmla, ``ir.gemm_flavour``; every other kind at i8mm is neon's).
+#: smmla, ``ir.gemm_flavour``; every other kind at i8mm is neon's); the float GEMM at the x86 levels (AVX2
+#: and up: its FMAs on 16 ymm or 32 zmm; NEON and generic multiply float batches with BLAS).
 LEVELS: dict[str, tuple[str, ...]] = {
     "ir": ("avx512vnni", "avxvnni", "avx2", "neon", "generic"),
     "loop": ("avx512vnni", "avxvnni", "avx2", "neon", "generic"),
     "float": ("generic",),
     "x8": ("avx512vnni", "avxvnni", "avx2", "neon"),
     "gemm": ("avx512vnni", "avxvnni", "avx2", "i8mm", "neon"),
+    "float_gemm": ("avx512vnni", "avxvnni", "avx2"),
 }
 OPS = ("row", "x8", "gemm")
 
@@ -90,8 +103,8 @@ _LS, _LSM = G._legacy_scales(False), G._legacy_scales(True)
 
 #: every type with a kernel entry, in the type table's order
 CPU_TRAITS: dict[str, CpuTraits] = {
-    "F32": CpuTraits(Row("float", ld_f32)),
-    "F16": CpuTraits(Row("float", ld_f16)),
+    "F32": CpuTraits(Row("float", ld_f32), gemm=FloatGemm()),
+    "F16": CpuTraits(Row("float", ld_f16), gemm=FloatGemm()),
     "Q4_0": CpuTraits(_legacy("Q4_0", R._chunk_q4_0, 8), X.legacy_x8("Q4_0", 8),
                       G.Spec(T.Q4_0, 0, 8, None, R._chunk_q4_0, "qs", _LS)),
     "Q4_1": CpuTraits(_legacy("Q4_1", R._chunk_q4_0, 0), X.legacy_x8("Q4_1", 0),
@@ -130,7 +143,7 @@ CPU_TRAITS: dict[str, CpuTraits] = {
     "IQ4_XS": CpuTraits(_ir(R._emit_iq4xs), X.X8("IQ4_XS", {"d": 2, "scales_h": 2, "scales_l": 4}, X._x8_iq4_xs),
                         G.Spec(T.IQ4_XS, 32, 128, None, R._chunk_iq4_xs, "qs", G._iq4xs_scales)),
     "IQ1_M": CpuTraits(_ir(V._emit_iq1_m), None, G.Spec(T.IQ1_M, 16, 16, None, V._chunk_iq1_m, "qs", V._iq1m_scales)),
-    "BF16": CpuTraits(Row("float", ld_bf16)),
+    "BF16": CpuTraits(Row("float", ld_bf16), gemm=FloatGemm(("bf16", "fma"))),
     "TQ1_0": CpuTraits(_ir(L._emit_tq1_0), None, G.Spec(T.TQ1_0, 32, 1, None, L._chunk_tq1_0, "qs", L._tq1_scales)),
     "TQ2_0": CpuTraits(_ir(L._emit_tq2_0), X.X8("TQ2_0", {"d": 2}, X._x8_tq2_0),
                        G.Spec(T.TQ2_0, 32, 1, None, R._chunk_q2_k, "qs", L._tq2_scales)),
@@ -148,11 +161,12 @@ def cpu_traits(qtype) -> CpuTraits:
 
 
 def kind_of(qtype, op: str) -> str | None:
-    """The kind of ``op``'s entry ('row' -> its ``Row.kind``; 'x8', 'gemm'), or None without one."""
+    """The kind of ``op``'s entry ('row' -> its ``Row.kind``; 'x8'; 'gemm' -> 'gemm' for the integer GEMM,
+    'float_gemm' for a float type's), or None without one."""
     entry = getattr(cpu_traits(qtype), op)
     if entry is None:
         return None
-    return entry.kind if op == "row" else op
+    return entry.kind if op == "row" or isinstance(entry, FloatGemm) else op
 
 
 def level_of(qtype, op: str, level: str | None = None) -> str | None:
@@ -182,17 +196,15 @@ BF16_DOT_SLOWER = ("GenuineIntel",)
 
 
 def float_gemm(qtype) -> str | None:
-    """How batches of float weights multiply (kernels/gemm_float.py; not a ``gemm.Spec``: a float
-    product): ``bf16`` (``vdpbf16ps``) for BF16 where the level in force allows AVX512-BF16 and the
-    vendor is not in ``BF16_DOT_SLOWER``, ``fma`` (float32 FMAs) for F32 / F16 / BF16 where it allows
-    AVX2 or AVX-512, else None (the dequantize + BLAS prefill: NEON, generic); None under
-    ``QUANTKIT_KERNELS=plain`` and ``QUANTKIT_GEMM=0``, as for the integer GEMM."""
-    name = type_info(qtype).name
-    if name not in ("F32", "F16", "BF16") or default_variant() == "plain" or not config.integer_gemm():
+    """The product a float type's batches run on (its ``FloatGemm`` entry's first the CPU allows: ``bf16``
+    where AVX512-BF16 is allowed and the vendor is not in ``BF16_DOT_SLOWER``, else ``fma``), where its
+    GEMM has a level (``level_of``: the x86 levels); None elsewhere (the dequantize + BLAS prefill: NEON,
+    generic), for a quantized type, and under ``QUANTKIT_KERNELS=plain`` and ``QUANTKIT_GEMM=0``, as for
+    the integer GEMM."""
+    if kind_of(qtype, "gemm") != "float_gemm" or not config.integer_gemm() or level_of(qtype, "gemm") is None:
         return None
-    if name == "BF16" and HAS_BF16_DOT and isa.cpu_vendor() not in BF16_DOT_SLOWER:
-        return "bf16"
-    return "fma" if HAS_AVX2 else None  # every AVX-512 CPU has AVX2
+    bf16 = HAS_BF16_DOT and isa.cpu_vendor() not in BF16_DOT_SLOWER
+    return next(p for p in cpu_traits(qtype).gemm.products if p != "bf16" or bf16)
 
 
 def describe(types, level: str | None = None) -> str:
@@ -205,8 +217,7 @@ def describe(types, level: str | None = None) -> str:
     parts = []
     for t in types:
         lv = ["off" if off.get(op) else level_of(t, op, level) for op in OPS]
-        fg = float_gemm(t) if level is None else None
-        if fg:
-            lv[OPS.index("gemm")] = "avx512bf16" if fg == "bf16" else isa.selected()
+        if level is None and float_gemm(t) == "bf16":
+            lv[OPS.index("gemm")] = "avx512bf16"
         parts.append(f"{type_info(t).name} " + " ".join(f"{op} {v or '-'}" for op, v in zip(OPS, lv)))
     return "; ".join(parts)

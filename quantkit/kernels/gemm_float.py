@@ -35,10 +35,12 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from quantkit.formats.ggml_types import type_info
 from quantkit.jit import prange
 from quantkit.kernels.activations import round_half_rows
+from quantkit.kernels.cpu_traits import cpu_traits
 from quantkit.kernels.gemm import LANES, TILE_BYTES, store_tile
-from quantkit.kernels.ir import HAS_AVX512F, F32T, I32, I64, _byte_ptr, ld_bf16, ld_f16, ld_f32, ld_u32
+from quantkit.kernels.ir import HAS_AVX512F, F32T, I32, I64, _byte_ptr, ld_u32
 
 # numba sets up LLVM's native target and asm printer, not its asm parser, which inline assembly needs
 llvm.initialize_native_asmparser()
@@ -50,10 +52,14 @@ V16I32 = ir.VectorType(I32, 16)
 V16F32 = ir.VectorType(F32T, 16)
 _FM = ("contract",)
 
-#: per (weight type, product): the packed word's load from a row (``PACK``), its bytes of row, its dtype;
-#: BF16 on ``fma`` is widened as F16 is (CPUs without AVX512-BF16)
-WORDS = {(T.F32, "fma"): (ld_f32, 4, np.float32), (T.F16, "fma"): (ld_f16, 2, np.float32),
-         (T.BF16, "fma"): (ld_bf16, 2, np.float32), (T.BF16, "bf16"): (ld_u32, 4, np.uint32)}
+
+def words(t, op: str) -> tuple:
+    """(the packed word's load from a row (``PACK``), its bytes of row, its dtype) of weight type ``t``
+    with product ``op``: ``fma`` widens each element by the type's row load (its record's ``Row.fn``,
+    ``ld_f16`` / ``ld_bf16`` / ``ld_f32``), ``bf16`` takes a stored pair as one 32-bit word."""
+    if op == "bf16":
+        return ld_u32, 4, np.uint32
+    return cpu_traits(t).row.fn, type_info(t).type_size, np.float32
 
 
 def _dpbf16(b, acc, w, x):
@@ -151,7 +157,7 @@ def _kernel(t, op: str):
 
     key = (T(t), op, HAS_AVX512F)
     if key not in _KERNELS:
-        ld, es, word = WORDS[key[:2]]
+        ld, es, word = words(*key[:2])
         tag = f"{key[0].name}_{op}"
         ncol = COLS if HAS_AVX512F else COLS // 2
         _KERNELS[key] = build(gemm_float_body, f"gemm_float_{tag}_{ncol}", True,

@@ -12,7 +12,7 @@ from quantkit.errors import QuantError
 from quantkit.jit import frozen, get_threads
 from quantkit.kernels import gemm as _gemm
 from quantkit.kernels import gemm_float as _gemm_float
-from quantkit.kernels.cpu_traits import cpu_traits, float_gemm
+from quantkit.kernels.cpu_traits import cpu_traits, float_gemm, kind_of
 from quantkit.kernels.ir import default_variant, gemm_flavour, int8_flavour
 from quantkit.kernels.activations import round_half_rows, round_trip_q8_into
 from quantkit.kernels.runners import gemv_kernel
@@ -170,7 +170,7 @@ def integer_gemm(t) -> bool:
     prefill). Both paths round the activations as ggml does; their results differ
     in float summation order only, and both sit inside llama.cpp's own spread between its
     configurations (docs/imatrix-perplexity.md, "Agreement noise")."""
-    return cpu_traits(t).gemm is not None and int8_flavour(default_variant()) is not None and config.integer_gemm()
+    return kind_of(t, "gemm") == "gemm" and int8_flavour(default_variant()) is not None and config.integer_gemm()
 
 
 def _prefill(w, t, x, out, rounded):
