@@ -22,7 +22,8 @@ thread count or on the tokens beside it; against a float64 product of the same r
 error is float32 accumulation's (tests/test_gemm_float.py). ``vdpbf16ps`` flushes denormals to zero.
 It is emitted as inline assembly: LLVM 22 types its intrinsic with ``bfloat`` vectors, which llvmlite's
 IR builder lacks. At AVX-512 the 16 accumulators and the loads fit 32 ``zmm``; below it (16 ``ymm``) the
-micro-kernel takes one sub-tile x COLS / 2 tokens (``_kernel``).
+micro-kernel takes one sub-tile x 6 tokens (``COLS``: 12 ``ymm`` accumulators, 2 for the weights, 1 for
+the broadcast token).
 """
 
 from __future__ import annotations
@@ -46,8 +47,10 @@ from quantkit.kernels.ir import HAS_AVX512F, F32T, I32, I64, _byte_ptr, ld_u32
 llvm.initialize_native_asmparser()
 
 #: tokens per micro-kernel call (rows per sub-tile: gemm.LANES, one zmm of float32 lanes; bytes of
-#: packed weights per tile: gemm.TILE_BYTES)
-COLS = 8
+#: packed weights per tile: gemm.TILE_BYTES): 8 with two sub-tiles at AVX-512; 6 with one below it (AVX2,
+#: forced on the Sapphire Rapids machine, 1B-shape pp512 against 4 tokens: F16 67.5-68.2 -> 70.2-72.6 t/s,
+#: BF16 71.9-73.3 -> 76.8-78.8)
+COLS = 8 if HAS_AVX512F else 6
 V16I32 = ir.VectorType(I32, 16)
 V16F32 = ir.VectorType(F32T, 16)
 _FM = ("contract",)
@@ -151,19 +154,18 @@ _KERNELS: dict = {}
 
 def _kernel(t, op: str):
     """The compiled GEMM of float type ``t`` with product ``op``. At AVX-512 (32 zmm): pairs of 16-row
-    sub-tiles x COLS tokens, 16 accumulators; below it (16 ymm, each <16 x float> two of them): one
-    sub-tile x COLS / 2 tokens, 8 ymm accumulators."""
+    sub-tiles x COLS (8) tokens, 16 accumulators; below it (16 ymm, each <16 x float> two of them): one
+    sub-tile x COLS (6) tokens, 12 ymm accumulators."""
     from quantkit.kernels.vecdot import build
 
     key = (T(t), op, HAS_AVX512F)
     if key not in _KERNELS:
         ld, es, word = words(*key[:2])
         tag = f"{key[0].name}_{op}"
-        ncol = COLS if HAS_AVX512F else COLS // 2
-        _KERNELS[key] = build(gemm_float_body, f"gemm_float_{tag}_{ncol}", True,
+        _KERNELS[key] = build(gemm_float_body, f"gemm_float_{tag}_{COLS}", True,
                               PACK=build(pack_word, tag, False, LD=ld, ES=es), WORD=word,
-                              MK=_micro(1, op, ncol), MK2=_micro(2, op, ncol), PAIRS=HAS_AVX512F,
-                              LANES=LANES, NCOL=ncol)
+                              MK=_micro(1, op), MK2=_micro(2, op), PAIRS=HAS_AVX512F,
+                              LANES=LANES, NCOL=COLS)
     return _KERNELS[key]
 
 
