@@ -348,7 +348,7 @@ def test_half_rounding_of_activations_is_ggmls():
 
 @pytest.mark.parametrize("t", [T.F32, T.F16, T.BF16], ids=lambda t: t.name)
 def test_float_row_dot_is_the_rounded_activations_product(t):
-    """The float row dots (four rows at a time, then single ones) multiply the weights with the
+    """The float row dots (eight rows at a time, then single ones) multiply the weights with the
     activations rounded once to the vec_dot type: float64's product of those two, to float32
     accumulation, over wide (8192) and narrow rows, and the same bytes at 1 and 2 threads."""
     for n_in in (576, 8192):
@@ -366,7 +366,7 @@ def test_float_row_dot_is_the_rounded_activations_product(t):
         for n in (1, 2):
             set_threads(n)
             outs.append(np.empty((2, 19), np.float32))
-            K.matvec_kernel(t)(frozen(w), *acts, outs[-1], 4)
+            K.matvec_kernel(t)(frozen(w), *acts, outs[-1], 16)  # 16 rows: two calls of eight, then 3 rows
         assert outs[0].tobytes() == outs[1].tobytes()
         np.testing.assert_allclose(outs[0], ref, rtol=0, atol=2e-6 * np.sqrt(n_in) * np.abs(ref).max())
 

@@ -27,10 +27,11 @@ from quantkit.kernels.ir_x8 import X8_ROWS, row_dot_x8, x8_flavour, x8_places
 from quantkit.quants import traits
 
 F = np.float32
-#: float rows a float row dot takes at once (``rowdot4_float``), each activation loaded once for all of
+#: float rows a float row dot takes at once (``rowdot8_float``), each activation loaded once for all of
 #: them: 1B-shape F16 tg32 on Sapphire Rapids (avx512vnni, 2 threads) 8.6 t/s a row at a time, 10.5-10.6
-#: four at a time (docs/performance-history.md, "Float decode, four rows a call")
-FLOAT_ROWS = 4
+#: four or eight at a time; SmolLM2 F16 ~51 a row or four at a time, 55-56 eight (docs/performance-history.md,
+#: "Float decode, four rows a call")
+FLOAT_ROWS = 8
 
 
 def rowdot_ir(wr, xq, xd, xs, sc):
@@ -65,21 +66,23 @@ def rowdot_float(wr, xq, xd, xs, sc):
     return acc
 
 
-def rowdot4_float(wr, xq, xd, xs, sc):
-    """``FLOAT_ROWS`` (4) consecutive float rows (``wr`` holds them), each activation loaded once for all
-    four, as llama.cpp's tinyBLAS tiles several rows over one column. -> 4 x float32"""
-    n = wr.shape[0] // 4
-    a0 = F(0.0)
-    a1 = F(0.0)
-    a2 = F(0.0)
-    a3 = F(0.0)
+def rowdot8_float(wr, xq, xd, xs, sc):
+    """``FLOAT_ROWS`` (8) consecutive float rows (``wr`` holds them), each activation loaded once for all
+    eight, as llama.cpp's tinyBLAS tiles several rows over one column. -> 8 x float32"""
+    n = wr.shape[0] // 8
+    a0, a1, a2, a3, a4, a5, a6, a7 = F(0.0), F(0.0), F(0.0), F(0.0), F(0.0), F(0.0), F(0.0), F(0.0)
     for j in range(xq.shape[0]):
         x = xq[j]
-        a0 += LD(wr, ES * j) * x  # noqa: F821
-        a1 += LD(wr, n + ES * j) * x  # noqa: F821
-        a2 += LD(wr, 2 * n + ES * j) * x  # noqa: F821
-        a3 += LD(wr, 3 * n + ES * j) * x  # noqa: F821
-    return a0, a1, a2, a3
+        o = ES * j  # noqa: F821
+        a0 += LD(wr, o) * x  # noqa: F821
+        a1 += LD(wr, n + o) * x  # noqa: F821
+        a2 += LD(wr, 2 * n + o) * x  # noqa: F821
+        a3 += LD(wr, 3 * n + o) * x  # noqa: F821
+        a4 += LD(wr, 4 * n + o) * x  # noqa: F821
+        a5 += LD(wr, 5 * n + o) * x  # noqa: F821
+        a6 += LD(wr, 6 * n + o) * x  # noqa: F821
+        a7 += LD(wr, 7 * n + o) * x  # noqa: F821
+    return a0, a1, a2, a3, a4, a5, a6, a7
 
 
 # -- a type with a codec but no integer dot: the portable path ---------------------------------------
@@ -173,7 +176,7 @@ def rowdots_kernel(wtype, variant: str | None = None):
     t = T(wtype)
     row, info = cpu_traits(t).row, type_info(t)
     if row is not None and row.kind == "float":
-        return build(rowdot4_float, t.name, False, LD=row.fn, ES=info.type_size), FLOAT_ROWS
+        return build(rowdot8_float, t.name, False, LD=row.fn, ES=info.type_size), FLOAT_ROWS
     if row is None or row.kind != "ir":
         return build(rowdot2_split, t.name, False, ROWDOT=rowdot_kernel(t, variant)), 2
     return build(rowdot2_ir, f"{t.name}_{variant}", False, ROW2=row_intrinsic(t, variant, 2)), 2
