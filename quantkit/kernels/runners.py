@@ -32,6 +32,7 @@ from numba import types
 
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import VIEWS, addr_of, call_addr, prange, specialize, view_f32, view_i32, view_i64, view_u8_ro
+from quantkit.kernels.cpu_traits import cpu_traits
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels.ir_x8 import X8_ROWS
 from quantkit.kernels.vecdot import activation_kind, build, deq_kernel, rowdot_kernel, rowdots_kernel, rowx8_kernel
@@ -59,12 +60,13 @@ SC_LEN = 16
 
 def run_rows(bp, pp, off, rb, r0, r1, ap, op, o0, sp):
     """out[o0 + r] = (row r of the matrix at bp + off) . a for r in r0..r1-1: rows ``NR`` at a time
-    (ROWDOTS shares the activation loads between them), then the last ones by ROWDOT. (``pp``, the x8
-    copy, is not read: one signature for both layouts.) ``ap``: the activation table, from which the
-    forms of this type's activation kind are viewed."""
+    (ROWDOTS shares the activation loads between them), then the last ones by ROWDOT. ``COPY``: the rows
+    are read at pp + off, the decode step's copy of the file's rows (float weights), else ``pp`` is not
+    read (one signature for every layout). ``ap``: the activation table, from which the forms of this
+    type's activation kind are viewed."""
     at = view_i64(ap, 2 * N_FORMS)
     xq, xd, xs = VQ(at[2 * AQ], at[2 * AQ + 1]), VD(at[2 * AD], at[2 * AD + 1]), VS(at[2 * AS], at[2 * AS + 1])  # noqa: F821
-    buf = view_u8_ro(bp + off, r1 * rb)
+    buf = view_u8_ro((pp if COPY else bp) + off, r1 * rb)  # noqa: F821
     out = view_f32(op, o0 + r1)
     sc = view_i32(sp, SC_LEN)
     r = r0
@@ -124,21 +126,34 @@ def _views(kind: str) -> dict:
                 VS=VIEWS[np.dtype(ACT_DTYPES[as_])])
 
 
-def rows_runner(tag: str, kind: str, rowdot, rowdots, nrows: int):
+def rows_runner(tag: str, kind: str, rowdot, rowdots, nrows: int, copy: bool = False):
     """A ``run_rows`` runner over given compiled row dots (``rowdot``; ``rowdots``, ``nrows`` rows at a
-    time) taking activations of ``kind``; ``tag`` names its cache entry."""
-    return specialize(run_rows, tag, fast=True, cfunc=RUN_SIG, ROWDOT=rowdot, ROWDOTS=rowdots, NR=nrows,
-                      **_views(kind))
+    time) taking activations of ``kind``, reading the file's rows or (``copy``) the step's copy of them;
+    ``tag`` names its cache entry."""
+    return specialize(run_rows, tag + ("_copy" if copy else ""), fast=True, cfunc=RUN_SIG, ROWDOT=rowdot,
+                      ROWDOTS=rowdots, NR=nrows, COPY=copy, **_views(kind))
+
+
+def copies_rows(t) -> bool:
+    """Whether the decode step reads type ``t``'s matrices from a copy of the file's rows in its own
+    huge-page memory (its second layout, as the x8 types' interleaved copy): float weights, which stream
+    ~11 % faster so on the Sapphire Rapids machine (1B F16 tg32 10.5-10.6 -> 11.8 t/s from the map and
+    from the copy; docs/performance-history.md, "Float decode from a copy")."""
+    return cpu_traits(t).row is not None and cpu_traits(t).row.kind == "float"
 
 
 def row_runner(t, x8: bool, variant: str | None = None):
-    """The C-callable row runner of GGML type ``t`` in the x8 layout or the file's rows (``RUN_SIG``), for
-    a variant (``plain``: ``run_plain``)."""
+    """The C-callable row runner of GGML type ``t`` in its second layout (``x8``: the x8 layout, or for a
+    type that ``copies_rows`` the step's copy of its rows) or the file's rows (``RUN_SIG``), for a variant
+    (``plain``: ``run_plain``)."""
     variant = variant or default_variant()
     t = T(t)
     if variant == "plain":
         return specialize(run_plain, t.name, fast=True, cfunc=RUN_SIG, DEQ=deq_kernel(t))
     kind = activation_kind(t, variant)
+    if x8 and copies_rows(t):
+        return rows_runner(f"{t.name}_{variant}", kind, rowdot_kernel(t, variant), *rowdots_kernel(t, variant),
+                           copy=True)
     if x8:
         return specialize(run_rows_x8, f"{t.name}_x8_{variant}", fast=True, cfunc=RUN_SIG,
                           ROWX8=rowx8_kernel(t, variant), **_views(kind))

@@ -20,7 +20,11 @@ How the weights get in, and the type dispatch:
   ~20% slower from the map than from a huge-page anonymous copy; on the 1B shape here the two measured
   the same (docs/performance.md), so the copy, which doubled the peak memory while it was made, is now
   opt-in: ``QUANTKIT_COPY_WEIGHTS=1`` (when the span is at most ``RAM_COPY_FRACTION`` of the available
-  memory; the file's pages are then dropped). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk
+  memory; the file's pages are then dropped). Two kinds of matrix are read from a copy of their own in
+  ``pbuf`` instead (``make_x8``, a slice at a time, each slice's file pages released once copied, so the
+  resident bytes stay one copy): the x8 types' in the 8-row interleaved layout, and float weights as the
+  file's rows (``runners.copies_rows``: on the Sapphire Rapids machine they decoded ~11 % slower from
+  the map). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk
   rows, expert stride)`` for the eight matrices of a layer in ``MATS`` order (``MOE_MATS`` in a MoE
   layer: a 3D expert tensor is one entry of one expert's rows, expert e at offset + e * stride; a
   dense layer's eighth entry is empty); ``ot`` / ``et`` the same for ``output`` and ``token_embd``.
@@ -62,7 +66,7 @@ from quantkit.errors import ModelError
 from quantkit.jit import addr_of, call_addr, fetch_add, frozen, get_threads, njit_fast, njit_fast_parallel, prange
 from quantkit.kernels import activation_kind, default_variant, quantize_q8_01_into, quantize_q8_k_into
 from quantkit.kernels.activations import round_bf16_into, round_f16_into
-from quantkit.kernels.runners import SC_LEN, act_table, deq_runner, row_runner
+from quantkit.kernels.runners import SC_LEN, act_table, copies_rows, deq_runner, row_runner
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, x8_types
 from quantkit.model.arch import GLU_KINDS
 from quantkit.model.layer import DenseFFN, MoeFFN
@@ -454,8 +458,12 @@ class DecodeStep:
         types = tuple(sorted({w.type for w in weights}, key=int))
         # the products of an x8 type with whole 8-row groups read an interleaved copy (not the embedding,
         # which is looked up by row from the map)
+        # and the float matrices read the step's own copy of their rows (``copies_rows``), unless the
+        # whole span is copied already (QUANTKIT_COPY_WEIGHTS=1)
         xt = set(x8_types(variant)) if use_x8(variant) else set()
-        packed = [w.type in xt and (w.data.shape[0] // w.n_expert) % X8_ROWS == 0 for w in weights[:-1]] + [False]
+        ct = {t for t in types if copies_rows(t)} if not config.copy_weights() else set()
+        packed = [w.type in ct or (w.type in xt and (w.data.shape[0] // w.n_expert) % X8_ROWS == 0)
+                  for w in weights[:-1]] + [False]
 
         def slot_set(packed):
             return tuple(sorted({(w.type, p) for w, p in zip(weights, packed)}, key=lambda k: (int(k[0]), k[1])))
@@ -493,8 +501,9 @@ class DecodeStep:
             # a 3D expert tensor: the rows of one expert, the others a stride apart (the same in both layouts)
             n = w.data.shape[0] // w.n_expert
             stride = n * w.data.shape[1]
-            if p:
-                return [po, w.data.shape[1] * X8_ROWS, n, code[w.type, True], chunk_rows(n), stride]
+            if p:  # an x8 row group's bytes, or a copied row's
+                return [po, w.data.shape[1] * (1 if w.type in ct else X8_ROWS), n, code[w.type, True], chunk_rows(n),
+                        stride]
             return [off, w.data.shape[1], n, code[w.type, False], chunk_rows(n), stride]
 
         pos = iter(o for _, o in self._x8_todo)
@@ -570,7 +579,8 @@ class DecodeStep:
         self.fn = step_kernel(kv_f16)
 
     def make_x8(self) -> None:
-        """Fill ``pbuf`` with the x8 layout of the matrices that use it (the first ``run`` does, once),
+        """Fill ``pbuf`` with the x8 layout of the matrices that use it and the copied rows of the float
+        ones (the first ``run`` does, once),
         ``X8_SLICE_BYTES`` of rows at a time, dropping each slice's file pages from this process as soon
         as it is packed (the batch path reads them back from the map when it runs): the interleaved
         copy replaces the map for decoding, so the resident weight bytes stay one copy, plus one slice
@@ -587,7 +597,10 @@ class DecodeStep:
             step = max(X8_ROWS, X8_SLICE_BYTES // rb // X8_ROWS * X8_ROWS)
             for r0 in range(0, n, step):
                 r1 = min(n, r0 + step)
-                pack_x8(w.data[r0:r1], w.type, pbuf[o + r0 * rb:o + r1 * rb])
+                if copies_rows(w.type):
+                    pbuf[o + r0 * rb:o + r1 * rb] = w.data[r0:r1].reshape(-1)
+                else:
+                    pack_x8(w.data[r0:r1], w.type, pbuf[o + r0 * rb:o + r1 * rb])
                 if src is not None:
                     m.gguf.release(src, r0, r1)
             if src is not None:
