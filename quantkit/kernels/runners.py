@@ -32,7 +32,7 @@ from numba import types
 
 from quantkit.formats.ggml_types import type_info
 from quantkit.jit import VIEWS, addr_of, call_addr, prange, specialize, view_f32, view_i32, view_i64, view_u8_ro
-from quantkit.kernels.cpu_traits import cpu_traits
+from quantkit.kernels.cpu_traits import kind_of
 from quantkit.kernels.ir import default_variant
 from quantkit.kernels.ir_x8 import X8_ROWS
 from quantkit.kernels.vecdot import activation_kind, build, deq_kernel, rowdot_kernel, rowdots_kernel, rowx8_kernel
@@ -139,7 +139,7 @@ def copies_rows(t) -> bool:
     huge-page memory (its second layout, as the x8 types' interleaved copy): float weights, which stream
     ~11 % faster so on the Sapphire Rapids machine (1B F16 tg32 10.5-10.6 -> 11.8 t/s from the map and
     from the copy; docs/performance-history.md, "Float decode from a copy")."""
-    return cpu_traits(t).row is not None and cpu_traits(t).row.kind == "float"
+    return kind_of(t, "row") == "float"
 
 
 def row_runner(t, x8: bool, variant: str | None = None):
