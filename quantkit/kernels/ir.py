@@ -250,6 +250,23 @@ def _dot_neon(builder, acc, u, x, wide):
     return _join(builder, *out)
 
 
+def _dot_small(builder, variant, pairs):
+    """<8 x i32> per-4-byte-lane sums of u8 u * s8 x over the (u, x) ``pairs`` (32-byte vectors) whose u are
+    so small that every ``vpmaddubsw`` pair sum, added up over all the pairs, fits int16 (the TQ types'
+    trits 0..2: 8 chunks of at most 2 * 2 * 128). AVX2 adds the ``vpmaddubsw`` results as int16 and
+    widens once (``vpmaddwd`` with ones), as ggml's AVX2 TQ dots do; the other variants chain ``_dot``."""
+    if variant != "avx2":
+        acc = None
+        for u, x in pairs:
+            acc = _dot(builder, variant, acc, u, x, wide=False)
+        return acc
+    s16 = None
+    for u, x in pairs:
+        p = _maddubs(builder, u, x)
+        s16 = p if s16 is None else builder.add(s16, p)
+    return _pairs_to_lanes(builder, s16)
+
+
 def _dot(builder, variant, acc, u, x, wide=True):
     """acc (<8 x i32> or None) + per-4-byte-lane sums of u8 u * s8 x.
 

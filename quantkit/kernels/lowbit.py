@@ -20,7 +20,8 @@ The ``_emit_X`` are per-block emitters for ir_rowdot.py's whole-row loop (u8 x s
 ``vpdpbusd``), named by each type's row-dot entry in kernels/cpu_traits.py:
 
 * TQ2_0 reuses Q2_K's 2-bit chunk loader (the same ``qs`` layout), TQ1_0 decodes trits with byte
-  multiplies (``(b * 3**n mod 256) * 3 >> 8``), both subtract ``sum(q)`` from the bsums;
+  multiplies and two compares (the top digit of ``b * 3**n mod 256``, ``_top_trit``), both subtract
+  ``sum(q)`` from the bsums; on AVX2 their eight chunk products add up as int16 (``ir._dot_small``);
 * MXFP4 looks its nibbles up in ``E + 128`` (``vpshufb``) and subtracts ``128 * sum(q)``;
 * IQ3_XXS / IQ3_S load eight 4-byte grid points per 32 values from a constant table (as ggml's AVX2
   dot does with ``_mm256_set_epi32``), apply the signs to the activations and scale each 32-chunk by
@@ -73,42 +74,49 @@ def _minus_bsums(b, blk, ai):
 
 def _emit_tq2_0(blk, acc, extra):
     b = blk.b
-    ai = None
-    for c in range(8):  # chunk c: elements 128 * (c // 4) + 32 * (c % 4) + m, Q2_K's qs layout
-        ai = K._dot(b, blk.v, ai, ir_rowdot._chunk_q2_k(b, blk.v, K._gep(b, blk.wb, _TQ2_QS), c), K._ld(b, blk.xb, 32 * c, K.V32I8),
-                    wide=False)
+    qs = K._gep(b, blk.wb, _TQ2_QS)  # chunk c: elements 128 * (c // 4) + 32 * (c % 4) + m, Q2_K's qs layout
+    ai = K._dot_small(b, blk.v, [(ir_rowdot._chunk_q2_k(b, blk.v, qs, c), K._ld(b, blk.xb, 32 * c, K.V32I8))
+                                 for c in range(8)])
     return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ2_D)), extra
 
 
-def _trits(b, v, pow3):
-    """Trits (0..2) of TQ1_0 bytes ``v`` (<n x i8>) at the positions of weight ``pow3`` (one int or one
-    per lane): the top base-3 digit of ``v * pow3 mod 256``."""
-    n = v.type.count
-    m = pow3 if isinstance(pow3, (list, tuple)) else [pow3] * n
-    q = b.zext(b.mul(v, K._vconst(m, K.I8)), ir.VectorType(K.I16, n))
-    t = b.lshr(b.mul(q, K._vconst([3] * n, K.I16)), K._vconst([8] * n, K.I16))
-    return b.trunc(t, ir.VectorType(K.I8, n))
+def _pow3(b, v, k):
+    """``v * 3**k mod 256`` of bytes ``v`` (<n x i8>)."""
+    return b.mul(v, K._vconst([3 ** k] * v.type.count, K.I8)) if k else v
+
+
+def _top_trit(b, s):
+    """The top base-3 digit of bytes q, ggml's ``((uint16_t) q * 3) >> 8`` (0 up to 85, 1 up to 170, else
+    2), given as ``s = q ^ 0x80`` (<n x i8>): two signed byte compares (x86 has no unsigned one)."""
+    ty = s.type
+    n = ty.count
+    gt = [b.sext(b.icmp_signed(">", s, K._vconst([lim - 128] * n, K.I8)), ty) for lim in (85, 170)]
+    return b.sub(b.sub(ir.Constant(ty, None), gt[0]), gt[1])
 
 
 def _chunk_tq1_0(b, var, p, c):
     """The trits (0..2) of elements 32c..32c+31 of the TQ1_0 block whose ``qs`` starts at ``p``: qs[0:32]
-    holds elements 32n + m (n < 5), qs[32:48] elements 160 + 16n + m, qh[4] elements 240 + 4n + j."""
+    holds elements 32n + m (n < 5), qs[32:48] elements 160 + 16n + m, qh[4] elements 240 + 4n + j; trit n
+    of a byte is the top digit of byte * 3**n mod 256. The bytes are flipped to q ^ 0x80 first, which
+    multiplying by 3**n keeps (an odd factor times 128 is 128 mod 256), for ``_top_trit``'s compares."""
+    def ld(off, ty):
+        v = K._ld(b, p, off, ty)
+        return b.xor(v, K._vconst([0x80] * ty.count, K.I8))
+
     if c < 5:
-        return _trits(b, K._ld(b, p, 0, K.V32I8), 3 ** c)
-    v16 = K._ld(b, p, 32, K.V16I8)
+        return _top_trit(b, _pow3(b, ld(0, K.V32I8), c))
+    v = _pow3(b, ld(32, K.V16I8), 2 * (c - 5))
     if c < 7:
-        return K._concat16(b, _trits(b, v16, 9 ** (c - 5)), _trits(b, v16, 3 * 9 ** (c - 5)))
-    qh = K._ld(b, p, _TQ1_QH - _TQ1_QS, ir.VectorType(K.I8, 4))
-    qh16 = b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4))
-    return K._concat16(b, _trits(b, v16, 81), _trits(b, qh16, [1] * 4 + [3] * 4 + [9] * 4 + [27] * 4))
+        return _top_trit(b, K._concat16(b, v, _pow3(b, v, 1)))
+    qh = ld(_TQ1_QH - _TQ1_QS, ir.VectorType(K.I8, 4))
+    qh16 = b.mul(b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4)), K._vconst([1] * 4 + [3] * 4 + [9] * 4 + [27] * 4, K.I8))
+    return _top_trit(b, K._concat16(b, v, qh16))
 
 
 def _emit_tq1_0(blk, acc, extra):
     b = blk.b
     qs = K._gep(b, blk.wb, _TQ1_QS)
-    ai = None
-    for c in range(8):
-        ai = K._dot(b, blk.v, ai, _chunk_tq1_0(b, blk.v, qs, c), K._ld(b, blk.xb, 32 * c, K.V32I8), wide=False)
+    ai = K._dot_small(b, blk.v, [(_chunk_tq1_0(b, blk.v, qs, c), K._ld(b, blk.xb, 32 * c, K.V32I8)) for c in range(8)])
     return K._fma_acc(b, acc, _minus_bsums(b, blk, ai), _scale(b, blk, _TQ1_D)), extra
 
 
