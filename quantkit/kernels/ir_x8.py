@@ -10,10 +10,11 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.kernels.ir import (F32T, HAS_GFNI, I8, I16, I32, I64, V8F32, V8I32, V32I8, X8_PREFETCH, _FM,
-                                 _byte_ptr, _decl, _dot, _e8m0_half, _fold16, _ld, _lut16, _pairs16, _shuf, _splat,
-                                 _vconst, act_sums, int8_flavour)
+                                 _byte_ptr, _decl, _dot, _e8m0_half, _fold16, _ld, _lut16, _maddubs, _pairs16,
+                                 _pairs_to_lanes, _shuf, _splat, _vconst, act_sums, int8_flavour)
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.ir_rowdot import _IQ4_U
+from quantkit.kernels.lowbit import _pow3, _top_trit
 
 
 # -- 8-row interleaved ("x8") layout: one activation block serves 8 rows ------------------------------
@@ -81,6 +82,29 @@ def _x8_dot(b, dpb, acc, u, xb, off, wide=False):
     lo, hi = (_dot(b, dpb, None, b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32))), x, wide=wide)
               for h in range(2))
     return b.add(acc, b.shuffle_vector(lo, hi, _vconst(range(16))))
+
+
+def _x8_dot_small(k, terms):
+    """The sum of ``_x8_dot`` over ``terms`` ((u, activation offset) pairs) whose u are so small that all
+    their ``vpmaddubsw`` pair sums add up within int16 (the TQ types: 32 dots of values 0..3 per block, at
+    most 24576). On avx2 the products add up as int16 and widen once per half (ggml's AVX2 TQ dots do so),
+    where ``_x8_dot`` widens each; elsewhere ``_x8_dot``'s."""
+    b = k.b
+    if k.dpb != "avx2":
+        acc = ir.Constant(V16I32, None)
+        for u, off in terms:
+            acc = _x8_dot(b, k.dpb, acc, u, k.xb, off)
+        return acc
+    s16 = [None, None]
+    for u, off in terms:
+        q = _ld(b, k.xb, off, I64)
+        x = b.insert_element(ir.Constant(ir.VectorType(I64, 4), None), q, ir.Constant(I32, 0))
+        x = b.bitcast(b.shuffle_vector(x, x, _vconst([0] * 4)), V32I8)
+        for h in range(2):
+            p = _maddubs(b, b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32))), x)
+            s16[h] = p if s16[h] is None else b.add(s16[h], p)
+    lo, hi = (_pairs_to_lanes(b, v) for v in s16)
+    return b.shuffle_vector(lo, hi, _vconst(range(16)))
 
 
 def _x8_bits(k, v, shift, width, to=0):
@@ -409,12 +433,39 @@ def _x8_tq2_0(k):
     b = k.b
     (d_at,), q_at, _ = k.places
     three = _splat(I8, 64, 3)
-    acc = ir.Constant(V16I32, None)
+    terms = []
     for s in range(8):
         v = _ld(b, k.gb, q_at + 64 * s, V64I8)
         for sh in range(4):
             u = b.and_(b.lshr(v, _splat(I8, 64, 2 * sh)) if sh else v, three)
-            acc = _x8_dot(b, k.dpb, acc, u, k.xb, 128 * (s // 4) + 32 * sh + 8 * (s % 4))
+            terms.append((u, 128 * (s // 4) + 32 * sh + 8 * (s % 4)))
+    acc = _x8_dot_small(k, terms)
+    total = b.call(_decl(b.module, "llvm.vector.reduce.add.v16i32", I32, [V16I32]), [k.bsums()])
+    t8 = b.sub(_pairs16(b, acc), _bcast(b, total, V8I32))
+    return [(t8, b.fmul(_x8_f16(b, k.gb, d_at), k.dxv(), flags=_FM))]
+
+
+def _x8_tq1_0(k):
+    """TQ1_0: qs (row bytes 0..47: slices 0..5), qh (one u32 element per row, 384), d (fp16, 416). Trit n
+    of qs byte m (the top digit of its ``* 3**n``, lowbit.py's ``_chunk_tq1_0``) is element 32n + m for m
+    < 32, 160 + 16n + (m - 32) above, so slice s shifted by n is elements 32n + 8s .. (s < 4) or 160 +
+    16n + 8(s - 4) ..; trit n of qh byte j is element 240 + 4n + j: each row's four qh bytes twice, times
+    3**n for n = 0, 1 (elements 240..247) and 2, 3 (248..255). Values 0..2, offset 1 as TQ2_0's."""
+    b = k.b
+    (qh_at, d_at), q_at, _ = k.places
+    flip = _splat(I8, 64, 0x80)
+    terms = []
+    for s in range(6):
+        v = b.xor(_ld(b, k.gb, q_at + 64 * s, V64I8), flip)
+        for n in range(5):
+            off = 32 * n + 8 * s if s < 4 else 160 + 16 * n + 8 * (s - 4)
+            terms.append((_top_trit(b, _pow3(b, v, n)), off))
+    qh = _ld(b, k.gb, qh_at, V32I8)  # row r's four bytes at 4r
+    qh = b.xor(b.shuffle_vector(qh, qh, _vconst([4 * r + e % 4 for r in range(X8_ROWS) for e in range(8)])), flip)
+    for h in range(2):
+        terms.append((_top_trit(b, b.mul(qh, _vconst([3 ** (2 * h + e // 4) for e in range(8)] * X8_ROWS, I8))),
+                      240 + 8 * h))
+    acc = _x8_dot_small(k, terms)
     total = b.call(_decl(b.module, "llvm.vector.reduce.add.v16i32", I32, [V16I32]), [k.bsums()])
     t8 = b.sub(_pairs16(b, acc), _bcast(b, total, V8I32))
     return [(t8, b.fmul(_x8_f16(b, k.gb, d_at), k.dxv(), flags=_FM))]
