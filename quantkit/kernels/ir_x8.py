@@ -10,8 +10,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.kernels.ir import (F32T, HAS_GFNI, I8, I16, I32, I64, V8F32, V8I32, V32I8, X8_PREFETCH, _FM,
-                                 _byte_ptr, _decl, _dot, _e8m0_half, _fold16, _ld, _lut16, _maddubs, _pairs16,
-                                 _pairs_to_lanes, _shuf, _splat, _vconst, act_sums, int8_flavour)
+                                 _byte_ptr, _decl, _dot, _dot_small, _e8m0_half, _fold16, _ld, _lut16, _pairs16,
+                                 _shuf, _splat, _vconst, act_sums, int8_flavour)
 from quantkit.formats.ggml_types import type_info
 from quantkit.kernels.ir_rowdot import _IQ4_U
 from quantkit.kernels.lowbit import _pow3, _top_trit
@@ -76,34 +76,36 @@ def _x8_dot(b, dpb, acc, u, xb, off, wide=False):
     vpdpbusd gives (lanes 2r, 2r+1: row r)."""
     if dpb not in HALVES:
         return b.call(dpb, [acc, b.bitcast(u, V16I32), b.bitcast(_bcast8(b, xb, off), V16I32)])
+    x = _bcast8_32(b, xb, off)
+    lo, hi = (_dot(b, dpb, None, _half(b, u, h), x, wide=wide) for h in range(2))
+    return b.add(acc, b.shuffle_vector(lo, hi, _vconst(range(16))))
+
+
+def _bcast8_32(b, xb, off):
+    """The 8 activation bytes at xb+off repeated 4 times -> <32 x i8> (a half's ``_bcast8``)."""
     q = _ld(b, xb, off, I64)
     x = b.insert_element(ir.Constant(ir.VectorType(I64, 4), None), q, ir.Constant(I32, 0))
-    x = b.bitcast(b.shuffle_vector(x, x, _vconst([0] * 4)), V32I8)
-    lo, hi = (_dot(b, dpb, None, b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32))), x, wide=wide)
-              for h in range(2))
-    return b.add(acc, b.shuffle_vector(lo, hi, _vconst(range(16))))
+    return b.bitcast(b.shuffle_vector(x, x, _vconst([0] * 4)), V32I8)
+
+
+def _half(b, u, h):
+    """Half h of <64 x i8> u: rows 0-3 (h = 0) or 4-7."""
+    return b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32)))
 
 
 def _x8_dot_small(k, terms):
     """The sum of ``_x8_dot`` over ``terms`` ((u, activation offset) pairs) whose u are so small that all
     their ``vpmaddubsw`` pair sums add up within int16 (the TQ types: 32 dots of values 0..3 per block, at
-    most 24576). On avx2 the products add up as int16 and widen once per half (ggml's AVX2 TQ dots do so),
-    where ``_x8_dot`` widens each; elsewhere ``_x8_dot``'s."""
+    most 24576). On avx2 each half's products add up as int16 and widen once (``ir._dot_small``, as
+    ggml's AVX2 TQ dots do), where ``_x8_dot`` widens each; elsewhere ``_x8_dot``'s."""
     b = k.b
     if k.dpb != "avx2":
         acc = ir.Constant(V16I32, None)
         for u, off in terms:
             acc = _x8_dot(b, k.dpb, acc, u, k.xb, off)
         return acc
-    s16 = [None, None]
-    for u, off in terms:
-        q = _ld(b, k.xb, off, I64)
-        x = b.insert_element(ir.Constant(ir.VectorType(I64, 4), None), q, ir.Constant(I32, 0))
-        x = b.bitcast(b.shuffle_vector(x, x, _vconst([0] * 4)), V32I8)
-        for h in range(2):
-            p = _maddubs(b, b.shuffle_vector(u, u, _vconst(range(32 * h, 32 * h + 32))), x)
-            s16[h] = p if s16[h] is None else b.add(s16[h], p)
-    lo, hi = (_pairs_to_lanes(b, v) for v in s16)
+    xs = [_bcast8_32(b, k.xb, off) for _, off in terms]
+    lo, hi = (_dot_small(b, "avx2", [(_half(b, u, h), x) for (u, _), x in zip(terms, xs)]) for h in range(2))
     return b.shuffle_vector(lo, hi, _vconst(range(16)))
 
 
@@ -154,8 +156,8 @@ class _X8:
         if self.dpb not in HALVES:
             fn = _decl(b.module, "llvm.x86.avx512.pshuf.b.512", V64I8, [V64I8, V64I8])
             return b.call(fn, [ir.Constant(V64I8, list(table) * 4), idx])
-        lo, hi = (_lut16(b, self.dpb, b.shuffle_vector(idx, idx, _vconst(range(32 * h, 32 * h + 32))), table)
-                  for h in range(2))  # pshufb on 32 bytes, or two neon tbl of 16
+        # pshufb on 32 bytes, or two neon tbl of 16
+        lo, hi = (_lut16(b, self.dpb, _half(b, idx, h), table) for h in range(2))
         return b.shuffle_vector(lo, hi, _vconst(range(64)))
 
     def sums32(self):

@@ -109,7 +109,8 @@ def _chunk_tq1_0(b, var, p, c):
     if c < 7:
         return _top_trit(b, K._concat16(b, v, _pow3(b, v, 1)))
     qh = ld(_TQ1_QH - _TQ1_QS, ir.VectorType(K.I8, 4))
-    qh16 = b.mul(b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4)), K._vconst([1] * 4 + [3] * 4 + [9] * 4 + [27] * 4, K.I8))
+    qh16 = b.mul(b.shuffle_vector(qh, qh, K._vconst([0, 1, 2, 3] * 4)),
+                 K._vconst([1] * 4 + [3] * 4 + [9] * 4 + [27] * 4, K.I8))
     return _top_trit(b, K._concat16(b, v, qh16))
 
 
