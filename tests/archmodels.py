@@ -58,6 +58,18 @@ MOE_SPECS = {
                     gate_scale=4.0, q_types={"ffn_gate_exps": T.MXFP4, "ffn_up_exps": T.MXFP4,
                                              "ffn_down_exps": T.MXFP4}),
 }
+#: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
+#: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the
+#: qwen3moe row the MoE keys, Arch.moe_hparams) -- a leading dense layer, sigmoid gating with a per-expert
+#: score bias (exp_probs_b), 4 groups of 2 experts of which 2 are eligible, normalized weights times 2.5
+PROGRAM_SPECS = {
+    "moe-lead-dense": dict(arch="qwen3moe", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=48,
+                           n_vocab=512, rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=False,
+                           tied=False, n_expert=8, n_used=2, n_ff_exp=64, lead_dense=1, score_bias=True,
+                           moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2,
+                                     "expert_weights_norm": True, "expert_weights_scale": 2.5,
+                                     "expert_group_count": 4, "expert_group_used_count": 2}),
+}
 N_CTX = 128
 #: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
 #: dominated by the input token's own embedding (it would be every position's top token)
@@ -106,7 +118,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     """Write the tiny ``arch`` model (a key of SPECS or MOE_SPECS); ``drop``: leave that tensor out (a
     broken file for the refusals); MoE only: ``n_used`` experts per token instead of the spec's, and
     ``router`` "random" or "zero"."""
-    s = SPECS[arch] if arch in SPECS else MOE_SPECS[arch]
+    s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS}[arch]
     arch = s.get("arch", arch)
     n_exp = s.get("n_expert", 0)
     rng = np.random.default_rng(seed)
@@ -141,6 +153,9 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             w.add_uint32(f"{arch}.expert_feed_forward_length", s["n_ff_exp"])
         if "n_ff_shexp" in s:
             w.add_uint32(f"{arch}.expert_shared_feed_forward_length", s["n_ff_shexp"])
+        for key, v in s.get("moe_keys", {}).items():
+            (w.add_bool if isinstance(v, bool) else w.add_float32 if isinstance(v, float) else w.add_uint32)(
+                f"{arch}.{key}", v)
     tokens, merges, ttypes = _vocab(V)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -192,12 +207,14 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         if s["post_norms"]:
             vec(p + "post_attention_norm.weight", E, 1.5, 2.5)
         vec(p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
-        if n_exp:
+        if n_exp and i >= s.get("lead_dense", 0):
             FX = s.get("n_ff_exp", F)
             mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, s.get("router_scale", 3.0) / np.sqrt(E))
             mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, s.get("gate_scale", 2.0) / np.sqrt(E), n_exp)
             mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp)
             mat(p + "ffn_down_exps.weight", "ffn_down_exps", FX, E, RESID / np.sqrt(FX), n_exp)
+            if s.get("score_bias"):   # the selection's per-expert bias, of the sigmoid scores' size
+                vec(p + "exp_probs_b.bias", n_exp, -0.3, 0.3)
             if oss:   # the router's and the experts' biases (one row per expert)
                 vec(p + "ffn_gate_inp.bias", n_exp, -0.5, 0.5)
                 for name, n, r in (("ffn_gate_exps", FX, 0.5), ("ffn_up_exps", FX, 0.5), ("ffn_down_exps", E, 0.2)):

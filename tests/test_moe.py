@@ -21,13 +21,14 @@ import gguf
 import numpy as np
 import pytest
 
-from archmodels import MOE_SPECS, golden_model, write_model
+from archmodels import MOE_SPECS, PROGRAM_SPECS, golden_model, write_model
 from quantkit.errors import ModelError
-from quantkit.model.forward import Runner, route
-from quantkit.model.layer import MoeFFN
+from quantkit.model.forward import Runner
+from quantkit.model.layer import MoeFFN, Routing
 from quantkit.model.llama import Llama, LlamaConfig
 from quantkit.model.reference import reference_logits
-from quantkit.model.reference import route as route_ref
+from quantkit.model.route import route as route_ref
+from quantkit.model.route import route_rows, routing_record
 
 CASES = [(a, v) for a in MOE_SPECS for v in ("F16", "Q")]
 #: llama.cpp's top-2 gap under this is a tie for a quantized tiny model (as tests/test_arch.py)
@@ -59,9 +60,10 @@ def test_config_and_layers(case):
     for il, (d, b) in enumerate(zip(m.layers, m.blk)):
         # qwen2moe: build_moe_ffn's norm_w = false, and the shared expert; gpt-oss: norm_w = false,
         # softmax_weight gating, the clamped SwiGLU, the router's and the experts' biases
-        assert d.moe and d.ffn == MoeFFN(s["n_expert"], s["n_used"], c.n_ff_exp, "softmax_weight" if oss else "softmax",
-                                         arch in ("qwen3moe", "mixtral"), 0.0, "swiglu_oai" if oss else "silu",
-                                         s.get("n_ff_shexp", 0), oss)
+        routing = Routing(s["n_expert"], s["n_used"], "softmax_weight" if oss else "softmax",
+                          norm_w=arch in ("qwen3moe", "mixtral"))
+        assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", s.get("n_ff_shexp", 0),
+                                         oss)
         assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch != "mixtral")
         assert d.attn.qkv_bias == s["bias"] and (b.ffn_down_shexp is not None) == ("n_ff_shexp" in s)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
@@ -140,6 +142,52 @@ def test_token_by_token_matches_reference(case, compiled):
     _compare(got, ref, variant, routes)
 
 
+# -- layers of two kinds in one model, DeepSeek V3's routing -----------------------------------------
+
+@pytest.fixture(scope="module", params=["F16", "Q"])
+def lead_dense(request, tmp_path_factory):
+    """tests/archmodels.py's ``moe-lead-dense``: the qwen3moe row reading the MoE keys (Arch.moe_hparams,
+    as DeepSeek's and GLM's rows will), so layer 0 is dense and layers 1-2 route by sigmoid scores with a
+    score bias, in groups, with scaled weights."""
+    import dataclasses
+
+    from quantkit.model.arch import ARCHS
+
+    mp = pytest.MonkeyPatch()
+    mp.setitem(ARCHS, "qwen3moe", dataclasses.replace(ARCHS["qwen3moe"], moe_hparams=True))
+    path = write_model(tmp_path_factory.mktemp("lead") / f"lead-{request.param}.gguf", "moe-lead-dense", request.param)
+    with Llama(path) as m:
+        routes: list = []
+        yield request.param, m, reference_logits(m, IDS, routes), routes
+    mp.undo()
+
+
+def test_lead_dense_program(lead_dense):
+    """The layer programs: a dense layer, then MoE layers with the file's routing."""
+    _, m, _, _ = lead_dense
+    s = PROGRAM_SPECS["moe-lead-dense"]
+    assert [d.moe for d in m.layers] == [False, True, True]
+    assert m.blk[0].ffn_gate is not None and m.blk[0].ffn_gate_inp is None
+    assert m.layers[1].ffn.routing == Routing(8, 2, "sigmoid", norm_w=True, w_scale=2.5, n_group=4, n_group_used=2,
+                                              score_bias=True)
+    assert m.layers[0].ffn.n_ff == s["n_ff"] and m.layers[1].ffn.n_ff == s["n_ff_exp"]
+    assert [b.norm for b in m.layers[0].blocks] == ["attn_norm", "ffn_norm"]
+
+
+@pytest.mark.parametrize("how", ["batch", "step", "batch-row"])
+def test_lead_dense_matches_reference(lead_dense, how):
+    """Every path walks the per-layer programs as the float64 reference does: the whole batch, the
+    compiled step token by token (one step for layers of both kinds), the batch path row by row."""
+    variant, m, ref, routes = lead_dense
+    if how == "batch":
+        got = Runner(m, 128).forward(IDS, logits="all")
+    else:
+        r = Runner(m, 128, compiled_step=how == "step")
+        assert (r.step is not None) == (how == "step")
+        got = np.concatenate([r.forward([t]) for t in IDS])
+    _compare(got, ref, variant, routes)
+
+
 # -- against llama.cpp ----------------------------------------------------------------------------
 
 #: a quantized file may be this far from llama.cpp's logits on average, in units of their spread: 3 %
@@ -204,17 +252,22 @@ def test_decode_matches_llama_cpp(golden):
 
 # -- routing ---------------------------------------------------------------------------------------
 
+def route(logits: np.ndarray, r: Routing, bias=None):
+    """The batch path's routing (the decode step's ``route_token`` per row) on a copy of ``logits``."""
+    return route_rows(np.array(logits, np.float32), routing_record(r), bias)
+
+
 def test_route_ties_and_order():
-    """Both routings (float32 batch, float64 reference): ties go to the lower expert index, the
+    """Both routings (compiled float32, float64 reference): ties go to the lower expert index, the
     weights are the chosen probabilities normalized to sum 1, largest first."""
-    f = MoeFFN(n_expert=6, n_expert_used=2, n_ff=8, gating="softmax", norm_w=True, w_scale=0.0, glu="silu")
+    r = Routing(n_expert=6, n_used=2, gating="softmax", norm_w=True)
     logits = np.array([[0, 0, 0, 0, 0, 0],            # all tie: experts 0 and 1
                        [1, 3, 3, 0, 3, 2],            # a three-way tie at the top: 1 and 2
                        [0, 1, 5, 1, 0, 2],            # a clear first (2), a clear second (5)
                        [4, 0, 0, 4.5, 0, 4]], np.float32)  # 3 first, then 0 and 5 tie: 0
     want = [[0, 1], [1, 2], [2, 5], [3, 0]]
     for fn in (route, route_ref):
-        top, w = fn(logits if fn is route else logits.astype(np.float64), f)[:2]
+        top, w = fn(logits if fn is route else logits.astype(np.float64), r)[:2]
         assert top.tolist() == want
         np.testing.assert_allclose(w.sum(1), 1.0, rtol=1e-6)
         p = np.exp(logits - logits.max(1, keepdims=True))
@@ -224,12 +277,9 @@ def test_route_ties_and_order():
 
 
 def test_route_softmax_weight_ties():
-    """gpt-oss's SOFTMAX_WEIGHT gating, both routings and the compiled step's ``moe_route``: the largest
-    raw logits (ties to the lower index), weighted by the softmax of those alone, not normalized again."""
-    from quantkit.model.decode import moe_route
-
-    f = MoeFFN(n_expert=6, n_expert_used=2, n_ff=8, gating="softmax_weight", norm_w=False, w_scale=0.0,
-               glu="swiglu_oai", biases=True)
+    """gpt-oss's SOFTMAX_WEIGHT gating, both routings: the largest raw logits (ties to the lower index),
+    weighted by the softmax of those alone, not normalized again."""
+    r = Routing(n_expert=6, n_used=2, gating="softmax_weight", norm_w=False)
     logits = np.array([[0, 0, 0, 0, 0, 0], [1, 3, 3, 0, 3, 2], [0, 1, 5, 1, 0, 2], [-4, -9, -9, -3.5, -9, -4]],
                       np.float32)
     want = [[0, 1], [1, 2], [2, 5], [3, 0]]
@@ -237,14 +287,50 @@ def test_route_softmax_weight_ties():
     soft = np.exp(chosen - chosen.max(1, keepdims=True))
     soft /= soft.sum(1, keepdims=True)
     for fn in (route, route_ref):
-        top, w = fn(logits if fn is route else logits.astype(np.float64), f)[:2]
+        top, w = fn(logits if fn is route else logits.astype(np.float64), r)[:2]
         assert top.tolist() == want
         np.testing.assert_allclose(w, soft, rtol=1e-6)
-    for row, wt, ws in zip(logits, want, soft):
-        sel, selw = np.zeros(2, np.int64), np.zeros(2, np.float32)
-        moe_route(row.copy(), 2, False, True, sel, selw)
-        assert sel.tolist() == wt
-        np.testing.assert_allclose(selw, ws, rtol=1e-6)
+
+
+def test_route_sigmoid_groups_bias_by_hand():
+    """DeepSeek V3's routing on numbers worked by hand (build_moe_ffn): sigmoid probabilities, the score
+    bias added for the choice only, two groups of four of which the better one (by the sum of its two
+    best scores) is eligible, weights normalized and scaled."""
+    r = Routing(n_expert=8, n_used=2, gating="sigmoid", norm_w=True, w_scale=2.5, n_group=2, n_group_used=1,
+                score_bias=True)
+    logits = np.array([[0.0, 1.0, -1.0, 0.5, 2.0, -2.0, 0.2, 0.1]])
+    bias = np.array([0.0, 0.0, 0.0, 0.0, -0.9, 0.0, 0.0, 0.0], np.float32)
+    p = 1 / (1 + np.exp(-logits[0]))
+    s = p + bias
+    # group 0 (experts 0-3): best two 0.731 + 0.622; group 1 (4-7): 0.550 (0.881 - 0.9 = -0.019? no: expert 4
+    # scores sigmoid(2) - 0.9 = -0.019) -> 0.550 + 0.525: group 0 wins; its best two: experts 1 and 3
+    assert s[1] + s[3] > np.sort(s[4:])[-1] + np.sort(s[4:])[-2]
+    want_w = np.array([p[1], p[3]]) / (p[1] + p[3]) * 2.5
+    for fn in (route, route_ref):
+        top, w = fn(logits if fn is route_ref else logits.astype(np.float32), r, bias)[:2]
+        assert top.tolist() == [[1, 3]]
+        np.testing.assert_allclose(w[0], want_w, rtol=1e-6)
+
+
+@pytest.mark.parametrize("gating", ["softmax", "sigmoid", "softmax_weight"])
+@pytest.mark.parametrize("groups", [(1, 1), (4, 2)])
+@pytest.mark.parametrize("score_bias", [False, True])
+def test_route_compiled_equals_float64(gating, groups, score_bias):
+    """The compiled routing (the decode step's and, per row, the batch path's) against the float64 one
+    on random logits for every gating, with and without groups and a score bias, normalized or not,
+    scaled: the same experts where the choice is clear (margin over 1e-4), the same weights to float32."""
+    rng = np.random.default_rng(len(gating) * 7 + groups[0] + score_bias)
+    for norm_w, w_scale in ((True, 0.0), (False, 2.5)):
+        r = Routing(n_expert=16, n_used=3, gating=gating, norm_w=norm_w, w_scale=w_scale, n_group=groups[0],
+                    n_group_used=groups[1], score_bias=score_bias)
+        logits = rng.normal(0, 2, (200, 16)).astype(np.float32)
+        bias = rng.normal(0, 0.3, 16).astype(np.float32) if score_bias else None
+        top, w, margin = route_ref(logits.astype(np.float64), r, bias)
+        got_top, got_w = route(logits, r, bias)
+        clear = margin > 1e-4
+        assert clear.mean() > 0.95
+        assert (got_top[clear] == top[clear]).all()
+        np.testing.assert_allclose(got_w[clear], w[clear], rtol=2e-5, atol=1e-6)
 
 
 def test_swiglu_oai():

@@ -2,9 +2,10 @@
 
 The layer math is written once per path kind (``quantkit.model.forward``'s batch path,
 ``quantkit.model.decode``'s compiled step, ``quantkit.model.reference``'s float64 forward); each of them
-interprets the per-layer ``quantkit.model.layer.Layer`` records that ``layer.describe`` builds from an
-``Arch`` row, the ``LlamaConfig`` and the file's optional tensors -- never the architecture's name.
-Adding an architecture means a row here and, at most, one new op (or one new record kind in layer.py).
+walks the per-layer programs (``quantkit.model.layer.Layer``) that ``layer.describe`` builds from an
+``Arch`` row, the ``LlamaConfig`` and the file's tensors -- never the architecture's name. Adding an
+architecture means a row here, its config reading and, at most, the ops it adds (a record in layer.py,
+one implementation per path).
 The facts come from llama.cpp: ``llama_model_rope_type`` (NORM vs NEOX), each architecture's ``load_arch_hparams`` / ``load_arch_tensors`` (src/models/<arch>.cpp: which keys
 and tensors it reads, which are optional) and its graph (the order of norms, the activation, the
 embedding and attention scales).
@@ -12,7 +13,7 @@ embedding and attention scales).
 A layer, in the order every path runs it (the optional steps are this table's flags)::
 
     x = token_embd[tok]                      (* sqrtf(n_embd)             if embd_scale)
-    per layer:
+    per layer (its program: quantkit.model.layer; a MoE file's leading dense layers are dense):
       h = rmsnorm(x) * attn_norm
       q, k, v = h @ attn_q/k/v               (+ attn_q/k/v.bias           when the file has them)
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
@@ -25,8 +26,9 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       h = rmsnorm(x) * ffn_norm              (gpt-oss: post_attention_norm, its Arch.ffn_norm)
       f = (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down   act = SiLU or GELU (tanh form)     dense FFN
         or, a mixture of experts (moe; llama.cpp's build_moe_ffn):
-      p = softmax(h @ ffn_gate_inp); E = the expert_used_count largest; w = p[E] (/ sum(p[E]) if moe_norm_w)
-        (gpt-oss: l = h @ ffn_gate_inp + bias; E = the largest l; w = softmax(l[E]), moe_gating)
+      (E, w) = route(h @ ffn_gate_inp)       quantkit.model.route: gating (softmax; sigmoid; gpt-oss's
+                                             softmax of the chosen logits), score bias, expert groups, the
+                                             expert_used_count largest, w normalized if moe_norm_w, scaled
       f = sum over e in E of w_e * (silu(h @ ffn_gate_exps[e]) * (h @ ffn_up_exps[e])) @ ffn_down_exps[e]
         (gpt-oss: each product + its expert's bias, act = swiglu_oai, moe_biases)
       f += sigmoid(h . ffn_gate_inp_shexp) * (silu(h @ ffn_gate_shexp) * (h @ ffn_up_shexp)) @ ffn_down_shexp
@@ -67,6 +69,13 @@ class Arch:
     ffn_norm: str = "ffn_norm"   # the FFN's input norm (gpt-oss: "post_attention_norm", its "attn_post_norm")
     swa_rope_model: bool = False  # SWA layers use the model's RoPE base (unless {arch}.rope.freq_base_swa)
                                   # and scaling (gpt-oss); else llama_hparams' 10000 and none (gemma3)
+    attn_scale: str = "head_dim"  # the softmax scale of q.k: 1/sqrt(head_dim); "n_rot": 1/sqrt(n_rot)
+                                  # (gpt-oss); "gemma3": 1/sqrt(n_embd / n_head) for the 62-layer 27B
+                                  # (llama_model_gemma3::load_arch_hparams), else head_dim's
+    moe_hparams: bool = False     # reads {arch}.leading_dense_block_count (the first layers dense),
+                                  # expert_weights_scale, expert_weights_norm, expert_gating_func,
+                                  # expert_group_count / expert_group_used_count, and blk.N.exp_probs_b
+                                  # (the DeepSeek V3 family's build_moe_ffn arguments)
 
 
 #: GLU activations: the index the compiled kernels switch on ("swiglu_oai": ggml_swiglu_oai with
@@ -81,7 +90,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("qwen3", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False),
     Arch("gemma3", rope_neox=True, qk_norm=True, post_norms=True, glu="gelu", embd_scale=True, swa_pattern=6,
-         output_bias=False, softcap=True),
+         output_bias=False, softcap=True, attn_scale="gemma3"),
     Arch("qwen3moe", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS),
     # src/models/qwen2moe.cpp: qwen2's attention (Q/K/V biases), build_moe_ffn with norm_w = false, and
@@ -94,7 +103,7 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gpt-oss", rope_neox=True, qk_norm=False, post_norms=False, glu="swiglu_oai", embd_scale=False,
          swa_pattern=2, output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False,
          moe_gating="softmax_weight", moe_biases=True, attn_sinks=True, attn_out_bias=True,
-         ffn_norm="post_attention_norm", swa_rope_model=True),
+         ffn_norm="post_attention_norm", swa_rope_model=True, attn_scale="n_rot"),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

@@ -1,15 +1,15 @@
 """The decode step in compiled code: one numba call per generated token runs every layer.
 
-``DecodeStep(model, n_embd_max...)`` turns a ``Llama`` into flat tables once, and ``step(...)`` runs
-one token: embedding row, then per layer RMSNorm, activation quantization (once per distinct input
-and activation kind), Q/K/V products, ``qk_prepare`` (biases, Q/K norms, RoPE), KV store, attention
-over the cache (or its sliding window), output product, (post-norm,) residual, RMSNorm, gate/up
-products with the GLU (SiLU or GELU), down product, (post-norm,) residual -- or, in a mixture-of-experts
-layer, the router product, ``moe_route`` (softmax, top-k, normalized weights) and those three products
-for each chosen expert alone, their weighted outputs added in selection order --; then the final norm
-and the logits product (quantkit.model.arch's layer, as each layer's ``quantkit.model.layer.Layer``
-record says). No Python runs between layers (docs/kernels.md: per-layer
-Python work over 30 layers costs more than the products of a small model).
+``DecodeStep(model, kv_f16)`` turns a ``Llama`` into flat tables and records once, and ``run(...)``
+runs one token: the embedding row, then each layer's program (``quantkit.model.layer``: per block its
+input norm, its op, its output norm and the residual add) -- ``attn_op``: activation quantization
+(once per distinct input and activation kind), Q/K/V products, ``qk_prepare`` (biases, Q/K norms,
+RoPE), KV store, attention over the cache (or its sliding window), output product; ``ffn_op``: gate /
+up products with the GLU, down product, or in a mixture-of-experts layer the router product,
+``route.route_token`` and those three products for each chosen expert alone, their weighted outputs
+added in selection order, then a shared expert --; then the final norm and the logits product. Layers
+may differ (a dense first layer before MoE layers). No Python runs between layers (docs/kernels.md:
+per-layer Python work over 30 layers costs more than the products of a small model).
 
 How the weights get in, and the type dispatch:
 
@@ -25,9 +25,10 @@ How the weights get in, and the type dispatch:
   resident bytes stay one copy): the x8 types' in the 8-row interleaved layout, and float weights as the
   file's rows (``runners.copies_rows``: on the Sapphire Rapids machine they decoded ~11 % slower from
   the map). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk
-  rows, expert stride)`` for the eight matrices of a layer in ``MATS`` order (``MOE_MATS`` in a MoE
-  layer: a 3D expert tensor is one entry of one expert's rows, expert e at offset + e * stride; a
-  dense layer's eighth entry is empty); ``ot`` / ``et`` the same for ``output`` and ``token_embd``.
+  rows, expert stride)`` for the matrices of a layer in its named slots ``W_Q`` .. ``W_DOWN_SH``
+  (``MATS`` in a dense layer, ``MOE_MATS`` and ``SHEXP_MATS`` in a MoE layer: a 3D expert tensor is one
+  entry of one expert's rows, expert e at offset + e * stride; unused slots are empty); ``ot`` / ``et``
+  the same for ``output`` and ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types and layouts, at most ``SLOTS``):
   ``runs[code]`` is the address of that slot's row runner, a C-callable build of one type and layout
   (kernels/runners.py), which the step calls (``jit.call_addr``) once per chunk of rows (``deqs[code]``
@@ -57,6 +58,7 @@ one body is built for each (``ST_KV``, and ``attend_kernel``'s ``LD_KV``).
 from __future__ import annotations
 
 import mmap
+from collections import namedtuple
 
 import numpy as np
 
@@ -69,15 +71,18 @@ from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.runners import SC_LEN, act_table, copies_rows, deq_runner, row_runner
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, x8_types
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.layer import DenseFFN, MoeFFN
+from quantkit.model.layer import Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Llama, Weight
 # the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported (the batch path, perplexity)
 from quantkit.model.ops import NO_SINK, add_bias
+from quantkit.model.route import ROUTING_DTYPE, route_token, routing_record
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
                                 kv_f16_store, kv_f32_same, max_f32, qk_prepare, rmsnorm1, window_start)
 
-#: the seven matrices of a layer, in the order of ``wt[layer]``
+#: the matrices of a layer in the slots of ``wt[layer]``, named W_Q .. W_DOWN_SH: a dense layer's seven
 MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_ROUTER, W_GATE_SH, W_UP_SH, W_DOWN_SH = range(11)
+N_MATS = 11
 #: a MoE layer's: the experts' 3D tensors in the FFN's places, and the router
 MOE_MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
             "ffn_gate_inp")
@@ -166,194 +171,204 @@ def quantize_needed(mask, a):
 
 # -- the step ---------------------------------------------------------------------------------------
 
-@njit_fast
-def softmax_inplace(x, n):
-    """x[:n] <- ggml_soft_max of x[:n] (float32 exp, float64 sum, times 1 / sum)."""
-    mx = max_f32(x, n)
-    tot = 0.0
-    for i in range(n):
-        e = expf(x[i] - mx)
-        x[i] = e
-        tot += np.float64(e)
-    inv = np.float32(1.0) / np.float32(tot)
-    for i in range(n):
-        x[i] *= inv
+# -- the step: the layer program (quantkit.model.layer) as records the compiled code walks ---------
+#
+# Per layer, up to MAX_BLOCKS ``BLOCK_DTYPE`` records (``prog[l]``): the op, the row of ``norms[l]`` of
+# its input norm and of its output norm (-1: none); per layer the op's parameters as named records
+# (``attn[l]``: ATTN_DTYPE, ``ffn[l]``: FFN_DTYPE, ``routing[l]``: quantkit.model.route.ROUTING_DTYPE)
+# and its tensors in named tables (``AttnTables``, ``MoeTables``). Layers may differ in every one of
+# them: a dense first layer before MoE layers, sliding and global attention.
+
+#: ops of ``BLOCK_DTYPE.op`` (0: no block)
+OP_NONE, OP_ATTN, OP_DENSE, OP_MOE = 0, 1, 2, 3
+OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE}
+MAX_BLOCKS = 2
+BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64)])
+ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
+                       ("qkv_bias", np.int64), ("sinks", np.int64), ("out_bias", np.int64)])
+FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("biases", np.int64)])
+
+#: the step's tables, each a namedtuple numba reads by field name
+Weights = namedtuple("Weights", "runs deqs buf pbuf wt ot et sc ctr")
+Acts = namedtuple("Acts", "aE aQ aF aX aS atab")
+Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow")
+Program = namedtuple("Program", "prog norms attn ffn routing need out_norm gelu_tab")
+AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias")
+MoeTables = namedtuple("MoeTables", "shexp_gate router_bias score_bias gate_bias up_bias down_bias")
+Dims = namedtuple("Dims", "n_head n_head_kv head_dim n_rot eps scale embd_scale")
+#: rows of ``Acts.atab``: the activation tables of aE, aQ, aF (dense FFN), aX (an expert), aS (the shared expert)
+A_E, A_Q, A_F, A_X, A_S = range(5)
 
 
-@njit_fast
-def moe_route(logits, k, norm_w, weight_softmax, sel, selw):
-    """build_moe_ffn's routing of one token (as ``forward.route``; ``logits`` is overwritten): gating
-    softmax, the softmax of the router logits; the k largest into sel[:k] (a strict > scan: ties to the
-    lower index), their values into selw -- with ``weight_softmax`` (gpt-oss's softmax_weight gating)
-    the k largest logits, selw then their softmax --, divided by their float32 sum (clamped below at
-    6.103515625e-5) when ``norm_w``."""
-    n = logits.shape[0]
-    if not weight_softmax:
-        softmax_inplace(logits, n)
-    for j in range(k):
-        best = 0
-        for i in range(1, n):
-            if logits[i] > logits[best]:
-                best = i
-        sel[j] = best
-        selw[j] = logits[best]
-        logits[best] = np.float32(-np.inf)
-    if weight_softmax:
-        softmax_inplace(selw, k)
-    if norm_w:
-        s = np.float32(0.0)
-        for j in range(k):
-            s += selw[j]
-        s = max(s, np.float32(6.103515625e-5))
-        for j in range(k):
-            selw[j] = selw[j] / s
-
-
-def step_body(tok, pos, want, runs, deqs, buf, pbuf, wt, ot, et, attn_norm, ffn_norm, out_norm, cos, sin, kc, vc, need,
-              aE, aQ, aF, x, xb2, qkv, hg, hu, scores, logits, sc, ctr, nth, dims, eps, scale, lay, bias, qk_norm,
-              post_norm, gelu_tab, embd_scale, moe, attn_x, atab):
-    """Run token ``tok`` at position ``pos`` through every layer; the logits into ``logits`` when
-    ``want``. Matrices are read from ``buf`` (the file's map) or, for x8 slots, ``pbuf``, by the row
-    runners ``runs[slot]`` (the embedding's row by ``deqs[slot]``); ``atab`` (4, 20): the activation
-    tables (``act_table``) of aE, aQ, aF and the shared expert's. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V.
-    dims = (n_head, n_head_kv, head_dim, n_rot, neox, glu kind, has qk norms, has post norms, experts used
-    (0: a dense FFN), normalize the experts' weights, has a shared expert, softmax_weight gating);
-    moe = (router logits (n_expert,), one expert's output (n_embd,), the chosen experts' weights and
-    indices (experts used,), the three expert matrices' ``wt`` rows (3, WT_COLS)) -- scratch --, the
-    shared expert's gate vectors (n_layer, n_embd) and the activation forms of its down product's input,
-    the router's biases (n_layer, n_expert), the experts' gate, up and down biases (n_layer, n_expert,
-    n_ff or n_embd) (each (n_layer, 0, ...) when there are none); a shared expert's three matrices are
-    ``wt[l, 8:11]``; attn_x = (sink logits (n_layer, n_head), attn_output biases (n_layer, n_embd)),
-    each (n_layer, 0) when there are none;
-    need[l] = activation kinds of the four inputs of layer l (attn, attn_output, ffn, ffn_down),
-    need[n_layer, 0] the output's; lay[l] = (RoPE table of cos / sin, sliding window or 0);
-    bias[l] = the Q, K, V biases (n_layer, 0) when there are none; qk_norm[l] = (q, k) head norms,
-    post_norm[l] = (attention, FFN) output norms (each (n_layer, 0, ...) when the arch has none)."""
-    n_layer = wt.shape[0]
-    n_head, n_head_kv, hd, n_rot, neox, glu_kind = dims[0], dims[1], dims[2], dims[3], dims[4], dims[5]
-    has_qkn = dims[6] != 0
-    E = x.shape[0]
+def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
+    """Layer l's attention (``quantkit.model.layer.Attn``) of the normed input in A.aE at position
+    ``pos`` into S.xb2: Q/K/V (one parallel region), biases + q/k norms + RoPE (``qk_prepare``), the cache
+    store, attention over the cache (or its window; a prange over heads), the output product (+ bias)."""
+    a = P.attn[l]
+    w = W.wt[l]
+    n_head, hd = D.n_head, D.head_dim
     Q = n_head * hd
-    KV = n_head_kv * hd
-    group = n_head // n_head_kv
+    KV = D.n_head_kv * hd
+    group = n_head // D.n_head_kv
     n_kv = pos + 1
-    nob = bias[0, :0]       # an empty bias / norm: "none"
-    xa = aE[0][0]           # the normed input of a block, float32 (E,)
-    xo = aQ[0][0]           # the attention output, float32 (Q,)
-    o_0 = np.int64(0)       # output offset 0, typed int64 as Q and Q + KV are (one build of ROWS)
-    n_used = dims[8]
-    norm_w = dims[9] != 0
-    rlog, ye, selw, sel, mrow, shg, aS = moe[0], moe[1], moe[2], moe[3], moe[4], moe[5], moe[6]
-    rbias, gbias, ubias, dbias = moe[7], moe[8], moe[9], moe[10]
-    has_shexp = 1 if dims[10] != 0 else 0
-    weight_softmax = dims[11] != 0
-    sinks, obias = attn_x[0], attn_x[1]
-    has_sinks = sinks.shape[1] != 0
-    has_eb = gbias.shape[1] != 0
-    bp, pp, sp = addr_of(buf), addr_of(pbuf), addr_of(sc)
-    aEp, aQp, aFp, aSp = addr_of(atab[0]), addr_of(atab[1]), addr_of(atab[2]), addr_of(atab[3])
-    qkvp, hgp, hup, xb2p, yep = addr_of(qkv), addr_of(hg), addr_of(hu), addr_of(xb2), addr_of(ye)
+    nob = T.bias[0, :0]
+    o_0 = np.int64(0)
+    qkv = S.qkv
+    bp, pp, sp = addr_of(W.buf), addr_of(W.pbuf), addr_of(W.sc)
+    aEp, qkvp = addr_of(A.atab[A_E]), addr_of(qkv)
+    quantize_needed(P.need[l, 0], A.aE)
+    cq, ck, cv = nchunks(w[W_Q]), nchunks(w[W_K]), nchunks(w[W_V])
+    # a prange body reads locals only: a namedtuple's field or a record read inside one was miscompiled
+    # (numba 0.6x: the expert biases' in-place adds were lost; a record argument does not compile)
+    ctr, runs, mq, mk, mv = W.ctr, W.runs, w[W_Q], w[W_K], w[W_V]
+    ctr[CTR] = 0
+    for _ in prange(nth):
+        c = fetch_add(ctr, CTR, 1)
+        while c < cq + ck + cv:
+            if c < cq:
+                rows(runs, mq, c, bp, pp, aEp, qkvp, o_0, sp)
+            elif c < cq + ck:
+                rows(runs, mk, c - cq, bp, pp, aEp, qkvp, Q, sp)
+            else:
+                rows(runs, mv, c - cq - ck, bp, pp, aEp, qkvp, Q + KV, sp)
+            c = fetch_add(ctr, CTR, 1)
+    bl = T.bias[l]
+    has_b = a.qkv_bias != 0
+    q, k, v = qkv[:Q], qkv[Q:Q + KV], qkv[Q + KV:]
+    qn = T.qk_norm[l, 0] if a.qk_norm != 0 else nob
+    kn = T.qk_norm[l, 1] if a.qk_norm != 0 else nob
+    qk_prepare(q, k, v, bl[:Q] if has_b else nob, bl[Q:Q + KV] if has_b else nob, bl[Q + KV:] if has_b else nob,
+               qn, kn, D.eps, n_head, D.n_head_kv, hd, D.n_rot, cos[a.rope_table, pos], sin[a.rope_table, pos],
+               a.neox != 0)
+    krow = kc[l, pos]
+    vrow = vc[l, pos]
+    for i in range(KV):
+        krow[i] = ST_KV(k[i])  # noqa: F821
+        vrow[i] = ST_KV(v[i])  # noqa: F821
+    kl = kc[l]
+    vl = vc[l]
+    k0 = window_start(n_kv, a.n_swa)
+    xo = A.aQ[0][0]         # the attention output, float32 (Q,)
+    has_sinks, sinks, scale = a.sinks != 0, T.sinks[l], D.scale
+    for h in prange(n_head):
+        snk = sinks[h] if has_sinks else np.float32(NO_SINK)
+        ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, snk,  # noqa: F821
+               scores[h], xo[h * hd:(h + 1) * hd])
+    quantize_needed(P.need[l, 1], A.aQ)
+    product(W.runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
+    if a.out_bias != 0:
+        add_bias(S.xb2, T.out_bias[l])
 
-    call_addr(deqs[et[3]], bp, pp, et[0], et[1], np.int64(tok), np.int64(tok) + 1, aEp, addr_of(x), o_0, sp)
-    if embd_scale != np.float32(1.0):
-        for i in range(E):
-            x[i] *= embd_scale
-    for l in range(n_layer):
-        w = wt[l]
-        # -- attention: norm, Q/K/V (one parallel region), biases + q/k norms + RoPE, cache store, attend,
-        # project, (post-norm), add
-        rmsnorm1(x, attn_norm[l], eps, xa)
-        quantize_needed(need[l, 0], aE)
-        cq, ck, cv = nchunks(w[0]), nchunks(w[1]), nchunks(w[2])
+
+@njit_fast_parallel
+def ffn_op(l, moe, W, A, S, P, M, nth):
+    """Layer l's FFN of the normed input in A.aE into S.xb2: a dense GLU (``DenseFFN``), or
+    (``MoeFFN``, ``moe``) the router, ``route_token`` and each chosen expert's GLU -- its rows alone --
+    weighted and added in selection order, then the shared expert times the sigmoid of its gate. Each
+    GLU: gate and up with the activation (one parallel region), then down."""
+    f = P.ffn[l]
+    glu_kind = f.glu    # (locals only in a prange body: attn_op)
+    w = W.wt[l]
+    E = S.x.shape[0]
+    xa = A.aE[0][0]
+    o_0 = np.int64(0)
+    ctr, mrow, runs = W.ctr, S.mrow, W.runs
+    bp, pp, sp = addr_of(W.buf), addr_of(W.pbuf), addr_of(W.sc)
+    aEp, hgp, hup, yep = addr_of(A.atab[A_E]), addr_of(S.hg), addr_of(S.hu), addr_of(S.ye)
+    has_eb = moe and f.biases != 0
+    hg, hu, gelu_tab = S.hg, S.hu, P.gelu_tab
+    quantize_needed(P.need[l, 2], A.aE)
+    n_used = 0
+    if moe:
+        n_used = P.routing[l].n_used
+        product(W.runs, w[W_ROUTER], bp, pp, aEp, addr_of(S.rlog), sp, ctr, nth)
+        if has_eb:
+            add_bias(S.rlog, M.router_bias[l])
+        route_token(S.rlog, M.score_bias[l], P.routing[l], S.sel, S.selw, S.rsc)
+    xb2 = S.xb2
+    for i in range(E):
+        xb2[i] = 0.0
+    n_sh = 1 if f.n_ff_shexp != 0 else 0
+    for j in range(max(n_used, 1) + n_sh):
+        shx = n_sh != 0 and j == max(n_used, 1)      # the shared expert, after the routed ones
+        e = S.sel[j] if moe and not shx else 0
+        m0 = W_GATE_SH if shx else W_GATE
+        ai = A_S if shx else A_X if moe else A_F
+        af = A.aS if shx else A.aX if moe else A.aF
+        ha = af[0][0]                                # act(gate) * up, float32 (n_ff,)
+        for r in range(3):
+            for col in range(WT_COLS):
+                mrow[r, col] = w[m0 + r, col]
+            mrow[r, 0] += e * w[m0 + r, 5]
+        mg, mu, md = mrow[0], mrow[1], mrow[2]
+        gb, ub = M.gate_bias[l, e], M.up_bias[l, e]
         ctr[CTR] = 0
         for _ in prange(nth):
             c = fetch_add(ctr, CTR, 1)
-            while c < cq + ck + cv:
-                if c < cq:
-                    rows(runs, w[0], c, bp, pp, aEp, qkvp, o_0, sp)
-                elif c < cq + ck:
-                    rows(runs, w[1], c - cq, bp, pp, aEp, qkvp, Q, sp)
-                else:
-                    rows(runs, w[2], c - cq - ck, bp, pp, aEp, qkvp, Q + KV, sp)
+            while c < nchunks(mg):  # gate and up have the same rows, so the same chunks
+                rows(runs, mg, c, bp, pp, aEp, hgp, o_0, sp)
+                rows(runs, mu, c, bp, pp, aEp, hup, o_0, sp)
+                r0 = c * mg[4]
+                r1 = min(r0 + mg[4], mg[2])
+                if has_eb and not shx:   # the expert's gate and up biases (ggml_add_id)
+                    for i in range(r0, r1):
+                        hg[i] += gb[i]
+                        hu[i] += ub[i]
+                glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
                 c = fetch_add(ctr, CTR, 1)
-        bl = bias[l]
-        has_b = bl.shape[0] != 0
-        qkv_q = qkv[:Q]
-        qkv_k = qkv[Q:Q + KV]
-        qkv_v = qkv[Q + KV:]
-        qk_prepare(qkv_q, qkv_k, qkv_v, bl[:Q] if has_b else nob, bl[Q:Q + KV] if has_b else nob,
-                   bl[Q + KV:] if has_b else nob, qk_norm[l, 0] if has_qkn else nob,
-                   qk_norm[l, 1] if has_qkn else nob, eps, n_head, n_head_kv, hd, n_rot,
-                   cos[lay[l, 0], pos], sin[lay[l, 0], pos], neox != 0)
-        krow = kc[l, pos]
-        vrow = vc[l, pos]
-        for i in range(KV):
-            krow[i] = ST_KV(qkv_k[i])  # noqa: F821
-            vrow[i] = ST_KV(qkv_v[i])  # noqa: F821
-        kl = kc[l]
-        vl = vc[l]
-        k0 = window_start(n_kv, lay[l, 1])
-        for h in prange(n_head):
-            snk = sinks[l, h] if has_sinks else np.float32(NO_SINK)
-            ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, snk,  # noqa: F821
-                   scores[h], xo[h * hd:(h + 1) * hd])
-        quantize_needed(need[l, 1], aQ)
-        product(runs, w[3], bp, pp, aQp, xb2p, sp, ctr, nth)
-        add_bias(xb2, obias[l])
-        add_block(x, xb2, post_norm[l, 0], eps)
-        # -- feed-forward: norm, (MoE: router, routing,) per expert (one for a dense FFN): gate and up
-        # with the GLU (one parallel region), down, its weighted output added; (post-norm), add
-        rmsnorm1(x, ffn_norm[l], eps, xa)
-        quantize_needed(need[l, 2], aE)
-        if n_used:
-            product(runs, w[7], bp, pp, aEp, addr_of(rlog), sp, ctr, nth)
-            add_bias(rlog, rbias[l])
-            moe_route(rlog, n_used, norm_w, weight_softmax, sel, selw)
-        for i in range(E):
-            xb2[i] = 0.0
-        for j in range(max(n_used, 1) + has_shexp):
-            shx = n_used != 0 and j == n_used      # the shared expert, after the routed ones
-            e = sel[j] if n_used and not shx else 0
-            m0 = 8 if shx else 4
-            af = aS if shx else aF
-            afp = aSp if shx else aFp
-            ha = af[0][0]                          # act(gate) * up, float32 (n_ff,)
-            for r in range(3):
-                for col in range(WT_COLS):
-                    mrow[r, col] = w[m0 + r, col]
-                mrow[r, 0] += e * w[m0 + r, 5]
-            mg, mu, md = mrow[0], mrow[1], mrow[2]
-            ctr[CTR] = 0
-            for _ in prange(nth):
-                c = fetch_add(ctr, CTR, 1)
-                while c < nchunks(mg):  # gate and up have the same rows, so the same chunks
-                    rows(runs, mg, c, bp, pp, aEp, hgp, o_0, sp)
-                    rows(runs, mu, c, bp, pp, aEp, hup, o_0, sp)
-                    r0 = c * mg[4]
-                    r1 = min(r0 + mg[4], mg[2])
-                    if has_eb and not shx:   # the expert's gate and up biases (ggml_add_id)
-                        for i in range(r0, r1):
-                            hg[i] += gbias[l, e, i]
-                            hu[i] += ubias[l, e, i]
-                    glu(hg[r0:r1], hu[r0:r1], ha[r0:r1], glu_kind, gelu_tab)
-                    c = fetch_add(ctr, CTR, 1)
-            quantize_needed(need[l, 3], af)
-            product(runs, md, bp, pp, afp, yep, sp, ctr, nth)
-            if has_eb and not shx:
-                add_bias(ye, dbias[l, e])
-            we = selw[j] if n_used and not shx else np.float32(1.0)
-            if shx:   # sigmoid(h . ffn_gate_inp_shexp)
-                gs = np.float32(0.0)
-                for i in range(E):
-                    gs += xa[i] * shg[l, i]
-                we = np.float32(1.0) / (np.float32(1.0) + expf(-gs))
+        quantize_needed(P.need[l, 3], af)
+        product(W.runs, md, bp, pp, addr_of(A.atab[ai]), yep, sp, ctr, nth)
+        if has_eb and not shx:
+            add_bias(S.ye, M.down_bias[l, e])
+        we = S.selw[j] if moe and not shx else np.float32(1.0)
+        if shx:   # sigmoid(h . ffn_gate_inp_shexp)
+            gs = np.float32(0.0)
             for i in range(E):
-                xb2[i] += ye[i] * we
-        add_block(x, xb2, post_norm[l, 1], eps)
+                gs += xa[i] * M.shexp_gate[l, i]
+            we = np.float32(1.0) / (np.float32(1.0) + expf(-gs))
+        for i in range(E):
+            xb2[i] += S.ye[i] * we
+
+
+def step_body(tok, pos, want, W, A, S, P, T, M, D, kc, vc, cos, sin, scores, logits, nth):
+    """Run token ``tok`` at position ``pos`` through every layer's program; the logits into ``logits``
+    when ``want``. ``W``: the matrices (``Weights``: read from ``buf``, the file's map, or for x8 /
+    copied slots ``pbuf``, by the row runners ``runs[slot]``, the embedding's row by ``deqs[slot]``);
+    ``A`` the activation forms, ``S`` scratch, ``P`` the program and its records, ``T`` / ``M`` the
+    attention's and the MoE's per-layer tensors (each (n_layer, 0, ...) when no layer has them), ``D``
+    the dimensions and scales. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V;
+    cos / sin (n_tables, n_ctx, n_rot/2)."""
+    x, xb2 = S.x, S.xb2
+    xa = A.aE[0][0]             # the normed input of a block, float32 (E,)
+    E = x.shape[0]
+    nob = P.norms[0, 0, :0]     # an empty norm: "none"
+    sp = addr_of(W.sc)
+    et = W.et
+    call_addr(W.deqs[et[3]], addr_of(W.buf), addr_of(W.pbuf), et[0], et[1], np.int64(tok), np.int64(tok) + 1,
+              addr_of(A.atab[A_E]), addr_of(x), np.int64(0), sp)
+    if D.embd_scale != np.float32(1.0):
+        for i in range(E):
+            x[i] *= D.embd_scale
+    for l in range(P.prog.shape[0]):
+        for bi in range(P.prog.shape[1]):
+            blk = P.prog[l, bi]
+            if blk.op == OP_NONE:
+                continue
+            # x += post(op(norm(x)))
+            if blk.norm >= 0:
+                rmsnorm1(x, P.norms[l, blk.norm], D.eps, xa)
+            else:
+                xa[:] = x
+            if blk.op == OP_ATTN:
+                ATTN(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth)  # noqa: F821
+            else:
+                ffn_op(l, blk.op == OP_MOE, W, A, S, P, M, nth)
+            add_block(x, xb2, P.norms[l, blk.post] if blk.post >= 0 else nob, D.eps)
     if want:
-        rmsnorm1(x, out_norm, eps, xa)
-        quantize_needed(need[n_layer, 0], aE)
-        product(runs, ot, bp, pp, aEp, addr_of(logits), sp, ctr, nth)
+        rmsnorm1(x, P.out_norm, D.eps, xa)
+        quantize_needed(P.need[P.prog.shape[0], 0], A.aE)
+        product(W.runs, W.ot, addr_of(W.buf), addr_of(W.pbuf), addr_of(A.atab[A_E]), addr_of(logits), sp, W.ctr,
+                nth)
 
 
 # -- building it for a model ------------------------------------------------------------------------
@@ -422,8 +437,10 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
 
 def step_kernel(kv_f16: bool):
     """The compiled step for a KV cache kind (fp16 bits or float32): one build for every model."""
-    ld, st = (kv_f16_load, kv_f16_store) if kv_f16 else (kv_f32_same, kv_f32_same)
-    return build(step_body, "kv16" if kv_f16 else "kv32", True, ST_KV=st, ATTEND=attend_kernel(kv_f16))
+    tag = "kv16" if kv_f16 else "kv32"
+    st = kv_f16_store if kv_f16 else kv_f32_same
+    attn = build(attn_op, tag, True, ST_KV=st, ATTEND=attend_kernel(kv_f16))
+    return build(step_body, tag, False, ATTN=attn)
 
 
 class DecodeStep:
@@ -434,25 +451,11 @@ class DecodeStep:
         if variant == "plain":
             raise ModelError("the compiled decode step needs the integer kernels (not QUANTKIT_KERNELS=plain)")
         c = model.config
-        # the step interprets the layers' records (quantkit.model.layer) through ``dims`` and its
-        # per-layer tables: one set of attention flags for all layers, a dense GLU FFN in each
-        kinds = {(d.attn.rope_neox, d.attn.qk_norm, d.attn.post_norm, d.ffn.glu,
-                  isinstance(d.ffn, DenseFFN) and d.ffn.post_norm,
-                  (d.ffn.n_expert, d.ffn.n_expert_used, d.ffn.n_ff, d.ffn.norm_w, d.ffn.n_ff_shexp, d.ffn.gating,
-                   d.ffn.biases)
-                  if isinstance(d.ffn, MoeFFN) else None)
-                 for d in model.layers}
-        if len(kinds) != 1:
-            raise ModelError("the compiled decode step needs the same attention and FFN kind in every layer")
-        (neox, qk_norm, post_attn, glu_name, post_ffw, moe), = kinds
-        if post_attn != post_ffw:
-            raise ModelError("the compiled decode step needs both post-norms or neither")
-        f = model.layers[0].ffn
-        if isinstance(f, MoeFFN) and f.w_scale not in (0.0, 1.0):
-            raise ModelError("the compiled decode step routes experts without a weight scale only")
-        n_shexp = moe[4] if moe else 0
-        names = MOE_MATS + (SHEXP_MATS if n_shexp else ()) if moe else MATS
-        per_layer = [[getattr(b, name) for name in names] for b in model.blk]
+        # the step walks each layer's program (quantkit.model.layer): ops it has, at most MAX_BLOCKS a layer
+        for il, d in enumerate(model.layers):
+            if len(d.blocks) > MAX_BLOCKS or any(type(k.op) not in OP_CODES for k in d.blocks):
+                raise ModelError(f"the compiled decode step has no op for layer {il}'s {d}")
+        per_layer = [[getattr(b, name) for name in _layer_mats(d)] for d, b in zip(model.layers, model.blk)]
         mats = [w for ws in per_layer for w in ws]
         weights = mats + [model.output, model.token_embd]
         types = tuple(sorted({w.type for w in weights}, key=int))
@@ -508,66 +511,59 @@ class DecodeStep:
 
         pos = iter(o for _, o in self._x8_todo)
         tab = np.array([row(w, o, p, next(pos) if p else 0) for w, o, p in zip(weights, offs, packed)], np.int64)
-        wt = tab[:len(mats)].reshape(c.n_layer, len(names), WT_COLS)
-        if not moe:  # a dense layer's eighth entry: empty (never read)
-            wt = np.concatenate([wt, np.zeros((c.n_layer, 1, WT_COLS), np.int64)], axis=1)
-        self.wt = np.ascontiguousarray(wt)
+        wt = np.zeros((c.n_layer, N_MATS, WT_COLS), np.int64)   # a layer's slots past its matrices: empty
+        i = 0
+        for il, ws in enumerate(per_layer):
+            wt[il, :len(ws)] = tab[i:i + len(ws)]
+            i += len(ws)
+        self.wt = wt
         self.ot = np.ascontiguousarray(tab[len(mats)])
         self.et = np.ascontiguousarray(tab[len(mats) + 1])
 
         def bits(*ws: Weight) -> int:
-            return int(np.bitwise_or.reduce([KIND_BIT[activation_kind(w.type, variant)] for w in ws]))
+            return int(np.bitwise_or.reduce([0] + [KIND_BIT[activation_kind(w.type, variant)] for w in ws]))
 
         need = np.zeros((c.n_layer + 1, 4), np.int64)
         for i, ws in enumerate(per_layer):
             # attention's input; attn_output's; the FFN's (and the router's, the shared expert's gate / up);
             # ffn_down's (and the shared expert's)
-            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[4:6], *ws[7:10]), bits(ws[6], *ws[10:]))
+            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[W_GATE:W_DOWN], *ws[W_ROUTER:W_DOWN_SH]),
+                       bits(ws[W_DOWN], *ws[W_DOWN_SH:]))
         need[c.n_layer, 0] = bits(model.output)
-        self.need = need
-        self.attn_norm = np.ascontiguousarray(np.stack([b.attn_norm for b in model.blk]), np.float32)
-        self.ffn_norm = np.ascontiguousarray(np.stack([b.ffn_norm for b in model.blk]), np.float32)
-        self.out_norm = np.ascontiguousarray(model.output_norm, np.float32)
-        self.aE = _activations(c.n_embd)
-        self.aQ = _activations(c.n_embd_q)
-        n_ff = moe[2] if moe else c.n_ff
-        self.aF = _activations(n_ff)
-        self.x = np.zeros(c.n_embd, np.float32)
-        self.xb2 = np.zeros(c.n_embd, np.float32)
-        self.qkv = np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32)
-        self.hg = np.zeros(max(n_ff, n_shexp), np.float32)
-        self.hu = np.zeros(max(n_ff, n_shexp), np.float32)
-        k = moe[1] if moe else 1
-        shg = np.ascontiguousarray(np.stack([b.ffn_gate_inp_shexp.dequantize().reshape(-1) for b in model.blk]),
-                                   np.float32) if n_shexp else np.zeros((c.n_layer, 0), np.float32)
-        eb = bool(moe and moe[6])
-
-        def per_layer_f32(name: str, shape: tuple) -> np.ndarray:
-            if not eb:
-                return np.zeros((c.n_layer,) + (0,) * len(shape), np.float32)
-            return np.ascontiguousarray(np.stack([getattr(b, name) for b in model.blk]), np.float32)
-
-        self.moe = (np.zeros(moe[0] if moe else 1, np.float32), np.zeros(c.n_embd, np.float32), np.zeros(k, np.float32),
-                    np.zeros(k, np.int64), np.zeros((3, WT_COLS), np.int64), shg, _activations(n_shexp or 32),
-                    per_layer_f32("ffn_gate_inp_bias", (1,)), per_layer_f32("ffn_gate_exps_bias", (1, 1)),
-                    per_layer_f32("ffn_up_exps_bias", (1, 1)), per_layer_f32("ffn_down_exps_bias", (1, 1)))
+        self.program = _program(model, need)
+        ffns = [d.ffn for d in model.layers]
+        n_ff = max([f.n_ff for f in ffns if isinstance(f, DenseFFN)], default=0)
+        n_ff_exp = max([f.n_ff for f in ffns if isinstance(f, MoeFFN)], default=0)
+        n_shexp = max([f.n_ff_shexp for f in ffns if isinstance(f, MoeFFN)], default=0)
+        n_expert = max([f.n_expert for f in ffns if isinstance(f, MoeFFN)], default=1)
+        k = max([f.n_expert_used for f in ffns if isinstance(f, MoeFFN)], default=1)
+        acts = [_activations(n or 32) for n in (c.n_embd, c.n_embd_q, n_ff, n_ff_exp, n_shexp)]
+        self.acts = Acts(*acts, np.stack([act_table(a) for a in acts]))
+        width = max(n_ff, n_ff_exp, n_shexp)
+        self.scratch = Scratch(x=np.zeros(c.n_embd, np.float32), xb2=np.zeros(c.n_embd, np.float32),
+                               qkv=np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32),
+                               hg=np.zeros(width, np.float32), hu=np.zeros(width, np.float32),
+                               ye=np.zeros(c.n_embd, np.float32), rlog=np.zeros(n_expert, np.float32),
+                               rsc=np.zeros(2 * n_expert, np.float32), sel=np.zeros(k, np.int64),
+                               selw=np.zeros(k, np.float32), mrow=np.zeros((3, WT_COLS), np.int64))
         blk = model.blk
-        self.attn_x = (np.ascontiguousarray(np.stack([b.attn_sinks for b in blk]), np.float32)
-                       if blk[0].attn_sinks is not None else np.zeros((c.n_layer, 0), np.float32),
-                       np.ascontiguousarray(np.stack([b.attn_output_bias for b in blk]), np.float32)
-                       if blk[0].attn_output_bias is not None else np.zeros((c.n_layer, 0), np.float32))
-        self.sc = np.zeros(SC_LEN, np.int32)
-        self.ctr = np.zeros(2 * CTR, np.int64)
-        self.dims = np.array([c.n_head, c.n_head_kv, c.head_dim, c.n_rot, neox, GLU_KINDS.index(glu_name),
-                              qk_norm, post_attn, moe[1] if moe else 0, moe[3] if moe else 0, n_shexp,
-                              int(bool(moe) and moe[5] == "softmax_weight")], np.int64)
-        self.eps = np.float32(c.rms_eps)
-        self.scale = np.float32(c.kq_scale)
-        self.bias = layer_biases(model)
-        self.qk_norm = _stack(model, ("attn_q_norm", "attn_k_norm"), c.head_dim)
-        self.post_norm = _stack(model, ("post_attention_norm", "post_ffw_norm"), c.n_embd)
-        self.gelu_tab = gelu_table() if glu_name == "gelu" else np.zeros(1, np.float32)
-        self.embd_scale = np.float32(c.embd_scale)
+
+        def stacked(name: str, shape) -> np.ndarray:
+            return _stacked([getattr(b, name) for b in blk], shape)
+
+        qkn = [None if b.attn_q_norm is None else np.stack([b.attn_q_norm, b.attn_k_norm]) for b in blk]
+        self.attn_tables = AttnTables(bias=layer_biases(model), qk_norm=_stacked(qkn, (2, c.head_dim)),
+                                      sinks=stacked("attn_sinks", c.n_head),
+                                      out_bias=stacked("attn_output_bias", c.n_embd))
+        shg = [None if b.ffn_gate_inp_shexp is None else b.ffn_gate_inp_shexp.dequantize().reshape(-1) for b in blk]
+        self.moe_tables = MoeTables(shexp_gate=_stacked(shg, c.n_embd),
+                                    router_bias=stacked("ffn_gate_inp_bias", n_expert),
+                                    score_bias=stacked("exp_probs_b", n_expert),
+                                    gate_bias=stacked("ffn_gate_exps_bias", (n_expert, n_ff_exp)),
+                                    up_bias=stacked("ffn_up_exps_bias", (n_expert, n_ff_exp)),
+                                    down_bias=stacked("ffn_down_exps_bias", (n_expert, c.n_embd)))
+        self.dims = Dims(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
+                         eps=np.float32(c.rms_eps), scale=np.float32(c.kq_scale), embd_scale=np.float32(c.embd_scale))
         # the slot table: each slot's row runner (unused slots repeat slot 0) and embedding lookup
         pad = list(slots) + [slots[0]] * (SLOTS - len(slots))
         # (the runners' addresses: int64 arrays, which numba types in no time, where a tuple of the
@@ -575,7 +571,8 @@ class DecodeStep:
         self.runners = [(row_runner(t, x8, variant), deq_runner(t)) for t, x8 in pad]
         self.runs = np.array([r.address for r, _ in self.runners], np.int64)
         self.deqs = np.array([d.address for _, d in self.runners], np.int64)
-        self.atab = np.stack([act_table(a) for a in (self.aE, self.aQ, self.aF, self.moe[6])])
+        self.sc = np.zeros(SC_LEN, np.int32)
+        self.ctr = np.zeros(2 * CTR, np.int64)
         self.fn = step_kernel(kv_f16)
 
     def make_x8(self) -> None:
@@ -611,15 +608,46 @@ class DecodeStep:
             m.gguf.release(src)
         self.pbuf, self._x8_todo = pbuf, []
 
-    def run(self, tok: int, pos: int, kc, vc, cos, sin, lay, scores, logits, want: bool) -> None:
-        """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``lay`` (n_layer, 2): as ``step_body``'s."""
+    def run(self, tok: int, pos: int, kc, vc, cos, sin, scores, logits, want: bool) -> None:
+        """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``scores`` (n_head, n_ctx): as ``step_body``'s."""
         if self._x8_todo:
             self.make_x8()
-        self.fn(tok, pos, want, self.runs, self.deqs, self.buf, self.pbuf, self.wt, self.ot, self.et, self.attn_norm, self.ffn_norm,
-                self.out_norm, cos, sin, kc, vc, self.need, self.aE, self.aQ, self.aF, self.x, self.xb2, self.qkv,
-                self.hg, self.hu, scores, logits, self.sc, self.ctr, get_threads(), self.dims, self.eps, self.scale,
-                lay, self.bias, self.qk_norm, self.post_norm, self.gelu_tab, self.embd_scale, self.moe, self.attn_x,
-                self.atab)
+        w = Weights(self.runs, self.deqs, self.buf, self.pbuf, self.wt, self.ot, self.et, self.sc, self.ctr)
+        self.fn(tok, pos, want, w, self.acts, self.scratch, self.program, self.attn_tables, self.moe_tables, self.dims,
+                kc, vc, cos, sin, scores, logits, get_threads())
+
+
+def _layer_mats(d) -> tuple[str, ...]:
+    """The matrices of a layer whose program is ``d``, in the order of its ``wt`` slots."""
+    if not d.moe:
+        return MATS
+    return MOE_MATS + (SHEXP_MATS if d.ffn.n_ff_shexp else ())
+
+
+def _program(model: Llama, need: np.ndarray) -> Program:
+    """The layer programs as the step's records (the section's comment), their norms and parameters."""
+    c, layers = model.config, model.layers
+    prog = np.zeros((c.n_layer, MAX_BLOCKS), BLOCK_DTYPE)
+    norms = np.zeros((c.n_layer, 2 * MAX_BLOCKS, c.n_embd), np.float32)
+    attn = np.zeros(c.n_layer, ATTN_DTYPE)
+    ffn = np.zeros(c.n_layer, FFN_DTYPE)
+    routing = np.zeros(c.n_layer, ROUTING_DTYPE)
+    for il, (d, b) in enumerate(zip(layers, model.blk)):
+        for bi, k in enumerate(d.blocks):
+            rows = []
+            for j, name in enumerate((k.norm, k.post_norm)):
+                if name:
+                    norms[il, 2 * bi + j] = getattr(b, name)
+                rows.append(2 * bi + j if name else -1)
+            prog[il, bi] = (OP_CODES[type(k.op)], *rows)
+        a, f = d.attn, d.ffn
+        attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias)
+        shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0
+        ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, isinstance(f, MoeFFN) and f.biases)
+        routing[il] = routing_record(f.routing if isinstance(f, MoeFFN) else None)[0]
+    gelu = gelu_table() if any(d.ffn.glu == "gelu" for d in layers) else np.zeros(1, np.float32)
+    return Program(prog=prog, norms=norms, attn=attn, ffn=ffn, routing=routing, need=need,
+                   out_norm=np.ascontiguousarray(model.output_norm, np.float32), gelu_tab=gelu)
 
 
 def layer_biases(model: Llama) -> np.ndarray:
@@ -634,12 +662,13 @@ def layer_biases(model: Llama) -> np.ndarray:
         for b in model.blk]), np.float32)
 
 
-def _stack(model: Llama, names: tuple[str, str], n: int) -> np.ndarray:
-    """float32 (n_layer, 2, n) of two per-layer norm weights, or (n_layer, 2, 0) when the arch has none."""
-    blk = model.blk
-    if getattr(blk[0], names[0]) is None:
-        return np.zeros((len(blk), 2, 0), np.float32)
-    return np.ascontiguousarray(np.stack([[getattr(b, names[0]), getattr(b, names[1])] for b in blk]), np.float32)
+def _stacked(vs: list, shape) -> np.ndarray:
+    """float32 (n_layer, *shape) of per-layer arrays (None: zeros where a layer lacks one), or with a last
+    dimension of 0 when every layer lacks it."""
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    if all(v is None for v in vs):
+        return np.zeros((len(vs),) + shape[:-1] + (0,), np.float32)
+    return np.ascontiguousarray(np.stack([np.zeros(shape, np.float32) if v is None else v for v in vs]), np.float32)
 
 
 def _activations(n: int) -> tuple:

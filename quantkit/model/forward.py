@@ -14,16 +14,17 @@ Choices, and why:
   and flipped one greedy step where llama.cpp's top-2 gap is 0.26, so float32 stays the default
   (docs/run.md). ``np.zeros`` maps the cache lazily, so only the positions used take memory.
 * What differs between architectures and layers is data: each layer's ``quantkit.model.layer.Layer``
-  record (RoPE style, Q/K/V biases, per-head Q/K norms, post-attention / post-FFN norms, the sliding
-  window and its RoPE table; the FFN kind: a dense GLU, or a mixture of experts with its routing), which
-  ``_attention_block`` and ``_ffn_block`` interpret, and the config's embedding scale, attention scale,
-  output bias and soft-cap. The per-token ops (``qk_prepare``, ``glu``,
+  program (its blocks' norms and ops: attention with its RoPE style, Q/K/V biases, per-head Q/K norms,
+  sliding window and RoPE table; a dense GLU, or a mixture of experts with its routing), which ``_step``
+  walks with one method per op (``_attention_block``, ``_dense_block``, ``_moe_block``), and the config's
+  embedding scale, attention scale, output bias and soft-cap. The per-token ops (``qk_prepare``, ``glu``,
   ``rmsnorm1``, ``attend_head``) are the decode step's, run here per row. The cos/sin tables are built
   like ggml's rope cache (theta multiplied by theta_scale step by step in float32), and ``rope_freqs``
   divides theta when the model has it.
 * One token (decoding) runs ``quantkit.model.decode``'s compiled step: every layer in one numba call
   (a MoE layer's experts included: it reads only the chosen experts' rows).
-* A MoE FFN (``_moe``, llama.cpp's build_moe_ffn): router logits, routing (``route``), then for each
+* A MoE FFN (``_moe_block``, llama.cpp's build_moe_ffn): router logits, routing (``route.route_rows``,
+  the decode step's ``route_token`` per row), then for each
   expert that some token chose, its three products on just those tokens' rows (ggml's mul_mat_id),
   on that expert's 2D slice of the memory-mapped 3D tensor; the weighted outputs are added per token
   in the order of selection.
@@ -60,6 +61,7 @@ from quantkit.model.decode import (MATS, MOE_MATS, SHEXP_MATS, DecodeStep, atten
 from quantkit.model.layer import Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
 from quantkit.model.ops import NO_SINK, exp_sink_inv
+from quantkit.model.route import route_rows, routing_record
 
 COLLECT_MIN_ROWS = 16
 DEFAULT_N_BATCH = 512
@@ -192,28 +194,6 @@ def _softmax32(x: np.ndarray) -> np.ndarray:
     return e * (np.float32(1.0) / e.sum(axis=1, dtype=np.float64, keepdims=True).astype(np.float32))
 
 
-def route(logits: np.ndarray, f: MoeFFN) -> tuple[np.ndarray, np.ndarray]:
-    """build_moe_ffn's routing of router logits (n, n_expert) float32: (experts (n, n_used) int64,
-    weights (n, n_used) float32). Gating "softmax": ggml_soft_max (``_softmax32``) of the logits, the
-    n_used largest probabilities as weights; "softmax_weight": the n_used largest logits, weighted by
-    the softmax of those alone. Ties go to the lower index (ggml_argsort_top_k; its std::sort of up to
-    16 elements is an insertion sort, which keeps equal ones in order). The weights are divided by
-    their float32 sum (clamped below at fp16's smallest normal) when ``norm_w``, times ``w_scale``
-    unless it is 0 or 1. ``quantkit.model.reference.route`` is the float64 judge of it."""
-    if f.gating == "softmax":
-        p = _softmax32(logits)
-        top = np.argsort(-p, axis=1, kind="stable")[:, :f.n_expert_used]
-        w = np.take_along_axis(p, top, axis=1)
-    else:   # softmax_weight: the largest logits, weighted by the softmax of those alone
-        top = np.argsort(-logits, axis=1, kind="stable")[:, :f.n_expert_used]
-        w = _softmax32(np.take_along_axis(logits, top, axis=1))
-    if f.norm_w:
-        w = w / np.maximum(w.sum(axis=1, dtype=np.float32, keepdims=True), np.float32(6.103515625e-5))
-    if f.w_scale not in (0.0, 1.0):
-        w = w * np.float32(f.w_scale)
-    return top, w.astype(np.float32)
-
-
 def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
                freq_factors: np.ndarray | None = None, ramp: np.ndarray | None = None,
                mscale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
@@ -327,12 +307,13 @@ class Runner:
                                    yarn_ramp(c, c.rope_freq_base_swa), c.rope_mscale))
         self.rope_cos = np.ascontiguousarray(np.stack([t[0] for t in tabs]))
         self.rope_sin = np.ascontiguousarray(np.stack([t[1] for t in tabs]))
-        #: per layer: (its RoPE table, its sliding window or 0)
-        self.lay = np.array([(d.attn.rope_table, d.attn.n_swa) for d in model.layers], np.int64)
         self.scale = np.float32(c.kq_scale)
         self.gelu_tab = gelu_table() if any(d.ffn.glu == "gelu" for d in model.layers) else np.zeros(1, f32)
         self.bias = layer_biases(model)
         self._none = np.zeros(0, f32)
+        #: the ops of the layer programs, by record kind; each MoE layer's routing record
+        self._ops = {Attn: self._attention_block, DenseFFN: self._dense_block, MoeFFN: self._moe_block}
+        self._routing = [routing_record(d.ffn.routing if d.moe else None) for d in model.layers]
         self.step: DecodeStep | None = None
         if compiled_step and default_variant() != "plain":
             try:
@@ -419,7 +400,7 @@ class Runner:
         if n == 1 and self.step is not None:
             # one compiled call for the whole token (every requested row is row 0)
             part = out[0] if rows.size == 1 else np.empty(c.n_vocab, np.float32)
-            self.step.run(int(tokens[0]), pos0, self._kc, self._vc, self.rope_cos, self.rope_sin, self.lay,
+            self.step.run(int(tokens[0]), pos0, self._kc, self._vc, self.rope_cos, self.rope_sin,
                           self._scores, part, rows.size > 0)
             self.n_past = pos0 + 1
             if rows.size:
@@ -496,15 +477,16 @@ class Runner:
         x[...] = get_rows(self.token_embd.data, self.token_embd.type, tokens)  # (n, n_embd)
         if c.embd_scale != 1.0:
             x *= np.float32(c.embd_scale)
-        for i, (d, b) in enumerate(zip(m.layers, self.blk)):
-            # attention: norm, the block, add
-            rmsnorm(x, b.attn_norm, eps, xb)
-            self._attention_block(d.attn, i, b, xb, pos0, xb2)
-            x += xb2
-            # feed-forward: norm, the block, add
-            rmsnorm(x, b.ffn_norm, eps, xb)
-            self._ffn_block(d.ffn, b, xb, xb2)
-            x += xb2
+        for i, (layer, b) in enumerate(zip(m.layers, self.blk)):
+            for blk in layer.blocks:    # the layer program (quantkit.model.layer): norm, op, post-norm, add
+                if blk.norm:
+                    rmsnorm(x, getattr(b, blk.norm), eps, xb)
+                else:
+                    xb[...] = x
+                self._ops[type(blk.op)](blk.op, i, b, xb, pos0, xb2)
+                if blk.post_norm:
+                    rmsnorm(xb2, getattr(b, blk.post_norm), eps, xb2)
+                x += xb2
         self.n_past = pos0 + n
         if not rows.size:
             return None
@@ -513,9 +495,12 @@ class Runner:
         out = self._mm(self.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)
         return self._finish_logits(out)
 
+    # -- the ops of a layer program: op(record, layer index, the layer's tensors, normed input xb (n, n_embd),
+    # first position, out (n, n_embd)) -> out = the block's output before its post-norm and the add
+
     def _attention_block(self, d: Attn, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
-        """out (n, n_embd) = layer i's attention of its normed input xb at positions pos0..: project,
-        (bias, q/k norm,) rotate, cache, attend, project back, (norm)."""
+        """Layer i's attention at positions pos0..: project, (bias, q/k norm,) rotate, cache, attend,
+        project back."""
         c = self.config
         n = xb.shape[0]
         q, k, v, att = self.q[:n], self.k[:n], self.v[:n], self.att[:n]
@@ -542,15 +527,9 @@ class Runner:
         self._mm(b.attn_output, att, out)                                 # (n, n_embd)
         if d.out_bias:
             out += b.attn_output_bias
-        if d.post_norm:
-            rmsnorm(out, b.post_attention_norm, eps, out)
 
-    def _ffn_block(self, f: DenseFFN | MoeFFN, b: Block, xb: np.ndarray, out: np.ndarray) -> None:
-        """out (n, n_embd) = the FFN of its normed input xb: a dense GLU (gate / up, the GLU, down,
-        (norm)) or a mixture of experts (``_moe``)."""
-        if isinstance(f, MoeFFN):
-            self._moe(f, b, xb, out)
-            return
+    def _dense_block(self, f: DenseFFN, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
+        """A dense GLU: gate / up, the GLU, down."""
         n = xb.shape[0]
         gate, up = self.gate[:n], self.up[:n]
         shared: dict = {}
@@ -558,10 +537,8 @@ class Runner:
         self._mm(b.ffn_up, xb, up, shared)
         glu_rows(gate, up, GLU_KINDS.index(f.glu), self.gelu_tab)
         self._mm(b.ffn_down, gate, out)                                   # (n, n_embd)
-        if f.post_norm:
-            rmsnorm(out, b.post_ffw_norm, np.float32(self.config.rms_eps), out)
 
-    def _moe(self, f: MoeFFN, b: Block, xb: np.ndarray, out: np.ndarray) -> None:
+    def _moe_block(self, f: MoeFFN, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
         """build_moe_ffn over the batch: route every token, then each chosen expert once over the rows
         of the tokens that chose it (mul_mat_id's grouping), reading only that expert's slice of the
         mapped 3D tensors; out[t] = the sum over t's slots, in selection order, of weight * expert."""
@@ -569,7 +546,7 @@ class Runner:
         logits = self._mm(b.ffn_gate_inp, xb, np.empty((n, f.n_expert), np.float32))   # (n, n_expert)
         if f.biases:
             logits += b.ffn_gate_inp_bias
-        top, w = route(logits, f)                                                     # (n, n_used)
+        top, w = route_rows(logits, self._routing[i], b.exp_probs_b)                  # (n, n_used)
         slots = np.empty((f.n_expert_used, n, E), np.float32)    # each token's weighted expert outputs
         kind = GLU_KINDS.index(f.glu)
         for e in np.unique(top):

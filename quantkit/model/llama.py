@@ -60,6 +60,14 @@ class LlamaConfig:
     n_ctx_orig_yarn: int = 0              # {arch}.rope.scaling.original_context_length (default n_ctx_train)
     rope_mscale: float = 1.0              # YaRN: cos and sin times this (yarn_attn_factor * (1 + 0.1 ln(1 /
                                           # freq_scale)), ggml's rope_yarn)
+    # build_moe_ffn's arguments that ``Arch.moe_hparams`` architectures read from the file (llama_hparams)
+    moe_gating: str = "softmax"           # {arch}.expert_gating_func (1 softmax, 2 sigmoid, 3 softmax_weight;
+                                          # default: the arch row's moe_gating)
+    moe_norm_w: bool = True               # {arch}.expert_weights_norm (default: the arch row's moe_norm_w)
+    expert_weights_scale: float = 0.0     # {arch}.expert_weights_scale (0: none)
+    n_expert_groups: int = 1              # {arch}.expert_group_count (read for every arch; <= 1: no groups)
+    n_group_used: int = 1                 # {arch}.expert_group_used_count
+    n_layer_dense_lead: int = 0           # {arch}.leading_dense_block_count: the first layers' FFN is dense
 
     @property
     def n_embd_kv(self) -> int:
@@ -173,10 +181,10 @@ class LlamaConfig:
                 swa_layers = tuple(n_pat == 0 or il % n_pat < n_pat - 1 for il in range(n_layer))
         else:
             n_swa = 0
-        # Gemma 3 27B scales q by 1/sqrt(n_embd / n_head), gpt-oss by 1/sqrt(n_rot), the others by
-        # 1/sqrt(head_dim)
-        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if arch == "gemma3" and n_layer == 62 else \
-            1.0 / math.sqrt(n_rot) if arch == "gpt-oss" else 0.0
+        # the softmax scale (Arch.attn_scale): 1/sqrt(head_dim) unless the row says otherwise
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if spec.attn_scale == "gemma3" and n_layer == 62 else \
+            1.0 / math.sqrt(n_rot) if spec.attn_scale == "n_rot" else 0.0
+        moe = _moe_hparams(spec, meta, n_expert, n_layer, at) if n_expert else {}
         n_ctx_train = _int(opt("context_length", 2048), f"{arch}.context_length", at)
         base = float(opt("rope.freq_base", 10000.0))
 
@@ -205,8 +213,44 @@ class LlamaConfig:
             attn_scale=attn_scale,
             embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
-            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe,
         )
+
+
+#: llama_expert_gating_func_type's values (src/llama-hparams.h) as quantkit.model.layer.GATINGS names
+GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
+
+
+def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, at: str) -> dict[str, Any]:
+    """The routing's hyperparameters of a MoE file: the arch row's gating and norm_w, and the expert
+    groups (llama_model_loader reads {arch}.expert_group_count / _used_count for every arch); for an
+    ``Arch.moe_hparams`` row also the keys that override them, the weight scale and the leading dense
+    layers. Each checked as llama_model::load_hparams asserts it."""
+    arch = spec.name
+
+    def key(k: str, default):
+        return meta.get(f"{arch}.{k}", default)
+
+    out: dict[str, Any] = {"moe_gating": spec.moe_gating, "moe_norm_w": spec.moe_norm_w}
+    groups = _int(key("expert_group_count", 0), f"{arch}.expert_group_count", at)
+    used = _int(key("expert_group_used_count", 0), f"{arch}.expert_group_used_count", at)
+    if groups > 1:
+        if n_expert % groups or not 0 < used < groups:
+            raise ModelError(f"{at}{arch}.expert_group_count {groups} must divide expert_count {n_expert} and "
+                             f"expert_group_used_count {used} must be in 1..{groups - 1}")
+        out.update(n_expert_groups=groups, n_group_used=used)
+    if spec.moe_hparams:
+        func = _int(key("expert_gating_func", 0), f"{arch}.expert_gating_func", at)
+        if func and func not in GATING_FUNCS:
+            raise ModelError(f"{at}{arch}.expert_gating_func = {func} is not supported (quantkit runs "
+                             f"{', '.join(f'{k} ({v})' for k, v in GATING_FUNCS.items())})")
+        lead = _int(key("leading_dense_block_count", 0), f"{arch}.leading_dense_block_count", at)
+        if not 0 <= lead <= n_layer:
+            raise ModelError(f"{at}{arch}.leading_dense_block_count {lead} must be in 0..{n_layer}")
+        out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating),
+                   moe_norm_w=bool(key("expert_weights_norm", False)),
+                   expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0), n_layer_dense_lead=lead)
+    return out
 
 
 def _int(v: Any, key: str, at: str) -> int:
@@ -299,6 +343,7 @@ class Block:
     ffn_gate_exps: Weight | None = None   # (n_embd -> n_ff_exp) x n_expert, 3D
     ffn_up_exps: Weight | None = None     # (n_embd -> n_ff_exp) x n_expert
     ffn_down_exps: Weight | None = None   # (n_ff_exp -> n_embd) x n_expert
+    exp_probs_b: np.ndarray | None = None          # float32 (n_expert,): the selection's score bias  moe_hparams
     ffn_gate_inp_bias: np.ndarray | None = None    # float32 (n_expert,)              moe_biases
     ffn_gate_exps_bias: np.ndarray | None = None   # float32 (n_expert, n_ff_exp)
     ffn_up_exps_bias: np.ndarray | None = None     # float32 (n_expert, n_ff_exp)
@@ -393,8 +438,9 @@ class Llama:
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
             b.ffn_norm = vector(p + a.ffn_norm + ".weight", E)
-            if c.n_expert:
-                read = (SHEXP_TENSORS if a.shared_expert else ()) + (MOE_BIAS_TENSORS if a.moe_biases else ())
+            if c.n_expert and i >= c.n_layer_dense_lead:
+                read = (SHEXP_TENSORS if a.shared_expert else ()) + (MOE_BIAS_TENSORS if a.moe_biases else ()) + \
+                    (("exp_probs_b.bias",) if a.moe_hparams else ())
                 for extra in UNSUPPORTED_MOE_TENSORS:
                     if extra not in read and gg.has_tensor(p + extra):
                         raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name} "
@@ -405,6 +451,8 @@ class Llama:
                 b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
                 b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
                 b.ffn_down_exps = matrix(p + "ffn_down_exps.weight", FX, E, X)
+                if a.moe_hparams:
+                    b.exp_probs_b = optional(p + "exp_probs_b.bias", X)
                 if a.moe_biases:
                     b.ffn_gate_inp_bias = vector(p + "ffn_gate_inp.bias", X)
                     b.ffn_gate_exps_bias = table(p + "ffn_gate_exps.bias", FX, X)

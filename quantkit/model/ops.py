@@ -55,6 +55,20 @@ def max_f32(a, n):
 
 
 @njit_fast
+def softmax_inplace(x, n):
+    """x[:n] <- ggml_soft_max of x[:n] (float32 exp, float64 sum, times 1 / sum)."""
+    mx = max_f32(x, n)
+    tot = 0.0
+    for i in range(n):
+        e = expf(x[i] - mx)
+        x[i] = e
+        tot += np.float64(e)
+    inv = np.float32(1.0) / np.float32(tot)
+    for i in range(n):
+        x[i] *= inv
+
+
+@njit_fast
 def rmsnorm1(x, w, eps, out):
     """out = x / sqrt(mean(x^2) + eps) * w, sum of squares in float64 (as ggml)."""
     ss = 0.0

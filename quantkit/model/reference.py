@@ -3,16 +3,17 @@
 No KV cache, no batching tricks: every call runs the whole token sequence from position 0 and returns
 the logits of every position. Weights are dequantized one matrix at a time as they are used, so even
 the bundled model fits in memory (never more than one float64 matrix alive; one expert's at a time).
-Each layer is its ``quantkit.model.layer.Layer`` record, interpreted step by step (``_attention``,
-``_ffn``), as the batch path and the decode step interpret it.
+Each layer is its ``quantkit.model.layer.Layer`` program, walked block by block (``_attention``,
+``_dense``, ``_moe``), as the batch path and the decode step walk it.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from quantkit.model.layer import Attn, DenseFFN, Layer, MoeFFN
+from quantkit.model.layer import Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
+from quantkit.model.route import route
 
 
 def _w(weight: Weight) -> np.ndarray:
@@ -83,44 +84,20 @@ def _glu_ffn(h: np.ndarray, gate: Weight, up: Weight, down: Weight, glu: str, bi
     return y if biases is None else y + biases[2]
 
 
-def _softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+# -- the ops of a layer program (quantkit.model.layer): op(record, layer's tensors, normed input h (n, n_embd),
+# config, RoPE tables, routes) -> the block's output before its post-norm and the residual add
+
+def _dense(f: DenseFFN, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
+    return _glu_ffn(h, b.ffn_gate, b.ffn_up, b.ffn_down, f.glu)
 
 
-def route(logits: np.ndarray, f: MoeFFN) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """build_moe_ffn's routing in float64: (experts (n, n_used) int64, weights (n, n_used)) from the
-    router logits (n, n_expert, the router's bias added). The n_used largest logits, ties to the lower
-    index (ggml_argsort_top_k's std::sort is an insertion sort up to 16 elements, which keeps the order
-    of equal ones; softmax keeps the order); their weights: gating "softmax", their softmax
-    probabilities over all experts; "softmax_weight" (gpt-oss), the softmax of the chosen logits alone;
-    normalized to sum 1 when norm_w, times w_scale unless it is 0 or 1. Third, the routing's margin per
-    token: the n_used-th largest logit less the next (for softmax gating, the log-probability gap; 0
-    with all experts used)."""
-    k = f.n_expert_used
-    top = np.argsort(-logits, axis=-1, kind="stable")[:, :k]
-    if f.gating == "softmax":
-        w = np.take_along_axis(_softmax(logits), top, axis=-1)
-    else:
-        w = _softmax(np.take_along_axis(logits, top, axis=-1))
-    if f.norm_w:
-        w = w / np.maximum(w.sum(axis=-1, keepdims=True), 6.103515625e-5)
-    if f.w_scale not in (0.0, 1.0):
-        w = w * f.w_scale
-    srt = -np.sort(-logits, axis=-1)
-    margin = srt[:, k - 1] - srt[:, k] if k < f.n_expert else np.zeros(logits.shape[0])
-    return top, w, margin
-
-
-def _ffn(f: DenseFFN | MoeFFN, b: Block, h: np.ndarray, eps: float, routes: list | None = None) -> np.ndarray:
-    """The FFN block's output (before the residual add) for the normed input h (n, n_embd)."""
-    if isinstance(f, DenseFFN):
-        out = _glu_ffn(h, b.ffn_gate, b.ffn_up, b.ffn_down, f.glu)
-        return _rmsnorm(out, b.post_ffw_norm, eps) if f.post_norm else out
+def _moe(f: MoeFFN, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
+    """build_moe_ffn; each layer's ``route`` (experts, weights, margins)
+    appended to ``routes`` when given."""
     logits = h @ _w(b.ffn_gate_inp).T
     if f.biases:
         logits = logits + b.ffn_gate_inp_bias
-    top, w, margin = route(logits, f)
+    top, w, margin = route(logits, f.routing, b.exp_probs_b)
     if routes is not None:
         routes.append((top, w, margin))
     out = np.zeros_like(h)
@@ -136,9 +113,10 @@ def _ffn(f: DenseFFN | MoeFFN, b: Block, h: np.ndarray, eps: float, routes: list
     return out
 
 
-def _attention(d: Attn, c, b: Block, h: np.ndarray, rope: tuple) -> np.ndarray:
-    """The attention block's output (before the residual add) for the normed input h (n, n_embd);
-    ``rope``: (base, freq_scale, freq_factors, YaRN ramp, mscale) of the layer's table."""
+def _attention(d: Attn, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
+    """Attention over positions 0..n-1; ``ropes``: per RoPE table, (base, freq_scale, freq_factors,
+    YaRN ramp, mscale)."""
+    rope = ropes[d.rope_table]
     n, hd = h.shape[0], c.head_dim
     pos = np.arange(n)
     group = c.n_head // c.n_head_kv
@@ -166,24 +144,26 @@ def _attention(d: Attn, c, b: Block, h: np.ndarray, rope: tuple) -> np.ndarray:
     p = np.exp(s - mx)
     p /= p.sum(axis=-1, keepdims=True) + (np.exp(sink - mx) if d.sinks else 0.0)
     o = (p @ v).transpose(1, 0, 2).reshape(n, c.n_head * hd) @ _w(b.attn_output).T
-    if d.out_bias:
-        o = o + b.attn_output_bias
-    return _rmsnorm(o, b.post_attention_norm, c.rms_eps) if d.post_norm else o
+    return o + b.attn_output_bias if d.out_bias else o
+
+
+_OPS = {Attn: _attention, DenseFFN: _dense, MoeFFN: _moe}
 
 
 def reference_logits(model: Llama, tokens, routes: list | None = None) -> np.ndarray:
-    """float64 logits (n_tokens, n_vocab) of ``tokens`` at positions 0..n-1: each layer's ``Layer``
-    record (quantkit.model.layer), step by step. ``routes``: a list that gets each MoE layer's
+    """float64 logits (n_tokens, n_vocab) of ``tokens`` at positions 0..n-1: each layer's program
+    (quantkit.model.layer), block by block. ``routes``: a list that gets each MoE layer's
     ``route`` (experts, weights, margins), for the tests."""
     c = model.config
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     x = model.token_embd.dequantize()[tokens].astype(np.float64) * c.embd_scale   # (n, n_embd)
     ropes = ((c.rope_freq_base, c.rope_freq_scale, model.rope_freqs, yarn_ramp(c, c.rope_freq_base), c.rope_mscale),
              (c.rope_freq_base_swa, c.rope_freq_scale_swa, None, yarn_ramp(c, c.rope_freq_base_swa), c.rope_mscale))
-    for d, b in zip(model.layers, model.blk):
-        d: Layer
-        x = x + _attention(d.attn, c, b, _rmsnorm(x, b.attn_norm, c.rms_eps), ropes[d.attn.rope_table])
-        x = x + _ffn(d.ffn, b, _rmsnorm(x, b.ffn_norm, c.rms_eps), c.rms_eps, routes)
+    for layer, b in zip(model.layers, model.blk):
+        for blk in layer.blocks:        # the layer program (quantkit.model.layer)
+            h = _rmsnorm(x, getattr(b, blk.norm), c.rms_eps) if blk.norm else x
+            y = _OPS[type(blk.op)](blk.op, b, h, c, ropes, routes)
+            x = x + (_rmsnorm(y, getattr(b, blk.post_norm), c.rms_eps) if blk.post_norm else y)
     h = _rmsnorm(x, model.output_norm, c.rms_eps)
     logits = h @ _w(model.output).T                                          # (n, n_vocab)
     if model.output_bias is not None:
