@@ -60,13 +60,15 @@ MOE_SPECS = {
 }
 #: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
 #: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the
-#: qwen3moe row the MoE keys, Arch.moe_hparams) -- a leading dense layer, sigmoid gating with a per-expert
-#: score bias (exp_probs_b), 4 groups of 2 experts of which 2 are eligible, normalized weights times 2.5
+#: qwen3moe row the MoE keys, Arch.moe_hparams, and an ungated shared expert) -- a leading dense layer,
+#: sigmoid gating with a per-expert score bias (exp_probs_b), 4 groups of 2 experts of which 2 are eligible,
+#: normalized weights times 2.5, a shared expert of twice an expert's width added without a gate
 PROGRAM_SPECS = {
     "moe-lead-dense": dict(arch="qwen3moe", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=48,
                            n_vocab=512, rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=False,
                            tied=False, n_expert=8, n_used=2, n_ff_exp=64, lead_dense=1, score_bias=True,
-                           moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2,
+                           shexp_count=2,
+                           moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2, "expert_shared_count": 2,
                                      "expert_weights_norm": True, "expert_weights_scale": 2.5,
                                      "expert_group_count": 4, "expert_group_used_count": 2}),
 }
@@ -221,9 +223,10 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
                     x = rng.uniform(-r, r, (n_exp, n)).astype(np.float32)
                     if p + name + ".bias" != drop:
                         w.add_tensor(p + name + ".bias", x)
-            if "n_ff_shexp" in s:   # the shared expert and its gate (a vector: sigmoid(h . g))
-                FS = s["n_ff_shexp"]
-                vec(p + "ffn_gate_inp_shexp.weight", E, -0.3, 0.3)
+            if "n_ff_shexp" in s or "shexp_count" in s:   # the shared expert and its gate (sigmoid(h . g))
+                FS = s.get("n_ff_shexp", FX * s.get("shexp_count", 0))
+                if "n_ff_shexp" in s:   # (DeepSeek's and GLM's, expert_shared_count wide, have no gate)
+                    vec(p + "ffn_gate_inp_shexp.weight", E, -0.3, 0.3)
                 mat(p + "ffn_gate_shexp.weight", "ffn_gate_shexp", E, FS, 2.0 / np.sqrt(E))
                 mat(p + "ffn_up_shexp.weight", "ffn_up_shexp", E, FS, 1.0 / np.sqrt(E))
                 mat(p + "ffn_down_shexp.weight", "ffn_down_shexp", FS, E, RESID / np.sqrt(FS))

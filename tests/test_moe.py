@@ -63,7 +63,7 @@ def test_config_and_layers(case):
         routing = Routing(s["n_expert"], s["n_used"], "softmax_weight" if oss else "softmax",
                           norm_w=arch in ("qwen3moe", "mixtral"))
         assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", s.get("n_ff_shexp", 0),
-                                         oss)
+                                         oss, shexp_gate="n_ff_shexp" in s)
         assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch != "mixtral")
         assert d.attn.qkv_bias == s["bias"] and (b.ffn_down_shexp is not None) == ("n_ff_shexp" in s)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
@@ -153,13 +153,14 @@ def lead_dense(request, tmp_path_factory):
 
     from quantkit.model.arch import ARCHS
 
-    mp = pytest.MonkeyPatch()
-    mp.setitem(ARCHS, "qwen3moe", dataclasses.replace(ARCHS["qwen3moe"], moe_hparams=True))
     path = write_model(tmp_path_factory.mktemp("lead") / f"lead-{request.param}.gguf", "moe-lead-dense", request.param)
-    with Llama(path) as m:
+    with pytest.MonkeyPatch.context() as mp:   # only while the file is read: the other tests' qwen3moe is stock
+        mp.setitem(ARCHS, "qwen3moe", dataclasses.replace(ARCHS["qwen3moe"], moe_hparams=True, shared_expert=True,
+                                                          shexp_gate=False, shexp_count=True))
+        m = Llama(path)
+    with m:
         routes: list = []
         yield request.param, m, reference_logits(m, IDS, routes), routes
-    mp.undo()
 
 
 def test_lead_dense_program(lead_dense):
@@ -171,6 +172,7 @@ def test_lead_dense_program(lead_dense):
     assert m.layers[1].ffn.routing == Routing(8, 2, "sigmoid", norm_w=True, w_scale=2.5, n_group=4, n_group_used=2,
                                               score_bias=True)
     assert m.layers[0].ffn.n_ff == s["n_ff"] and m.layers[1].ffn.n_ff == s["n_ff_exp"]
+    assert m.layers[1].ffn.n_ff_shexp == 2 * s["n_ff_exp"] and not m.layers[1].ffn.shexp_gate
     assert [b.norm for b in m.layers[0].blocks] == ["attn_norm", "ffn_norm"]
 
 

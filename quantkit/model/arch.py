@@ -32,7 +32,7 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       f = sum over e in E of w_e * (silu(h @ ffn_gate_exps[e]) * (h @ ffn_up_exps[e])) @ ffn_down_exps[e]
         (gpt-oss: each product + its expert's bias, act = swiglu_oai, moe_biases)
       f += sigmoid(h . ffn_gate_inp_shexp) * (silu(h @ ffn_gate_shexp) * (h @ ffn_up_shexp)) @ ffn_down_shexp
-                                                                           if shared_expert
+                                             if shared_expert (the sigmoid gate if shexp_gate)
       f = rmsnorm(f) * post_ffw_norm                                       if post_norms
       x = x + f
     logits = rmsnorm(x) * output_norm @ output   (+ output.bias; cap * tanh(logits / cap) if softcap)
@@ -61,7 +61,10 @@ class Arch:
     softcap: bool            # {arch}.final_logit_softcapping is read (gemma3)
     moe: int = MOE_NONE      # whether the FFN is a mixture of experts (quantkit.model.layer.MoeFFN)
     moe_norm_w: bool = True  # build_moe_ffn's norm_w: the chosen experts' weights divided by their sum
-    shared_expert: bool = False  # blk.N.ffn_{gate,up,down}_shexp, scaled by sigmoid(h . ffn_gate_inp_shexp)
+    shared_expert: bool = False  # blk.N.ffn_{gate,up,down}_shexp beside the routed experts
+    shexp_gate: bool = True      # ... scaled by sigmoid(h . ffn_gate_inp_shexp) (qwen2moe); else added as it is
+    shexp_count: bool = False    # ... of width expert_feed_forward_length * {arch}.expert_shared_count
+                                 # (DeepSeek, GLM); else {arch}.expert_shared_feed_forward_length (qwen2moe)
     moe_gating: str = "softmax"  # build_moe_ffn's gating_op: "softmax" or "softmax_weight" (quantkit.model.layer)
     moe_biases: bool = False     # ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
     attn_sinks: bool = False     # blk.N.attn_sinks (n_head): one more logit per head in the softmax (gpt-oss)

@@ -186,7 +186,8 @@ MAX_BLOCKS = 2
 BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64)])
 ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
                        ("qkv_bias", np.int64), ("sinks", np.int64), ("out_bias", np.int64)])
-FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("biases", np.int64)])
+FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("shexp_gate", np.int64),
+                      ("biases", np.int64)])
 
 #: the step's tables, each a namedtuple numba reads by field name
 Weights = namedtuple("Weights", "runs deqs buf pbuf wt ot et sc ctr")
@@ -194,7 +195,7 @@ Acts = namedtuple("Acts", "aE aQ aF aX aS atab")
 Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow")
 Program = namedtuple("Program", "prog norms attn ffn routing need out_norm gelu_tab")
 AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias")
-MoeTables = namedtuple("MoeTables", "shexp_gate router_bias score_bias gate_bias up_bias down_bias")
+MoeTables = namedtuple("MoeTables", "shexp_inp router_bias score_bias gate_bias up_bias down_bias")
 Dims = namedtuple("Dims", "n_head n_head_kv head_dim n_rot eps scale embd_scale")
 #: rows of ``Acts.atab``: the activation tables of aE, aQ, aF (dense FFN), aX (an expert), aS (the shared expert)
 A_E, A_Q, A_F, A_X, A_S = range(5)
@@ -321,10 +322,10 @@ def ffn_op(l, moe, W, A, S, P, M, nth):
         if has_eb and not shx:
             add_bias(S.ye, M.down_bias[l, e])
         we = S.selw[j] if moe and not shx else np.float32(1.0)
-        if shx:   # sigmoid(h . ffn_gate_inp_shexp)
+        if shx and f.shexp_gate != 0:   # sigmoid(h . ffn_gate_inp_shexp)
             gs = np.float32(0.0)
             for i in range(E):
-                gs += xa[i] * M.shexp_gate[l, i]
+                gs += xa[i] * M.shexp_inp[l, i]
             we = np.float32(1.0) / (np.float32(1.0) + expf(-gs))
         for i in range(E):
             xb2[i] += S.ye[i] * we
@@ -556,7 +557,7 @@ class DecodeStep:
                                       sinks=stacked("attn_sinks", c.n_head),
                                       out_bias=stacked("attn_output_bias", c.n_embd))
         shg = [None if b.ffn_gate_inp_shexp is None else b.ffn_gate_inp_shexp.dequantize().reshape(-1) for b in blk]
-        self.moe_tables = MoeTables(shexp_gate=_stacked(shg, c.n_embd),
+        self.moe_tables = MoeTables(shexp_inp=_stacked(shg, c.n_embd),
                                     router_bias=stacked("ffn_gate_inp_bias", n_expert),
                                     score_bias=stacked("exp_probs_b", n_expert),
                                     gate_bias=stacked("ffn_gate_exps_bias", (n_expert, n_ff_exp)),
@@ -643,7 +644,8 @@ def _program(model: Llama, need: np.ndarray) -> Program:
         a, f = d.attn, d.ffn
         attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias)
         shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0
-        ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, isinstance(f, MoeFFN) and f.biases)
+        moe = isinstance(f, MoeFFN)
+        ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, moe and f.shexp_gate, moe and f.biases)
         routing[il] = routing_record(f.routing if isinstance(f, MoeFFN) else None)[0]
     gelu = gelu_table() if any(d.ffn.glu == "gelu" for d in layers) else np.zeros(1, np.float32)
     return Program(prog=prog, norms=norms, attn=attn, ffn=ffn, routing=routing, need=need,

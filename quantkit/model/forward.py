@@ -574,13 +574,15 @@ class Runner:
         for j in range(1, f.n_expert_used):
             out += slots[j]
         if f.n_ff_shexp:
-            # the shared expert (qwen2moe): a dense GLU over every row, times sigmoid of its gate, added
-            # after the routed experts (ggml computes the sigmoid as silu(g) / g)
-            g = self._mm(b.ffn_gate_inp_shexp, xb, np.empty((n, 1), np.float32))          # (n, 1)
+            # the shared expert: a dense GLU over every row (qwen2moe: times sigmoid of its gate), added
+            # after the routed experts
             gate, up = np.empty((n, f.n_ff_shexp), np.float32), np.empty((n, f.n_ff_shexp), np.float32)
             shared = {}
             self._mm(b.ffn_gate_shexp, xb, gate, shared)
             self._mm(b.ffn_up_shexp, xb, up, shared)
             glu_rows(gate, up, kind, self.gelu_tab)
             y = self._mm(b.ffn_down_shexp, gate, np.empty((n, E), np.float32))
-            out += y * (np.float32(1.0) / (np.float32(1.0) + np.exp(-g, dtype=np.float32)))
+            if f.shexp_gate:
+                g = self._mm(b.ffn_gate_inp_shexp, xb, np.empty((n, 1), np.float32))      # (n, 1)
+                y *= np.float32(1.0) / (np.float32(1.0) + np.exp(-g, dtype=np.float32))
+            out += y

@@ -79,9 +79,10 @@ class Routing:
 class MoeFFN:
     """build_moe_ffn: router logits ``h @ ffn_gate_inp`` (+ its bias), ``routing``, then each chosen
     expert e's ``(act(h @ gate_exps[e]) * (h @ up_exps[e])) @ down_exps[e]`` times its weight, added in
-    the order of selection (the largest first). With a shared expert (``n_ff_shexp`` > 0, qwen2moe),
-    ``sigmoid(h . ffn_gate_inp_shexp) * (act(h @ gate_shexp) * (h @ up_shexp)) @ down_shexp`` is added
-    after them (src/models/qwen2moe.cpp)."""
+    the order of selection (the largest first). With a shared expert (``n_ff_shexp`` > 0),
+    ``(act(h @ gate_shexp) * (h @ up_shexp)) @ down_shexp`` is added after them, times
+    ``sigmoid(h . ffn_gate_inp_shexp)`` when ``shexp_gate`` (src/models/qwen2moe.cpp; DeepSeek's and
+    GLM's shared experts have no gate)."""
 
     routing: Routing
     n_ff: int             # one expert's width
@@ -89,6 +90,7 @@ class MoeFFN:
     n_ff_shexp: int = 0   # the shared expert's width (0: none)
     biases: bool = False  # the router's bias (added to its logits) and the experts' (ggml_add_id after
                           # each expert's gate, up and down products; gpt-oss)
+    shexp_gate: bool = False  # the shared expert scaled by sigmoid(h . ffn_gate_inp_shexp) (qwen2moe)
 
     @property
     def n_expert(self) -> int:
@@ -149,7 +151,8 @@ def describe(config, block, il: int) -> Layer:
                           w_scale=c.expert_weights_scale, n_group=c.n_expert_groups,
                           n_group_used=c.n_group_used, score_bias=block.exp_probs_b is not None)
         ffn = MoeFFN(routing, n_ff=c.n_ff_exp, glu=a.glu,
-                     n_ff_shexp=c.n_ff_shexp if block.ffn_gate_shexp is not None else 0, biases=a.moe_biases)
+                     n_ff_shexp=c.n_ff_shexp if block.ffn_gate_shexp is not None else 0,
+                     shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases)
     else:
         ffn = DenseFFN(glu=a.glu, n_ff=c.n_ff)
     return Layer((Block(attn, "attn_norm", "post_attention_norm" if block.post_attention_norm is not None else None),

@@ -124,7 +124,10 @@ class LlamaConfig:
             if n_ff_exp <= 0:
                 raise ModelError(f"{at}the experts' feed-forward length {n_ff_exp} must be positive")
         n_ff_shexp = 0
-        if n_expert and spec.shared_expert:   # llama_model_qwen2moe::load_arch_tensors: default n_ff
+        if n_expert and spec.shared_expert and spec.shexp_count:
+            # llama_model_deepseek2 / glm4_moe::load_arch_tensors: n_ff_exp * n_expert_shared (0: none)
+            n_ff_shexp = n_ff_exp * _int(opt("expert_shared_count", 0), f"{arch}.expert_shared_count", at)
+        elif n_expert and spec.shared_expert:   # llama_model_qwen2moe::load_arch_tensors: default n_ff
             n_ff_shexp = _int(opt("expert_shared_feed_forward_length", 0), f"{arch}.expert_shared_feed_forward_length",
                               at) or n_ff
             if n_ff_shexp <= 0:
@@ -439,7 +442,8 @@ class Llama:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
             b.ffn_norm = vector(p + a.ffn_norm + ".weight", E)
             if c.n_expert and i >= c.n_layer_dense_lead:
-                read = (SHEXP_TENSORS if a.shared_expert else ()) + (MOE_BIAS_TENSORS if a.moe_biases else ()) + \
+                read = (SHEXP_TENSORS[0 if a.shexp_gate else 1:] if a.shared_expert else ()) + \
+                    (MOE_BIAS_TENSORS if a.moe_biases else ()) + \
                     (("exp_probs_b.bias",) if a.moe_hparams else ())
                 for extra in UNSUPPORTED_MOE_TENSORS:
                     if extra not in read and gg.has_tensor(p + extra):
@@ -458,9 +462,10 @@ class Llama:
                     b.ffn_gate_exps_bias = table(p + "ffn_gate_exps.bias", FX, X)
                     b.ffn_up_exps_bias = table(p + "ffn_up_exps.bias", FX, X)
                     b.ffn_down_exps_bias = table(p + "ffn_down_exps.bias", E, X)
-                if a.shared_expert:
+                if a.shared_expert and c.n_ff_shexp:
                     FS = c.n_ff_shexp
-                    b.ffn_gate_inp_shexp = matrix(p + "ffn_gate_inp_shexp.weight", E, 0)   # one row: [n_embd]
+                    if a.shexp_gate:
+                        b.ffn_gate_inp_shexp = matrix(p + "ffn_gate_inp_shexp.weight", E, 0)   # one row: [n_embd]
                     b.ffn_gate_shexp = matrix(p + "ffn_gate_shexp.weight", E, FS)
                     b.ffn_up_shexp = matrix(p + "ffn_up_shexp.weight", E, FS)
                     b.ffn_down_shexp = matrix(p + "ffn_down_shexp.weight", FS, E)

@@ -108,8 +108,8 @@ def _moe(f: MoeFFN, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | Non
                      bias)
         out[rows] += w[rows, slot][:, None] * y
     if f.n_ff_shexp:
-        g = h @ _w(b.ffn_gate_inp_shexp).T                                   # (n, 1)
-        out += 1.0 / (1.0 + np.exp(-g)) * _glu_ffn(h, b.ffn_gate_shexp, b.ffn_up_shexp, b.ffn_down_shexp, f.glu)
+        y = _glu_ffn(h, b.ffn_gate_shexp, b.ffn_up_shexp, b.ffn_down_shexp, f.glu)
+        out += 1.0 / (1.0 + np.exp(-(h @ _w(b.ffn_gate_inp_shexp).T))) * y if f.shexp_gate else y
     return out
 
 

@@ -56,9 +56,8 @@ def _group_mask(s: np.ndarray, r: Routing) -> np.ndarray:
 def route(logits: np.ndarray, r: Routing, score_bias: np.ndarray | None = None
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64: (experts (n, n_used) int64, weights (n, n_used), margin (n,)) for router logits (n,
-    n_expert) (the module's steps). The margin is the n_used-th largest selection score less the next
-    (0 with every expert used; in logits for softmax gating without a score bias): how near a token is
-    to another choice."""
+    n_expert) (the module's steps). The margin is the n_used-th largest selection score less the next,
+    in router-logit units (0 with every expert used): how near a token is to another choice."""
     x = np.asarray(logits, np.float64)
     if r.gating == "softmax":
         e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -80,11 +79,14 @@ def route(logits: np.ndarray, r: Routing, score_bias: np.ndarray | None = None
         w = w / np.maximum(w.sum(axis=-1, keepdims=True), W_SUM_MIN)
     if r.w_scale not in (0.0, 1.0):
         w = w * r.w_scale
-    # the margin on the logits' scale where the choice is a monotone function of them (softmax gating
-    # without a score bias: a log-probability gap), else on the scores
+    # the margin in router-logit units: the logits' gap where the choice is a monotone function of them
+    # (softmax gating without a score bias: a log-probability gap); sigmoid scores' gap times 4 (the
+    # inverse of the sigmoid's largest slope: the least change of the two logits that flips the choice)
     g = np.where(np.isfinite(s), x, -np.inf) if r.gating != "sigmoid" and score_bias is None else s
     srt = -np.sort(-g, axis=-1)
     margin = srt[:, k - 1] - srt[:, k] if k < s.shape[1] else np.zeros(s.shape[0])
+    if r.gating == "sigmoid":
+        margin = 4.0 * margin
     return top, w, np.nan_to_num(margin, nan=0.0, posinf=np.inf)
 
 
