@@ -57,6 +57,16 @@ MOE_SPECS = {
                     tied=False, n_expert=8, n_used=2, n_ff_exp=64, sliding_window=8, yarn=(4.0, 32),
                     gate_scale=4.0, q_types={"ffn_gate_exps": T.MXFP4, "ffn_up_exps": T.MXFP4,
                                              "ffn_down_exps": T.MXFP4}),
+    # glm4moe (GLM-4.5): a leading dense layer, sigmoid routing with exp_probs_b over 8 experts in one group,
+    # normalized weights times 2.5, an ungated shared expert (expert_shared_count 1), Q/K/V biases,
+    # per-head Q/K norms, NEOX RoPE over half of each head, the FFN normed by post_attention_norm, and one
+    # multi-token-prediction block after the 3 trunk blocks (nextn_predict_layers: written, not run)
+    "glm4moe": dict(arch="glm4moe", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=48,
+                    n_vocab=512, rope_base=1000000.0, eps=1e-5, bias=True, qk_norm=True, post_norms=False,
+                    tied=False, n_expert=8, n_used=2, n_ff_exp=64, lead_dense=1, score_bias=True, shexp_count=1,
+                    rope_dim=24, ffn_norm="post_attention_norm", nextn=1,
+                    moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2, "expert_shared_count": 1,
+                              "expert_weights_norm": True, "expert_weights_scale": 2.5}),
 }
 #: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
 #: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the
@@ -129,7 +139,11 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     types = {**VARIANTS[variant], **(s.get("q_types", {}) if variant != "F16" else {})}
     oss = arch == "gpt-oss"
     w = gguf.GGUFWriter(str(path), arch)
-    w.add_uint32(f"{arch}.block_count", s["n_layer"])
+    w.add_uint32(f"{arch}.block_count", s["n_layer"] + s.get("nextn", 0))
+    if "nextn" in s:
+        w.add_uint32(f"{arch}.nextn_predict_layers", s["nextn"])
+    if "rope_dim" in s:
+        w.add_uint32(f"{arch}.rope.dimension_count", s["rope_dim"])
     w.add_uint32(f"{arch}.context_length", N_CTX)
     w.add_uint32(f"{arch}.embedding_length", E)
     w.add_uint32(f"{arch}.feed_forward_length", F)
@@ -189,7 +203,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     # embeddings (the output too when tied: logits of std ~ scale * sqrt(n_embd)); gemma3 multiplies
     # them by sqrt(n_embd) on the way in
     mat("token_embd.weight", "token_embd", E, V, 0.25 if arch == "gemma3" else 0.5)
-    for i in range(s["n_layer"]):
+    for i in range(s["n_layer"] + s.get("nextn", 0)):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", E, 0.8, 1.2)
         mat(p + "attn_q.weight", "attn_q", E, H * hd, 2.0 / np.sqrt(E))
@@ -208,7 +222,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "attn_sinks.weight", H, 0.0, 3.0)
         if s["post_norms"]:
             vec(p + "post_attention_norm.weight", E, 1.5, 2.5)
-        vec(p + ("post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
+        vec(p + s.get("ffn_norm", "post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
         if n_exp and i >= s.get("lead_dense", 0):
             FX = s.get("n_ff_exp", F)
             mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, s.get("router_scale", 3.0) / np.sqrt(E))
@@ -236,6 +250,11 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             mat(p + "ffn_down.weight", "ffn_down", F, E, RESID / np.sqrt(F))
         if s["post_norms"]:
             vec(p + "post_ffw_norm.weight", E, 1.5, 2.5)
+        if i >= s["n_layer"]:   # a multi-token-prediction block's own tensors (llama.cpp's nextn.*)
+            mat(p + "nextn.eh_proj.weight", "nextn", 2 * E, E, 1.0 / np.sqrt(2 * E))
+            vec(p + "nextn.enorm.weight", E, 0.8, 1.2)
+            vec(p + "nextn.hnorm.weight", E, 0.8, 1.2)
+            vec(p + "nextn.shared_head_norm.weight", E, 0.8, 1.2)
     vec("output_norm.weight", E, 0.8, 1.2)
     if not s["tied"]:
         mat("output.weight", "output", E, V, 6.0 / np.sqrt(E))

@@ -55,17 +55,28 @@ def test_config_and_layers(case):
     s, c = MOE_SPECS[arch], case[2].config
     assert c.arch.name == s["arch"] and c.n_expert == s["n_expert"] and c.n_expert_used == s["n_used"]
     assert c.n_ff_exp == s.get("n_ff_exp", s["n_ff"])
-    assert c.n_ff_shexp == s.get("n_ff_shexp", 0)
+    n_shexp = s.get("n_ff_shexp", c.n_ff_exp * s.get("shexp_count", 0))
+    assert c.n_ff_shexp == n_shexp
+    # the trunk's blocks only (glm4moe's multi-token-prediction block is not run)
+    assert c.n_layer == s["n_layer"] == len(m.layers)
     oss = arch == "gpt-oss"
+    keys, lead = s.get("moe_keys", {}), s.get("lead_dense", 0)
     for il, (d, b) in enumerate(zip(m.layers, m.blk)):
-        # qwen2moe: build_moe_ffn's norm_w = false, and the shared expert; gpt-oss: norm_w = false,
-        # softmax_weight gating, the clamped SwiGLU, the router's and the experts' biases
-        routing = Routing(s["n_expert"], s["n_used"], "softmax_weight" if oss else "softmax",
-                          norm_w=arch in ("qwen3moe", "mixtral"))
-        assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", s.get("n_ff_shexp", 0),
-                                         oss, shexp_gate="n_ff_shexp" in s)
         assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch != "mixtral")
-        assert d.attn.qkv_bias == s["bias"] and (b.ffn_down_shexp is not None) == ("n_ff_shexp" in s)
+        assert d.attn.qkv_bias == s["bias"]
+        if il < lead:   # leading_dense_block_count: a dense FFN of feed_forward_length
+            assert not d.moe and d.ffn.n_ff == s["n_ff"] and b.ffn_gate_inp is None
+            continue
+        # qwen2moe: build_moe_ffn's norm_w = false, and the shared expert; gpt-oss: norm_w = false,
+        # softmax_weight gating, the clamped SwiGLU, the router's and the experts' biases; glm4moe: the
+        # file's gating (2: sigmoid), norm_w and scale, the score bias, an ungated shared expert
+        gating = {2: "sigmoid"}.get(keys.get("expert_gating_func"), "softmax_weight" if oss else "softmax")
+        routing = Routing(s["n_expert"], s["n_used"], gating,
+                          norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral")),
+                          w_scale=keys.get("expert_weights_scale", 0.0), score_bias=s.get("score_bias", False))
+        assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", n_shexp,
+                                         oss, shexp_gate="n_ff_shexp" in s)
+        assert (b.ffn_down_shexp is not None) == bool(n_shexp)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
         # gpt-oss: sinks and the output bias; layer 0 slides (load_swa_pattern(2)), layer 1 does not
         assert d.attn.sinks == d.attn.out_bias == oss
@@ -77,8 +88,10 @@ def test_config_and_layers(case):
         assert c.kq_scale == pytest.approx(1 / np.sqrt(48)) and c.yarn and c.n_ctx_orig_yarn == 32
         assert c.rope_freq_scale == c.rope_freq_scale_swa == 0.25 and c.rope_freq_base_swa == 150000.0
         assert c.rope_mscale == pytest.approx(1 + 0.1 * np.log(4), rel=1e-6)
+    if "rope_dim" in s:   # partial RoPE: rope.dimension_count of each head
+        assert c.n_rot == s["rope_dim"] < c.head_dim
     # one expert is a view of its rows in the file's map: nothing copied
-    w = m.blk[1].ffn_down_exps
+    w = m.blk[-1].ffn_down_exps
     e = w.expert(3)
     assert e.shape == (c.n_ff_exp, c.n_embd) and e.data.shape[0] == c.n_embd
     assert np.shares_memory(e.data, w.data) and e.data.base is not None

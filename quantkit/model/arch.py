@@ -75,6 +75,8 @@ class Arch:
     attn_scale: str = "head_dim"  # the softmax scale of q.k: 1/sqrt(head_dim); "n_rot": 1/sqrt(n_rot)
                                   # (gpt-oss); "gemma3": 1/sqrt(n_embd / n_head) for the 62-layer 27B
                                   # (llama_model_gemma3::load_arch_hparams), else head_dim's
+    qk_norm_optional: bool = False  # attn_q_norm / attn_k_norm read when the file has them (GLM-4.5's
+                                    # 355B has them, Air does not: TENSOR_NOT_REQUIRED)
     moe_hparams: bool = False     # reads {arch}.leading_dense_block_count (the first layers dense),
                                   # expert_weights_scale, expert_weights_norm, expert_gating_func,
                                   # expert_group_count / expert_group_used_count, and blk.N.exp_probs_b
@@ -107,6 +109,14 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          swa_pattern=2, output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False,
          moe_gating="softmax_weight", moe_biases=True, attn_sinks=True, attn_out_bias=True,
          ffn_norm="post_attention_norm", swa_rope_model=True, attn_scale="n_rot"),
+    # src/models/glm4-moe.cpp (GLM-4.5 / 4.6 / 4.7): NEOX RoPE over rope.dimension_count (partial), Q/K/V
+    # biases, optional per-head Q/K norms, the FFN normed by blk.N.post_attention_norm, leading dense
+    # layers, build_moe_ffn with the file's gating (sigmoid), exp_probs_b, norm_w and scale, and an ungated
+    # shared expert expert_shared_count experts wide
+    Arch("glm4moe", rope_neox=True, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_gating="sigmoid", shared_expert=True,
+         shexp_gate=False, shexp_count=True, ffn_norm="post_attention_norm", qk_norm_optional=True,
+         moe_hparams=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

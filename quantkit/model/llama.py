@@ -106,7 +106,16 @@ class LlamaConfig:
         def opt(key: str, default):
             return meta.get(f"{arch}.{key}", default)
 
-        n_layer = need("block_count")
+        # the last {arch}.nextn_predict_layers blocks are multi-token-prediction layers, which llama.cpp's
+        # text graph does not run (llama_hparams::n_layer(): n_layer_all - n_layer_nextn)
+        n_all = need("block_count")
+        n_nextn = _int(opt("nextn_predict_layers", 0), f"{arch}.nextn_predict_layers", at)
+        if not 0 <= n_nextn < n_all:
+            raise ModelError(f"{at}{arch}.nextn_predict_layers {n_nextn} must be in 0..{n_all - 1}")
+        n_layer = n_all - n_nextn
+        sections = opt("rope.dimension_sections", None)
+        if sections is not None and any(int(v) for v in sections):
+            raise ModelError(f"{at}{arch}.rope.dimension_sections: multimodal RoPE (M-RoPE) is not supported")
         n_embd = need("embedding_length")
         n_expert = _int(opt("expert_count", 0), f"{arch}.expert_count", at) if spec.moe != MOE_NONE else 0
         if spec.moe == MOE_ALWAYS and n_expert <= 0:
@@ -430,7 +439,7 @@ class Llama:
             b.attn_q_bias = optional(p + "attn_q.bias", Q)            # create_tensor_qkv: optional
             b.attn_k_bias = optional(p + "attn_k.bias", KV)
             b.attn_v_bias = optional(p + "attn_v.bias", KV)
-            if a.qk_norm:
+            if a.qk_norm or (a.qk_norm_optional and gg.has_tensor(p + "attn_q_norm.weight")):
                 b.attn_q_norm = vector(p + "attn_q_norm.weight", hd)
                 b.attn_k_norm = vector(p + "attn_k_norm.weight", hd)
             b.attn_output = matrix(p + "attn_output.weight", Q, E)
