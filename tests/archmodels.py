@@ -230,7 +230,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp)
             mat(p + "ffn_down_exps.weight", "ffn_down_exps", FX, E, RESID / np.sqrt(FX), n_exp)
             if s.get("score_bias"):   # the selection's per-expert bias, of the sigmoid scores' size
-                vec(p + "exp_probs_b.bias", n_exp, -0.3, 0.3)
+                b = s["score_bias"] if isinstance(s["score_bias"], float) else 0.3
+                vec(p + "exp_probs_b.bias", n_exp, -b, b)
             if oss:   # the router's and the experts' biases (one row per expert)
                 vec(p + "ffn_gate_inp.bias", n_exp, -0.5, 0.5)
                 for name, n, r in (("ffn_gate_exps", FX, 0.5), ("ffn_up_exps", FX, 0.5), ("ffn_down_exps", E, 0.2)):

@@ -216,16 +216,26 @@ def golden(request, tmp_path_factory):
     arch, variant = request.param
     g, path = golden_model(tmp_path_factory.mktemp("moe-golden"), arch, variant)
     with Llama(path) as m:
-        yield variant, m, g, reference_logits(m, g["ids"])
+        routes: list = []
+        ref = reference_logits(m, g["ids"], routes)
+        yield variant, m, g, (ref, routes)
 
 
-def _check_llama_cpp(got: np.ndarray, variant: str, g: dict, ref: np.ndarray) -> None:
+def _check_llama_cpp(got: np.ndarray, variant: str, g: dict, reference: tuple) -> None:
     """F16: no further from llama.cpp's logits than the float64 reference is (the gap is llama.cpp's
     own rounding: fp16 activations and KV cache), the same top-1 wherever llama.cpp's top-2 gap is over
     its own largest batch vs token-by-token difference (``self_max``: measured, a qwen2moe position at
     gap 0.012 against self_max 0.046 went the other way). Quantized: MEAN_Q, the same top-1 wherever
-    llama.cpp's top-2 gap is over TIE_Q."""
+    llama.cpp's top-2 gap is over TIE_Q, on the positions routed clearly in every layer (``_keep``: 8-bit
+    activations take near-ties the other way in llama.cpp as here; measured on glm4moe "Q", whose
+    sigmoid scores plus score bias leave 26 of 48 positions within 0.3 of a tie: 0.311 from llama.cpp
+    over all positions, 0.132 over the 22 clear ones, where the float64 reference is 0.286 / 0.136)."""
+    ref, routes = reference
     want = g["logits"]
+    if variant != "F16":
+        keep = _keep(variant, routes)
+        assert keep.sum() >= 5
+        got, want, ref = got[keep], want[keep], ref[keep]
     d = np.abs(got - want).mean()
     print(f"{variant}: mean |d| {d:.4f} (reference {np.abs(ref - want).mean():.4f}, llama.cpp with itself "
           f"{float(g['self_mean']):.4f}), top-1 {(got.argmax(1) == want.argmax(1)).mean():.3f}")
@@ -246,7 +256,8 @@ def test_batch_matches_llama_cpp(golden):
 
 def test_decode_matches_llama_cpp(golden):
     """Token by token, then greedy generation after 8 prompt tokens: equal to llama.cpp's all the way,
-    or parting only at a llama.cpp tie (F16: a top-2 gap under its own noise, ``self_max``)."""
+    or parting only at a llama.cpp tie (F16: a top-2 gap under its own noise, ``self_max``; quantized: a
+    top-2 gap under TIE_Q, or a routing near-tie in the reference at that position)."""
     variant, m, g, ref = golden
     r = Runner(m, 128)
     assert r.step is not None
@@ -261,8 +272,13 @@ def test_decode_matches_llama_cpp(golden):
             break
         logits = r.forward(out[-1:])[-1]
     n = len(out) - (out != want[:len(out)])
-    if n < len(want):
-        assert g["greedy_gap"][n] < (float(g["self_max"]) if variant == "F16" else TIE_Q), (n, g["greedy_gap"][n])
+    if n < len(want) and not (variant != "F16" and g["greedy_gap"][n] < TIE_Q):
+        if variant != "F16":   # the step's token came out of a routing near-tie (the float64 reference's)
+            routes: list = []
+            reference_logits(m, np.concatenate([g["ids"][:8], want[:n]]), routes)
+            assert min(float(r[2][-1]) for r in routes) < MARGIN_Q, (n, g["greedy_gap"][n])
+        else:
+            assert g["greedy_gap"][n] < float(g["self_max"]), (n, g["greedy_gap"][n])
 
 
 # -- routing ---------------------------------------------------------------------------------------
