@@ -29,6 +29,11 @@ What each checkpoint exercises:
 * ``gemma3sp``: the same with a SentencePiece tokenizer.model: Gemma 3's 262144 pieces, taken from the
   Gemma 3 270M GGUF the tests use (``gemma3_tokenizer_files``).
 * ``qwen3moe``: Qwen3MoeForCausalLM, BF16, Q/K norms, 4 experts of width 32 (``moe_intermediate_size``).
+* ``glm4moe``: Glm4MoeForCausalLM (GLM-4.5), BF16, 3 layers of which the first is dense
+  (``first_k_dense_replace``), 4 routed experts with the router's score bias (``e_score_correction_bias``,
+  renamed as the reference's ``filter_tensors`` does) and a shared expert, Q/K/V biases, Q/K norms, half
+  of each head rotated, no multi-token-prediction layer; its tokenizer.json gains GLM's chat tokens
+  (``ADDED_TOKENS``), which the reference's ``_set_vocab_glm`` makes BOS / EOT / EOM.
 """
 
 from __future__ import annotations
@@ -87,7 +92,18 @@ SPECS = {
                   "decoder_sparse_step": 1, "mlp_only_layers": [], "norm_topk_prob": True,
                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
                  "BF16", 1, None),
+    "glm4moe": ({**_BASE, "architectures": ["Glm4MoeForCausalLM"], "model_type": "glm4_moe", "head_dim": 32,
+                 "num_hidden_layers": 3, "n_routed_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32,
+                 "n_shared_experts": 1, "first_k_dense_replace": 1, "routed_scaling_factor": 2.5,
+                 "norm_topk_prob": True, "n_group": 1, "topk_group": 1, "use_qk_norm": True, "attention_bias": True,
+                 "partial_rotary_factor": 0.5, "num_nextn_predict_layers": 0, "rms_norm_eps": 1e-5,
+                 "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+                "BF16", 1, None),
 }
+
+#: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
+#: reference's _set_vocab_glm looks up by text)
+ADDED_TOKENS = {"glm4moe": ("[gMASK]", "<|user|>", "<|observation|>")}
 
 
 #: checkpoints with Gemma 3's SentencePiece tokenizer.model (from the Gemma 3 270M test model) instead of Qwen3's
@@ -110,7 +126,7 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     e, ff, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = cfg.get("head_dim") or e // cfg["num_attention_heads"]
     nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    bias = cfg["model_type"] == "qwen2"
+    bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
     gemma = cfg["model_type"] == "gemma3_text"
     out = [("model.embed_tokens.weight", (v, e))]
     for i in range(cfg["num_hidden_layers"]):
@@ -123,9 +139,20 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         if bias:
             out += [(p + "self_attn.q_proj.bias", (nq,)), (p + "self_attn.k_proj.bias", (nkv,)),
                     (p + "self_attn.v_proj.bias", (nkv,))]
-        if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text"):
+        if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text") or cfg.get("use_qk_norm"):
             out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-        if "num_local_experts" in cfg:
+        if "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]:   # glm4_moe's MoE layers
+            mff, n_x = cfg["moe_intermediate_size"], cfg["n_routed_experts"]
+            out += [(p + "mlp.gate.weight", (n_x, e)), (p + "mlp.gate.e_score_correction_bias", (n_x,))]
+            for x in range(n_x):
+                q = f"{p}mlp.experts.{x}."
+                out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)),
+                        (q + "down_proj.weight", (e, mff))]
+            sff = mff * cfg["n_shared_experts"]
+            out += [(p + "mlp.shared_experts.gate_proj.weight", (sff, e)),
+                    (p + "mlp.shared_experts.up_proj.weight", (sff, e)),
+                    (p + "mlp.shared_experts.down_proj.weight", (e, sff))]
+        elif "num_local_experts" in cfg:
             out.append((p + "block_sparse_moe.gate.weight", (cfg["num_local_experts"], e)))
             for x in range(cfg["num_local_experts"]):
                 q = f"{p}block_sparse_moe.experts.{x}."
@@ -200,6 +227,13 @@ def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None, spec: tup
     else:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(tok_dir / f, out / f)
+        if name in ADDED_TOKENS:
+            tj = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+            top = max(t["id"] for t in tj["added_tokens"])
+            tj["added_tokens"] += [{"id": top + 1 + i, "content": text, "single_word": False, "lstrip": False,
+                                    "rstrip": False, "normalized": False, "special": True}
+                                   for i, text in enumerate(ADDED_TOKENS[name])]
+            (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False), encoding="utf-8")
     rng = np.random.default_rng(SEED)
 
     def weights(tname: str, shape: tuple[int, ...]):

@@ -92,3 +92,27 @@ def test_sweep_and_bench_on_moe(model, tmp_path):
     assert kl.exit_code == 0, kl.output
     assert float(rows["bpw4.5"]["kld"]) == pytest.approx(
         float(re.search(r"Mean\s+KLD:\s+([0-9.]+)", kl.stdout).group(1)), abs=5e-7)
+
+
+# -- the newer architectures' files, quantized as llama-quantize quantizes them -----------------------
+
+ARCH_DATA = Path(__file__).parent / "data" / "quantize"
+ARCH_GOLDEN = json.loads((ARCH_DATA / "arch-golden.json").read_text())
+ARCH_JOBS = [(name, ftype) for name, g in ARCH_GOLDEN["models"].items() for ftype in sorted(g["outputs"])]
+
+
+@pytest.mark.parametrize("name,ftype", ARCH_JOBS, ids=[f"{n}-{f}" for n, f in ARCH_JOBS])
+def test_arch_quantize_matches_llama_quantize(name, ftype, tmp_path):
+    """tools/make_arch_quantize_golden.py: llama-quantize's bytes for the tiny file of each newer
+    architecture (glm4moe: its leading dense layer, routed and shared experts, exp_probs_b, the
+    multi-token-prediction block), Q4_K_M without an imatrix, IQ4_XS with llama-imatrix's."""
+    g = ARCH_GOLDEN["models"][name]
+    model = write_model(tmp_path / f"{name}-F16.gguf", name, "F16")
+    assert sha256(model) == g["model_sha256"], "the test model is not the one the golden data was made from"
+    job = g["outputs"][ftype]
+    out = tmp_path / f"{ftype}.gguf"
+    # run beside the imatrix and name it as llama-quantize was given it (quantize.imatrix.file)
+    r = run_cli(["quantize", *(["--imatrix", g["imatrix"]] if job["imatrix"] else []), model, out, ftype, "2"],
+                cwd=ARCH_DATA)
+    assert r.exit_code == 0, r.output
+    assert sha256(out) == job["sha256"]

@@ -55,6 +55,10 @@ CONFIG_DEFAULTS = {
                         num_key_value_heads=4),
     "qwen3_moe": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None,
                       num_experts_per_tok=8, moe_intermediate_size=768),
+    "glm4_moe": dict(max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=10000.0, head_dim=None,
+                     num_experts_per_tok=8, moe_intermediate_size=1408, n_shared_experts=1, n_routed_experts=128,
+                     routed_scaling_factor=1.0, first_k_dense_replace=1, norm_topk_prob=True,
+                     num_nextn_predict_layers=1, partial_rotary_factor=0.5, n_group=1, topk_group=1),
 }
 
 
@@ -80,6 +84,10 @@ class Arch:
     tokenizer_prefix_space: bool = False  # LlamaModel.set_vocab: add_space_prefix from tokenizer_config
     gemma3: bool = False              # Gemma3Model: norms + 1, embeddings cut to the real vocabulary, its keys
     sentencepiece_first: bool = True  # set_vocab reads a tokenizer.model when there is one (not TextModel's)
+    glm_moe: bool = False             # Glm4MoeModel: the MoE keys, partial RoPE, nextn blocks in block_count
+    #: (type, added token) the vocabulary's special tokens are set to where the tokenizer did not set them
+    #: (TextModel._set_vocab_glm)
+    special_tokens: tuple[tuple[str, str], ...] = ()
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -94,6 +102,12 @@ ARCHS = {
     "Qwen3MoeForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3MOE, moe_keys=True, sentencepiece_first=False,
                                 experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
                                                 "model.layers.{bid}.mlp.experts.{wid}.weight")),
+    # conversion/glm.py's Glm4MoeModel (GLM-4.5 / 4.6 / 4.7)
+    "Glm4MoeForCausalLM": Arch(gguf.MODEL_ARCH.GLM4_MOE, sentencepiece_first=False, glm_moe=True,
+                               experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
+                                               "model.layers.{bid}.mlp.experts.{wid}.weight"),
+                               special_tokens=(("bos", "[gMASK]"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"),
+                                               ("eom", "<|observation|>"))),
 }
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
@@ -169,6 +183,8 @@ def _hparams(config: dict, path: Path) -> dict:
             rope["rope_theta"] = hp["rope_theta"]
         if "rope_type" not in rope and rope.get("type") is not None:
             rope["rope_type"] = rope["type"]
+        if "partial_rotary_factor" not in rope and hp.get("partial_rotary_factor") is not None:
+            rope["partial_rotary_factor"] = hp["partial_rotary_factor"]
     hp["rope_parameters"] = rope
     return hp
 
@@ -178,9 +194,14 @@ def _find(hp: dict, *keys: str):
     return next((hp[k] for k in keys if k in hp), None)
 
 
+def _n_blocks(hp: dict, arch: Arch) -> int:
+    """The file's block count: the layers, and Glm4MoeModel's multi-token-prediction blocks after them."""
+    return hp["num_hidden_layers"] + (hp.get("num_nextn_predict_layers") or 0 if arch.glm_moe else 0)
+
+
 def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: Path) -> None:
     """``TextModel.set_gguf_parameters`` and the architecture's additions, in the reference's order."""
-    w.add_block_count(hp["num_hidden_layers"])
+    w.add_block_count(_n_blocks(hp, arch))
     if (v := _find(hp, "max_position_embeddings", "n_ctx", "n_positions", "max_length",
                    "max_sequence_length", "model_max_length")) is not None:
         w.add_context_length(v)
@@ -224,6 +245,10 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         w.add_expert_count(v)
     if (v := _find(hp, "num_experts_per_tok", "num_experts_per_token", "top_k_experts")) is not None:
         w.add_expert_used_count(v)
+    if (v := hp.get("n_group")) is not None:
+        w.add_expert_group_count(v)
+    if (v := hp.get("topk_group")) is not None:
+        w.add_expert_group_used_count(v)
     if (v := hp.get("head_dim")) is not None:
         w.add_key_length(v)
         w.add_value_length(v)
@@ -250,6 +275,24 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_expert_feed_forward_length(v)
         if (v := hp.get("shared_expert_intermediate_size")) is not None:
             w.add_expert_shared_feed_forward_length(v)
+    if arch.glm_moe:       # Glm4MoeModel.set_gguf_parameters
+        head = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+        w.add_rope_dimension_count(int(head * rope.get("partial_rotary_factor", 0.5)))
+        if (v := hp.get("n_routed_experts")) is not None:
+            w.add_expert_count(v)
+        if (v := hp.get("moe_intermediate_size")) is not None:
+            w.add_expert_feed_forward_length(v)
+        if (v := hp.get("n_shared_experts")) is not None:
+            w.add_expert_shared_count(v)
+        if (v := hp.get("first_k_dense_replace")) is not None:
+            w.add_leading_dense_block_count(v)
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        if (v := hp.get("routed_scaling_factor")) is not None:
+            w.add_expert_weights_scale(v)
+        if (v := hp.get("norm_topk_prob")) is not None:
+            w.add_expert_weights_norm(v)
+        if (v := hp.get("num_nextn_predict_layers")) is not None:
+            w.add_nextn_predict_layers(v)
 
 
 # -- tensors -------------------------------------------------------------------------------------------
@@ -309,10 +352,10 @@ def resolve_auto(ck: Checkpoint) -> FT:
 
 def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTensor]:
     n_layer = hp["num_hidden_layers"]
-    tmap = gguf.get_tensor_name_map(arch.gguf_arch, n_layer)
+    tmap = gguf.get_tensor_name_map(arch.gguf_arch, _n_blocks(hp, arch))
     path = ck.folder
     n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
-    n_expert = _find(hp, "num_local_experts", "num_experts") or 0
+    n_expert = _find(hp, "num_local_experts", "num_experts", "n_routed_experts") or 0
     groups: dict[int, list[str]] = {}
     out: list[OutTensor] = []
     if arch.llama_keys and (hp["rope_parameters"].get("rope_type") or "").lower() == "llama3":
@@ -321,6 +364,8 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
                              Source([], values=factors), "F32"))
 
     def add(hf_name: str, shape: tuple[int, ...], source: Source, dtype: str, bid: int | None) -> None:
+        if hf_name.endswith("e_score_correction_bias"):   # ModelBase.filter_tensors (DeepSeek V3's router bias)
+            hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
         new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if new is None:
             raise FormatError(f"{path}: cannot map tensor {hf_name!r} to a GGUF name "
@@ -553,7 +598,7 @@ def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
         if plan.arch.gemma3:
             w.add_add_space_prefix(False)
     else:
-        add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"))
+        add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"), plan.arch.special_tokens)
     if plan.arch.llama_keys and hp.get("vocab_size") == 49152:   # LlamaModel.set_vocab: granite-small vocabularies
         w.add_add_bos_token(False)
     kv = [KV(k, v.value, v.type, v.sub_type) for k, v in w.kv_data[0].items()]

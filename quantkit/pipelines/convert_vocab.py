@@ -203,8 +203,11 @@ def _normalizer_flags(norm: dict | None, out: dict) -> dict:
     return out
 
 
-def add_vocab(w: gguf.GGUFWriter, folder: Path, vocab_size: int | None, tokenizer_json: dict | None) -> None:
-    """``_set_vocab_gpt2``: every tokenizer key, in the reference's order, onto the writer ``w``."""
+def add_vocab(w: gguf.GGUFWriter, folder: Path, vocab_size: int | None, tokenizer_json: dict | None,
+              special_tokens: tuple[tuple[str, str], ...] = ()) -> None:
+    """``_set_vocab_gpt2``: every tokenizer key, in the reference's order, onto the writer ``w``;
+    ``special_tokens``: (type, added token) set where the tokenizer files set none (``_set_vocab_glm``:
+    SpecialVocab keeps a type it already has)."""
     tok = load_tokenizer(folder)
     path = folder / "tokenizer.json"
     tokens, types = vocab_tokens(tok, vocab_size, path)
@@ -213,6 +216,11 @@ def add_vocab(w: gguf.GGUFWriter, folder: Path, vocab_size: int | None, tokenize
     w.add_token_list(tokens)
     w.add_token_types(types)
     sv = _special_vocab(folder, tokenizer_json)
+    for typ, text in special_tokens:
+        tid = tok.token_to_id(text)
+        if tid is None:
+            raise FormatError(f"{path}: the added token {text!r} ({typ}) is missing")
+        sv._set_special_token(typ, tid)
     sv.add_to_gguf(w, quiet=True)
     flags = _normalizer_flags((tokenizer_json or {}).get("normalizer"), {})
     if "lowercase" in flags:

@@ -1,0 +1,79 @@
+"""Make tests/data/quantize/arch-golden.json: llama-quantize on the tiny models of the newer architectures.
+
+    .venv/bin/python tools/make_arch_quantize_golden.py [LLAMA_BIN_DIR]
+
+LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py). Development only: the test
+suite never runs llama.cpp. For each name of ``NAMES`` (tests/archmodels.py), in a scratch directory:
+
+1. the F16 file, written by the function the tests call, and its sha256;
+2. ``llama-imatrix -c 64 --chunks 4`` on tests/data/imatrix/calibration-sample.txt, kept as
+   tests/data/quantize/<name>.c64x4.imatrix.gguf (the imatrix the IQ type needs);
+3. ``llama-quantize`` to Q4_K_M (no imatrix) and to IQ4_XS with that imatrix: the outputs' sha256.
+
+tests/test_moe_quantize.py quantizes the same file with quantkit and compares bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+OUT = ROOT / "tests" / "data" / "quantize"
+TEXT = ROOT / "tests" / "data" / "imatrix" / "calibration-sample.txt"
+NAMES = ("glm4moe",)
+#: (ftype, with the imatrix)
+JOBS = (("Q4_K_M", False), ("IQ4_XS", True))
+FLAGS = ["-nr", "-t", "2"]
+
+sys.path.insert(0, str(ROOT / "tests"))
+import archmodels  # noqa: E402
+import llamaref  # noqa: E402  (tools/, this script's folder)
+
+
+def run(cmd: list[str], cwd: Path) -> None:
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def main() -> None:
+    bindir = llamaref.need_bin_dir(sys.argv[1] if len(sys.argv) > 1 else None)
+    imatrix_exe, quantize_exe = str(bindir / "llama-imatrix"), str(bindir / "llama-quantize")
+    version = subprocess.run([imatrix_exe, "--version"], capture_output=True, text=True).stderr.strip().splitlines()
+    golden: dict = {"llama_cpp": version, "models": {}}
+    with tempfile.TemporaryDirectory() as td:
+        tmp = Path(td)
+        shutil.copy(TEXT, tmp / TEXT.name)
+        for name in NAMES:
+            model = archmodels.write_model(tmp / f"{name}-F16.gguf", name, "F16")
+            imatrix = f"{name}.c64x4.imatrix.gguf"
+            im_cmd = [imatrix_exe, "-m", model.name, "-f", TEXT.name, "-c", "64", "--chunks", "4", "-o", imatrix,
+                      *FLAGS]
+            run(im_cmd, tmp)
+            shutil.copy(tmp / imatrix, OUT / imatrix)
+            entry = {"model_sha256": sha256(model), "imatrix": imatrix,
+                     "imatrix_command": ["llama-imatrix", *im_cmd[1:]], "outputs": {}}
+            for ftype, use_im in JOBS:
+                out = f"out-{ftype}.gguf"
+                cmd = [quantize_exe, *(["--imatrix", imatrix] if use_im else []), model.name, out, ftype, "2"]
+                run(cmd, tmp)
+                entry["outputs"][ftype] = {"sha256": sha256(tmp / out), "imatrix": use_im,
+                                           "command": ["llama-quantize", *cmd[1:]]}
+                print(f"{name} {ftype}: {entry['outputs'][ftype]['sha256']}", file=sys.stderr)
+            golden["models"][name] = entry
+    (OUT / "arch-golden.json").write_text(json.dumps(golden, indent=1) + "\n", encoding="utf-8")
+
+
+if __name__ == "__main__":
+    main()
