@@ -87,6 +87,15 @@ def convert_python(given: str | None = None) -> str:
     return found
 
 
+def run(cmd: list[str], cwd: str | os.PathLike) -> None:
+    """Run a reference tool in ``cwd``; its failure ends the script with the command and its stderr's tail."""
+    import subprocess
+
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+
+
 def sha256(path: str | os.PathLike) -> str:
     """A file's sha256, as golden files record their sources and outputs."""
     import hashlib

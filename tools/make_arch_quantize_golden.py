@@ -15,7 +15,6 @@ tests/test_moe_quantize.py quantizes the same file with quantkit and compares by
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -35,16 +34,7 @@ FLAGS = ["-nr", "-t", "2"]
 sys.path.insert(0, str(ROOT / "tests"))
 import archmodels  # noqa: E402
 import llamaref  # noqa: E402  (tools/, this script's folder)
-
-
-def run(cmd: list[str], cwd: Path) -> None:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-
-
-def sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from llamaref import run, sha256  # noqa: E402
 
 
 def main() -> None:

@@ -36,12 +36,7 @@ FLAGS = ["-nr", "-t", "2"]
 sys.path.insert(0, str(ROOT / "tests"))
 import archmodels  # noqa: E402
 import llamaref  # noqa: E402  (tools/, this script's folder)
-
-
-def run(cmd: list[str], cwd: Path) -> None:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+from llamaref import run  # noqa: E402
 
 
 def main() -> None:

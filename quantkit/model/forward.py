@@ -188,12 +188,6 @@ def glu_rows(gate, up, kind, table):
         gate[r] = row
 
 
-def _softmax32(x: np.ndarray) -> np.ndarray:
-    """ggml_soft_max of each row of x float32: exp of x - max in float32, the sum in float64, times 1 / sum."""
-    e = np.exp(x - x.max(axis=1, keepdims=True), dtype=np.float32)
-    return e * (np.float32(1.0) / e.sum(axis=1, dtype=np.float64, keepdims=True).astype(np.float32))
-
-
 def rope_table(n_ctx: int, n_rot: int, freq_base: float, freq_scale: float = 1.0,
                freq_factors: np.ndarray | None = None, ramp: np.ndarray | None = None,
                mscale: float = 1.0) -> tuple[np.ndarray, np.ndarray]:
