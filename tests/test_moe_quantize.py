@@ -105,7 +105,8 @@ ARCH_JOBS = [(name, ftype) for name, g in ARCH_GOLDEN["models"].items() for ftyp
 def test_arch_quantize_matches_llama_quantize(name, ftype, tmp_path):
     """tools/make_arch_quantize_golden.py: llama-quantize's bytes for the tiny file of each newer
     architecture (glm4moe: its leading dense layer, routed and shared experts, exp_probs_b, the
-    multi-token-prediction block), Q4_K_M without an imatrix, IQ4_XS with llama-imatrix's."""
+    multi-token-prediction block), Q4_K_M without an imatrix, IQ4_XS with llama-imatrix's
+    (tests/data/imatrix/<name>-F16.c64x4.gguf, the one test_moe.py checks quantkit's imatrix against)."""
     g = ARCH_GOLDEN["models"][name]
     model = write_model(tmp_path / f"{name}-F16.gguf", name, "F16")
     assert sha256(model) == g["model_sha256"], "the test model is not the one the golden data was made from"
@@ -113,6 +114,6 @@ def test_arch_quantize_matches_llama_quantize(name, ftype, tmp_path):
     out = tmp_path / f"{ftype}.gguf"
     # run beside the imatrix and name it as llama-quantize was given it (quantize.imatrix.file)
     r = run_cli(["quantize", *(["--imatrix", g["imatrix"]] if job["imatrix"] else []), model, out, ftype, "2"],
-                cwd=ARCH_DATA)
+                cwd=DATA)
     assert r.exit_code == 0, r.output
     assert sha256(out) == job["sha256"]

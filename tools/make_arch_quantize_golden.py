@@ -6,9 +6,8 @@ LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py). Dev
 suite never runs llama.cpp. For each name of ``NAMES`` (tests/archmodels.py), in a scratch directory:
 
 1. the F16 file, written by the function the tests call, and its sha256;
-2. ``llama-imatrix -c 64 --chunks 4`` on tests/data/imatrix/calibration-sample.txt, kept as
-   tests/data/quantize/<name>.c64x4.imatrix.gguf (the imatrix the IQ type needs);
-3. ``llama-quantize`` to Q4_K_M (no imatrix) and to IQ4_XS with that imatrix: the outputs' sha256.
+2. ``llama-quantize`` to Q4_K_M (no imatrix) and to IQ4_XS with llama-imatrix's matrix of the same file,
+   tests/data/imatrix/<name>-F16.c64x4.gguf (tools/make_moe_imatrix_golden.py makes it): the outputs' sha256.
 
 tests/test_moe_quantize.py quantizes the same file with quantkit and compares bytes.
 """
@@ -25,11 +24,10 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = ROOT / "tests" / "data" / "quantize"
-TEXT = ROOT / "tests" / "data" / "imatrix" / "calibration-sample.txt"
+IMATRIX_DIR = ROOT / "tests" / "data" / "imatrix"
 NAMES = ("glm4moe",)
 #: (ftype, with the imatrix)
 JOBS = (("Q4_K_M", False), ("IQ4_XS", True))
-FLAGS = ["-nr", "-t", "2"]
 
 sys.path.insert(0, str(ROOT / "tests"))
 import archmodels  # noqa: E402
@@ -39,21 +37,16 @@ from llamaref import run, sha256  # noqa: E402
 
 def main() -> None:
     bindir = llamaref.need_bin_dir(sys.argv[1] if len(sys.argv) > 1 else None)
-    imatrix_exe, quantize_exe = str(bindir / "llama-imatrix"), str(bindir / "llama-quantize")
-    version = subprocess.run([imatrix_exe, "--version"], capture_output=True, text=True).stderr.strip().splitlines()
+    quantize_exe = str(bindir / "llama-quantize")
+    version = subprocess.run([quantize_exe, "--version"], capture_output=True, text=True).stderr.strip().splitlines()
     golden: dict = {"llama_cpp": version, "models": {}}
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
-        shutil.copy(TEXT, tmp / TEXT.name)
         for name in NAMES:
             model = archmodels.write_model(tmp / f"{name}-F16.gguf", name, "F16")
-            imatrix = f"{name}.c64x4.imatrix.gguf"
-            im_cmd = [imatrix_exe, "-m", model.name, "-f", TEXT.name, "-c", "64", "--chunks", "4", "-o", imatrix,
-                      *FLAGS]
-            run(im_cmd, tmp)
-            shutil.copy(tmp / imatrix, OUT / imatrix)
-            entry = {"model_sha256": sha256(model), "imatrix": imatrix,
-                     "imatrix_command": ["llama-imatrix", *im_cmd[1:]], "outputs": {}}
+            imatrix = f"{name}-F16.c64x4.gguf"
+            shutil.copy(IMATRIX_DIR / imatrix, tmp / imatrix)
+            entry = {"model_sha256": sha256(model), "imatrix": imatrix, "outputs": {}}
             for ftype, use_im in JOBS:
                 out = f"out-{ftype}.gguf"
                 cmd = [quantize_exe, *(["--imatrix", imatrix] if use_im else []), model.name, out, ftype, "2"]

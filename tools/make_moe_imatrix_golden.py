@@ -1,6 +1,6 @@
 """Make tests/data/imatrix/<name>-F16.c64x4.gguf: llama-imatrix on the tiny mixture-of-experts models.
 
-    .venv/bin/python tools/make_moe_imatrix_golden.py [LLAMA_BIN_DIR]
+    .venv/bin/python tools/make_moe_imatrix_golden.py [LLAMA_BIN_DIR [NAME ...]]
 
 LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py). Development only: the test
 suite never runs llama.cpp. For each MoE model of tests/archmodels.py (``MOE_SPECS``: qwen3moe, mixtral, qwen2moe, gpt-oss),
@@ -11,7 +11,8 @@ tests/data/imatrix/calibration-sample.txt:
 
 and ``moe-golden.json``: per model the file's sha256 (the tests write the file again and check it), the
 command and llama.cpp's version. The experts' entries hold llama-imatrix's per-expert sums and counts
-(its mul_mat_id branch in tools/imatrix/imatrix.cpp).
+(its mul_mat_id branch in tools/imatrix/imatrix.cpp). With NAMEs, only those models are made again; the
+others keep their entries.
 """
 
 from __future__ import annotations
@@ -33,25 +34,27 @@ FLAGS = ["-nr", "-t", "2"]
 sys.path.insert(0, str(ROOT / "tests"))
 import archmodels  # noqa: E402
 import llamaref  # noqa: E402  (tools/, this script's folder)
+from llamaref import run  # noqa: E402
 
 
 def main() -> None:
-    bindir = llamaref.need_bin_dir(sys.argv[1] if len(sys.argv) > 1 else None)
+    bindir = llamaref.need_bin_dir(sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "-" else None)
+    names = sys.argv[2:] or list(archmodels.MOE_SPECS)
     exe = str(bindir / "llama-imatrix")
     version = subprocess.run([exe, "--version"], capture_output=True, text=True).stderr.strip().splitlines()
-    golden = {"llama_cpp": version, "n_ctx": N_CTX, "n_chunks": N_CHUNKS, "flags": FLAGS, "models": {}}
+    old = OUT / "moe-golden.json"
+    kept = json.loads(old.read_text(encoding="utf-8"))["models"] if sys.argv[2:] and old.is_file() else {}
+    golden = {"llama_cpp": version, "n_ctx": N_CTX, "n_chunks": N_CHUNKS, "flags": FLAGS, "models": kept}
     with tempfile.TemporaryDirectory() as td:
         tmp = Path(td)
         text = OUT / "calibration-sample.txt"
         shutil.copy(text, tmp / text.name)
-        for name in archmodels.MOE_SPECS:
+        for name in names:
             model = archmodels.write_model(tmp / f"{name}-F16.gguf", name, "F16")
             ref = f"{name}-F16.c{N_CTX}x{N_CHUNKS}.gguf"
             cmd = [exe, "-m", model.name, "-f", text.name, "-c", str(N_CTX), "--chunks", str(N_CHUNKS), "-o", ref,
                    *FLAGS]
-            r = subprocess.run(cmd, cwd=tmp, capture_output=True, text=True)
-            if r.returncode != 0:
-                raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
+            run(cmd, tmp)
             shutil.copy(tmp / ref, OUT / ref)
             golden["models"][name] = {"file": ref, "model_sha256": hashlib.sha256(model.read_bytes()).hexdigest(),
                                       "command": ["llama-imatrix", *cmd[1:]]}
