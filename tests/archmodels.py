@@ -67,6 +67,13 @@ MOE_SPECS = {
                     rope_dim=24, ffn_norm="post_attention_norm", nextn=1,
                     moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2, "expert_shared_count": 1,
                               "expert_weights_norm": True, "expert_weights_scale": 2.5}),
+    # granitemoe (Granite 3.x MoE, GraniteMoeShared): Mixtral's layout (experts as wide as n_ff) with
+    # Granite's embedding / residual / attention / logit scales and an ungated shared expert
+    "granitemoe": dict(arch="granitemoe", n_layer=2, n_embd=128, n_ff=64, n_head=4, n_head_kv=2, head_dim=None,
+                       n_vocab=512, rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False,
+                       tied=False, n_expert=8, n_used=2, n_ff_shexp=96, shexp_gate=False,
+                       moe_keys={"embedding_scale": 3.0, "residual_scale": 0.5, "attention.scale": 0.03,
+                                 "logit_scale": 1.5}),
 }
 #: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
 #: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the
@@ -240,7 +247,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
                         w.add_tensor(p + name + ".bias", x)
             if "n_ff_shexp" in s or "shexp_count" in s:   # the shared expert and its gate (sigmoid(h . g))
                 FS = s.get("n_ff_shexp", FX * s.get("shexp_count", 0))
-                if "n_ff_shexp" in s:   # (DeepSeek's and GLM's, expert_shared_count wide, have no gate)
+                if "n_ff_shexp" in s and s.get("shexp_gate", True):   # (DeepSeek's, GLM's, Granite's have none)
                     vec(p + "ffn_gate_inp_shexp.weight", E, -0.3, 0.3)
                 mat(p + "ffn_gate_shexp.weight", "ffn_gate_shexp", E, FS, 2.0 / np.sqrt(E))
                 mat(p + "ffn_up_shexp.weight", "ffn_up_shexp", E, FS, 1.0 / np.sqrt(E))

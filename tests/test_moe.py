@@ -62,7 +62,7 @@ def test_config_and_layers(case):
     oss = arch == "gpt-oss"
     keys, lead = s.get("moe_keys", {}), s.get("lead_dense", 0)
     for il, (d, b) in enumerate(zip(m.layers, m.blk)):
-        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch != "mixtral")
+        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch not in ("mixtral", "granitemoe"))
         assert d.attn.qkv_bias == s["bias"]
         if il < lead:   # leading_dense_block_count: a dense FFN of feed_forward_length
             assert not d.moe and d.ffn.n_ff == s["n_ff"] and b.ffn_gate_inp is None
@@ -72,10 +72,10 @@ def test_config_and_layers(case):
         # file's gating (2: sigmoid), norm_w and scale, the score bias, an ungated shared expert
         gating = {2: "sigmoid"}.get(keys.get("expert_gating_func"), "softmax_weight" if oss else "softmax")
         routing = Routing(s["n_expert"], s["n_used"], gating,
-                          norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral")),
+                          norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral", "granitemoe")),
                           w_scale=keys.get("expert_weights_scale", 0.0), score_bias=s.get("score_bias", False))
         assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", n_shexp,
-                                         oss, shexp_gate="n_ff_shexp" in s)
+                                         oss, shexp_gate="n_ff_shexp" in s and s.get("shexp_gate", True))
         assert (b.ffn_down_shexp is not None) == bool(n_shexp)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
         # gpt-oss: sinks and the output bias; layer 0 slides (load_swa_pattern(2)), layer 1 does not
@@ -88,6 +88,11 @@ def test_config_and_layers(case):
         assert c.kq_scale == pytest.approx(1 / np.sqrt(48)) and c.yarn and c.n_ctx_orig_yarn == 32
         assert c.rope_freq_scale == c.rope_freq_scale_swa == 0.25 and c.rope_freq_base_swa == 150000.0
         assert c.rope_mscale == pytest.approx(1 + 0.1 * np.log(4), rel=1e-6)
+    if arch == "granitemoe":   # Granite's scales: embeddings, each block's output, q.k, the logits
+        keys = s["moe_keys"]
+        assert (c.embd_scale, c.attn_scale, c.logit_scale) == pytest.approx(
+            (keys["embedding_scale"], keys["attention.scale"], keys["logit_scale"]), rel=1e-7)   # float32 keys
+        assert all(k.scale == keys["residual_scale"] for d in m.layers for k in d.blocks)
     if "rope_dim" in s:   # partial RoPE: rope.dimension_count of each head
         assert c.n_rot == s["rope_dim"] < c.head_dim
     # one expert is a view of its rows in the file's map: nothing copied
@@ -169,7 +174,7 @@ def lead_dense(request, tmp_path_factory):
     path = write_model(tmp_path_factory.mktemp("lead") / f"lead-{request.param}.gguf", "moe-lead-dense", request.param)
     with pytest.MonkeyPatch.context() as mp:   # only while the file is read: the other tests' qwen3moe is stock
         mp.setitem(ARCHS, "qwen3moe", dataclasses.replace(ARCHS["qwen3moe"], moe_hparams=True, shared_expert=True,
-                                                          shexp_gate=False, shexp_count=True))
+                                                          shexp_gate=False, shexp_width="count"))
         m = Llama(path)
     with m:
         routes: list = []

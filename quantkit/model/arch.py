@@ -63,8 +63,13 @@ class Arch:
     moe_norm_w: bool = True  # build_moe_ffn's norm_w: the chosen experts' weights divided by their sum
     shared_expert: bool = False  # blk.N.ffn_{gate,up,down}_shexp beside the routed experts
     shexp_gate: bool = True      # ... scaled by sigmoid(h . ffn_gate_inp_shexp) (qwen2moe); else added as it is
-    shexp_count: bool = False    # ... of width expert_feed_forward_length * {arch}.expert_shared_count
-                                 # (DeepSeek, GLM); else {arch}.expert_shared_feed_forward_length (qwen2moe)
+    shexp_width: str = "key_or_n_ff"  # ... of width {arch}.expert_shared_feed_forward_length, default n_ff
+                                      # (qwen2moe); "count": expert_feed_forward_length *
+                                      # {arch}.expert_shared_count (DeepSeek, GLM); "key": that key's, 0
+                                      # (no shared expert) without it (granitemoe)
+    granite_scales: bool = False  # {arch}.embedding_scale, residual_scale (each block's output before its
+                                  # add), attention.scale and logit_scale (the logits divided by it):
+                                  # src/models/granite.cpp
     moe_gating: str = "softmax"  # build_moe_ffn's gating_op: "softmax" or "softmax_weight" (quantkit.model.layer)
     moe_biases: bool = False     # ffn_gate_inp.bias and ffn_{gate,up,down}_exps.bias (gpt-oss)
     attn_sinks: bool = False     # blk.N.attn_sinks (n_head): one more logit per head in the softmax (gpt-oss)
@@ -115,8 +120,14 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # shared expert expert_shared_count experts wide
     Arch("glm4moe", rope_neox=True, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_gating="sigmoid", shared_expert=True,
-         shexp_gate=False, shexp_count=True, ffn_norm="post_attention_norm", qk_norm_optional=True,
+         shexp_gate=False, shexp_width="count", ffn_norm="post_attention_norm", qk_norm_optional=True,
          moe_hparams=True),
+    # src/models/granite-moe.cpp (Granite 3.x MoE, GraniteMoeShared): llama's layer (NORM RoPE) with
+    # Granite's four scales, build_moe_ffn with softmax gating and norm_w = true, experts as wide as
+    # feed_forward_length, an ungated shared expert when expert_shared_feed_forward_length is set
+    Arch("granitemoe", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False,
+         swa_pattern=0, output_bias=False, softcap=False, moe=MOE_OPTIONAL, shared_expert=True, shexp_gate=False,
+         shexp_width="key", granite_scales=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

@@ -183,7 +183,7 @@ def quantize_needed(mask, a):
 OP_NONE, OP_ATTN, OP_DENSE, OP_MOE = 0, 1, 2, 3
 OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE}
 MAX_BLOCKS = 2
-BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64)])
+BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64), ("scale", np.float32)])
 ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
                        ("qkv_bias", np.int64), ("sinks", np.int64), ("out_bias", np.int64)])
 FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("shexp_gate", np.int64),
@@ -364,7 +364,13 @@ def step_body(tok, pos, want, W, A, S, P, T, M, D, kc, vc, cos, sin, scores, log
                 ATTN(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth)  # noqa: F821
             else:
                 ffn_op(l, blk.op == OP_MOE, W, A, S, P, M, nth)
-            add_block(x, xb2, P.norms[l, blk.post] if blk.post >= 0 else nob, D.eps)
+            if blk.scale != np.float32(0.0):   # post-norm first, then the scale (layer.Block)
+                if blk.post >= 0:
+                    rmsnorm1(xb2, P.norms[l, blk.post], D.eps, xb2)
+                for i in range(E):
+                    x[i] += xb2[i] * blk.scale
+            else:
+                add_block(x, xb2, P.norms[l, blk.post] if blk.post >= 0 else nob, D.eps)
     if want:
         rmsnorm1(x, P.out_norm, D.eps, xa)
         quantize_needed(P.need[P.prog.shape[0], 0], A.aE)
@@ -640,7 +646,7 @@ def _program(model: Llama, need: np.ndarray) -> Program:
                 if name:
                     norms[il, 2 * bi + j] = getattr(b, name)
                 rows.append(2 * bi + j if name else -1)
-            prog[il, bi] = (OP_CODES[type(k.op)], *rows)
+            prog[il, bi] = (OP_CODES[type(k.op)], *rows, k.scale)
         a, f = d.attn, d.ffn
         attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias)
         shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0

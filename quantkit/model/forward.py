@@ -415,10 +415,13 @@ class Runner:
         return out
 
     def _finish_logits(self, logits: np.ndarray) -> np.ndarray:
-        """After the output product, in place: + output.bias (qwen2), final logit soft-capping (gemma3)."""
+        """After the output product, in place: + output.bias (qwen2), / logit_scale (Granite), final logit
+        soft-capping (gemma3)."""
         m, c = self.model, self.config
         if m.output_bias is not None:
             logits += m.output_bias
+        if c.logit_scale:   # ggml_scale by 1 / logit_scale (Granite)
+            logits *= np.float32(1.0) / np.float32(c.logit_scale)
         if c.softcap:
             cap = np.float32(c.softcap)
             np.multiply(np.tanh(logits * (np.float32(1.0) / cap)), cap, out=logits)
@@ -480,6 +483,8 @@ class Runner:
                 self._ops[type(blk.op)](blk.op, i, b, xb, pos0, xb2)
                 if blk.post_norm:
                     rmsnorm(xb2, getattr(b, blk.post_norm), eps, xb2)
+                if blk.scale:
+                    xb2 *= np.float32(blk.scale)
                 x += xb2
         self.n_past = pos0 + n
         if not rows.size:

@@ -9,7 +9,7 @@ alike. quantkit describes each layer as a short program of ``Block`` steps::
         h = rmsnorm(x) * blk.<block.norm>          (the residual itself when norm is None)
         y = block.op(h)                            an Attn, a DenseFFN or a MoeFFN
         y = rmsnorm(y) * blk.<block.post_norm>     (when post_norm is set)
-        x = x + y
+        x = x + y * block.scale                    (when scale is set)
 
 and the three paths -- the float64 ``reference``, the batch ``forward.Runner`` and the compiled
 ``decode`` step -- each walk that program with their own implementation of each op, never looking at
@@ -112,6 +112,7 @@ class Block:
     op: Attn | DenseFFN | MoeFFN
     norm: str | None        # the llama.Block attribute of the input norm's weight (None: no input norm)
     post_norm: str | None = None   # the output norm's, before the residual add (None: none)
+    scale: float = 0.0      # the output times this before the add (0: none; Granite's residual_scale)
 
 
 @dataclass(frozen=True)
@@ -155,5 +156,7 @@ def describe(config, block, il: int) -> Layer:
                      shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases)
     else:
         ffn = DenseFFN(glu=a.glu, n_ff=c.n_ff)
-    return Layer((Block(attn, "attn_norm", "post_attention_norm" if block.post_attention_norm is not None else None),
-                  Block(ffn, "ffn_norm", "post_ffw_norm" if block.post_ffw_norm is not None else None)))
+    return Layer((Block(attn, "attn_norm", "post_attention_norm" if block.post_attention_norm is not None else None,
+                        c.residual_scale),
+                  Block(ffn, "ffn_norm", "post_ffw_norm" if block.post_ffw_norm is not None else None,
+                        c.residual_scale)))

@@ -68,6 +68,8 @@ class LlamaConfig:
     n_expert_groups: int = 1              # {arch}.expert_group_count (read for every arch; <= 1: no groups)
     n_group_used: int = 1                 # {arch}.expert_group_used_count
     n_layer_dense_lead: int = 0           # {arch}.leading_dense_block_count: the first layers' FFN is dense
+    residual_scale: float = 0.0           # {arch}.residual_scale: each block's output times it (0: none)
+    logit_scale: float = 0.0              # {arch}.logit_scale: the logits divided by it (0: none)
 
     @property
     def n_embd_kv(self) -> int:
@@ -133,9 +135,12 @@ class LlamaConfig:
             if n_ff_exp <= 0:
                 raise ModelError(f"{at}the experts' feed-forward length {n_ff_exp} must be positive")
         n_ff_shexp = 0
-        if n_expert and spec.shared_expert and spec.shexp_count:
+        if n_expert and spec.shared_expert and spec.shexp_width == "count":
             # llama_model_deepseek2 / glm4_moe::load_arch_tensors: n_ff_exp * n_expert_shared (0: none)
             n_ff_shexp = n_ff_exp * _int(opt("expert_shared_count", 0), f"{arch}.expert_shared_count", at)
+        elif n_expert and spec.shared_expert and spec.shexp_width == "key":   # granite_moe: 0 without the key
+            n_ff_shexp = _int(opt("expert_shared_feed_forward_length", 0), f"{arch}.expert_shared_feed_forward_length",
+                              at)
         elif n_expert and spec.shared_expert:   # llama_model_qwen2moe::load_arch_tensors: default n_ff
             n_ff_shexp = _int(opt("expert_shared_feed_forward_length", 0), f"{arch}.expert_shared_feed_forward_length",
                               at) or n_ff
@@ -197,6 +202,14 @@ class LlamaConfig:
         attn_scale = 1.0 / math.sqrt(n_embd // n_head) if spec.attn_scale == "gemma3" and n_layer == 62 else \
             1.0 / math.sqrt(n_rot) if spec.attn_scale == "n_rot" else 0.0
         moe = _moe_hparams(spec, meta, n_expert, n_layer, at) if n_expert else {}
+        scales: dict[str, float] = {}
+        if spec.granite_scales:   # llama_model_granite_moe::load_arch_hparams (logit_scale required)
+            if f"{arch}.logit_scale" not in meta:
+                raise ModelError(f"{at}metadata key {arch + '.logit_scale'!r} is missing")
+            scales = {"logit_scale": float(meta[f"{arch}.logit_scale"]),
+                      "residual_scale": float(opt("residual_scale", 0.0) or 0.0)}
+            if float(opt("attention.scale", 0.0) or 0.0):
+                attn_scale = float(opt("attention.scale", 0.0))
         n_ctx_train = _int(opt("context_length", 2048), f"{arch}.context_length", at)
         base = float(opt("rope.freq_base", 10000.0))
 
@@ -223,9 +236,10 @@ class LlamaConfig:
             n_ctx_orig_yarn=_int(opt("rope.scaling.original_context_length", n_ctx_train) or n_ctx_train,
                                  f"{arch}.rope.scaling.original_context_length", at),
             attn_scale=attn_scale,
-            embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale else 1.0,
+            embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale else
+            float(opt("embedding_scale", 0.0) or 1.0) if spec.granite_scales else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
-            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales,
         )
 
 

@@ -163,11 +163,14 @@ def reference_logits(model: Llama, tokens, routes: list | None = None) -> np.nda
         for blk in layer.blocks:        # the layer program (quantkit.model.layer)
             h = _rmsnorm(x, getattr(b, blk.norm), c.rms_eps) if blk.norm else x
             y = _OPS[type(blk.op)](blk.op, b, h, c, ropes, routes)
-            x = x + (_rmsnorm(y, getattr(b, blk.post_norm), c.rms_eps) if blk.post_norm else y)
+            y = _rmsnorm(y, getattr(b, blk.post_norm), c.rms_eps) if blk.post_norm else y
+            x = x + (y * blk.scale if blk.scale else y)
     h = _rmsnorm(x, model.output_norm, c.rms_eps)
     logits = h @ _w(model.output).T                                          # (n, n_vocab)
     if model.output_bias is not None:
         logits = logits + model.output_bias
+    if c.logit_scale:
+        logits = logits / c.logit_scale
     if c.softcap:
         logits = c.softcap * np.tanh(logits / c.softcap)
     return logits
