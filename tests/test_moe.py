@@ -50,6 +50,10 @@ def case(request, tmp_path_factory):
         yield arch, variant, m, ref, routes
 
 
+#: the files whose RoPE is llama.cpp's NORM (llama_model_rope_type), the others NEOX
+NORM_ROPE = ("mixtral", "granitemoe", "ernie4_5-moe")
+
+
 def test_config_and_layers(case):
     arch, _, m, _, _ = case
     s, c = MOE_SPECS[arch], case[2].config
@@ -62,7 +66,7 @@ def test_config_and_layers(case):
     oss = arch == "gpt-oss"
     keys, lead = s.get("moe_keys", {}), s.get("lead_dense", 0)
     for il, (d, b) in enumerate(zip(m.layers, m.blk)):
-        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch not in ("mixtral", "granitemoe"))
+        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch not in NORM_ROPE)
         assert d.attn.qkv_bias == s["bias"]
         if il < lead:   # leading_dense_block_count: a dense FFN of feed_forward_length
             assert not d.moe and d.ffn.n_ff == s["n_ff"] and b.ffn_gate_inp is None
@@ -72,8 +76,9 @@ def test_config_and_layers(case):
         # file's gating (2: sigmoid), norm_w and scale, the score bias, an ungated shared expert
         gating = {2: "sigmoid"}.get(keys.get("expert_gating_func"), "softmax_weight" if oss else "softmax")
         routing = Routing(s["n_expert"], s["n_used"], gating,
-                          norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral", "granitemoe")),
-                          w_scale=keys.get("expert_weights_scale", 0.0), score_bias=s.get("score_bias", False))
+                          norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral", "granitemoe",
+                                                                          "ernie4_5-moe")),
+                          w_scale=keys.get("expert_weights_scale", 0.0), score_bias=bool(s.get("score_bias")))
         assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", n_shexp,
                                          oss, shexp_gate="n_ff_shexp" in s and s.get("shexp_gate", True))
         assert (b.ffn_down_shexp is not None) == bool(n_shexp)
@@ -173,7 +178,8 @@ def lead_dense(request, tmp_path_factory):
 
     path = write_model(tmp_path_factory.mktemp("lead") / f"lead-{request.param}.gguf", "moe-lead-dense", request.param)
     with pytest.MonkeyPatch.context() as mp:   # only while the file is read: the other tests' qwen3moe is stock
-        mp.setitem(ARCHS, "qwen3moe", dataclasses.replace(ARCHS["qwen3moe"], moe_hparams=True, shared_expert=True,
+        mp.setitem(ARCHS, "qwen3moe", dataclasses.replace(ARCHS["qwen3moe"], moe_hparams=True, lead_dense=True,
+                                                          score_bias=True, shared_expert=True,
                                                           shexp_gate=False, shexp_width="count"))
         m = Llama(path)
     with m:
@@ -249,8 +255,10 @@ def _check_llama_cpp(got: np.ndarray, variant: str, g: dict, reference: tuple) -
         assert d <= 1.25 * np.abs(ref - want).mean()
         tie = float(g["self_max"])
         assert (got.argmax(1)[gap >= tie] == want.argmax(1)[gap >= tie]).all()
-    else:
-        assert d <= MEAN_Q * float(want.std(1).mean())
+    else:   # MEAN_Q, or no further than the float64 reference where llama.cpp's own routing flips (8-bit
+        # activations, earlier positions' near-ties reaching later ones through attention) put it further
+        # (measured: ernie4_5-moe "Q", softmax scores plus score bias: 0.215 against the reference's 0.335)
+        assert d <= max(MEAN_Q * float(want.std(1).mean()), np.abs(ref - want).mean())
         assert (got.argmax(1)[gap >= TIE_Q] == want.argmax(1)[gap >= TIE_Q]).all()
 
 

@@ -82,10 +82,12 @@ class Arch:
                                   # (llama_model_gemma3::load_arch_hparams), else head_dim's
     qk_norm_optional: bool = False  # attn_q_norm / attn_k_norm read when the file has them (GLM-4.5's
                                     # 355B has them, Air does not: TENSOR_NOT_REQUIRED)
-    moe_hparams: bool = False     # reads {arch}.leading_dense_block_count (the first layers dense),
-                                  # expert_weights_scale, expert_weights_norm, expert_gating_func,
-                                  # expert_group_count / expert_group_used_count, and blk.N.exp_probs_b
-                                  # (the DeepSeek V3 family's build_moe_ffn arguments)
+    moe_hparams: bool = False     # reads {arch}.expert_gating_func, expert_weights_norm and
+                                  # expert_weights_scale (the DeepSeek V3 family's build_moe_ffn arguments)
+    lead_dense: bool = False      # reads {arch}.leading_dense_block_count: the first layers' FFN dense
+    score_bias: bool = False      # reads blk.N.exp_probs_b (the selection's per-expert score bias) when present
+    moe_step: bool = False        # requires {arch}.interleave_moe_layer_step (ERNIE 4.5; quantkit runs step 1,
+                                  # the one llama.cpp's loader and graph agree on)
 
 
 #: GLU activations: the index the compiled kernels switch on ("swiglu_oai": ggml_swiglu_oai with
@@ -121,13 +123,19 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("glm4moe", rope_neox=True, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_gating="sigmoid", shared_expert=True,
          shexp_gate=False, shexp_width="count", ffn_norm="post_attention_norm", qk_norm_optional=True,
-         moe_hparams=True),
+         moe_hparams=True, lead_dense=True, score_bias=True),
     # src/models/granite-moe.cpp (Granite 3.x MoE, GraniteMoeShared): llama's layer (NORM RoPE) with
     # Granite's four scales, build_moe_ffn with softmax gating and norm_w = true, experts as wide as
     # feed_forward_length, an ungated shared expert when expert_shared_feed_forward_length is set
     Arch("granitemoe", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False,
          swa_pattern=0, output_bias=False, softcap=False, moe=MOE_OPTIONAL, shared_expert=True, shexp_gate=False,
          shexp_width="key", granite_scales=True),
+    # src/models/ernie4-5-moe.cpp (ERNIE 4.5 MoE): NORM RoPE, leading dense layers, build_moe_ffn with softmax
+    # gating, norm_w = true and the optional score bias exp_probs_b, an ungated shared expert when
+    # expert_shared_feed_forward_length is set
+    Arch("ernie4_5-moe", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False,
+         swa_pattern=0, output_bias=False, softcap=False, moe=MOE_ALWAYS, shared_expert=True, shexp_gate=False,
+         shexp_width="key", lead_dense=True, score_bias=True, moe_step=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

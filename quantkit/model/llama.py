@@ -250,8 +250,9 @@ GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, at: str) -> dict[str, Any]:
     """The routing's hyperparameters of a MoE file: the arch row's gating and norm_w, and the expert
     groups (llama_model_loader reads {arch}.expert_group_count / _used_count for every arch); for an
-    ``Arch.moe_hparams`` row also the keys that override them, the weight scale and the leading dense
-    layers. Each checked as llama_model::load_hparams asserts it."""
+    ``Arch.moe_hparams`` row also the keys that override them and the weight scale, for ``lead_dense``
+    the leading dense layers, for ``moe_step`` the MoE layers' interleave. Each checked as
+    llama_model::load_hparams asserts it."""
     arch = spec.name
 
     def key(k: str, default):
@@ -270,12 +271,21 @@ def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, 
         if func and func not in GATING_FUNCS:
             raise ModelError(f"{at}{arch}.expert_gating_func = {func} is not supported (quantkit runs "
                              f"{', '.join(f'{k} ({v})' for k, v in GATING_FUNCS.items())})")
+        out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating),
+                   moe_norm_w=bool(key("expert_weights_norm", False)),
+                   expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0))
+    if spec.lead_dense:
         lead = _int(key("leading_dense_block_count", 0), f"{arch}.leading_dense_block_count", at)
         if not 0 <= lead <= n_layer:
             raise ModelError(f"{at}{arch}.leading_dense_block_count {lead} must be in 0..{n_layer}")
-        out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating),
-                   moe_norm_w=bool(key("expert_weights_norm", False)),
-                   expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0), n_layer_dense_lead=lead)
+        out.update(n_layer_dense_lead=lead)
+    if spec.moe_step:
+        full = f"{arch}.interleave_moe_layer_step"
+        if full not in meta:
+            raise ModelError(f"{at}metadata key {full!r} is missing")
+        if _int(meta[full], full, at) != 1:
+            raise ModelError(f"{at}{full} = {meta[full]}: only 1 (every layer past the dense ones a MoE layer) is "
+                             f"supported")
     return out
 
 
@@ -369,7 +379,7 @@ class Block:
     ffn_gate_exps: Weight | None = None   # (n_embd -> n_ff_exp) x n_expert, 3D
     ffn_up_exps: Weight | None = None     # (n_embd -> n_ff_exp) x n_expert
     ffn_down_exps: Weight | None = None   # (n_ff_exp -> n_embd) x n_expert
-    exp_probs_b: np.ndarray | None = None          # float32 (n_expert,): the selection's score bias  moe_hparams
+    exp_probs_b: np.ndarray | None = None          # float32 (n_expert,): the selection's score bias  score_bias
     ffn_gate_inp_bias: np.ndarray | None = None    # float32 (n_expert,)              moe_biases
     ffn_gate_exps_bias: np.ndarray | None = None   # float32 (n_expert, n_ff_exp)
     ffn_up_exps_bias: np.ndarray | None = None     # float32 (n_expert, n_ff_exp)
@@ -467,7 +477,7 @@ class Llama:
             if c.n_expert and i >= c.n_layer_dense_lead:
                 read = (SHEXP_TENSORS[0 if a.shexp_gate else 1:] if a.shared_expert else ()) + \
                     (MOE_BIAS_TENSORS if a.moe_biases else ()) + \
-                    (("exp_probs_b.bias",) if a.moe_hparams else ())
+                    (("exp_probs_b.bias",) if a.score_bias else ())
                 for extra in UNSUPPORTED_MOE_TENSORS:
                     if extra not in read and gg.has_tensor(p + extra):
                         raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name} "
@@ -478,7 +488,7 @@ class Llama:
                 b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
                 b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
                 b.ffn_down_exps = matrix(p + "ffn_down_exps.weight", FX, E, X)
-                if a.moe_hparams:
+                if a.score_bias:
                     b.exp_probs_b = optional(p + "exp_probs_b.bias", X)
                 if a.moe_biases:
                     b.ffn_gate_inp_bias = vector(p + "ffn_gate_inp.bias", X)

@@ -80,13 +80,20 @@ def route(logits: np.ndarray, r: Routing, score_bias: np.ndarray | None = None
     if r.w_scale not in (0.0, 1.0):
         w = w * r.w_scale
     # the margin in router-logit units: the logits' gap where the choice is a monotone function of them
-    # (softmax gating without a score bias: a log-probability gap); sigmoid scores' gap times 4 (the
-    # inverse of the sigmoid's largest slope: the least change of the two logits that flips the choice)
-    g = np.where(np.isfinite(s), x, -np.inf) if r.gating != "sigmoid" and score_bias is None else s
-    srt = -np.sort(-g, axis=-1)
-    margin = srt[:, k - 1] - srt[:, k] if k < s.shape[1] else np.zeros(s.shape[0])
-    if r.gating == "sigmoid":
-        margin = 4.0 * margin
+    # (softmax gating without a score bias: a log-probability gap); a probability scores' gap (sigmoid,
+    # or softmax with a score bias) divided by the larger slope p (1 - p) of the two probabilities: to
+    # first order, the change of their logits that flips the choice
+    on_logits = r.gating == "softmax_weight" or (r.gating == "softmax" and score_bias is None)
+    g = np.where(np.isfinite(s), x, -np.inf) if on_logits and score_bias is None else s
+    if k >= s.shape[1]:
+        return top, w, np.zeros(s.shape[0])
+    order = np.argsort(-g, axis=-1, kind="stable")[:, k - 1:k + 1]
+    ga, gb = np.take_along_axis(g, order, axis=-1).T
+    with np.errstate(invalid="ignore"):
+        margin = ga - gb
+    if not on_logits:
+        pa, pb = np.take_along_axis(p, order, axis=-1).T
+        margin = margin / np.maximum(np.maximum(pa * (1 - pa), pb * (1 - pb)), 1e-6)
     return top, w, np.nan_to_num(margin, nan=0.0, posinf=np.inf)
 
 
