@@ -1,4 +1,5 @@
-"""Tiny random-weight GGUFs of the qwen2, qwen3 and gemma3 architectures, written with gguf.GGUFWriter.
+"""Tiny random-weight GGUFs of the qwen2, qwen3, gemma3, smollm3, olmo2 and gemma2 architectures, written with
+gguf.GGUFWriter.
 
 Needs only numpy and gguf (no quantkit): tools/make_arch_golden.py imports it in llama.cpp's reference
 venv to write the very files llama.cpp ran for tests/data/arch/, and the tests write them again here
@@ -7,7 +8,9 @@ venv to write the very files llama.cpp ran for tests/data/arch/, and the tests w
 Each model exercises what its architecture adds: qwen2 Q/K/V biases and a tied output; qwen3 per-head
 Q/K norms with head_dim * n_head != n_embd; gemma3 Q/K norms plus post-norms, GELU, the embedding
 scale, sliding-window layers (window 8, so the 48-token golden sequences slide) with their own RoPE base
-and a final-logit soft-cap. The output matrix is wide (logits of std 4 to 8) so the next-token
+and a final-logit soft-cap; smollm3 a layer without RoPE; olmo2 no input norms, whole-projection Q/K
+norms and sliding layers with the model's RoPE base; gemma2 attention logit soft-capping and alternating
+sliding layers. The output matrix is wide (logits of std 4 to 8) so the next-token
 distribution is peaked: a wrong op shows up as a different top token, not as noise in a flat one.
 
 Variants: "F16" (matrices F16, the rest F32) and "Q" (matrices Q8_0 / Q4_0 / Q5_0 / Q4_1 made by
@@ -38,6 +41,19 @@ SPECS = {
     "gemma3": dict(n_layer=6, n_embd=256, n_ff=512, n_head=4, n_head_kv=1, head_dim=128, n_vocab=512,
                    rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=True, tied=False,
                    sliding_window=8, softcap=30.0),
+    # SmolLM3: llama's layer (NORM RoPE), layer 3 without RoPE (every fourth)
+    "smollm3": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=None, n_vocab=512,
+                    rope_base=2000000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False, tied=True),
+    # OLMo 2: no input norms, Q/K norms over the whole projections, post-norms; with a sliding window (as
+    # OLMo 3's files) on layers 0-2 (load_swa_pattern(4)), rotated with the model's base
+    "olmo2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=None, n_vocab=512,
+                  rope_base=500000.0, eps=1e-6, bias=False, qk_norm="full", post_norms=True, tied=False,
+                  pre_norms=False, sliding_window=8),
+    # Gemma 2: post-norms, GELU, the embedding scale, layers 0 and 2 sliding (window 8), attention logits
+    # soft-capped at 5 (so the cap bites) and the final ones at 30
+    "gemma2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=128, n_vocab=512,
+                   rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=True, tied=True,
+                   sliding_window=8, softcap=30.0, attn_softcap=5.0, embd_std=0.25),
 }
 #: mixture-of-experts models: the dense keys above plus n_expert, n_used, n_ff_exp (the experts' width)
 MOE_SPECS = {
@@ -178,6 +194,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", s["yarn"][1])
     if "softcap" in s:
         w.add_float32(f"{arch}.final_logit_softcapping", s["softcap"])
+    if "attn_softcap" in s:
+        w.add_float32(f"{arch}.attn_logit_softcapping", s["attn_softcap"])
     if n_exp:
         w.add_uint32(f"{arch}.expert_count", n_exp)
         w.add_uint32(f"{arch}.expert_used_count", n_used or s["n_used"])
@@ -218,10 +236,11 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
 
     # embeddings (the output too when tied: logits of std ~ scale * sqrt(n_embd)); gemma3 multiplies
     # them by sqrt(n_embd) on the way in
-    mat("token_embd.weight", "token_embd", E, V, 0.25 if arch == "gemma3" else 0.5)
+    mat("token_embd.weight", "token_embd", E, V, s.get("embd_std", 0.25 if arch == "gemma3" else 0.5))
     for i in range(s["n_layer"] + s.get("nextn", 0)):
         p = f"blk.{i}."
-        vec(p + "attn_norm.weight", E, 0.8, 1.2)
+        if s.get("pre_norms", True):
+            vec(p + "attn_norm.weight", E, 0.8, 1.2)
         mat(p + "attn_q.weight", "attn_q", E, H * hd, 2.0 / np.sqrt(E))
         mat(p + "attn_k.weight", "attn_k", E, HKV * hd, 2.0 / np.sqrt(E))
         mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
@@ -229,16 +248,17 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "attn_q.bias", H * hd, -0.5, 0.5)
             vec(p + "attn_k.bias", HKV * hd, -0.5, 0.5)
             vec(p + "attn_v.bias", HKV * hd, -0.2, 0.2)
-        if s["qk_norm"]:
-            vec(p + "attn_q_norm.weight", hd, 0.5, 1.5)
-            vec(p + "attn_k_norm.weight", hd, 0.5, 1.5)
+        if s["qk_norm"]:    # per head, or "full": over the whole projection
+            vec(p + "attn_q_norm.weight", H * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
+            vec(p + "attn_k_norm.weight", HKV * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
         mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
         if oss:   # the attention output's bias and the sinks; the FFN's norm is "post_attention_norm"
             vec(p + "attn_output.bias", E, -0.2, 0.2)
             vec(p + "attn_sinks.weight", H, 0.0, 3.0)
         if s["post_norms"]:
             vec(p + "post_attention_norm.weight", E, 1.5, 2.5)
-        vec(p + s.get("ffn_norm", "post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
+        if s.get("pre_norms", True):
+            vec(p + s.get("ffn_norm", "post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
         if n_exp and i >= s.get("lead_dense", 0):
             FX = s.get("n_ff_exp", F)
             mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, s.get("router_scale", 3.0) / np.sqrt(E))

@@ -1,4 +1,4 @@
-"""The architectures beside llama (qwen2, qwen3, gemma3): config from GGUF metadata, refusals, and the
+"""The architectures beside llama (qwen2, qwen3, gemma3; smollm3, olmo2, gemma2): config from GGUF metadata, refusals, and the
 forward pass (batch, compiled decode step, float64 reference) against llama.cpp's own logits.
 
 The tiny models come from tests/archmodels.py (random weights, gguf.GGUFWriter); tests/data/arch/*.npz
@@ -43,18 +43,20 @@ def test_config_from_metadata(case):
     assert c.arch.name == arch
     assert (c.n_layer, c.n_embd, c.n_head, c.n_head_kv) == (s["n_layer"], s["n_embd"], s["n_head"], s["n_head_kv"])
     assert c.head_dim == (s["head_dim"] or s["n_embd"] // s["n_head"]) and c.n_rot == c.head_dim
-    assert c.arch.rope_neox and c.rope_freq_base == 1e6 and c.rms_eps == pytest.approx(1e-6)
+    assert c.arch.rope_neox == (arch != "smollm3") and c.rope_freq_base == s["rope_base"]
+    assert c.rms_eps == pytest.approx(1e-6)
     assert (m.output is m.token_embd) == s["tied"]
     assert (m.blk[1].attn_q_bias is not None) == s["bias"]
-    assert (m.blk[1].attn_k_norm is not None) == s["qk_norm"]
+    assert (m.blk[1].attn_k_norm is not None) == bool(s["qk_norm"])
     assert (m.blk[1].post_ffw_norm is not None) == s["post_norms"]
     if arch == "gemma3":
         # llama_hparams::set_swa_pattern(6): every 6th layer attends to everything
         assert c.n_swa == 8 and c.swa_layers == (True,) * 5 + (False,)
         assert c.rope_freq_base_swa == 10000.0 and c.embd_scale == pytest.approx(16.0) and c.softcap == 30.0
         assert c.arch.glu == "gelu" and c.kq_scale == pytest.approx(1 / np.sqrt(128))
-    else:
+    elif arch in ("qwen2", "qwen3"):
         assert c.n_swa == 0 and not any(c.swa_layers) and c.embd_scale == 1.0 and c.arch.glu == "silu"
+    # (smollm3, olmo2, gemma2: tests/test_dense.py)
 
 
 def _mean_bar(variant: str, g: dict) -> float:

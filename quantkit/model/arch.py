@@ -78,8 +78,8 @@ class Arch:
     swa_rope_model: bool = False  # SWA layers use the model's RoPE base (unless {arch}.rope.freq_base_swa)
                                   # and scaling (gpt-oss); else llama_hparams' 10000 and none (gemma3)
     attn_scale: str = "head_dim"  # the softmax scale of q.k: 1/sqrt(head_dim); "n_rot": 1/sqrt(n_rot)
-                                  # (gpt-oss); "gemma3": 1/sqrt(n_embd / n_head) for the 62-layer 27B
-                                  # (llama_model_gemma3::load_arch_hparams), else head_dim's
+                                  # (gpt-oss); "gemma3" / "gemma2": 1/sqrt(n_embd / n_head) for the 27B
+                                  # (WIDE_SCALE_LAYERS; load_arch_hparams of each), else head_dim's
     qk_norm_optional: bool = False  # attn_q_norm / attn_k_norm read when the file has them (GLM-4.5's
                                     # 355B has them, Air does not: TENSOR_NOT_REQUIRED)
     moe_hparams: bool = False     # reads {arch}.expert_gating_func, expert_weights_norm and
@@ -88,7 +88,21 @@ class Arch:
     score_bias: bool = False      # reads blk.N.exp_probs_b (the selection's per-expert score bias) when present
     moe_step: bool = False        # requires {arch}.interleave_moe_layer_step (ERNIE 4.5; quantkit runs step 1,
                                   # the one llama.cpp's loader and graph agree on)
+    nope_step: int = 0            # layer il does not rotate Q/K when (il + 1) % n == 0 (llama_hparams'
+                                  # n_no_rope_layer_step, which llama.cpp sets, reading no key: SmolLM3 4)
+    pre_norms: bool = True        # blk.N.attn_norm / ffn_norm before each block; False: none (OLMo 2)
+    qk_norm_full: bool = False    # blk.N.attn_q_norm (n_head * head_dim) / attn_k_norm (n_head_kv * head_dim):
+                                  # one RMSNorm over the whole projection before RoPE (OLMo 2), not per head
+    attn_softcap: bool = False    # {arch}.attn_logit_softcapping (default 50): each scaled attention logit
+                                  # s -> cap * tanh(s / cap) before the mask and softmax (Gemma 2)
+    swa_default: int = 0          # the sliding window without {arch}.attention.sliding_window (Gemma 2: 4096)
+    swa_rope_plain: bool = False  # SWA layers use the model's RoPE base (olmo2.cpp's graph reads no
+                                  # freq_base_swa) at scale 1, without YaRN (OLMo 3's olmo2 files)
 
+
+#: ``Arch.attn_scale`` kinds whose models of this many layers (the 27B ones) scale q.k by 1/sqrt(n_embd /
+#: n_head) instead of 1/sqrt(head_dim) (llama_model_gemma3 / llama_model_gemma2::load_arch_hparams)
+WIDE_SCALE_LAYERS = {"gemma3": 62, "gemma2": 46}
 
 #: GLU activations: the index the compiled kernels switch on ("swiglu_oai": ggml_swiglu_oai with
 #: alpha 1.702, limit 7, as build_moe_ffn's LLM_FFN_SWIGLU_OAI_MOE calls it)
@@ -136,6 +150,18 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("ernie4_5-moe", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False,
          swa_pattern=0, output_bias=False, softcap=False, moe=MOE_ALWAYS, shared_expert=True, shexp_gate=False,
          shexp_width="key", lead_dense=True, score_bias=True, moe_step=True),
+    # src/models/smollm3.cpp: llama's layer, no RoPE on every fourth (n_no_rope_layer_step 4)
+    Arch("smollm3", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, nope_step=4),
+    # src/models/olmo2.cpp: no input norms, RMSNorm over the whole Q and K projections, post-attention /
+    # post-FFN norms; with attention.sliding_window (OLMo 3) every fourth layer global (load_swa_pattern(4))
+    Arch("olmo2", rope_neox=True, qk_norm=True, post_norms=True, glu="silu", embd_scale=False, swa_pattern=4,
+         output_bias=False, softcap=False, pre_norms=False, qk_norm_full=True, swa_rope_plain=True),
+    # src/models/gemma2.cpp: gemma3's layer without Q/K norms, every other layer sliding (load_swa_pattern(2),
+    # window 4096 by default) with the model's RoPE, attention and final logit soft-capping
+    Arch("gemma2", rope_neox=True, qk_norm=False, post_norms=True, glu="gelu", embd_scale=True, swa_pattern=2,
+         output_bias=False, softcap=True, swa_rope_model=True, attn_scale="gemma2", attn_softcap=True,
+         swa_default=4096),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

@@ -185,7 +185,8 @@ OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE}
 MAX_BLOCKS = 2
 BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64), ("scale", np.float32)])
 ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
-                       ("qkv_bias", np.int64), ("sinks", np.int64), ("out_bias", np.int64)])
+                       ("qkv_bias", np.int64), ("sinks", np.int64), ("out_bias", np.int64), ("rope", np.int64),
+                       ("qk_full", np.int64), ("softcap", np.float32)])
 FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("shexp_gate", np.int64),
                       ("biases", np.int64)])
 
@@ -236,11 +237,15 @@ def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
     bl = T.bias[l]
     has_b = a.qkv_bias != 0
     q, k, v = qkv[:Q], qkv[Q:Q + KV], qkv[Q + KV:]
-    qn = T.qk_norm[l, 0] if a.qk_norm != 0 else nob
-    kn = T.qk_norm[l, 1] if a.qk_norm != 0 else nob
+    # the Q norm's weights, then the K norm's: each head_dim long, or the whole projection's (qk_full)
+    full = a.qk_full != 0
+    nq = Q if full else hd
+    nk = KV if full else hd
+    qn = T.qk_norm[l, :nq] if a.qk_norm != 0 else nob
+    kn = T.qk_norm[l, nq:nq + nk] if a.qk_norm != 0 else nob
     qk_prepare(q, k, v, bl[:Q] if has_b else nob, bl[Q:Q + KV] if has_b else nob, bl[Q + KV:] if has_b else nob,
-               qn, kn, D.eps, n_head, D.n_head_kv, hd, D.n_rot, cos[a.rope_table, pos], sin[a.rope_table, pos],
-               a.neox != 0)
+               qn, kn, full, D.eps, n_head, D.n_head_kv, hd, D.n_rot if a.rope != 0 else 0, cos[a.rope_table, pos],
+               sin[a.rope_table, pos], a.neox != 0)
     krow = kc[l, pos]
     vrow = vc[l, pos]
     for i in range(KV):
@@ -250,10 +255,10 @@ def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
     vl = vc[l]
     k0 = window_start(n_kv, a.n_swa)
     xo = A.aQ[0][0]         # the attention output, float32 (Q,)
-    has_sinks, sinks, scale = a.sinks != 0, T.sinks[l], D.scale
+    has_sinks, sinks, scale, cap = a.sinks != 0, T.sinks[l], D.scale, a.softcap
     for h in prange(n_head):
         snk = sinks[h] if has_sinks else np.float32(NO_SINK)
-        ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, snk,  # noqa: F821
+        ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, cap, snk,  # noqa: F821
                scores[h], xo[h * hd:(h + 1) * hd])
     quantize_needed(P.need[l, 1], A.aQ)
     product(W.runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
@@ -558,8 +563,11 @@ class DecodeStep:
         def stacked(name: str, shape) -> np.ndarray:
             return _stacked([getattr(b, name) for b in blk], shape)
 
-        qkn = [None if b.attn_q_norm is None else np.stack([b.attn_q_norm, b.attn_k_norm]) for b in blk]
-        self.attn_tables = AttnTables(bias=layer_biases(model), qk_norm=_stacked(qkn, (2, c.head_dim)),
+        # per layer the Q norm's weights then the K norm's (per head: 2 head_dim; qk_norm_full: Q + KV)
+        qkn = [None if b.attn_q_norm is None else np.concatenate([b.attn_q_norm, b.attn_k_norm]) for b in blk]
+        width = max([v.size for v in qkn if v is not None], default=0)
+        qkn = [None if v is None else np.pad(v, (0, width - v.size)) for v in qkn]
+        self.attn_tables = AttnTables(bias=layer_biases(model), qk_norm=_stacked(qkn, width),
                                       sinks=stacked("attn_sinks", c.n_head),
                                       out_bias=stacked("attn_output_bias", c.n_embd))
         shg = [None if b.ffn_gate_inp_shexp is None else b.ffn_gate_inp_shexp.dequantize().reshape(-1) for b in blk]
@@ -648,7 +656,8 @@ def _program(model: Llama, need: np.ndarray) -> Program:
                 rows.append(2 * bi + j if name else -1)
             prog[il, bi] = (OP_CODES[type(k.op)], *rows, k.scale)
         a, f = d.attn, d.ffn
-        attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias)
+        attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias, a.rope,
+                    a.qk_norm_full, a.softcap)
         shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0
         moe = isinstance(f, MoeFFN)
         ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, moe and f.shexp_gate, moe and f.biases)

@@ -60,7 +60,7 @@ from quantkit.model.decode import (MATS, MOE_MATS, SHEXP_MATS, DecodeStep, atten
                                    kv_f16_store, kv_f32_same, layer_biases, qk_prepare, rmsnorm1, window_start)
 from quantkit.model.layer import Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
-from quantkit.model.ops import NO_SINK, exp_sink_inv
+from quantkit.model.ops import NO_SINK, exp_sink_inv, softcap_scores
 from quantkit.model.route import route_rows, routing_record
 
 COLLECT_MIN_ROWS = 16
@@ -80,24 +80,24 @@ def rmsnorm(x, w, eps, out):
         rmsnorm1(x[r], w, eps, out[r])
 
 
-def _prepare_store(q, k, v, kc, vc, pos0, cos, sin, qb, kb, vb, qn, kn, eps, n_head, n_head_kv, head_dim, n_rot,
-                   neox):
+def _prepare_store(q, k, v, kc, vc, pos0, cos, sin, qb, kb, vb, qn, kn, full, eps, n_head, n_head_kv, head_dim,
+                   n_rot, neox):
     """Per token: the decode step's ``qk_prepare`` on q, k, v in place (biases, q/k norms, RoPE), then
     k and v into cache rows pos0.. (ST_KV: float32 -> the cache's element, fp16 bits or float32)."""
     n = q.shape[0]
     for t in prange(n):
         p = pos0 + t
-        qk_prepare(q[t], k[t], v[t], qb, kb, vb, qn, kn, eps, n_head, n_head_kv, head_dim, n_rot, cos[p], sin[p],
-                   neox)
+        qk_prepare(q[t], k[t], v[t], qb, kb, vb, qn, kn, full, eps, n_head, n_head_kv, head_dim, n_rot, cos[p],
+                   sin[p], neox)
         for j in range(k.shape[1]):
             kc[p, j] = ST_KV(k[t, j])  # noqa: F821
             vc[p, j] = ST_KV(v[t, j])  # noqa: F821
 
 
-def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, n_swa, sinks, out):
+def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, softcap, n_swa, sinks, out):
     """Causal grouped-query attention: query t (at pos0+t), head h sees cache rows 0..pos0+t (the last
-    n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv), with its sink logit
-    sinks[h] (empty: none). out (n, n_head*head_dim).
+    n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv), its logits soft-capped
+    by ``softcap`` (0: not), with its sink logit sinks[h] (empty: none). out (n, n_head*head_dim).
     One (t, h) pair per iteration (the decode step's ``attend_head``), so the result does not depend on
     the thread count."""
     n = q.shape[0]
@@ -109,7 +109,7 @@ def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, n_swa, sinks
         k0 = window_start(n_kv, n_swa)
         sink = sinks[h] if sinks.shape[0] else np.float32(NO_SINK)
         ATTEND(q[t, h * head_dim:(h + 1) * head_dim], kc, vc, (h // group) * head_dim, k0, n_kv,  # noqa: F821
-               scale, sink, np.empty(n_kv - k0, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
+               scale, softcap, sink, np.empty(n_kv - k0, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
 
 
 def kv_kernels(kv_f16: bool):
@@ -133,9 +133,10 @@ ATTN_BLOCK = 64
 
 
 @njit_fast(inline="always")
-def _softmax_row(row, lo, lim, scale, sink):
+def _softmax_row(row, lo, lim, scale, softcap, sink):
     """row[lo:lim] <- softmax(scale * row[lo:lim]), the rest <- 0, in ggml's non-flash-attention op
-    order (scale, max, exp, float32 sum, multiply by 1 / sum); a ``sink`` logit (NO_SINK: none) joins
+    order (scale, max, exp, float32 sum, multiply by 1 / sum), the scaled logits soft-capped first
+    (``softcap_scores``; 0: not); a ``sink`` logit (NO_SINK: none) joins
     the max and the sum (ggml_soft_max_add_sinks) -- deferring the division to the rows
     of S @ V measured the same speed and moved the quantized files' results away from llama.cpp's.
     A 1-D contiguous row in its own function: inlined into the prange body below, the loops stay
@@ -144,6 +145,7 @@ def _softmax_row(row, lo, lim, scale, sink):
     m = lim - lo
     for j in range(m):
         w[j] *= scale
+    softcap_scores(w, m, softcap)
     inv = exp_sink_inv(w, m, sink)
     for j in range(m):
         w[j] *= inv
@@ -151,7 +153,7 @@ def _softmax_row(row, lo, lim, scale, sink):
     row[lim:] = 0.0
 
 
-def _causal_softmax(S, first, group, scale, n_swa, sinks):
+def _causal_softmax(S, first, group, scale, softcap, n_swa, sinks):
     """S (rows, nk): scores, row r belonging to query r // group and head r % group of the group, which
     sees keys 0..first + r // group (the last n_swa of them with a sliding window), with that head's
     sink logit sinks[r % group] (empty: none). In place: softmax of scale * S over the keys each row
@@ -160,7 +162,7 @@ def _causal_softmax(S, first, group, scale, n_swa, sinks):
     for r in prange(m):
         lim = min(first + r // group + 1, nk)
         sink = sinks[r % group] if sinks.shape[0] else np.float32(NO_SINK)
-        _softmax_row(S[r], window_start(lim, n_swa), lim, scale, sink)
+        _softmax_row(S[r], window_start(lim, n_swa), lim, scale, softcap, sink)
 
 
 causal_softmax = njit_fast_parallel(_causal_softmax)
@@ -298,7 +300,8 @@ class Runner:
                            yarn_ramp(c, c.rope_freq_base), c.rope_mscale)]
         if any(c.swa_layers):
             tabs.append(rope_table(n_ctx, c.n_rot, c.rope_freq_base_swa, c.rope_freq_scale_swa, None,
-                                   yarn_ramp(c, c.rope_freq_base_swa), c.rope_mscale))
+                                   yarn_ramp(c, c.rope_freq_base_swa) if c.yarn_swa else None,
+                                   c.rope_mscale if c.yarn_swa else 1.0))
         self.rope_cos = np.ascontiguousarray(np.stack([t[0] for t in tabs]))
         self.rope_sin = np.ascontiguousarray(np.stack([t[1] for t in tabs]))
         self.scale = np.float32(c.kq_scale)
@@ -428,7 +431,7 @@ class Runner:
         return logits
 
     def _attend_blas(self, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, n_swa: int,
-                     sinks: np.ndarray, out: np.ndarray) -> None:
+                     sinks: np.ndarray, softcap: np.float32, out: np.ndarray) -> None:
         """Causal GQA attention as matrix products. Per KV head, the G query heads that share it are
         stacked as rows (token, head) -- one GEMM of G * block rows against the keys the block's last
         query sees, a masked softmax, one GEMM with V -- over blocks of ATTN_BLOCK queries.
@@ -453,7 +456,7 @@ class Runner:
                 t1 = min(n, t0 + ATTN_BLOCK)
                 nk = pos0 + t1
                 S = Qh[t0 * G:t1 * G] @ K[:nk].T                                          # (bt * G, nk)
-                causal_softmax_serial(S, pos0 + t0, G, self.scale, n_swa, sinks[h * G:(h + 1) * G])
+                causal_softmax_serial(S, pos0 + t0, G, self.scale, softcap, n_swa, sinks[h * G:(h + 1) * G])
                 out[t0:t1, h * G * hd:(h + 1) * G * hd] = (S @ V[:nk]).reshape(t1 - t0, G * hd)
 
         threads = min(get_threads(), HKV)
@@ -516,13 +519,15 @@ class Runner:
                             bias[:Q] if has_b else none, bias[Q:Q + KV] if has_b else none,
                             bias[Q + KV:] if has_b else none,
                             b.attn_q_norm if d.qk_norm else none, b.attn_k_norm if d.qk_norm else none,
-                            eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot, d.rope_neox)
+                            d.qk_norm_full, eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot if d.rope else 0,
+                            d.rope_neox)
         sinks = b.attn_sinks if d.sinks else none
+        cap = np.float32(d.softcap)
         if n >= BLAS_ATTENTION_MIN_TOKENS:
-            self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, d.n_swa, sinks, att)
+            self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, d.n_swa, sinks, cap, att)
         else:
             attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
-            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, d.n_swa, sinks, att)
+            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, cap, d.n_swa, sinks, att)
         self._mm(b.attn_output, att, out)                                 # (n, n_embd)
         if d.out_bias:
             out += b.attn_output_bias

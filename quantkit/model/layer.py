@@ -21,8 +21,9 @@ reading and any op it adds: a record here, one implementation per path, one test
 The ops:
 
 =============  ====================================================================================
-``Attn``       Q/K/V products (+ biases) -> per-head Q/K RMSNorm -> RoPE -> causal (sliding-window)
-               softmax attention over the cache (+ a sink logit per head) -> attn_output (+ bias)
+``Attn``       Q/K/V products (+ biases) -> Q/K RMSNorm (per head or over the whole projection) -> RoPE
+               (or none) -> causal (sliding-window) softmax attention over the cache of the scaled,
+               optionally soft-capped logits (+ a sink logit per head) -> attn_output (+ bias)
 ``DenseFFN``   (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down (llama.cpp's build_ffn, LLM_FFN_PAR)
 ``MoeFFN``     build_moe_ffn: the router, ``Routing`` (quantkit.model.route), each chosen expert's GLU
                weighted and added in the order of selection; a shared expert after them
@@ -51,6 +52,9 @@ class Attn:
     rope_table: int     # 0: the model's RoPE base and scaling; 1: the sliding layers' base
     sinks: bool = False     # blk.N.attn_sinks: per head, one more logit in the softmax's denominator
     out_bias: bool = False  # blk.N.attn_output.bias, added after the output product
+    rope: bool = True       # False: Q and K are not rotated (SmolLM3's NoPE layers)
+    qk_norm_full: bool = False  # the Q/K norms over the whole projection (OLMo 2), not per head
+    softcap: float = 0.0    # each scaled logit s -> softcap * tanh(s / softcap) before the mask (Gemma 2)
 
 
 @dataclass(frozen=True)
@@ -141,7 +145,8 @@ def describe(config, block, il: int) -> Layer:
     with ``ffn_gate`` a dense one (DeepSeek's and GLM's leading dense layers)."""
     c, a = config, config.arch
     swa = c.is_swa(il)
-    attn = Attn(rope_neox=a.rope_neox,
+    attn = Attn(rope_neox=a.rope_neox, rope=not (a.nope_step and (il + 1) % a.nope_step == 0),
+                qk_norm_full=a.qk_norm_full, softcap=c.attn_softcap,
                 qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
                 qk_norm=block.attn_q_norm is not None,
                 n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
@@ -156,7 +161,7 @@ def describe(config, block, il: int) -> Layer:
                      shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases)
     else:
         ffn = DenseFFN(glu=a.glu, n_ff=c.n_ff)
-    return Layer((Block(attn, "attn_norm", "post_attention_norm" if block.post_attention_norm is not None else None,
-                        c.residual_scale),
-                  Block(ffn, "ffn_norm", "post_ffw_norm" if block.post_ffw_norm is not None else None,
-                        c.residual_scale)))
+    return Layer((Block(attn, "attn_norm" if block.attn_norm is not None else None,
+                        "post_attention_norm" if block.post_attention_norm is not None else None, c.residual_scale),
+                  Block(ffn, "ffn_norm" if block.ffn_norm is not None else None,
+                        "post_ffw_norm" if block.post_ffw_norm is not None else None, c.residual_scale)))

@@ -23,7 +23,8 @@ from gguf import GGMLQuantizationType
 from quantkit.errors import ModelError
 from quantkit.formats.gguf_io import GGUFModel
 from quantkit.model.arch import (ARCHS, MOE_ALWAYS, MOE_BIAS_TENSORS, MOE_NONE, SHEXP_TENSORS, SUPPORTED_ARCHS,
-                                 UNSUPPORTED_LAYER_TENSORS, UNSUPPORTED_MOE_ARCHS, UNSUPPORTED_MOE_TENSORS, Arch)
+                                 UNSUPPORTED_LAYER_TENSORS, UNSUPPORTED_MOE_ARCHS, UNSUPPORTED_MOE_TENSORS,
+                                 WIDE_SCALE_LAYERS, Arch)
 from quantkit.model.layer import Layer, MoeFFN, describe
 
 
@@ -70,6 +71,8 @@ class LlamaConfig:
     n_layer_dense_lead: int = 0           # {arch}.leading_dense_block_count: the first layers' FFN is dense
     residual_scale: float = 0.0           # {arch}.residual_scale: each block's output times it (0: none)
     logit_scale: float = 0.0              # {arch}.logit_scale: the logits divided by it (0: none)
+    attn_softcap: float = 0.0             # {arch}.attn_logit_softcapping when the arch reads it (0: none)
+    yarn_swa: bool = True                 # YaRN (when the model has it) also in the sliding layers' RoPE
 
     @property
     def n_embd_kv(self) -> int:
@@ -183,7 +186,7 @@ class LlamaConfig:
             rope_mscale = float(attn * (f32(1.0) + f32(0.1) * np.log(f32(1.0) / f32(freq_scale))))
 
         # sliding-window attention (llama_model_gemma3::load_arch_hparams, load_swa_pattern)
-        n_swa = _int(opt("attention.sliding_window", 0), f"{arch}.attention.sliding_window", at) \
+        n_swa = _int(opt("attention.sliding_window", spec.swa_default), f"{arch}.attention.sliding_window", at) \
             if spec.swa_pattern else 0
         swa_layers: tuple = ()
         if n_swa > 0:
@@ -199,7 +202,7 @@ class LlamaConfig:
         else:
             n_swa = 0
         # the softmax scale (Arch.attn_scale): 1/sqrt(head_dim) unless the row says otherwise
-        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if spec.attn_scale == "gemma3" and n_layer == 62 else \
+        attn_scale = 1.0 / math.sqrt(n_embd // n_head) if WIDE_SCALE_LAYERS.get(spec.attn_scale) == n_layer else \
             1.0 / math.sqrt(n_rot) if spec.attn_scale == "n_rot" else 0.0
         moe = _moe_hparams(spec, meta, n_expert, n_layer, at) if n_expert else {}
         scales: dict[str, float] = {}
@@ -230,9 +233,10 @@ class LlamaConfig:
             n_ctx_train=n_ctx_train,
             n_vocab=_int(n_vocab, "vocab size", at),
             n_swa=n_swa, swa_layers=swa_layers,
-            rope_freq_base_swa=float(opt("rope.freq_base_swa", base if spec.swa_rope_model else 10000.0)),
+            rope_freq_base_swa=base if spec.swa_rope_plain else
+            float(opt("rope.freq_base_swa", base if spec.swa_rope_model else 10000.0)),
             rope_freq_scale_swa=freq_scale if spec.swa_rope_model else 1.0,
-            yarn=yarn, rope_mscale=rope_mscale,
+            yarn=yarn, rope_mscale=rope_mscale, yarn_swa=not spec.swa_rope_plain,
             n_ctx_orig_yarn=_int(opt("rope.scaling.original_context_length", n_ctx_train) or n_ctx_train,
                                  f"{arch}.rope.scaling.original_context_length", at),
             attn_scale=attn_scale,
@@ -240,6 +244,7 @@ class LlamaConfig:
             float(opt("embedding_scale", 0.0) or 1.0) if spec.granite_scales else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales,
+            attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0,
         )
 
 
@@ -358,20 +363,20 @@ class Block:
     """One transformer layer; attribute names are the GGUF names after ``blk.N.`` (``.bias`` -> ``_bias``).
     The optional ones are None when the architecture or the file has none."""
 
-    attn_norm: np.ndarray   # float32 (n_embd,)
+    attn_norm: np.ndarray | None   # float32 (n_embd,)   (None: pre_norms False)
     attn_q: Weight          # (n_embd -> n_head * head_dim)
     attn_k: Weight          # (n_embd -> n_head_kv * head_dim)
     attn_v: Weight          # (n_embd -> n_head_kv * head_dim)
     attn_q_bias: np.ndarray | None = None   # float32 (n_head * head_dim,)
     attn_k_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
     attn_v_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
-    attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm
-    attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm
+    attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head * head_dim,))
+    attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head_kv * head_dim,))
     attn_output: Weight     # (n_head * head_dim -> n_embd)
     attn_output_bias: np.ndarray | None = None   # float32 (n_embd,)   attn_out_bias
     attn_sinks: np.ndarray | None = None         # float32 (n_head,)   attn_sinks
     post_attention_norm: np.ndarray | None = None  # float32 (n_embd,)   post_norms
-    ffn_norm: np.ndarray    # float32 (n_embd,)
+    ffn_norm: np.ndarray | None    # float32 (n_embd,)   (None: pre_norms False)
     ffn_gate: Weight | None = None   # (n_embd -> n_ff)      dense FFN
     ffn_up: Weight | None = None     # (n_embd -> n_ff)
     ffn_down: Weight | None = None   # (n_ff -> n_embd)
@@ -456,7 +461,7 @@ class Llama:
             for extra in UNSUPPORTED_LAYER_TENSORS:
                 if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias"):
                     raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
-            b.attn_norm = vector(p + "attn_norm.weight", E)
+            b.attn_norm = vector(p + "attn_norm.weight", E) if a.pre_norms else None
             b.attn_q = matrix(p + "attn_q.weight", E, Q)
             b.attn_k = matrix(p + "attn_k.weight", E, KV)
             b.attn_v = matrix(p + "attn_v.weight", E, KV)
@@ -464,8 +469,9 @@ class Llama:
             b.attn_k_bias = optional(p + "attn_k.bias", KV)
             b.attn_v_bias = optional(p + "attn_v.bias", KV)
             if a.qk_norm or (a.qk_norm_optional and gg.has_tensor(p + "attn_q_norm.weight")):
-                b.attn_q_norm = vector(p + "attn_q_norm.weight", hd)
-                b.attn_k_norm = vector(p + "attn_k_norm.weight", hd)
+                # per head, or (qk_norm_full) over the whole projection
+                b.attn_q_norm = vector(p + "attn_q_norm.weight", Q if a.qk_norm_full else hd)
+                b.attn_k_norm = vector(p + "attn_k_norm.weight", KV if a.qk_norm_full else hd)
             b.attn_output = matrix(p + "attn_output.weight", Q, E)
             if a.attn_out_bias:
                 b.attn_output_bias = vector(p + "attn_output.bias", E)
@@ -473,7 +479,7 @@ class Llama:
                 b.attn_sinks = vector(p + "attn_sinks.weight", c.n_head)
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
-            b.ffn_norm = vector(p + a.ffn_norm + ".weight", E)
+            b.ffn_norm = vector(p + a.ffn_norm + ".weight", E) if a.pre_norms else None
             if c.n_expert and i >= c.n_layer_dense_lead:
                 read = (SHEXP_TENSORS[0 if a.shexp_gate else 1:] if a.shared_expert else ()) + \
                     (MOE_BIAS_TENSORS if a.moe_biases else ()) + \

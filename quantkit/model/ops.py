@@ -115,14 +115,18 @@ def rope_heads(v, n_heads, hd, n_rot, c, s, neox):
 
 
 @njit_fast
-def qk_prepare(q, k, v, qb, kb, vb, qn, kn, eps, n_head, n_head_kv, hd, n_rot, c, s, neox):
+def qk_prepare(q, k, v, qb, kb, vb, qn, kn, full, eps, n_head, n_head_kv, hd, n_rot, c, s, neox):
     """One token's q (n_head*hd), k and v (n_head_kv*hd) straight out of their products, in place:
-    + biases (empty arrays: none), per-head RMSNorm of q and k times qn / kn (empty: none; Qwen3,
-    Gemma 3), then RoPE of q and k. The batch path and the decode step both run this."""
+    + biases (empty arrays: none), RMSNorm of q and k times qn / kn (empty: none) per head (Qwen3,
+    Gemma 3) or, ``full``, over the whole of q and of k (OLMo 2), then RoPE of q and k (n_rot 0: none,
+    SmolLM3's NoPE layers). The batch path and the decode step both run this."""
     add_bias(q, qb)
     add_bias(k, kb)
     add_bias(v, vb)
-    if qn.shape[0]:
+    if qn.shape[0] and full:
+        rmsnorm1(q, qn, eps, q)
+        rmsnorm1(k, kn, eps, k)
+    elif qn.shape[0]:
         for h in range(n_head):
             rmsnorm1(q[h * hd:(h + 1) * hd], qn, eps, q[h * hd:(h + 1) * hd])
         for h in range(n_head_kv):
@@ -237,10 +241,22 @@ def exp_sink_inv(s, n, sink):
     return np.float32(1.0) / exp_shift_sum(s, n, mx)
 
 
-def attend_head(q, kl, vl, ko, k0, n_kv, scale, sink, s, y):
+@njit_fast(inline="always")
+def softcap_scores(s, n, cap):
+    """s[:n] <- cap * tanh(s[:n] / cap) (cap 0: nothing): the attention's logit soft-capping, after the
+    scale and before the mask and softmax (build_attn_mha's attn_soft_cap; flash attention's logit_softcap
+    divides the scale by cap, then applies cap * tanh)."""
+    if cap != np.float32(0.0):
+        inv = np.float32(1.0) / cap
+        for t in range(n):
+            s[t] = cap * np.tanh(s[t] * inv)
+
+
+def attend_head(q, kl, vl, ko, k0, n_kv, scale, softcap, sink, s, y):
     """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows k0..n_kv-1 of
     kl / vl (n_ctx, n_head_kv * head_dim) from column ko (k0 > 0: a sliding window; the rows before it
-    are masked); ``sink``: the head's sink logit (gpt-oss; NO_SINK: none), which joins the max and the
+    are masked); ``softcap``: the scaled logits soft-capped (``softcap_scores``; 0: not);
+    ``sink``: the head's sink logit (gpt-oss; NO_SINK: none), which joins the max and the
     denominator as ggml_soft_max_add_sinks; s (>= n_kv - k0) scratch for the scores. ggml's
     op order (scale, max, exp, float32 sum, multiply by 1 / sum). Its loops are functions of their
     own on 1-D slices: written inside a prange body they stayed scalar (10x slower; over 768 cached
@@ -249,6 +265,7 @@ def attend_head(q, kl, vl, ko, k0, n_kv, scale, sink, s, y):
     m = n_kv - k0
     for t in range(m):
         s[t] = KV_DOT(q, kl[k0 + t, ko:ko + hd], hd) * scale  # noqa: F821
+    softcap_scores(s, m, softcap)
     inv = exp_sink_inv(s, m, sink)
     y[:] = 0.0
     for t in range(m):

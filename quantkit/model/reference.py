@@ -128,15 +128,21 @@ def _attention(d: Attn, b: Block, h: np.ndarray, c, ropes: tuple, routes: list |
         for name, t in (("attn_q_bias", q), ("attn_k_bias", k), ("attn_v_bias", v)):
             if getattr(b, name) is not None:
                 t += getattr(b, name)
-    if d.qk_norm:
+    if d.qk_norm and d.qk_norm_full:    # one norm over the whole projection (OLMo 2)
+        q, k = _rmsnorm(q, b.attn_q_norm, c.rms_eps), _rmsnorm(k, b.attn_k_norm, c.rms_eps)
+    elif d.qk_norm:
         q = _head_norm(q, c.n_head, hd, b.attn_q_norm, c.rms_eps)
         k = _head_norm(k, c.n_head_kv, hd, b.attn_k_norm, c.rms_eps)
-    q = _rope(q, c.n_head, hd, c.n_rot, *rope, neox=d.rope_neox)
-    k = _rope(k, c.n_head_kv, hd, c.n_rot, *rope, neox=d.rope_neox)
+    if d.rope:
+        q = _rope(q, c.n_head, hd, c.n_rot, *rope, neox=d.rope_neox)
+        k = _rope(k, c.n_head_kv, hd, c.n_rot, *rope, neox=d.rope_neox)
     q = q.reshape(n, c.n_head, hd).transpose(1, 0, 2)                   # (n_head, n, hd)
     k = np.repeat(k.reshape(n, c.n_head_kv, hd).transpose(1, 0, 2), group, axis=0)
     v = np.repeat(v.reshape(n, c.n_head_kv, hd).transpose(1, 0, 2), group, axis=0)
-    s = q @ k.transpose(0, 2, 1) * c.kq_scale + mask                    # (n_head, n, n)
+    s = q @ k.transpose(0, 2, 1) * c.kq_scale                           # (n_head, n, n)
+    if d.softcap:       # llama-graph.cpp build_attn_mha: attn_soft_cap (ggml_flash_attn_ext's logit_softcap)
+        s = d.softcap * np.tanh(s / d.softcap)
+    s = s + mask
     mx = s.max(axis=-1, keepdims=True)
     if d.sinks:     # ggml_soft_max_add_sinks: head h's sink logit joins the max and the denominator
         sink = b.attn_sinks.astype(np.float64)[:, None, None]
@@ -158,7 +164,8 @@ def reference_logits(model: Llama, tokens, routes: list | None = None) -> np.nda
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     x = model.token_embd.dequantize()[tokens].astype(np.float64) * c.embd_scale   # (n, n_embd)
     ropes = ((c.rope_freq_base, c.rope_freq_scale, model.rope_freqs, yarn_ramp(c, c.rope_freq_base), c.rope_mscale),
-             (c.rope_freq_base_swa, c.rope_freq_scale_swa, None, yarn_ramp(c, c.rope_freq_base_swa), c.rope_mscale))
+             (c.rope_freq_base_swa, c.rope_freq_scale_swa, None,
+              yarn_ramp(c, c.rope_freq_base_swa) if c.yarn_swa else None, c.rope_mscale if c.yarn_swa else 1.0))
     for layer, b in zip(model.layers, model.blk):
         for blk in layer.blocks:        # the layer program (quantkit.model.layer)
             h = _rmsnorm(x, getattr(b, blk.norm), c.rms_eps) if blk.norm else x
