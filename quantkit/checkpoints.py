@@ -34,6 +34,12 @@ What each checkpoint exercises:
   renamed as the reference's ``filter_tensors`` does) and a shared expert, Q/K/V biases, Q/K norms, half
   of each head rotated, no multi-token-prediction layer; its tokenizer.json gains GLM's chat tokens
   (``ADDED_TOKENS``), which the reference's ``_set_vocab_glm`` makes BOS / EOT / EOM.
+* ``smollm3``: SmolLM3ForCausalLM, BF16: llama's tensors (Q/K rows permuted), its NoPE keys (which the
+  converter does not write: llama.cpp fixes the interval at 4).
+* ``olmo2``: Olmo2ForCausalLM, BF16: no input norms, Q/K norms over the whole projections, post-attention
+  and post-FFN norms, an untied ``lm_head``.
+* ``gemma2``: Gemma2ForCausalLM, BF16, with ``gemma3sp``'s SentencePiece tokenizer.model: norms + 1,
+  pre/post FFN norms, the soft-capping and sliding-window keys, no RoPE base key.
 """
 
 from __future__ import annotations
@@ -99,6 +105,19 @@ SPECS = {
                  "partial_rotary_factor": 0.5, "num_nextn_predict_layers": 0, "rms_norm_eps": 1e-5,
                  "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
                 "BF16", 1, None),
+    "smollm3": ({**_BASE, "architectures": ["SmolLM3ForCausalLM"], "model_type": "smollm3", "rope_theta": 2000000.0,
+                 "no_rope_layer_interval": 4, "no_rope_layers": [1, 1], "use_sliding_window": False,
+                 "tie_word_embeddings": True, "torch_dtype": "bfloat16", "attention_bias": False, "mlp_bias": False},
+                "BF16", 1, None),
+    "olmo2": ({**_BASE, "architectures": ["Olmo2ForCausalLM"], "model_type": "olmo2", "rope_theta": 500000.0,
+               "tie_word_embeddings": False, "torch_dtype": "bfloat16", "attention_bias": False},
+              "BF16", 1, None),
+    "gemma2": ({**_BASE, "architectures": ["Gemma2ForCausalLM"], "model_type": "gemma2", "head_dim": 32,
+                "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 32, "sliding_window": 16,
+                "attn_logit_softcapping": 50.0, "final_logit_softcapping": 30.0, "tie_word_embeddings": True,
+                "torch_dtype": "bfloat16", "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1,
+                "pad_token_id": 0},
+               "BF16", 1, None),
 }
 
 #: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
@@ -107,7 +126,7 @@ ADDED_TOKENS = {"glm4moe": ("[gMASK]", "<|user|>", "<|observation|>")}
 
 
 #: checkpoints with Gemma 3's SentencePiece tokenizer.model (from the Gemma 3 270M test model) instead of Qwen3's
-SENTENCEPIECE = ("gemma3sp",)
+SENTENCEPIECE = ("gemma3sp", "gemma2")
 
 
 def tokenizer_dir() -> Path | None:
@@ -126,14 +145,20 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     e, ff, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = cfg.get("head_dim") or e // cfg["num_attention_heads"]
     nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
-    bias = cfg["model_type"] == "qwen2" or cfg.get("attention_bias", False)
-    gemma = cfg["model_type"] == "gemma3_text"
+    mt = cfg["model_type"]
+    bias = mt == "qwen2" or cfg.get("attention_bias", False)
+    olmo2 = mt == "olmo2"     # no input norm; Q/K norms over the whole projection
     out = [("model.embed_tokens.weight", (v, e))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        if gemma:
+        if mt in ("gemma3_text", "gemma2"):
             out += [(p + "pre_feedforward_layernorm.weight", (e,)), (p + "post_feedforward_layernorm.weight", (e,))]
-        out += [(p + "input_layernorm.weight", (e,)), (p + "post_attention_layernorm.weight", (e,)),
+        if olmo2:
+            out += [(p + "post_feedforward_layernorm.weight", (e,)), (p + "self_attn.q_norm.weight", (nq,)),
+                    (p + "self_attn.k_norm.weight", (nkv,))]
+        else:
+            out.append((p + "input_layernorm.weight", (e,)))
+        out += [(p + "post_attention_layernorm.weight", (e,)),
                 (p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
                 (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
         if bias:

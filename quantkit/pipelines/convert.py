@@ -59,6 +59,11 @@ CONFIG_DEFAULTS = {
                      num_experts_per_tok=8, moe_intermediate_size=1408, n_shared_experts=1, n_routed_experts=128,
                      routed_scaling_factor=1.0, first_k_dense_replace=1, norm_topk_prob=True,
                      num_nextn_predict_layers=1, partial_rotary_factor=0.5, n_group=1, topk_group=1),
+    "smollm3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=2000000.0, head_dim=None),
+    "olmo2": dict(max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0, head_dim=None),
+    "gemma2": dict(max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=256,
+                   sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
+                   num_attention_heads=8, num_key_value_heads=4),
 }
 
 
@@ -88,6 +93,8 @@ class Arch:
     #: (type, added token) the vocabulary's special tokens are set to where the tokenizer did not set them
     #: (TextModel._set_vocab_glm)
     special_tokens: tuple[tuple[str, str], ...] = ()
+    gemma2: bool = False              # Gemma2Model: norms + 1, its own parameter keys (no TextModel ones), a
+                                      # SentencePiece tokenizer.model without a space prefix
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -108,6 +115,12 @@ ARCHS = {
                                                "model.layers.{bid}.mlp.experts.{wid}.weight"),
                                special_tokens=(("bos", "[gMASK]"), ("eot", "<|user|>"), ("unk", "<|endoftext|>"),
                                                ("eom", "<|observation|>"))),
+    # conversion/llama.py SmolLM3Model: LlamaModel with its own architecture name
+    "SmolLM3ForCausalLM": Arch(gguf.MODEL_ARCH.SMOLLM3, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True),
+    # conversion/olmo.py Olmo2Model: TextModel's keys (+ OLMo 3's sliding window) and GPT-2 style vocabulary
+    "Olmo2ForCausalLM": Arch(gguf.MODEL_ARCH.OLMO2, sentencepiece_first=False),
+    # conversion/gemma.py Gemma2Model
+    "Gemma2ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA2, gemma2=True),
 }
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
@@ -201,6 +214,9 @@ def _n_blocks(hp: dict, arch: Arch) -> int:
 
 def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: Path) -> None:
     """``TextModel.set_gguf_parameters`` and the architecture's additions, in the reference's order."""
+    if arch.gemma2:
+        _add_gemma2_parameters(w, hp, ftype)
+        return
     w.add_block_count(_n_blocks(hp, arch))
     if (v := _find(hp, "max_position_embeddings", "n_ctx", "n_positions", "max_length",
                    "max_sequence_length", "model_max_length")) is not None:
@@ -293,6 +309,36 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_expert_weights_norm(v)
         if (v := hp.get("num_nextn_predict_layers")) is not None:
             w.add_nextn_predict_layers(v)
+    if arch.gguf_arch == gguf.MODEL_ARCH.OLMO2 and "sliding_window" in hp:
+        _add_olmo3_window(w, hp)
+
+
+def _add_olmo3_window(w: gguf.GGUFWriter, hp: dict) -> None:
+    """``Olmo2Model.set_gguf_parameters``: OLMo 3's sliding window and its per-layer pattern (from
+    ``layer_types``, else every fourth layer global)."""
+    w.add_sliding_window(hp["sliding_window"])
+    if "layer_types" in hp:
+        pattern = [t == "sliding_attention" for t in hp["layer_types"]]
+    else:
+        pattern = [(i + 1) % 4 != 0 for i in range(hp["num_hidden_layers"])]
+    w.add_sliding_window_pattern(pattern)
+
+
+def _add_gemma2_parameters(w: gguf.GGUFWriter, hp: dict, ftype: FT) -> None:
+    """``Gemma2Model.set_gguf_parameters`` (it does not call TextModel's: no RoPE base is written)."""
+    w.add_context_length(hp["max_position_embeddings"])
+    w.add_embedding_length(hp["hidden_size"])
+    w.add_block_count(hp["num_hidden_layers"])
+    w.add_feed_forward_length(hp["intermediate_size"])
+    w.add_head_count(hp["num_attention_heads"])
+    w.add_head_count_kv(hp.get("num_key_value_heads", hp["num_attention_heads"]))
+    w.add_layer_norm_rms_eps(hp["rms_norm_eps"])
+    w.add_key_length(hp["head_dim"])
+    w.add_value_length(hp["head_dim"])
+    w.add_file_type(ftype)
+    w.add_attn_logit_softcapping(hp["attn_logit_softcapping"])
+    w.add_final_logit_softcapping(hp["final_logit_softcapping"])
+    w.add_sliding_window(hp["sliding_window"])
 
 
 # -- tensors -------------------------------------------------------------------------------------------
@@ -411,11 +457,11 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
                 raise FormatError(f"{t.file}: tensor {name!r} has {t.shape[0]} rows, not a multiple of 2 x {heads} "
                                   f"heads (config.json)")
         shape, src = t.shape, Source([name], permute)
-        if arch.gemma3:
-            if "embed_tokens.weight" in name:     # Gemma3Model.modify_tensors: rows past the real vocabulary go
-                shape = (min(shape[0], vocab_rows(ck, hp)), *shape[1:])
-            if name.endswith("norm.weight"):       # Gemma3RMSNorm scales by 1 + weight
-                src.shift = 1.0
+        if arch.gemma3 and "embed_tokens.weight" in name:
+            # Gemma3Model.modify_tensors: rows past the real vocabulary go
+            shape = (min(shape[0], vocab_rows(ck, hp)), *shape[1:])
+        if (arch.gemma3 or arch.gemma2) and name.endswith("norm.weight"):   # Gemma's RMSNorm scales by 1 + weight
+            src.shift = 1.0
         add(name, shape, src, t.dtype, bid)
     leftover = [n for names in groups.values() for n in names if len(names) < n_expert * 3]
     if leftover:
@@ -595,7 +641,7 @@ def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
             w.add_add_space_prefix(v)
     if plan.arch.sentencepiece_first and (ck.folder / "tokenizer.model").is_file():
         add_vocab_sentencepiece(w, ck.folder, hp.get("vocab_size"))
-        if plan.arch.gemma3:
+        if plan.arch.gemma3 or plan.arch.gemma2:
             w.add_add_space_prefix(False)
     else:
         add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"), plan.arch.special_tokens)
