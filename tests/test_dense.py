@@ -118,3 +118,62 @@ def test_config_defaults():
     olmo["general.architecture"] = "olmo2"
     c = LlamaConfig.from_metadata(olmo, 10)
     assert c.n_swa == 0 and not any(c.swa_layers) and c.attn_softcap == 0.0
+
+
+# -- the commands that run a model -------------------------------------------------------------------
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cli_run(tmp_path, arch):
+    """``quantkit run`` prints the Runner's greedy tokens."""
+    from conftest import run_cli
+    from quantkit.model.tokenizer import Tokenizer
+
+    path = write_model(tmp_path / "m.gguf", arch, "Q")
+    r = run_cli(["run", "-m", path, "-p", "the", "-n", "12", "--temp", "0"], cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    with Llama(path) as m:
+        tok = Tokenizer.from_metadata(m.metadata)
+        runner = Runner(m, 128)
+        logits = runner.forward(tok.encode("the"))[-1]
+        out = []
+        for _ in range(12):
+            out.append(int(np.argmax(logits)))
+            logits = runner.forward(out[-1:])[-1]
+    assert tok.decode(out) in r.output
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_cli_imatrix_perplexity_bench(tmp_path, arch):
+    """imatrix (every matrix of every layer collected), perplexity and bench finish on each family."""
+    import shutil
+    from pathlib import Path
+
+    from conftest import run_cli
+    from quantkit.formats.imatrix import load_imatrix
+
+    path = write_model(tmp_path / "m.gguf", arch, "F16")
+    shutil.copy(Path(__file__).parent / "data" / "imatrix" / "calibration-sample.txt", tmp_path / "t.txt")
+    r = run_cli(["imatrix", "-m", path, "-f", "t.txt", "-c", 64, "--chunks", 2, "-o", "im.gguf"], cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    names = {f"blk.{i}.{n}.weight" for i in range(4)
+             for n in ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")}
+    assert set(load_imatrix(tmp_path / "im.gguf").entries) == names
+    r = run_cli(["perplexity", "-m", path, "-f", "t.txt", "-c", 64, "--chunks", 2], cwd=tmp_path)
+    assert r.exit_code == 0 and "Final estimate: PPL" in r.output, r.output
+    r = run_cli(["bench", "-m", path, "-p", 16, "-n", 4, "-r", 1, "-o", "csv"], cwd=tmp_path)
+    assert r.exit_code == 0 and r.output.count("\n") >= 3, r.output
+
+
+def test_cli_sweep(tmp_path):
+    """A sweep of the Gemma 2 file (Q8_0 and Q4_K_M): both points measured against the source."""
+    import csv
+    import io
+
+    from conftest import run_cli
+
+    path = write_model(tmp_path / "gemma2.gguf", "gemma2", "F16")
+    r = run_cli(["sweep", "-m", path, "--types", "Q8_0,Q4_K_M", "-c", 64, "--chunks", 2, "--format", "csv",
+                 "-o", tmp_path / "sweep"])
+    assert r.exit_code == 0, r.output
+    rows = {row["label"]: row for row in csv.DictReader(io.StringIO(r.stdout))}
+    assert set(rows) == {"Q8_0", "Q4_K_M"} and float(rows["Q8_0"]["bpw"]) > float(rows["Q4_K_M"]["bpw"])
