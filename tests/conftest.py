@@ -54,6 +54,26 @@ def run_cli(args, cwd=None):
         os.chdir(old)
 
 
+def greedy_text(path, prompt: str, n: int) -> str:
+    """The text of ``n`` greedy tokens after ``prompt`` from a Runner on the model at ``path``: what
+    ``quantkit run --temp 0`` must print."""
+    import numpy as np
+
+    from quantkit.model.forward import Runner
+    from quantkit.model.llama import Llama
+    from quantkit.model.tokenizer import Tokenizer
+
+    with Llama(path) as m:
+        tok = Tokenizer.from_metadata(m.metadata)
+        runner = Runner(m, 128)
+        logits = runner.forward(tok.encode(prompt))[-1]
+        out = []
+        for _ in range(n):
+            out.append(int(np.argmax(logits)))
+            logits = runner.forward(out[-1:])[-1]
+    return tok.decode(out)
+
+
 @pytest.fixture(scope="session")
 def smollm2_f16(tmp_path_factory) -> Path:
     """The bundled SmolLM2 (Q4_1) converted to F16 by `quantkit quantize`, once per test session.

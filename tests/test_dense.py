@@ -125,21 +125,12 @@ def test_config_defaults():
 @pytest.mark.parametrize("arch", ARCHS)
 def test_cli_run(tmp_path, arch):
     """``quantkit run`` prints the Runner's greedy tokens."""
-    from conftest import run_cli
-    from quantkit.model.tokenizer import Tokenizer
+    from conftest import greedy_text, run_cli
 
     path = write_model(tmp_path / "m.gguf", arch, "Q")
     r = run_cli(["run", "-m", path, "-p", "the", "-n", "12", "--temp", "0"], cwd=tmp_path)
     assert r.exit_code == 0, r.output
-    with Llama(path) as m:
-        tok = Tokenizer.from_metadata(m.metadata)
-        runner = Runner(m, 128)
-        logits = runner.forward(tok.encode("the"))[-1]
-        out = []
-        for _ in range(12):
-            out.append(int(np.argmax(logits)))
-            logits = runner.forward(out[-1:])[-1]
-    assert tok.decode(out) in r.output
+    assert greedy_text(path, "the", 12) in r.output
 
 
 @pytest.mark.parametrize("arch", ARCHS)

@@ -501,22 +501,12 @@ def test_missing_expert_tensor(tmp_path, arch, name):
 @pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss"])
 def test_cli_run(tmp_path, arch):
     """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner."""
-    from conftest import run_cli
+    from conftest import greedy_text, run_cli
 
     path = write_model(tmp_path / "moe.gguf", arch, "Q")
     r = run_cli(["run", "-m", path, "-p", "the", "-n", "12", "--temp", "0"], cwd=tmp_path)
     assert r.exit_code == 0, r.output
-    with Llama(path) as m:
-        from quantkit.model.tokenizer import Tokenizer
-
-        tok = Tokenizer.from_metadata(m.metadata)
-        runner = Runner(m, 128)
-        logits = runner.forward(tok.encode("the"))[-1]
-        out = []
-        for _ in range(12):
-            out.append(int(np.argmax(logits)))
-            logits = runner.forward(out[-1:])[-1]
-    assert tok.decode(out) in r.output
+    assert greedy_text(path, "the", 12) in r.output
 
 
 # -- imatrix: per-expert accumulation as llama-imatrix ----------------------------------------------
