@@ -43,7 +43,8 @@ SPECS = {
                    sliding_window=8, softcap=30.0),
     # SmolLM3: llama's layer (NORM RoPE), layer 3 without RoPE (every fourth)
     "smollm3": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=None, n_vocab=512,
-                    rope_base=2000000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False, tied=True),
+                    rope_base=2000000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False, tied=True,
+                    qk_std=1.0),
     # OLMo 2: no input norms, Q/K norms over the whole projections, post-norms; with a sliding window (as
     # OLMo 3's files) on layers 0-2 (load_swa_pattern(4)), rotated with the model's base
     "olmo2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=None, n_vocab=512,
@@ -53,7 +54,7 @@ SPECS = {
     # soft-capped at 5 (so the cap bites) and the final ones at 30
     "gemma2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=128, n_vocab=512,
                    rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=True, tied=True,
-                   sliding_window=8, softcap=30.0, attn_softcap=5.0, embd_std=0.25),
+                   sliding_window=8, softcap=30.0, attn_softcap=5.0, embd_std=0.25, post_norm=(14.0, 18.0)),
 }
 #: mixture-of-experts models: the dense keys above plus n_expert, n_used, n_ff_exp (the experts' width)
 MOE_SPECS = {
@@ -241,8 +242,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         p = f"blk.{i}."
         if s.get("pre_norms", True):
             vec(p + "attn_norm.weight", E, 0.8, 1.2)
-        mat(p + "attn_q.weight", "attn_q", E, H * hd, 2.0 / np.sqrt(E))
-        mat(p + "attn_k.weight", "attn_k", E, HKV * hd, 2.0 / np.sqrt(E))
+        mat(p + "attn_q.weight", "attn_q", E, H * hd, s.get("qk_std", 2.0) / np.sqrt(E))
+        mat(p + "attn_k.weight", "attn_k", E, HKV * hd, s.get("qk_std", 2.0) / np.sqrt(E))
         mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
         if s["bias"]:
             vec(p + "attn_q.bias", H * hd, -0.5, 0.5)
@@ -256,7 +257,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "attn_output.bias", E, -0.2, 0.2)
             vec(p + "attn_sinks.weight", H, 0.0, 3.0)
         if s["post_norms"]:
-            vec(p + "post_attention_norm.weight", E, 1.5, 2.5)
+            vec(p + "post_attention_norm.weight", E, *s.get("post_norm", (1.5, 2.5)))
         if s.get("pre_norms", True):
             vec(p + s.get("ffn_norm", "post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
         if n_exp and i >= s.get("lead_dense", 0):
@@ -286,7 +287,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             mat(p + "ffn_up.weight", "ffn_up", E, F, 1.0 / np.sqrt(E))
             mat(p + "ffn_down.weight", "ffn_down", F, E, RESID / np.sqrt(F))
         if s["post_norms"]:
-            vec(p + "post_ffw_norm.weight", E, 1.5, 2.5)
+            vec(p + "post_ffw_norm.weight", E, *s.get("post_norm", (1.5, 2.5)))
         if i >= s["n_layer"]:   # a multi-token-prediction block's own tensors (llama.cpp's nextn.*)
             mat(p + "nextn.eh_proj.weight", "nextn", 2 * E, E, 1.0 / np.sqrt(2 * E))
             vec(p + "nextn.enorm.weight", E, 0.8, 1.2)
