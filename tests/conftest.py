@@ -54,6 +54,26 @@ def run_cli(args, cwd=None):
         os.chdir(old)
 
 
+def compare_imatrix(ours, ref) -> None:
+    """quantkit's imatrix file ``ours`` against llama-imatrix's ``ref``: the same entries, chunk count and
+    size, per entry the same counts and shape, the sums within 1e-3 on average (5e-2 at most) relative."""
+    import numpy as np
+
+    from quantkit.formats.imatrix import load_imatrix
+
+    o, r = load_imatrix(ours), load_imatrix(ref)
+    assert sorted(o.entries) == sorted(r.entries)
+    assert (o.chunk_count, o.chunk_size) == (r.chunk_count, r.chunk_size)
+    rel = []
+    for name, e in r.entries.items():
+        mine = o.entries[name]
+        np.testing.assert_array_equal(mine.counts, e.counts, err_msg=name)
+        assert mine.sums.shape == e.sums.shape, name
+        rel.append((np.abs(mine.sums - e.sums) / np.maximum(np.abs(e.sums), 1e-30)).ravel())
+    rel = np.concatenate(rel)
+    assert rel.mean() < 1e-3 and rel.max() < 5e-2, (rel.mean(), rel.max())
+
+
 def greedy_text(path, prompt: str, n: int) -> str:
     """The text of ``n`` greedy tokens after ``prompt`` from a Runner on the model at ``path``: what
     ``quantkit run --temp 0`` must print."""
