@@ -16,7 +16,6 @@ check it), the commands, the quantized outputs' sha256 and llama.cpp's version.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import shutil
 import subprocess
@@ -35,16 +34,7 @@ FTYPES = ("Q4_K_M",)
 sys.path.insert(0, str(ROOT / "tests"))
 import archmodels  # noqa: E402
 import llamaref  # noqa: E402  (tools/, this script's folder)
-
-
-def run(cmd: list[str], cwd: Path) -> None:
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True)
-    if r.returncode != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed ({r.returncode}):\n{r.stderr[-3000:]}")
-
-
-def sha(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
+from llamaref import run, sha256 as sha  # noqa: E402
 
 
 def main() -> None:
