@@ -14,16 +14,19 @@ A layer, in the order every path runs it (the optional steps are this table's fl
 
     x = token_embd[tok]                      (* sqrtf(n_embd)             if embd_scale)
     per layer (its program: quantkit.model.layer; a MoE file's leading dense layers are dense):
-      h = rmsnorm(x) * attn_norm
+      h = rmsnorm(x) * attn_norm             (h = x                       unless pre_norms)
       q, k, v = h @ attn_q/k/v               (+ attn_q/k/v.bias           when the file has them)
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
+                                             (over the whole projection   if qk_norm_full)
       q, k = rope(q, k)                      (NORM or NEOX pairs, YaRN when the file says; SWA layers use
-                                              the SWA base)
-      o = softmax(scale * q k^T + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
+                                              the SWA base; none on every nope_step-th layer)
+      s = scale * q k^T                      (cap * tanh(s / cap)          if attn_softcap)
+      o = softmax(s + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
                                              (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
       o = rmsnorm(o) * post_attention_norm                                 if post_norms
       x = x + o
-      h = rmsnorm(x) * ffn_norm              (gpt-oss: post_attention_norm, its Arch.ffn_norm)
+      h = rmsnorm(x) * ffn_norm              (gpt-oss: post_attention_norm, its Arch.ffn_norm; h = x unless
+                                              pre_norms)
       f = (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down   act = SiLU or GELU (tanh form)     dense FFN
         or, a mixture of experts (moe; llama.cpp's build_moe_ffn):
       (E, w) = route(h @ ffn_gate_inp)       quantkit.model.route: gating (softmax; sigmoid; gpt-oss's
