@@ -1,0 +1,69 @@
+"""Tiny SmolLM3 / OLMo 2 / Gemma 2 checkpoints made by transformers' own model classes, with weights drawn
+for peaked logits: the issue's agreement check (tools/arch_agreement.sh on what convert_hf_to_gguf.py
+makes of them, and ``quantkit convert`` against that file).
+
+Two steps, because the model classes need torch (never a quantkit dependency) and the tokenizer files
+come from quantkit's test packages:
+
+    .venv/bin/python -m quantkit.checkpoints NAME DIR                     # config.json, tokenizer files
+    $CONVERT_PY tools/make_hf_dense.py DIR [N_LAYER]                      # the model, save_pretrained
+    $CONVERT_PY $QUANTKIT_LLAMA_CPP/convert_hf_to_gguf.py DIR --outfile DIR.gguf --outtype f16
+    tools/arch_agreement.sh DIR.gguf OUTDIR
+
+(NAME: smollm3, olmo2 or gemma2; $CONVERT_PY a venv with torch and transformers, docs/DEVELOPING.md.) This
+script reads DIR/config.json, sets ``num_hidden_layers`` to N_LAYER (default 4: SmolLM3's fourth layer is
+its first without RoPE), builds the model with ``AutoModelForCausalLM.from_config`` (so the tensor names
+and config keys are the library's), re-draws every weight with a fixed seed and writes it with
+``save_pretrained`` in float16. The weights: matrices normal with std 2 / sqrt(fan_in) for Q, K and the
+FFN gate, 1 / sqrt(fan_in) for V and up, 3 / sqrt(fan_in) for the attention output and the FFN down
+(each layer moves the residual), the embeddings (and an untied lm_head) std 0.5 (Gemma 2: 0.25, its
+embeddings are scaled by sqrt(hidden)); norms around 1 (Gemma's stored as weight - 1; its post-norms
+around 3, so its tied output is not dominated by the input token's own embedding).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+SEED = 5
+#: matrix std times sqrt(fan_in), by the projection's name
+GAIN = {"q_proj": 2.0, "k_proj": 2.0, "gate_proj": 2.0, "v_proj": 1.0, "up_proj": 1.0, "o_proj": 3.0,
+        "down_proj": 3.0}
+
+
+def main() -> None:
+    folder = Path(sys.argv[1])
+    n_layer = int(sys.argv[2]) if len(sys.argv) > 2 else 4
+    cfg_json = json.loads((folder / "config.json").read_text())
+    cfg_json["num_hidden_layers"] = n_layer
+    cfg_json.pop("no_rope_layers", None)      # SmolLM3Config derives it from no_rope_layer_interval
+    cfg_json["torch_dtype"] = "float16"
+    (folder / "config.json").write_text(json.dumps(cfg_json, indent=2))
+    config = AutoConfig.from_pretrained(folder)
+    model = AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    gemma = config.model_type == "gemma2"
+    g = torch.Generator().manual_seed(SEED)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.ndim == 1:       # norms: Gemma stores weight - 1
+                lo, hi = (2.0, 4.0) if gemma and "post_" in name else (0.8, 1.2)
+                p.copy_(torch.empty(p.shape).uniform_(lo, hi, generator=g) - (1.0 if gemma else 0.0))
+            elif "embed_tokens" in name or "lm_head" in name:
+                p.copy_(torch.randn(p.shape, generator=g) * (0.25 if gemma else 0.5))
+            else:
+                gain = next(v for k, v in GAIN.items() if k in name)
+                p.copy_(torch.randn(p.shape, generator=g) * (gain / p.shape[1] ** 0.5))
+    for f in folder.glob("model*.safetensors*"):
+        f.unlink()
+    model.to(torch.float16).save_pretrained(folder, safe_serialization=True)
+    print(f"{folder}: {type(model).__name__}, {n_layer} layers, "
+          f"{sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
