@@ -156,18 +156,22 @@ def test_cli_imatrix_perplexity_bench(tmp_path, arch):
 
 
 def test_cli_sweep(tmp_path):
-    """A sweep of the Gemma 2 file (Q8_0 and Q4_K_M): both points measured against the source."""
+    """A sweep of the Gemma 2 file (Q8_0, Q4_K_M and --target-bpw 5 with llama-imatrix's matrix): every
+    point measured against the source, the target met."""
     import csv
     import io
+    from pathlib import Path
 
     from conftest import run_cli
 
     path = write_model(tmp_path / "gemma2.gguf", "gemma2", "F16")
-    r = run_cli(["sweep", "-m", path, "--types", "Q8_0,Q4_K_M", "-c", 64, "--chunks", 2, "--format", "csv",
-                 "-o", tmp_path / "sweep"])
+    im = Path(__file__).parent / "data" / "imatrix" / "gemma2-F16.c64x4.gguf"
+    r = run_cli(["sweep", "-m", path, "--imatrix", im, "--types", "Q8_0,Q4_K_M", "--target-bpw", "5.0", "-c", 64,
+                 "--chunks", 2, "--format", "csv", "-o", tmp_path / "sweep"])
     assert r.exit_code == 0, r.output
     rows = {row["label"]: row for row in csv.DictReader(io.StringIO(r.stdout))}
-    assert set(rows) == {"Q8_0", "Q4_K_M"} and float(rows["Q8_0"]["bpw"]) > float(rows["Q4_K_M"]["bpw"])
+    assert set(rows) == {"Q8_0", "Q4_K_M", "bpw5"} and float(rows["Q8_0"]["bpw"]) > float(rows["Q4_K_M"]["bpw"])
+    assert float(rows["bpw5"]["bpw"]) <= 5.0
 
 
 # -- against llama-imatrix and llama-quantize (tools/make_dense_golden.py) ---------------------------
