@@ -4,6 +4,7 @@
 
 LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py). Development only: the test
 suite never runs llama.cpp. For each MoE model of tests/archmodels.py (``MOE_SPECS``: qwen3moe, mixtral, qwen2moe, gpt-oss),
+or each NAME given (also a dense one of ``SPECS``: smollm3, olmo2, gemma2),
 variant F16, written by the function the tests call, in a scratch directory that also holds
 tests/data/imatrix/calibration-sample.txt:
 
