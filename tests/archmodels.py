@@ -19,6 +19,7 @@ layout), ``qwen2moe`` (8 experts, 4 used, Q/K/V biases, a shared expert of anoth
 sigmoid gate) and ``gpt-oss`` (attention sinks, the attention output's bias, alternating sliding-window
 layers, YaRN RoPE, the router's and the experts' biases, the clamped SwiGLU; MXFP4 experts in "Q"). The router ``ffn_gate_inp`` stays F32 in every variant, as llama-quantize leaves it.
 ``router="zero"``: an all-zero router, so every expert ties and every token goes to experts 0..k-1.
+``MLA_SPECS``: ``deepseek2`` files (multi-head latent attention with DeepSeek's routing and shared experts).
 """
 
 from __future__ import annotations
@@ -72,6 +73,31 @@ PROGRAM_SPECS = {
                                      "expert_weights_norm": True, "expert_weights_scale": 2.5,
                                      "expert_group_count": 4, "expert_group_used_count": 2}),
 }
+#: multi-head latent attention (``deepseek2``, llama.cpp's converter's form: attn_k_b / attn_v_b split, the
+#: cache's key_length / value_length kv_lora_rank + n_rot / kv_lora_rank, head_count_kv 1): ``mla`` gives
+#: q_lora_rank (0: attn_q, as V2-Lite), kv_lora_rank, a head's nope and rope dims and its value dims.
+#: ``deepseek2`` is DeepSeek V3 in small -- q through its low rank, a leading dense layer, sigmoid gating
+#: with a score bias, 4 groups of 2 experts of which 2 are eligible, normalized weights times 2.5, one
+#: shared expert, YaRN with mscale_all_dim 1, router logits of std ~2 (sigmoid scores saturate beyond: the
+#: choice would then be the score bias's and near ties); ``deepseek2-lite`` is V2-Lite's kind -- q straight from
+#: attn_q (q_lora_rank 0: llama.cpp reads the key unless the layer count is V2-Lite's), softmax gating,
+#: weights not normalized, two shared experts, value heads wider than the nope part, mscale_all_dim 0.707
+MLA_SPECS = {
+    "deepseek2": dict(arch="deepseek2", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=1, head_dim=None,
+                      n_vocab=512, rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False,
+                      tied=False, n_expert=8, n_used=2, n_ff_exp=64, lead_dense=1, score_bias=True, shexp_count=1,
+                      router_scale=2.0, mla=dict(q_lora=96, kv_lora=64, nope=32, rope=16, v=32), yarn=(4.0, 32), yarn_log_mul=0.1,
+                      moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2, "expert_shared_count": 1,
+                                "expert_weights_norm": True, "expert_weights_scale": 2.5,
+                                "expert_group_count": 4, "expert_group_used_count": 2}),
+    "deepseek2-lite": dict(arch="deepseek2", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=1, head_dim=None,
+                           n_vocab=512, rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False,
+                           tied=False, n_expert=8, n_used=3, n_ff_exp=64, lead_dense=1, shexp_count=2,
+                           mla=dict(q_lora=0, kv_lora=64, nope=32, rope=16, v=48), yarn=(4.0, 32),
+                           yarn_log_mul=0.0707,
+                           moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 1, "expert_shared_count": 2,
+                                     "expert_weights_scale": 1.0}),
+}
 N_CTX = 128
 #: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
 #: dominated by the input token's own embedding (it would be every position's top token)
@@ -81,7 +107,8 @@ VARIANTS = {
     "Q": {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q8_0, "attn_v": T.Q5_0, "attn_output": T.Q4_1,
           "ffn_gate": T.Q4_0, "ffn_up": T.Q5_0, "ffn_down": T.Q8_0, "output": T.Q8_0,
           "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q5_0, "ffn_down_exps": T.Q8_0,
-          "ffn_gate_shexp": T.Q4_1, "ffn_up_shexp": T.Q8_0, "ffn_down_shexp": T.Q5_0},
+          "ffn_gate_shexp": T.Q4_1, "ffn_up_shexp": T.Q8_0, "ffn_down_shexp": T.Q5_0,
+          "attn_q_a": T.Q8_0, "attn_q_b": T.Q4_0, "attn_kv_a_mqa": T.Q5_0, "attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1},
 }
 
 
@@ -120,7 +147,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     """Write the tiny ``arch`` model (a key of SPECS or MOE_SPECS); ``drop``: leave that tensor out (a
     broken file for the refusals); MoE only: ``n_used`` experts per token instead of the spec's, and
     ``router`` "random" or "zero"."""
-    s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS}[arch]
+    s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS, **MLA_SPECS}[arch]
     arch = s.get("arch", arch)
     n_exp = s.get("n_expert", 0)
     rng = np.random.default_rng(seed)
@@ -135,7 +162,16 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_uint32(f"{arch}.feed_forward_length", F)
     w.add_uint32(f"{arch}.attention.head_count", H)
     w.add_uint32(f"{arch}.attention.head_count_kv", HKV)
-    if s["head_dim"]:
+    mla = s.get("mla")
+    if mla:     # convert_hf_to_gguf.py's DeepseekV2Model: the cache's dims, then a head's
+        w.add_uint32(f"{arch}.attention.q_lora_rank", mla["q_lora"])
+        w.add_uint32(f"{arch}.attention.kv_lora_rank", mla["kv_lora"])
+        w.add_uint32(f"{arch}.attention.key_length", mla["kv_lora"] + mla["rope"])
+        w.add_uint32(f"{arch}.attention.value_length", mla["kv_lora"])
+        w.add_uint32(f"{arch}.attention.key_length_mla", mla["nope"] + mla["rope"])
+        w.add_uint32(f"{arch}.attention.value_length_mla", mla["v"])
+        w.add_uint32(f"{arch}.rope.dimension_count", mla["rope"])
+    elif s["head_dim"]:
         w.add_uint32(f"{arch}.attention.key_length", hd)
         w.add_uint32(f"{arch}.attention.value_length", hd)
     w.add_float32(f"{arch}.rope.freq_base", s["rope_base"])
@@ -146,6 +182,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         w.add_string(f"{arch}.rope.scaling.type", "yarn")
         w.add_float32(f"{arch}.rope.scaling.factor", s["yarn"][0])
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", s["yarn"][1])
+        if "yarn_log_mul" in s:   # deepseek2: 0.1 * mscale_all_dim (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
+            w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", s["yarn_log_mul"])
     if "softcap" in s:
         w.add_float32(f"{arch}.final_logit_softcapping", s["softcap"])
     if n_exp:
@@ -192,9 +230,23 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     for i in range(s["n_layer"]):
         p = f"blk.{i}."
         vec(p + "attn_norm.weight", E, 0.8, 1.2)
-        mat(p + "attn_q.weight", "attn_q", E, H * hd, 2.0 / np.sqrt(E))
-        mat(p + "attn_k.weight", "attn_k", E, HKV * hd, 2.0 / np.sqrt(E))
-        mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
+        if mla:     # q (through its low rank), the latent and its norm, then per head attn_k_b / attn_v_b
+            LQ, LKV, HK = mla["q_lora"], mla["kv_lora"], mla["nope"] + mla["rope"]
+            if LQ:
+                mat(p + "attn_q_a.weight", "attn_q_a", E, LQ, 1.0 / np.sqrt(E))
+                vec(p + "attn_q_a_norm.weight", LQ, 0.8, 1.2)
+                mat(p + "attn_q_b.weight", "attn_q_b", LQ, H * HK, 2.0 / np.sqrt(LQ))
+            else:
+                mat(p + "attn_q.weight", "attn_q", E, H * HK, 2.0 / np.sqrt(E))
+            mat(p + "attn_kv_a_mqa.weight", "attn_kv_a_mqa", E, LKV + mla["rope"], 2.0 / np.sqrt(E))
+            vec(p + "attn_kv_a_norm.weight", LKV, 0.8, 1.2)
+            mat(p + "attn_k_b.weight", "attn_k_b", mla["nope"], LKV, 2.0 / np.sqrt(LKV), H)
+            mat(p + "attn_v_b.weight", "attn_v_b", LKV, mla["v"], 1.0 / np.sqrt(LKV), H)
+            mat(p + "attn_output.weight", "attn_output", H * mla["v"], E, RESID / np.sqrt(H * mla["v"]))
+        else:
+            mat(p + "attn_q.weight", "attn_q", E, H * hd, 2.0 / np.sqrt(E))
+            mat(p + "attn_k.weight", "attn_k", E, HKV * hd, 2.0 / np.sqrt(E))
+            mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
         if s["bias"]:
             vec(p + "attn_q.bias", H * hd, -0.5, 0.5)
             vec(p + "attn_k.bias", HKV * hd, -0.5, 0.5)
@@ -202,7 +254,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         if s["qk_norm"]:
             vec(p + "attn_q_norm.weight", hd, 0.5, 1.5)
             vec(p + "attn_k_norm.weight", hd, 0.5, 1.5)
-        mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
+        if not mla:
+            mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
         if oss:   # the attention output's bias and the sinks; the FFN's norm is "post_attention_norm"
             vec(p + "attn_output.bias", E, -0.2, 0.2)
             vec(p + "attn_sinks.weight", H, 0.0, 3.0)

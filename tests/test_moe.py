@@ -422,7 +422,6 @@ def test_zero_router_two_experts(tmp_path):
 
 @pytest.mark.parametrize("arch, needle", [
     ("olmoe", "'olmoe' (mixture of experts) is not supported: quantkit does not have the whole-Q/K RMSNorm"),
-    ("deepseek2", "'deepseek2' (mixture of experts) is not supported: quantkit does not have multi-head latent"),
     ("deepseek", "'deepseek' (mixture of experts) is not supported: quantkit does not have the shared experts"),
 ])
 def test_unsupported_moe_archs(arch, needle):

@@ -21,6 +21,9 @@ A layer, in the order every path runs it (the optional steps are this table's fl
                                               the SWA base)
       o = softmax(scale * q k^T + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
                                              (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
+        or, multi-head latent attention (mla; quantkit.model.layer.MLA): q from attn_q or attn_q_a ->
+        attn_q_a_norm -> attn_q_b, keys and values from one cached latent per position (attn_kv_a_mqa,
+        attn_kv_a_norm) through attn_k_b / attn_v_b, RoPE on a decoupled part of q and of the key
       o = rmsnorm(o) * post_attention_norm                                 if post_norms
       x = x + o
       h = rmsnorm(x) * ffn_norm              (gpt-oss: post_attention_norm, its Arch.ffn_norm)
@@ -79,6 +82,12 @@ class Arch:
                                   # expert_weights_scale, expert_weights_norm, expert_gating_func,
                                   # expert_group_count / expert_group_used_count, and blk.N.exp_probs_b
                                   # (the DeepSeek V3 family's build_moe_ffn arguments)
+    mla: bool = False             # multi-head latent attention (quantkit.model.layer.MLA): reads
+                                  # {arch}.attention.q_lora_rank / kv_lora_rank / key_length_mla /
+                                  # value_length_mla and blk.N.attn_q_a ... attn_v_b instead of attn_q/k/v;
+                                  # the softmax scale 1/sqrt(key_length_mla) times YaRN's mscale squared
+    yarn_log_mul: bool = False    # {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, which
+                                  # also stands for YaRN's mscale (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
 
 
 #: GLU activations: the index the compiled kernels switch on ("swiglu_oai": ggml_swiglu_oai with
@@ -107,6 +116,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          swa_pattern=2, output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False,
          moe_gating="softmax_weight", moe_biases=True, attn_sinks=True, attn_out_bias=True,
          ffn_norm="post_attention_norm", swa_rope_model=True, attn_scale="n_rot"),
+    # src/models/deepseek2.cpp (DeepSeek V2 / V2-Lite / V3, Kimi K2): MLA in its absorbed form (is_mla),
+    # NORM RoPE on the decoupled part, leading dense layers, build_moe_ffn with the file's gating, norm and
+    # scale, and ungated shared experts expert_shared_count experts wide
+    Arch("deepseek2", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True, shexp_gate=False,
+         shexp_count=True, moe_hparams=True, mla=True, yarn_log_mul=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)
@@ -114,7 +129,6 @@ SUPPORTED_ARCHS = tuple(ARCHS)
 #: mixture-of-experts architectures llama.cpp runs and quantkit does not yet: what each one lacks here
 UNSUPPORTED_MOE_ARCHS = {
     "deepseek": "the shared experts (ffn_*_shexp) and leading dense layers",
-    "deepseek2": "multi-head latent attention (MLA), grouped expert routing and the shared experts",
     "olmoe": "the whole-Q/K RMSNorm",
     "llama4": "the sigmoid gating before the experts and the shared expert",
 }

@@ -23,6 +23,8 @@ The ops:
 =============  ====================================================================================
 ``Attn``       Q/K/V products (+ biases) -> per-head Q/K RMSNorm -> RoPE -> causal (sliding-window)
                softmax attention over the cache (+ a sink logit per head) -> attn_output (+ bias)
+``MLA``        multi-head latent attention (DeepSeek V2 / V3): the cache holds one compressed latent
+               per position, shared by every head (the record's docstring)
 ``DenseFFN``   (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down (llama.cpp's build_ffn, LLM_FFN_PAR)
 ``MoeFFN``     build_moe_ffn: the router, ``Routing`` (quantkit.model.route), each chosen expert's GLU
                weighted and added in the order of selection; a shared expert after them
@@ -51,6 +53,49 @@ class Attn:
     rope_table: int     # 0: the model's RoPE base and scaling; 1: the sliding layers' base
     sinks: bool = False     # blk.N.attn_sinks: per head, one more logit in the softmax's denominator
     out_bias: bool = False  # blk.N.attn_output.bias, added after the output product
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention, as llama.cpp's deepseek2 graph runs it (``is_mla``: the absorbed form,
+    for a batch and for one token alike). For the normed input h of a position p::
+
+        q    = h @ attn_q                    or  rmsnorm(h @ attn_q_a) * attn_q_a_norm @ attn_q_b   (n_lora_q > 0)
+               per head: q_nope (n_nope), q_pe (n_rot) = rope(that part)
+        kv   = h @ attn_kv_a_mqa             (n_lora_kv + n_rot)
+        c    = rmsnorm(kv[:n_lora_kv]) * attn_kv_a_norm;   k_pe = rope(kv[n_lora_kv:])     (one "head")
+        cache row p = [c, k_pe]              (``kv_width``: the KV cache's only state; no V cache)
+
+    and per head h, over the cached rows t <= p::
+
+        q_abs = attn_k_b[h] @ q_nope         (n_lora_kv: q_nope taken into the latent's space)
+        s_t   = scale * ([q_abs, q_pe] . row_t)           = scale * (k_nope_t . q_nope + k_pe_t . q_pe)
+        o     = attn_v_b[h] @ sum_t softmax(s)_t c_t      (n_v)
+        out   = [o for every head] @ attn_output
+
+    -- multi-query attention over the latent with a product before and one after (ggml_mul_mat with
+    the 3D attn_k_b / attn_v_b, one matrix per head). The decompressed form (k_nope = attn_k_b[h]^T c,
+    v = attn_v_b[h] c per head and position) gives the same logits; quantkit.model.reference computes
+    that one, so the tests check the absorption too."""
+
+    n_head: int
+    n_lora_q: int       # {arch}.attention.q_lora_rank: 0 (V2-Lite) reads attn_q, else attn_q_a / _norm / _b
+    n_lora_kv: int      # {arch}.attention.kv_lora_rank: the latent's width
+    n_nope: int         # a head's query / key dims without RoPE: key_length_mla - n_rot
+    n_rot: int          # ... with RoPE ({arch}.rope.dimension_count): after the nope ones in q
+    n_v: int            # {arch}.attention.value_length_mla: a head's output, attn_v_b's rows
+    rope_neox: bool
+    rope_table: int = 0
+
+    @property
+    def kv_width(self) -> int:
+        """A cache row: the normed latent, then the rotated k_pe."""
+        return self.n_lora_kv + self.n_rot
+
+    @property
+    def n_q(self) -> int:
+        """q's width: n_head heads of n_nope + n_rot."""
+        return self.n_head * (self.n_nope + self.n_rot)
 
 
 @dataclass(frozen=True)
@@ -102,14 +147,14 @@ class MoeFFN:
 
 
 #: the ops a Block may hold
-OPS = (Attn, DenseFFN, MoeFFN)
+OPS = (Attn, MLA, DenseFFN, MoeFFN)
 
 
 @dataclass(frozen=True)
 class Block:
     """One step of a layer: ``x += post(op(norm(x)))`` (the module's program)."""
 
-    op: Attn | DenseFFN | MoeFFN
+    op: Attn | MLA | DenseFFN | MoeFFN
     norm: str | None        # the llama.Block attribute of the input norm's weight (None: no input norm)
     post_norm: str | None = None   # the output norm's, before the residual add (None: none)
 
@@ -122,8 +167,8 @@ class Layer:
         return next((b.op for b in self.blocks if isinstance(b.op, kinds)), None)
 
     @property
-    def attn(self) -> Attn | None:
-        return self._op(Attn)
+    def attn(self) -> Attn | MLA | None:
+        return self._op((Attn, MLA))
 
     @property
     def ffn(self) -> DenseFFN | MoeFFN | None:
@@ -140,11 +185,15 @@ def describe(config, block, il: int) -> Layer:
     with ``ffn_gate`` a dense one (DeepSeek's and GLM's leading dense layers)."""
     c, a = config, config.arch
     swa = c.is_swa(il)
-    attn = Attn(rope_neox=a.rope_neox,
-                qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
-                qk_norm=block.attn_q_norm is not None,
-                n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
-                out_bias=block.attn_output_bias is not None)
+    if a.mla:
+        attn = MLA(n_head=c.n_head, n_lora_q=c.n_lora_q, n_lora_kv=c.n_lora_kv, n_nope=c.head_dim - c.n_rot,
+                   n_rot=c.n_rot, n_v=c.head_dim_v, rope_neox=a.rope_neox)
+    else:
+        attn = Attn(rope_neox=a.rope_neox,
+                    qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
+                    qk_norm=block.attn_q_norm is not None,
+                    n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
+                    out_bias=block.attn_output_bias is not None)
     if block.ffn_gate_inp is not None:
         # build_moe_ffn's arguments as the config read them (llama.LlamaConfig: the arch row's or the file's)
         routing = Routing(n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.moe_gating, norm_w=c.moe_norm_w,
