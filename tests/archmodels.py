@@ -206,10 +206,10 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_eos_token_id(V - 1)
     w.add_add_bos_token(False)
 
-    def mat(name: str, kind: str, n_in: int, n_out: int, scale: float, n_exp: int = 0):
+    def mat(name: str, kind: str, n_in: int, n_out: int, scale: float, n_exp: int = 0, write: bool = True):
         x = (rng.standard_normal(((n_exp,) if n_exp else ()) + (n_out, n_in)) * scale).astype(np.float32)
-        if name == drop:
-            return
+        if name == drop or not write:
+            return x
         if kind == "ffn_gate_inp":
             w.add_tensor(name, x * (router != "zero"))
             return
@@ -265,8 +265,15 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         if n_exp and i >= s.get("lead_dense", 0):
             FX = s.get("n_ff_exp", F)
             mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, s.get("router_scale", 3.0) / np.sqrt(E))
-            mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, s.get("gate_scale", 2.0) / np.sqrt(E), n_exp)
-            mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp)
+            fuse = s.get("gate_up", False)   # convert_hf_to_gguf.py --fuse-gate-up-exps: per expert gate, then up
+            g = mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, s.get("gate_scale", 2.0) / np.sqrt(E), n_exp,
+                    write=not fuse)
+            u = mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp, write=not fuse)
+            if fuse:
+                x = np.concatenate([g, u], axis=1)
+                t = types.get("ffn_gate_exps", T.F16)
+                w.add_tensor(p + "ffn_gate_up_exps.weight", x.astype(np.float16) if t == T.F16 else
+                             gguf.quants.quantize(x, t), raw_dtype=None if t == T.F16 else t)
             mat(p + "ffn_down_exps.weight", "ffn_down_exps", FX, E, RESID / np.sqrt(FX), n_exp)
             if s.get("score_bias"):   # the selection's per-expert bias, of the sigmoid scores' size
                 vec(p + "exp_probs_b.bias", n_exp, -0.3, 0.3)

@@ -219,6 +219,34 @@ def test_nextn_blocks_are_not_run(tmp_path, monkeypatch):
         assert np.abs(Runner(m, 64).forward(ids, logits="all") - ref).mean() <= 0.005 * ref.std(1).mean()
 
 
+@pytest.mark.parametrize("variant", ["F16", "Q"])
+def test_gate_up_merged(tmp_path, monkeypatch, variant):
+    """ffn_gate_up_exps (the converter's --fuse-gate-up-exps, llama.cpp's create_tensor_gate_up_exps: each
+    expert's gate rows, then its up rows): the logits of the file with gate and up apart, in the
+    reference, the batch path and the compiled step (which reads the two halves as its gate and up slots)."""
+    import archmodels
+
+    q = archmodels.VARIANTS["Q"]
+    monkeypatch.setitem(archmodels.VARIANTS, "Q", {**q, "ffn_up_exps": q["ffn_gate_exps"]})   # one type for both
+    monkeypatch.setitem(archmodels.MLA_SPECS, "fused", {**MLA_SPECS["deepseek2-lite"], "gate_up": True})
+    ids = np.random.default_rng(3).integers(0, 500, 40)
+    with Llama(write_model(tmp_path / "apart.gguf", "deepseek2-lite", variant)) as a, \
+            Llama(write_model(tmp_path / "fused.gguf", "fused", variant)) as f:
+        c = f.config
+        assert f.blk[1].ffn_gate_exps is None and f.blk[1].ffn_up_exps is None and f.layers[1].ffn.gate_up
+        assert f.blk[1].ffn_gate_up_exps.shape == (c.n_embd, 2 * c.n_ff_exp, c.n_expert)
+        assert "blk.1.ffn_gate_up_exps.weight" in [w.name for w in f.matrices()]
+        ref = reference_logits(a, ids)
+        np.testing.assert_allclose(reference_logits(f, ids), ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+        tol = 1e-5 * np.abs(ref).max()
+        np.testing.assert_allclose(Runner(f, 128).forward(ids, logits="all"), Runner(a, 128).forward(ids, logits="all"),
+                                   rtol=0, atol=tol)
+        rf, ra = Runner(f, 128), Runner(a, 128)
+        assert rf.step is not None
+        np.testing.assert_allclose(np.concatenate([rf.forward([t]) for t in ids[:16]]),
+                                   np.concatenate([ra.forward([t]) for t in ids[:16]]), rtol=0, atol=tol)
+
+
 def _meta(**kw):
     base = {"general.architecture": "deepseek2", "deepseek2.block_count": 2, "deepseek2.embedding_length": 64,
             "deepseek2.feed_forward_length": 128, "deepseek2.attention.head_count": 4,

@@ -4,7 +4,9 @@
 runs one token: the embedding row, then each layer's program (``quantkit.model.layer``: per block its
 input norm, its op, its output norm and the residual add) -- ``attn_op``: activation quantization
 (once per distinct input and activation kind), Q/K/V products, ``qk_prepare`` (biases, Q/K norms,
-RoPE), KV store, attention over the cache (or its sliding window), output product; ``ffn_op``: gate /
+RoPE), KV store, attention over the cache (or its sliding window), output product; ``mla_op``: multi-head
+latent attention in its absorbed form (the latent and k_pe stored, per-head attn_k_b / attn_v_b products
+around one-KV-head attention over them); ``ffn_op``: gate /
 up products with the GLU, down product, or in a mixture-of-experts layer the router product,
 ``route.route_token`` and those three products for each chosen expert alone, their weighted outputs
 added in selection order, then a shared expert --; then the final norm and the logits product. Layers
@@ -25,9 +27,10 @@ How the weights get in, and the type dispatch:
   resident bytes stay one copy): the x8 types' in the 8-row interleaved layout, and float weights as the
   file's rows (``runners.copies_rows``: on the Sapphire Rapids machine they decoded ~11 % slower from
   the map). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk
-  rows, expert stride)`` for the matrices of a layer in its named slots ``W_Q`` .. ``W_DOWN_SH``
-  (``MATS`` in a dense layer, ``MOE_MATS`` and ``SHEXP_MATS`` in a MoE layer: a 3D expert tensor is one
-  entry of one expert's rows, expert e at offset + e * stride; unused slots are empty); ``ot`` / ``et``
+  rows, expert stride)`` for the matrices of a layer in its named slots ``W_Q`` .. ``W_V_B``
+  (``MATS`` in a dense layer, ``MOE_MATS`` and ``SHEXP_MATS`` in a MoE layer, ``MLA_MATS`` for MLA: a 3D
+  expert -- or per-head -- tensor is one entry of one expert's rows, expert e at offset + e * stride;
+  unused slots are empty); ``ot`` / ``et``
   the same for ``output`` and ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types and layouts, at most ``SLOTS``):
   ``runs[code]`` is the address of that slot's row runner, a C-callable build of one type and layout
@@ -92,8 +95,10 @@ SHEXP_MATS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 #: after its low rank), the latent's attn_kv_a_mqa, attn_q_a (empty without q_lora_rank), attn_output --
 #: and its per-head attn_k_b / attn_v_b (3D: one head's rows, the next a stride on) in W_K_B / W_V_B
 MLA_MATS = {W_K: "attn_kv_a_mqa", W_V: "attn_q_a", W_O: "attn_output", W_K_B: "attn_k_b", W_V_B: "attn_v_b"}
-#: every matrix name a layer's slots may hold
-STEP_MATS = tuple(dict.fromkeys(MATS + MOE_MATS + SHEXP_MATS + tuple(MLA_MATS.values()) + ("attn_q_b",)))
+#: every matrix name a layer's slots may hold (ffn_gate_up_exps: the experts' gate and up merged, read as
+#: W_GATE's and W_UP's rows of each expert)
+STEP_MATS = tuple(dict.fromkeys(MATS + MOE_MATS + SHEXP_MATS + tuple(MLA_MATS.values()) +
+                                ("attn_q_b", "ffn_gate_up_exps")))
 #: columns of a ``wt`` row
 WT_COLS = 6
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
@@ -560,8 +565,10 @@ class DecodeStep:
         # whole span is copied already (QUANTKIT_COPY_WEIGHTS=1)
         xt = set(x8_types(variant)) if use_x8(variant) else set()
         ct = {t for t in types if copies_rows(t)} if not config.copy_weights() else set()
-        packed = [w.type in ct or (w.type in xt and (w.data.shape[0] // w.n_expert) % X8_ROWS == 0)
-                  for w in weights[:-1]] + [False]
+        # (ffn_gate_up_exps: each half of an expert's rows in whole 8-row groups)
+        fused = {b.ffn_gate_up_exps.name for b in model.blk if b.ffn_gate_up_exps is not None}
+        packed = [w.type in ct or (w.type in xt and (w.data.shape[0] // w.n_expert // (2 if w.name in fused else 1))
+                                   % X8_ROWS == 0) for w in weights[:-1]] + [False]
 
         def slot_set(packed):
             return tuple(sorted({(w.type, p) for w, p in zip(weights, packed)}, key=lambda k: (int(k[0]), k[1])))
@@ -612,6 +619,13 @@ class DecodeStep:
             for j in ws:
                 wt[il, j] = tab[i]
                 i += 1
+            if W_GATE in ws and ws[W_GATE].name in fused:
+                # ffn_gate_up_exps: W_GATE the first half of each expert's rows, W_UP the second (the expert
+                # stride stays the whole expert's)
+                n = wt[il, W_GATE, 2] // 2
+                wt[il, W_GATE, 2], wt[il, W_GATE, 4] = n, chunk_rows(n)
+                wt[il, W_UP] = wt[il, W_GATE]
+                wt[il, W_UP, 0] += n * ws[W_GATE].data.shape[1]
         self.wt = wt
         self.ot = np.ascontiguousarray(tab[len(mats)])
         self.et = np.ascontiguousarray(tab[len(mats) + 1])
@@ -733,6 +747,8 @@ def _layer_mats(d, b) -> dict[int, str]:
     if isinstance(d.attn, MLA):
         out.update(MLA_MATS)
         out[W_Q] = "attn_q_b" if d.attn.n_lora_q else "attn_q"
+    if d.moe and d.ffn.gate_up:     # W_UP's rows come from the same tensor (DecodeStep splits the slot)
+        out[W_GATE] = "ffn_gate_up_exps"
     return {j: name for j, name in out.items() if getattr(b, name) is not None}
 
 

@@ -643,11 +643,18 @@ class Runner:
             m = rows.size
             gate, up = np.empty((m, f.n_ff), np.float32), np.empty((m, f.n_ff), np.float32)
             shared: dict = {}
-            if self.collect is not None:   # mul_mat_id: collected per expert whatever the row count
-                self.collect(b.ffn_gate_exps.name, xe, (int(e), f.n_expert))
-                self.collect(b.ffn_up_exps.name, xe, (int(e), f.n_expert))
-            matmul(b.ffn_gate_exps.expert(e).data, b.ffn_gate_exps.type, xe, gate, shared)
-            matmul(b.ffn_up_exps.expert(e).data, b.ffn_up_exps.type, xe, up, shared)
+            if f.gate_up:  # one product for the gate and up rows of ffn_gate_up_exps
+                w_gu = b.ffn_gate_up_exps
+                if self.collect is not None:
+                    self.collect(w_gu.name, xe, (int(e), f.n_expert))
+                gu = matmul(w_gu.expert(e).data, w_gu.type, xe, np.empty((m, 2 * f.n_ff), np.float32), shared)
+                gate[...], up[...] = gu[:, :f.n_ff], gu[:, f.n_ff:]
+            else:
+                if self.collect is not None:   # mul_mat_id: collected per expert whatever the row count
+                    self.collect(b.ffn_gate_exps.name, xe, (int(e), f.n_expert))
+                    self.collect(b.ffn_up_exps.name, xe, (int(e), f.n_expert))
+                matmul(b.ffn_gate_exps.expert(e).data, b.ffn_gate_exps.type, xe, gate, shared)
+                matmul(b.ffn_up_exps.expert(e).data, b.ffn_up_exps.type, xe, up, shared)
             if f.biases:   # ggml_add_id: each expert's bias row after its products
                 gate += b.ffn_gate_exps_bias[e]
                 up += b.ffn_up_exps_bias[e]

@@ -136,6 +136,8 @@ class MoeFFN:
     biases: bool = False  # the router's bias (added to its logits) and the experts' (ggml_add_id after
                           # each expert's gate, up and down products; gpt-oss)
     shexp_gate: bool = False  # the shared expert scaled by sigmoid(h . ffn_gate_inp_shexp) (qwen2moe)
+    gate_up: bool = False     # the experts' gate and up in one tensor, ffn_gate_up_exps (gate rows, then up
+                              # rows per expert; llama.cpp's create_tensor_gate_up_exps): one product for both
 
     @property
     def n_expert(self) -> int:
@@ -201,7 +203,8 @@ def describe(config, block, il: int) -> Layer:
                           n_group_used=c.n_group_used, score_bias=block.exp_probs_b is not None)
         ffn = MoeFFN(routing, n_ff=c.n_ff_exp, glu=a.glu,
                      n_ff_shexp=c.n_ff_shexp if block.ffn_gate_shexp is not None else 0,
-                     shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases)
+                     shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases,
+                     gate_up=block.ffn_gate_up_exps is not None)
     else:
         ffn = DenseFFN(glu=a.glu, n_ff=c.n_ff)
     return Layer((Block(attn, "attn_norm", "post_attention_norm" if block.post_attention_norm is not None else None),

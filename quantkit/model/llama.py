@@ -414,6 +414,8 @@ class Block:
     ffn_gate_exps: Weight | None = None   # (n_embd -> n_ff_exp) x n_expert, 3D
     ffn_up_exps: Weight | None = None     # (n_embd -> n_ff_exp) x n_expert
     ffn_down_exps: Weight | None = None   # (n_ff_exp -> n_embd) x n_expert
+    ffn_gate_up_exps: Weight | None = None  # (n_embd -> 2 n_ff_exp) x n_expert: gate and up merged (each
+                                            # expert's gate rows, then its up rows); the two above are then None
     exp_probs_b: np.ndarray | None = None          # float32 (n_expert,): the selection's score bias  moe_hparams
     ffn_gate_inp_bias: np.ndarray | None = None    # float32 (n_expert,)              moe_biases
     ffn_gate_exps_bias: np.ndarray | None = None   # float32 (n_expert, n_ff_exp)
@@ -534,8 +536,16 @@ class Llama:
                                          f"qwen2moe's shared expert and gpt-oss's biases)")
                 X, FX = c.n_expert, c.n_ff_exp
                 b.ffn_gate_inp = matrix(p + "ffn_gate_inp.weight", E, X)
-                b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
-                b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
+                if gg.has_tensor(p + "ffn_gate_up_exps.weight"):
+                    # create_tensor_gate_up_exps: the experts' gate and up in one tensor (the converter's
+                    # --fuse-gate-up-exps), each expert's gate rows then its up rows
+                    if a.moe_biases:
+                        raise ModelError(f"{where}: tensor {p + 'ffn_gate_up_exps.weight'!r} (gate and up merged) "
+                                         f"with the experts' biases is not supported by quantkit's {a.name}")
+                    b.ffn_gate_up_exps = matrix(p + "ffn_gate_up_exps.weight", E, 2 * FX, X)
+                else:
+                    b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
+                    b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
                 b.ffn_down_exps = matrix(p + "ffn_down_exps.weight", FX, E, X)
                 if a.moe_hparams:
                     b.exp_probs_b = optional(p + "exp_probs_b.bias", X)
@@ -577,7 +587,8 @@ class Llama:
         for b in self.blk:
             out += [w for w in (b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
                                 b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
-                                b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps, b.ffn_gate_inp_shexp,
+                                b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_gate_up_exps, b.ffn_down_exps,
+                                b.ffn_gate_inp_shexp,
                                 b.ffn_gate_shexp, b.ffn_up_shexp, b.ffn_down_shexp) if w is not None]
         if self.output is not self.token_embd:
             out.append(self.output)

@@ -75,9 +75,11 @@ def _glu(g: np.ndarray, u: np.ndarray, glu: str) -> np.ndarray:
     return _act(glu)(g) * u
 
 
-def _glu_ffn(h: np.ndarray, gate: Weight, up: Weight, down: Weight, glu: str, biases=None) -> np.ndarray:
-    """The GLU FFN of h; ``biases``: (gate, up, down) bias vectors added after each product (gpt-oss)."""
-    g, u = h @ _w(gate).T, h @ _w(up).T
+def _glu_ffn(h: np.ndarray, gate: Weight | np.ndarray, up: Weight | np.ndarray, down: Weight, glu: str,
+             biases=None) -> np.ndarray:
+    """The GLU FFN of h (gate and up Weights or float64 matrices); ``biases``: (gate, up, down) bias vectors
+    added after each product (gpt-oss)."""
+    g, u = (h @ (m if isinstance(m, np.ndarray) else _w(m)).T for m in (gate, up))
     if biases is not None:
         g, u = g + biases[0], u + biases[1]
     y = _glu(g, u, glu) @ _w(down).T
@@ -104,8 +106,12 @@ def _moe(f: MoeFFN, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | Non
     for e in np.unique(top):
         rows, slot = np.nonzero(top == e)
         bias = (b.ffn_gate_exps_bias[e], b.ffn_up_exps_bias[e], b.ffn_down_exps_bias[e]) if f.biases else None
-        y = _glu_ffn(h[rows], b.ffn_gate_exps.expert(e), b.ffn_up_exps.expert(e), b.ffn_down_exps.expert(e), f.glu,
-                     bias)
+        if f.gate_up:   # ffn_gate_up_exps: the expert's gate rows, then its up rows
+            gu = _w(b.ffn_gate_up_exps.expert(e))
+            gate, up = gu[:f.n_ff], gu[f.n_ff:]
+        else:
+            gate, up = b.ffn_gate_exps.expert(e), b.ffn_up_exps.expert(e)
+        y = _glu_ffn(h[rows], gate, up, b.ffn_down_exps.expert(e), f.glu, bias)
         out[rows] += w[rows, slot][:, None] * y
     if f.n_ff_shexp:
         y = _glu_ffn(h, b.ffn_gate_shexp, b.ffn_up_shexp, b.ffn_down_shexp, f.glu)
