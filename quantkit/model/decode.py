@@ -165,6 +165,25 @@ def product(runs, m, bp, pp, ap, op, sp, ctr, nth):
             c = fetch_add(ctr, CTR, 1)
 
 
+@njit_fast_parallel
+def per_head(runs, m, mh, n_head, bp, pp, atabs, op, o_step, sp, ctr, nth):
+    """out[h * o_step + r] = row r of head h's matrix . head h's activations (table ``atabs[h]``) for every
+    head of a 3D per-head tensor (``m``: head 0's ``wt`` row, head h a stride on; ``mh`` scratch (>= n_head,
+    WT_COLS)): one parallel region whose threads claim (head, chunk) pairs, not a region per head."""
+    for h in range(n_head):
+        for col in range(WT_COLS):
+            mh[h, col] = m[col]
+        mh[h, 0] += h * m[5]
+    nch = nchunks(m)
+    ctr[CTR] = 0
+    for _ in prange(nth):
+        c = fetch_add(ctr, CTR, 1)
+        while c < n_head * nch:
+            h = c // nch
+            rows(runs, mh[h], c - h * nch, bp, pp, addr_of(atabs[h]), op, h * o_step, sp)
+            c = fetch_add(ctr, CTR, 1)
+
+
 # -- the activation forms a product needs ----------------------------------------------------------
 
 @njit_fast
@@ -204,15 +223,16 @@ MLA_DTYPE = np.dtype([(name, np.int64) for name in ("rope_table", "neox", "n_hea
 
 #: the step's tables, each a namedtuple numba reads by field name
 Weights = namedtuple("Weights", "runs deqs buf pbuf wt ot et sc ctr")
-Acts = namedtuple("Acts", "aE aQ aF aX aS aL aN aV atab")
-Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla")
+Acts = namedtuple("Acts", "aE aQ aF aX aS aL aN aV atab atab_n atab_v")
+Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead")
 Program = namedtuple("Program", "prog norms attn mla ffn routing need out_norm gelu_tab")
 AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias q_a_norm kv_a_norm")
 MoeTables = namedtuple("MoeTables", "shexp_inp router_bias score_bias gate_bias up_bias down_bias")
 Dims = namedtuple("Dims", "n_head n_head_kv head_dim n_rot eps scale embd_scale")
 #: rows of ``Acts.atab``: the activation tables of aE, aQ (the attention's output), aF (dense FFN), aX (an
-#: expert), aS (the shared expert), and MLA's inputs of attn_q_b (aL), of attn_k_b (aN: a head's q_nope) and of
-#: attn_v_b (aV: a head's latent output)
+#: expert), aS (the shared expert), and MLA's inputs of attn_q_b (aL), of attn_k_b (aN: every head's q_nope,
+#: a row each) and of attn_v_b (aV: every head's latent output); ``Acts.atab_n`` / ``atab_v``: per head, the
+#: table of its row of aN / aV
 A_E, A_Q, A_F, A_X, A_S, A_L, A_N, A_V = range(8)
 #: columns of ``Program.need``: the activation kinds (KIND_BIT) each input's products need -- the block's
 #: input, the attention's output, the FFN's input, ffn_down's input, and MLA's aL, aN, aV
@@ -324,17 +344,14 @@ def mla_op(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
     for i in range(KW):
         krow[i] = ST_KV(kv[i])  # noqa: F821
     # per head: [attn_k_b[h] @ q_nope, q_pe], the query against the cache rows [latent, k_pe]
-    mrow, xn, aNp = S.mrow, A.aN[0][0], addr_of(A.atab[A_N])
+    xn = A.aN[0]
     for h in range(H):
         for i in range(nope):
-            xn[i] = q[h * hk + i]
-        quantize_needed(P.need[l, 5], A.aN)
-        for col in range(WT_COLS):
-            mrow[0, col] = w[W_K_B, col]
-        mrow[0, 0] += h * w[W_K_B, 5]
-        product(runs, mrow[0], bp, pp, aNp, addr_of(qabs[h * KW:]), sp, ctr, nth)
+            xn[h, i] = q[h * hk + i]
         for i in range(R):
             qabs[h * KW + L + i] = q[h * hk + nope + i]
+    quantize_needed(P.need[l, 5], A.aN)
+    per_head(runs, w[W_K_B], S.mhead, H, bp, pp, A.atab_n, addr_of(qabs), KW, sp, ctr, nth)
     kl = kc[l]
     n_kv = pos + 1
     scale = D.scale
@@ -342,15 +359,12 @@ def mla_op(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
         ATTEND(qabs[h * KW:(h + 1) * KW], kl, kl, 0, 0, 0, n_kv, scale, np.float32(NO_SINK),  # noqa: F821
                scores[h], lat[h * L:(h + 1) * L])
     # per head: attn_v_b[h] @ its latent output, into the output product's input
-    xo, xv, aVp = A.aQ[0][0], A.aV[0][0], addr_of(A.atab[A_V])
+    xv = A.aV[0]
     for h in range(H):
         for i in range(L):
-            xv[i] = lat[h * L + i]
-        quantize_needed(P.need[l, 6], A.aV)
-        for col in range(WT_COLS):
-            mrow[1, col] = w[W_V_B, col]
-        mrow[1, 0] += h * w[W_V_B, 5]
-        product(runs, mrow[1], bp, pp, aVp, addr_of(xo[h * nv:]), sp, ctr, nth)
+            xv[h, i] = lat[h * L + i]
+    quantize_needed(P.need[l, 6], A.aV)
+    per_head(runs, w[W_V_B], S.mhead, H, bp, pp, A.atab_v, addr_of(A.aQ[0][0]), nv, sp, ctr, nth)
     quantize_needed(P.need[l, 1], A.aQ)
     product(runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
 
@@ -656,8 +670,11 @@ class DecodeStep:
         n_att = max([c.n_embd_q if not isinstance(d.attn, MLA) else d.attn.n_head * d.attn.n_v for d in model.layers])
         n_lq, n_nope, n_lkv = (max([getattr(a, f) for a in mlas], default=0)
                                for f in ("n_lora_q", "n_nope", "n_lora_kv"))
-        acts = [_activations(n or 32) for n in (c.n_embd, n_att, n_ff, n_ff_exp, n_shexp, n_lq, n_nope, n_lkv)]
-        self.acts = Acts(*acts, np.stack([act_table(a) for a in acts]))
+        n_mh = max([a.n_head for a in mlas], default=1)
+        acts = [_activations(n or 32, r) for n, r in ((c.n_embd, 1), (n_att, 1), (n_ff, 1), (n_ff_exp, 1),
+                                                        (n_shexp, 1), (n_lq, 1), (n_nope, n_mh), (n_lkv, n_mh))]
+        self.acts = Acts(*acts, np.stack([act_table(a) for a in acts]), _row_tables(acts[A_N]),
+                         _row_tables(acts[A_V]))
         n_mla = max([a.n_q + a.kv_width + a.n_lora_q + a.n_head * (a.kv_width + a.n_lora_kv) for a in mlas], default=1)
         width = max(n_ff, n_ff_exp, n_shexp)
         self.scratch = Scratch(x=np.zeros(c.n_embd, np.float32), xb2=np.zeros(c.n_embd, np.float32),
@@ -666,7 +683,7 @@ class DecodeStep:
                                ye=np.zeros(c.n_embd, np.float32), rlog=np.zeros(n_expert, np.float32),
                                rsc=np.zeros(2 * n_expert, np.float32), sel=np.zeros(k, np.int64),
                                selw=np.zeros(k, np.float32), mrow=np.zeros((3, WT_COLS), np.int64),
-                               mla=np.zeros(n_mla, np.float32))
+                               mla=np.zeros(n_mla, np.float32), mhead=np.zeros((n_mh, WT_COLS), np.int64))
         blk = model.blk
 
         def stacked(name: str, shape) -> np.ndarray:
@@ -804,13 +821,22 @@ def _stacked(vs: list, shape) -> np.ndarray:
     return np.ascontiguousarray(np.stack([np.zeros(shape, np.float32) if v is None else v for v in vs]), np.float32)
 
 
-def _activations(n: int) -> tuple:
-    """Every activation form of one input vector of n elements (see ``urow_q8_0``), each (1, ...)."""
+def _activations(n: int, rows: int = 1) -> tuple:
+    """Every activation form of ``rows`` input vectors of n elements (see ``urow_q8_0``), each (rows, ...)."""
     nb32, nbk = n // 32, n // 256
-    return (np.zeros((1, n), np.float32), np.zeros((1, n), np.int8), np.zeros((1, nb32), np.float32),
-            np.zeros((1, nb32), np.int32), np.zeros((1, nb32), np.float32), np.zeros((1, n), np.int8),
-            np.zeros((1, nbk), np.float32), np.zeros((1, n // 16), np.int32), np.zeros((1, n), np.float32),
-            np.zeros((1, n), np.float32))
+    r = rows
+    return (np.zeros((r, n), np.float32), np.zeros((r, n), np.int8), np.zeros((r, nb32), np.float32),
+            np.zeros((r, nb32), np.int32), np.zeros((r, nb32), np.float32), np.zeros((r, n), np.int8),
+            np.zeros((r, nbk), np.float32), np.zeros((r, n // 16), np.int32), np.zeros((r, n), np.float32),
+            np.zeros((r, n), np.float32))
+
+
+def _row_tables(a: tuple) -> np.ndarray:
+    """int64 (rows, 20): per row of the activation forms ``a`` (``_activations(n, rows)``), the table
+    ``act_table`` would give for that row alone (each form's address moved on by the row)."""
+    t = act_table(a)
+    step = np.array([v for x in a for v in (x.strides[0], 0)], np.int64)
+    return np.ascontiguousarray(t[None, :] + np.arange(a[0].shape[0], dtype=np.int64)[:, None] * step[None, :])
 
 
 __all__ = ["attend_kernel", "exp_shift_sum", "expf", "gelu_table", "glu", "kv_f16_store", "kv_f32_same",

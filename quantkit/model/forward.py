@@ -8,7 +8,8 @@ and returns the logits of the rows asked for (the last token by default).
 
 Choices, and why:
 
-* KV cache in float32 by default, shape (n_layer, n_ctx, n_head_kv * head_dim) per K and V;
+* KV cache in float32 by default, shape (n_layer, n_ctx, n_head_kv * head_dim) per K and V (MLA layers:
+  the latent and k_pe in the K rows, no V; ``kv_widths``);
   ``type_kv="f16"`` stores fp16 as llama.cpp does by default (half the attention's memory traffic).
   Against llama.cpp's golden ids fp16 measured no better (equal top-1 agreement over 400 positions)
   and flipped one greedy step where llama.cpp's top-2 gap is 0.26, so float32 stays the default
@@ -286,7 +287,7 @@ class Runner:
     """Run state for one sequence: buffers for ``n_batch`` tokens and a KV cache of ``n_ctx`` positions.
 
     ``type_kv``: "f32" (default) or "f16" (llama.cpp's default cache type). ``key_cache`` / ``value_cache`` are
-    numpy arrays (n_layer, n_ctx, n_head_kv * head_dim) of that type. One-token calls run the compiled
+    numpy arrays (n_layer, n_ctx, width) of that type, the widths ``kv_widths``'. One-token calls run the compiled
     decode step (``quantkit.model.decode``) unless ``compiled_step=False`` or the model cannot use it
     (``self.step`` is then None)."""
 
@@ -476,31 +477,44 @@ class Runner:
         heads' products on one-thread BLAS: with OpenBLAS's own threads on these small products
         (64-128 wide) its barriers cost more than the work whenever the OS deschedules one thread
         (2-thread profile under load: 4.0-4.2 CPU s of attention per 512-token pass against 0.31 s on
-        one thread). Each head is computed the same way whatever the thread count."""
+        one thread). Each head is computed the same way whatever the thread count. With fewer KV heads
+        than threads (MLA: one), the blocks of queries are shared out instead."""
         n = q.shape[0]
         HKV = n_head_kv
         G = q.shape[1] // hd // HKV
         n_kv = pos0 + n
 
-        def head(h: int) -> None:
+        def operands(h: int) -> tuple:
             # (n_kv, hd) column slices: float32 ones go to BLAS as they are (leading dimension n_kv*...)
-            K = kc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32, copy=False)
-            V = vc[:n_kv, h * dv:(h + 1) * dv].astype(np.float32, copy=False)
-            Qh = np.ascontiguousarray(q[:, h * G * hd:(h + 1) * G * hd]).reshape(n * G, hd)  # rows (t, g)
-            for t0 in range(0, n, ATTN_BLOCK):
-                t1 = min(n, t0 + ATTN_BLOCK)
-                nk = pos0 + t1
-                S = Qh[t0 * G:t1 * G] @ K[:nk].T                                          # (bt * G, nk)
-                causal_softmax_serial(S, pos0 + t0, G, self.scale, n_swa, sinks[h * G:(h + 1) * G])
-                out[t0:t1, h * G * dv:(h + 1) * G * dv] = (S @ V[:nk]).reshape(t1 - t0, G * dv)
+            return (kc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32, copy=False),
+                    vc[:n_kv, h * dv:(h + 1) * dv].astype(np.float32, copy=False),
+                    np.ascontiguousarray(q[:, h * G * hd:(h + 1) * G * hd]).reshape(n * G, hd))   # rows (t, g)
 
-        threads = min(get_threads(), HKV)
+        def block(h: int, t0: int, K: np.ndarray, V: np.ndarray, Qh: np.ndarray) -> None:
+            t1 = min(n, t0 + ATTN_BLOCK)
+            nk = pos0 + t1
+            S = Qh[t0 * G:t1 * G] @ K[:nk].T                                              # (bt * G, nk)
+            causal_softmax_serial(S, pos0 + t0, G, self.scale, n_swa, sinks[h * G:(h + 1) * G])
+            out[t0:t1, h * G * dv:(h + 1) * G * dv] = (S @ V[:nk]).reshape(t1 - t0, G * dv)
+
+        def head(h: int) -> None:
+            ops = operands(h)
+            for t0 in range(0, n, ATTN_BLOCK):
+                block(h, t0, *ops)
+
+        threads = get_threads()
         with blas_one_thread():
             if threads <= 1:
                 for h in range(HKV):
                     head(h)
-            else:
+            elif HKV >= threads:
                 for f in [_head_pool(threads).submit(head, h) for h in range(HKV)]:
+                    f.result()
+            else:
+                ops = [operands(h) for h in range(HKV)]
+                jobs = [_head_pool(threads).submit(block, h, t0, *ops[h]) for h in range(HKV)
+                        for t0 in range(0, n, ATTN_BLOCK)]
+                for f in jobs:
                     f.result()
 
     def _step(self, tokens: np.ndarray, pos0: int, rows: np.ndarray) -> np.ndarray | None:

@@ -369,8 +369,9 @@ class Weight:
         return self.shape[2] if len(self.shape) == 3 else 1
 
     def expert(self, e: int) -> "Weight":
-        """Expert ``e`` of a 3D ``_exps`` tensor as a matrix: a view of its rows in the map (ggml's
-        mul_mat_id reads one 2D slice of the tensor per expert; nothing is copied)."""
+        """Expert ``e`` of a 3D ``_exps`` tensor -- or head ``e`` of MLA's per-head attn_k_b / attn_v_b -- as
+        a matrix: a view of its rows in the map (ggml's mul_mat_id, or mul_mat over a 3D tensor, reads one 2D
+        slice per expert or head; nothing is copied)."""
         n = self.shape[1]
         return Weight(self.name, self.type, self.shape[:2], self.data[e * n:(e + 1) * n])
 
