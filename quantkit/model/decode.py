@@ -546,13 +546,21 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
     return frozen(np.concatenate(parts)), [int(o) for o in offs], True
 
 
-def step_kernel(kv_f16: bool):
-    """The compiled step for a KV cache kind (fp16 bits or float32): one build for every model."""
+@njit_fast
+def _no_mla(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
+    """``mla_op``'s stand-in in the step of a model without MLA layers (never called there)."""
+    return
+
+
+def step_kernel(kv_f16: bool, mla: bool = False):
+    """The compiled step for a KV cache kind (fp16 bits or float32), with ``mla_op`` when ``mla``: one
+    build for every model of each (a model without MLA layers does not compile ``mla_op``'s parallel
+    regions on its first run)."""
     tag = "kv16" if kv_f16 else "kv32"
     st = kv_f16_store if kv_f16 else kv_f32_same
     attn = build(attn_op, tag, True, ST_KV=st, ATTEND=attend_kernel(kv_f16))
-    mla = build(mla_op, tag, True, ST_KV=st, ATTEND=attend_kernel(kv_f16))
-    return build(step_body, tag, False, ATTN=attn, MLA_OP=mla)
+    mla_fn = build(mla_op, tag, True, ST_KV=st, ATTEND=attend_kernel(kv_f16)) if mla else _no_mla
+    return build(step_body, tag + ("_mla" if mla else ""), False, ATTN=attn, MLA_OP=mla_fn)
 
 
 class DecodeStep:
@@ -713,7 +721,7 @@ class DecodeStep:
         self.deqs = np.array([d.address for _, d in self.runners], np.int64)
         self.sc = np.zeros(SC_LEN, np.int32)
         self.ctr = np.zeros(2 * CTR, np.int64)
-        self.fn = step_kernel(kv_f16)
+        self.fn = step_kernel(kv_f16, any(isinstance(d.attn, MLA) for d in model.layers))
 
     def make_x8(self) -> None:
         """Fill ``pbuf`` with the x8 layout of the matrices that use it and the copied rows of the float
