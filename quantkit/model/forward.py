@@ -61,9 +61,8 @@ from quantkit.model.arch import GLU_KINDS
 from quantkit.model.decode import (STEP_MATS, DecodeStep, attend_kernel, gelu_table, glu,
                                    kv_f16_store, kv_f32_same, layer_biases, qk_prepare, rmsnorm1, window_start)
 from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
-from quantkit.model.ops import mla_prepare
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
-from quantkit.model.ops import NO_SINK, exp_sink_inv
+from quantkit.model.ops import NO_SINK, exp_sink_inv, mla_prepare
 from quantkit.model.route import route_rows, routing_record
 
 COLLECT_MIN_ROWS = 16
@@ -287,7 +286,7 @@ class Runner:
     """Run state for one sequence: buffers for ``n_batch`` tokens and a KV cache of ``n_ctx`` positions.
 
     ``type_kv``: "f32" (default) or "f16" (llama.cpp's default cache type). ``key_cache`` / ``value_cache`` are
-    numpy arrays (n_layer, n_ctx, width) of that type, the widths ``kv_widths``'. One-token calls run the compiled
+    numpy arrays (n_layer, n_ctx, width) of that type (``kv_widths``). One-token calls run the compiled
     decode step (``quantkit.model.decode``) unless ``compiled_step=False`` or the model cannot use it
     (``self.step`` is then None)."""
 
