@@ -455,9 +455,10 @@ def test_missing_expert_tensor(tmp_path, arch, name):
         Llama(write_model(tmp_path / "bad.gguf", arch, drop=name))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2"])
 def test_cli_run(tmp_path, arch):
-    """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner."""
+    """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner (deepseek2: with MLA,
+    tests/test_mla.py)."""
     from conftest import run_cli
 
     path = write_model(tmp_path / "moe.gguf", arch, "Q")
