@@ -22,6 +22,7 @@ layout), ``qwen2moe`` (8 experts, 4 used, Q/K/V biases, a shared expert of anoth
 sigmoid gate) and ``gpt-oss`` (attention sinks, the attention output's bias, alternating sliding-window
 layers, YaRN RoPE, the router's and the experts' biases, the clamped SwiGLU; MXFP4 experts in "Q"). The router ``ffn_gate_inp`` stays F32 in every variant, as llama-quantize leaves it.
 ``router="zero"``: an all-zero router, so every expert ties and every token goes to experts 0..k-1.
+``MLA_SPECS``: ``deepseek2`` files (multi-head latent attention with DeepSeek's routing and shared experts).
 """
 
 from __future__ import annotations
@@ -115,6 +116,32 @@ PROGRAM_SPECS = {
                                      "expert_weights_norm": True, "expert_weights_scale": 2.5,
                                      "expert_group_count": 4, "expert_group_used_count": 2}),
 }
+#: multi-head latent attention (``deepseek2``, llama.cpp's converter's form: attn_k_b / attn_v_b split, the
+#: cache's key_length / value_length kv_lora_rank + n_rot / kv_lora_rank, head_count_kv 1): ``mla`` gives
+#: q_lora_rank (0: attn_q, as V2-Lite), kv_lora_rank, a head's nope and rope dims and its value dims.
+#: ``deepseek2`` is DeepSeek V3 in small -- q through its low rank, a leading dense layer, sigmoid gating
+#: with a score bias, 4 groups of 2 experts of which 2 are eligible, normalized weights times 2.5, one
+#: shared expert, YaRN with mscale_all_dim 1, router logits of std ~2 (sigmoid scores saturate beyond: the
+#: choice would then be the score bias's and near ties); ``deepseek2-lite`` is V2-Lite's kind -- q straight from
+#: attn_q (q_lora_rank 0: llama.cpp reads the key unless the layer count is V2-Lite's), softmax gating,
+#: weights not normalized, two shared experts, value heads wider than the nope part, mscale_all_dim 0.707
+MLA_SPECS = {
+    "deepseek2": dict(arch="deepseek2", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=1, head_dim=None,
+                      n_vocab=512, rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False,
+                      tied=False, n_expert=8, n_used=2, n_ff_exp=64, lead_dense=1, score_bias=True, shexp_count=1,
+                      router_scale=2.0, mla=dict(q_lora=96, kv_lora=64, nope=32, rope=16, v=32), yarn=(4.0, 32),
+                      yarn_log_mul=0.1,
+                      moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2, "expert_shared_count": 1,
+                                "expert_weights_norm": True, "expert_weights_scale": 2.5,
+                                "expert_group_count": 4, "expert_group_used_count": 2}),
+    "deepseek2-lite": dict(arch="deepseek2", n_layer=3, n_embd=128, n_ff=192, n_head=4, n_head_kv=1, head_dim=None,
+                           n_vocab=512, rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=False,
+                           tied=False, n_expert=8, n_used=3, n_ff_exp=64, lead_dense=1, shexp_count=2,
+                           mla=dict(q_lora=0, kv_lora=64, nope=32, rope=16, v=48), yarn=(4.0, 32),
+                           yarn_log_mul=0.0707,
+                           moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 1, "expert_shared_count": 2,
+                                     "expert_weights_scale": 1.0}),
+}
 N_CTX = 128
 #: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
 #: dominated by the input token's own embedding (it would be every position's top token)
@@ -124,7 +151,8 @@ VARIANTS = {
     "Q": {"token_embd": T.Q8_0, "attn_q": T.Q4_0, "attn_k": T.Q8_0, "attn_v": T.Q5_0, "attn_output": T.Q4_1,
           "ffn_gate": T.Q4_0, "ffn_up": T.Q5_0, "ffn_down": T.Q8_0, "output": T.Q8_0,
           "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q5_0, "ffn_down_exps": T.Q8_0,
-          "ffn_gate_shexp": T.Q4_1, "ffn_up_shexp": T.Q8_0, "ffn_down_shexp": T.Q5_0},
+          "ffn_gate_shexp": T.Q4_1, "ffn_up_shexp": T.Q8_0, "ffn_down_shexp": T.Q5_0,
+          "attn_q_a": T.Q8_0, "attn_q_b": T.Q4_0, "attn_kv_a_mqa": T.Q5_0, "attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1},
 }
 
 
@@ -163,7 +191,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     """Write the tiny ``arch`` model (a key of SPECS or MOE_SPECS); ``drop``: leave that tensor out (a
     broken file for the refusals); MoE only: ``n_used`` experts per token instead of the spec's, and
     ``router`` "random" or "zero"."""
-    s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS}[arch]
+    s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS, **MLA_SPECS}[arch]
     arch = s.get("arch", arch)
     n_exp = s.get("n_expert", 0)
     rng = np.random.default_rng(s.get("seed", seed))
@@ -182,7 +210,16 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_uint32(f"{arch}.feed_forward_length", F)
     w.add_uint32(f"{arch}.attention.head_count", H)
     w.add_uint32(f"{arch}.attention.head_count_kv", HKV)
-    if s["head_dim"]:
+    mla = s.get("mla")
+    if mla:     # convert_hf_to_gguf.py's DeepseekV2Model: the cache's dims, then a head's
+        w.add_uint32(f"{arch}.attention.q_lora_rank", mla["q_lora"])
+        w.add_uint32(f"{arch}.attention.kv_lora_rank", mla["kv_lora"])
+        w.add_uint32(f"{arch}.attention.key_length", mla["kv_lora"] + mla["rope"])
+        w.add_uint32(f"{arch}.attention.value_length", mla["kv_lora"])
+        w.add_uint32(f"{arch}.attention.key_length_mla", mla["nope"] + mla["rope"])
+        w.add_uint32(f"{arch}.attention.value_length_mla", mla["v"])
+        w.add_uint32(f"{arch}.rope.dimension_count", mla["rope"])
+    elif s["head_dim"]:
         w.add_uint32(f"{arch}.attention.key_length", hd)
         w.add_uint32(f"{arch}.attention.value_length", hd)
     w.add_float32(f"{arch}.rope.freq_base", s["rope_base"])
@@ -193,6 +230,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         w.add_string(f"{arch}.rope.scaling.type", "yarn")
         w.add_float32(f"{arch}.rope.scaling.factor", s["yarn"][0])
         w.add_uint32(f"{arch}.rope.scaling.original_context_length", s["yarn"][1])
+        if "yarn_log_mul" in s:   # deepseek2: 0.1 * mscale_all_dim (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
+            w.add_float32(f"{arch}.rope.scaling.yarn_log_multiplier", s["yarn_log_mul"])
     if "softcap" in s:
         w.add_float32(f"{arch}.final_logit_softcapping", s["softcap"])
     if "attn_softcap" in s:
@@ -217,10 +256,10 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_eos_token_id(V - 1)
     w.add_add_bos_token(False)
 
-    def mat(name: str, kind: str, n_in: int, n_out: int, scale: float, n_exp: int = 0):
+    def mat(name: str, kind: str, n_in: int, n_out: int, scale: float, n_exp: int = 0, write: bool = True):
         x = (rng.standard_normal(((n_exp,) if n_exp else ()) + (n_out, n_in)) * scale).astype(np.float32)
-        if name == drop:
-            return
+        if name == drop or not write:
+            return x
         if kind == "ffn_gate_inp":
             w.add_tensor(name, x * (router != "zero"))
             return
@@ -242,9 +281,23 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         p = f"blk.{i}."
         if s.get("pre_norms", True):
             vec(p + "attn_norm.weight", E, 0.8, 1.2)
-        mat(p + "attn_q.weight", "attn_q", E, H * hd, s.get("qk_std", 2.0) / np.sqrt(E))
-        mat(p + "attn_k.weight", "attn_k", E, HKV * hd, s.get("qk_std", 2.0) / np.sqrt(E))
-        mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
+        if mla:     # q (through its low rank), the latent and its norm, then per head attn_k_b / attn_v_b
+            LQ, LKV, HK = mla["q_lora"], mla["kv_lora"], mla["nope"] + mla["rope"]
+            if LQ:
+                mat(p + "attn_q_a.weight", "attn_q_a", E, LQ, 1.0 / np.sqrt(E))
+                vec(p + "attn_q_a_norm.weight", LQ, 0.8, 1.2)
+                mat(p + "attn_q_b.weight", "attn_q_b", LQ, H * HK, 2.0 / np.sqrt(LQ))
+            else:
+                mat(p + "attn_q.weight", "attn_q", E, H * HK, 2.0 / np.sqrt(E))
+            mat(p + "attn_kv_a_mqa.weight", "attn_kv_a_mqa", E, LKV + mla["rope"], 2.0 / np.sqrt(E))
+            vec(p + "attn_kv_a_norm.weight", LKV, 0.8, 1.2)
+            mat(p + "attn_k_b.weight", "attn_k_b", mla["nope"], LKV, 2.0 / np.sqrt(LKV), H)
+            mat(p + "attn_v_b.weight", "attn_v_b", LKV, mla["v"], 1.0 / np.sqrt(LKV), H)
+            mat(p + "attn_output.weight", "attn_output", H * mla["v"], E, RESID / np.sqrt(H * mla["v"]))
+        else:
+            mat(p + "attn_q.weight", "attn_q", E, H * hd, s.get("qk_std", 2.0) / np.sqrt(E))
+            mat(p + "attn_k.weight", "attn_k", E, HKV * hd, s.get("qk_std", 2.0) / np.sqrt(E))
+            mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
         if s["bias"]:
             vec(p + "attn_q.bias", H * hd, -0.5, 0.5)
             vec(p + "attn_k.bias", HKV * hd, -0.5, 0.5)
@@ -252,7 +305,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         if s["qk_norm"]:    # per head, or "full": over the whole projection
             vec(p + "attn_q_norm.weight", H * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
             vec(p + "attn_k_norm.weight", HKV * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
-        mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
+        if not mla:
+            mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
         if oss:   # the attention output's bias and the sinks; the FFN's norm is "post_attention_norm"
             vec(p + "attn_output.bias", E, -0.2, 0.2)
             vec(p + "attn_sinks.weight", H, 0.0, 3.0)
@@ -263,8 +317,15 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         if n_exp and i >= s.get("lead_dense", 0):
             FX = s.get("n_ff_exp", F)
             mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, s.get("router_scale", 3.0) / np.sqrt(E))
-            mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, s.get("gate_scale", 2.0) / np.sqrt(E), n_exp)
-            mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp)
+            fuse = s.get("gate_up", False)   # convert_hf_to_gguf.py --fuse-gate-up-exps: per expert gate, then up
+            g = mat(p + "ffn_gate_exps.weight", "ffn_gate_exps", E, FX, s.get("gate_scale", 2.0) / np.sqrt(E), n_exp,
+                    write=not fuse)
+            u = mat(p + "ffn_up_exps.weight", "ffn_up_exps", E, FX, 1.0 / np.sqrt(E), n_exp, write=not fuse)
+            if fuse:
+                x = np.concatenate([g, u], axis=1)
+                t = types.get("ffn_gate_exps", T.F16)
+                w.add_tensor(p + "ffn_gate_up_exps.weight", x.astype(np.float16) if t == T.F16 else
+                             gguf.quants.quantize(x, t), raw_dtype=None if t == T.F16 else t)
             mat(p + "ffn_down_exps.weight", "ffn_down_exps", FX, E, RESID / np.sqrt(FX), n_exp)
             if s.get("score_bias"):   # the selection's per-expert bias, of the sigmoid scores' size
                 b = s["score_bias"] if isinstance(s["score_bias"], float) else 0.3

@@ -464,7 +464,6 @@ def test_zero_router_two_experts(tmp_path):
 
 @pytest.mark.parametrize("arch, needle", [
     ("olmoe", "'olmoe' (mixture of experts) is not supported: quantkit does not have the whole-Q/K RMSNorm"),
-    ("deepseek2", "'deepseek2' (mixture of experts) is not supported: quantkit does not have multi-head latent"),
     ("deepseek", "'deepseek' (mixture of experts) is not supported: quantkit does not have the shared experts"),
 ])
 def test_unsupported_moe_archs(arch, needle):
@@ -498,9 +497,10 @@ def test_missing_expert_tensor(tmp_path, arch, name):
         Llama(write_model(tmp_path / "bad.gguf", arch, drop=name))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2"])
 def test_cli_run(tmp_path, arch):
-    """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner."""
+    """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner (deepseek2: with MLA,
+    tests/test_mla.py)."""
     from conftest import greedy_text, run_cli
 
     path = write_model(tmp_path / "moe.gguf", arch, "Q")

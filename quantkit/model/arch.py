@@ -23,6 +23,9 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       s = scale * q k^T                      (cap * tanh(s / cap)          if attn_softcap)
       o = softmax(s + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
                                              (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
+        or, multi-head latent attention (mla; quantkit.model.layer.MLA): q from attn_q or attn_q_a ->
+        attn_q_a_norm -> attn_q_b, keys and values from one cached latent per position (attn_kv_a_mqa,
+        attn_kv_a_norm) through attn_k_b / attn_v_b, RoPE on a decoupled part of q and of the key
       o = rmsnorm(o) * post_attention_norm                                 if post_norms
       x = x + o
       h = rmsnorm(x) * ffn_norm              (gpt-oss: post_attention_norm, its Arch.ffn_norm; h = x unless
@@ -101,6 +104,12 @@ class Arch:
     swa_default: int = 0          # the sliding window without {arch}.attention.sliding_window (Gemma 2: 4096)
     swa_rope_plain: bool = False  # SWA layers use the model's RoPE base (olmo2.cpp's graph reads no
                                   # freq_base_swa) at scale 1, without YaRN (OLMo 3's olmo2 files)
+    mla: bool = False             # multi-head latent attention (quantkit.model.layer.MLA): reads
+                                  # {arch}.attention.q_lora_rank / kv_lora_rank / key_length_mla /
+                                  # value_length_mla and blk.N.attn_q_a ... attn_v_b instead of attn_q/k/v;
+                                  # the softmax scale 1/sqrt(key_length_mla) times YaRN's mscale squared
+    yarn_log_mul: bool = False    # {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, which
+                                  # also stands for YaRN's mscale (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
 
 
 #: ``Arch.attn_scale`` kinds whose models of this many layers (the 27B ones) scale q.k by 1/sqrt(n_embd /
@@ -165,6 +174,13 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     Arch("gemma2", rope_neox=True, qk_norm=False, post_norms=True, glu="gelu", embd_scale=True, swa_pattern=2,
          output_bias=False, softcap=True, swa_rope_model=True, attn_scale="gemma2", attn_softcap=True,
          swa_default=4096),
+    # src/models/deepseek2.cpp (DeepSeek V2 / V2-Lite / V3, Kimi K2): MLA in its absorbed form (is_mla),
+    # NORM RoPE on the decoupled part, leading dense layers, build_moe_ffn with the file's gating, norm and
+    # scale, and ungated shared experts expert_shared_count experts wide
+    Arch("deepseek2", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True, shexp_gate=False,
+         shexp_width="count", moe_hparams=True, lead_dense=True, score_bias=True, mla=True,
+         yarn_log_mul=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)
@@ -172,7 +188,6 @@ SUPPORTED_ARCHS = tuple(ARCHS)
 #: mixture-of-experts architectures llama.cpp runs and quantkit does not yet: what each one lacks here
 UNSUPPORTED_MOE_ARCHS = {
     "deepseek": "the shared experts (ffn_*_shexp) and leading dense layers",
-    "deepseek2": "multi-head latent attention (MLA), grouped expert routing and the shared experts",
     "olmoe": "the whole-Q/K RMSNorm",
     "llama4": "the sigmoid gating before the experts and the shared expert",
 }

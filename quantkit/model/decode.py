@@ -4,7 +4,9 @@
 runs one token: the embedding row, then each layer's program (``quantkit.model.layer``: per block its
 input norm, its op, its output norm and the residual add) -- ``attn_op``: activation quantization
 (once per distinct input and activation kind), Q/K/V products, ``qk_prepare`` (biases, Q/K norms,
-RoPE), KV store, attention over the cache (or its sliding window), output product; ``ffn_op``: gate /
+RoPE), KV store, attention over the cache (or its sliding window), output product; ``mla_op``: multi-head
+latent attention in its absorbed form (the latent and k_pe stored, per-head attn_k_b / attn_v_b products
+around one-KV-head attention over them); ``ffn_op``: gate /
 up products with the GLU, down product, or in a mixture-of-experts layer the router product,
 ``route.route_token`` and those three products for each chosen expert alone, their weighted outputs
 added in selection order, then a shared expert --; then the final norm and the logits product. Layers
@@ -25,9 +27,10 @@ How the weights get in, and the type dispatch:
   resident bytes stay one copy): the x8 types' in the 8-row interleaved layout, and float weights as the
   file's rows (``runners.copies_rows``: on the Sapphire Rapids machine they decoded ~11 % slower from
   the map). ``wt[layer, j] = (offset, row_bytes, n_rows, code, chunk
-  rows, expert stride)`` for the matrices of a layer in its named slots ``W_Q`` .. ``W_DOWN_SH``
-  (``MATS`` in a dense layer, ``MOE_MATS`` and ``SHEXP_MATS`` in a MoE layer: a 3D expert tensor is one
-  entry of one expert's rows, expert e at offset + e * stride; unused slots are empty); ``ot`` / ``et``
+  rows, expert stride)`` for the matrices of a layer in its named slots ``W_Q`` .. ``W_V_B``
+  (``MATS`` in a dense layer, ``MOE_MATS`` and ``SHEXP_MATS`` in a MoE layer, ``MLA_MATS`` for MLA: a 3D
+  expert -- or per-head -- tensor is one entry of one expert's rows, expert e at offset + e * stride;
+  unused slots are empty); ``ot`` / ``et``
   the same for ``output`` and ``token_embd``.
 * ``code`` indexes the model's *type set* (its distinct matrix types and layouts, at most ``SLOTS``):
   ``runs[code]`` is the address of that slot's row runner, a C-callable build of one type and layout
@@ -71,23 +74,31 @@ from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.runners import SC_LEN, act_table, copies_rows, deq_runner, row_runner
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, x8_types
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.layer import Attn, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Llama, Weight
 # the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported (the batch path, perplexity)
 from quantkit.model.ops import NO_SINK, add_bias
 from quantkit.model.route import ROUTING_DTYPE, route_token, routing_record
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
-                                kv_f16_store, kv_f32_same, max_f32, qk_prepare, rmsnorm1, window_start)
+                                kv_f16_store, kv_f32_same, max_f32, mla_prepare, qk_prepare, rmsnorm1, window_start)
 
 #: the matrices of a layer in the slots of ``wt[layer]``, named W_Q .. W_DOWN_SH: a dense layer's seven
 MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
-W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_ROUTER, W_GATE_SH, W_UP_SH, W_DOWN_SH = range(11)
-N_MATS = 11
+W_Q, W_K, W_V, W_O, W_GATE, W_UP, W_DOWN, W_ROUTER, W_GATE_SH, W_UP_SH, W_DOWN_SH, W_K_B, W_V_B = range(13)
+N_MATS = 13
 #: a MoE layer's: the experts' 3D tensors in the FFN's places, and the router
 MOE_MATS = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps",
             "ffn_gate_inp")
 #: after them, a shared expert's (qwen2moe)
 SHEXP_MATS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+#: an MLA layer's (quantkit.model.layer.MLA) in the attention's slots W_Q .. W_O -- q (attn_q, or attn_q_b
+#: after its low rank), the latent's attn_kv_a_mqa, attn_q_a (empty without q_lora_rank), attn_output --
+#: and its per-head attn_k_b / attn_v_b (3D: one head's rows, the next a stride on) in W_K_B / W_V_B
+MLA_MATS = {W_K: "attn_kv_a_mqa", W_V: "attn_q_a", W_O: "attn_output", W_K_B: "attn_k_b", W_V_B: "attn_v_b"}
+#: every matrix name a layer's slots may hold (ffn_gate_up_exps: the experts' gate and up merged, read as
+#: W_GATE's and W_UP's rows of each expert)
+STEP_MATS = tuple(dict.fromkeys(MATS + MOE_MATS + SHEXP_MATS + tuple(MLA_MATS.values()) +
+                                ("attn_q_b", "ffn_gate_up_exps")))
 #: columns of a ``wt`` row
 WT_COLS = 6
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
@@ -154,6 +165,25 @@ def product(runs, m, bp, pp, ap, op, sp, ctr, nth):
             c = fetch_add(ctr, CTR, 1)
 
 
+@njit_fast_parallel
+def per_head(runs, m, mh, n_head, bp, pp, atabs, op, o_step, sp, ctr, nth):
+    """out[h * o_step + r] = row r of head h's matrix . head h's activations (table ``atabs[h]``) for every
+    head of a 3D per-head tensor (``m``: head 0's ``wt`` row, head h a stride on; ``mh`` scratch (>= n_head,
+    WT_COLS)): one parallel region whose threads claim (head, chunk) pairs, not a region per head."""
+    for h in range(n_head):
+        for col in range(WT_COLS):
+            mh[h, col] = m[col]
+        mh[h, 0] += h * m[5]
+    nch = nchunks(m)
+    ctr[CTR] = 0
+    for _ in prange(nth):
+        c = fetch_add(ctr, CTR, 1)
+        while c < n_head * nch:
+            h = c // nch
+            rows(runs, mh[h], c - h * nch, bp, pp, addr_of(atabs[h]), op, h * o_step, sp)
+            c = fetch_add(ctr, CTR, 1)
+
+
 # -- the activation forms a product needs ----------------------------------------------------------
 
 @njit_fast
@@ -180,8 +210,8 @@ def quantize_needed(mask, a):
 # them: a dense first layer before MoE layers, sliding and global attention.
 
 #: ops of ``BLOCK_DTYPE.op`` (0: no block)
-OP_NONE, OP_ATTN, OP_DENSE, OP_MOE = 0, 1, 2, 3
-OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE}
+OP_NONE, OP_ATTN, OP_DENSE, OP_MOE, OP_MLA = 0, 1, 2, 3, 4
+OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE, MLA: OP_MLA}
 MAX_BLOCKS = 2
 BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64), ("scale", np.float32)])
 ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
@@ -189,17 +219,25 @@ ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", n
                        ("qk_full", np.int64), ("softcap", np.float32)])
 FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("shexp_gate", np.int64),
                       ("biases", np.int64)])
+MLA_DTYPE = np.dtype([(name, np.int64) for name in ("rope_table", "neox", "n_head", "n_lora_q", "n_lora_kv", "n_nope",
+                                                     "n_rot", "n_v")])
 
 #: the step's tables, each a namedtuple numba reads by field name
 Weights = namedtuple("Weights", "runs deqs buf pbuf wt ot et sc ctr")
-Acts = namedtuple("Acts", "aE aQ aF aX aS atab")
-Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow")
-Program = namedtuple("Program", "prog norms attn ffn routing need out_norm gelu_tab")
-AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias")
+Acts = namedtuple("Acts", "aE aQ aF aX aS aL aN aV atab atab_n atab_v")
+Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead")
+Program = namedtuple("Program", "prog norms attn mla ffn routing need out_norm gelu_tab")
+AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias q_a_norm kv_a_norm")
 MoeTables = namedtuple("MoeTables", "shexp_inp router_bias score_bias gate_bias up_bias down_bias")
 Dims = namedtuple("Dims", "n_head n_head_kv head_dim n_rot eps scale embd_scale")
-#: rows of ``Acts.atab``: the activation tables of aE, aQ, aF (dense FFN), aX (an expert), aS (the shared expert)
-A_E, A_Q, A_F, A_X, A_S = range(5)
+#: rows of ``Acts.atab``: the activation tables of aE, aQ (the attention's output), aF (dense FFN), aX (an
+#: expert), aS (the shared expert), and MLA's inputs of attn_q_b (aL), of attn_k_b (aN: every head's q_nope,
+#: a row each) and of attn_v_b (aV: every head's latent output); ``Acts.atab_n`` / ``atab_v``: per head, the
+#: table of its row of aN / aV
+A_E, A_Q, A_F, A_X, A_S, A_L, A_N, A_V = range(8)
+#: columns of ``Program.need``: the activation kinds (KIND_BIT) each input's products need -- the block's
+#: input, the attention's output, the FFN's input, ffn_down's input, and MLA's aL, aN, aV
+N_NEED = 7
 
 
 def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
@@ -258,12 +296,82 @@ def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
     has_sinks, sinks, scale, cap = a.sinks != 0, T.sinks[l], D.scale, a.softcap
     for h in prange(n_head):
         snk = sinks[h] if has_sinks else np.float32(NO_SINK)
-        ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, (h // group) * hd, k0, n_kv, scale, cap, snk,  # noqa: F821
-               scores[h], xo[h * hd:(h + 1) * hd])
+        ko = (h // group) * hd
+        ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, ko, ko, k0, n_kv, scale, cap, snk, scores[h],  # noqa: F821
+               xo[h * hd:(h + 1) * hd])
     quantize_needed(P.need[l, 1], A.aQ)
     product(W.runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
     if a.out_bias != 0:
         add_bias(S.xb2, T.out_bias[l])
+
+
+def mla_op(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
+    """Layer l's multi-head latent attention (``quantkit.model.layer.MLA``) of the normed input in A.aE
+    at position ``pos`` into S.xb2, absorbed as llama.cpp runs it: q (attn_q; or attn_q_a, its norm, attn_q_b)
+    and the latent (attn_kv_a_mqa) in one parallel region, ``mla_prepare`` (RoPE, the latent's norm), the
+    cache store of the latent and k_pe, per head q_nope @ attn_k_b[h] beside q_pe, attention of every head
+    over the cached rows (a prange over heads; values: the rows' latent), per head the latent output @
+    attn_v_b[h], the output product. ``S.mla`` holds q, kv, q_a, the absorbed queries, the latent outputs."""
+    a = P.mla[l]
+    w = W.wt[l]
+    H, LQ, L, nope, R, nv = a.n_head, a.n_lora_q, a.n_lora_kv, a.n_nope, a.n_rot, a.n_v
+    hk = nope + R
+    KW = L + R
+    Q = H * hk
+    o_kv, o_qa = Q, Q + KW
+    o_abs = o_qa + LQ
+    o_lat = o_abs + H * KW
+    m = S.mla
+    q, kv, qa, qabs, lat = m[:Q], m[o_kv:o_qa], m[o_qa:o_abs], m[o_abs:o_lat], m[o_lat:o_lat + H * L]
+    bp, pp, sp = addr_of(W.buf), addr_of(W.pbuf), addr_of(W.sc)
+    aEp, mp = addr_of(A.atab[A_E]), addr_of(m)
+    quantize_needed(P.need[l, 0], A.aE)
+    # (locals only in a prange body: attn_op)
+    ctr, runs, mk = W.ctr, W.runs, w[W_K]
+    m1 = w[W_V] if LQ > 0 else w[W_Q]       # q_a or q, beside the latent
+    o1 = o_qa if LQ > 0 else 0
+    c1, ck = nchunks(m1), nchunks(mk)
+    ctr[CTR] = 0
+    for _ in prange(nth):
+        c = fetch_add(ctr, CTR, 1)
+        while c < c1 + ck:
+            if c < c1:
+                rows(runs, m1, c, bp, pp, aEp, mp, o1, sp)
+            else:
+                rows(runs, mk, c - c1, bp, pp, aEp, mp, o_kv, sp)
+            c = fetch_add(ctr, CTR, 1)
+    if LQ > 0:
+        rmsnorm1(qa, T.q_a_norm[l], D.eps, A.aL[0][0])
+        quantize_needed(P.need[l, 4], A.aL)
+        product(runs, w[W_Q], bp, pp, addr_of(A.atab[A_L]), mp, sp, ctr, nth)
+    mla_prepare(q, kv, T.kv_a_norm[l], D.eps, H, nope, R, cos[a.rope_table, pos], sin[a.rope_table, pos], a.neox != 0)
+    krow = kc[l, pos]
+    for i in range(KW):
+        krow[i] = ST_KV(kv[i])  # noqa: F821
+    # per head: [attn_k_b[h] @ q_nope, q_pe], the query against the cache rows [latent, k_pe]
+    xn = A.aN[0]
+    for h in range(H):
+        for i in range(nope):
+            xn[h, i] = q[h * hk + i]
+        for i in range(R):
+            qabs[h * KW + L + i] = q[h * hk + nope + i]
+    quantize_needed(P.need[l, 5], A.aN)
+    per_head(runs, w[W_K_B], S.mhead, H, bp, pp, A.atab_n, addr_of(qabs), KW, sp, ctr, nth)
+    kl = kc[l]
+    n_kv = pos + 1
+    scale = D.scale
+    for h in prange(H):
+        ATTEND(qabs[h * KW:(h + 1) * KW], kl, kl, 0, 0, 0, n_kv, scale, np.float32(0.0), np.float32(NO_SINK),  # noqa: F821
+               scores[h], lat[h * L:(h + 1) * L])
+    # per head: attn_v_b[h] @ its latent output, into the output product's input
+    xv = A.aV[0]
+    for h in range(H):
+        for i in range(L):
+            xv[h, i] = lat[h * L + i]
+    quantize_needed(P.need[l, 6], A.aV)
+    per_head(runs, w[W_V_B], S.mhead, H, bp, pp, A.atab_v, addr_of(A.aQ[0][0]), nv, sp, ctr, nth)
+    quantize_needed(P.need[l, 1], A.aQ)
+    product(runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
 
 
 @njit_fast_parallel
@@ -367,6 +475,8 @@ def step_body(tok, pos, want, W, A, S, P, T, M, D, kc, vc, cos, sin, scores, log
                 xa[:] = x
             if blk.op == OP_ATTN:
                 ATTN(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth)  # noqa: F821
+            elif blk.op == OP_MLA:
+                MLA_OP(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth)  # noqa: F821
             else:
                 ffn_op(l, blk.op == OP_MOE, W, A, S, P, M, nth)
             if blk.scale != np.float32(0.0):   # post-norm first, then the scale (layer.Block)
@@ -447,12 +557,21 @@ def _flat_buffer(model: Llama, weights: list[Weight]) -> tuple[np.ndarray, list[
     return frozen(np.concatenate(parts)), [int(o) for o in offs], True
 
 
-def step_kernel(kv_f16: bool):
-    """The compiled step for a KV cache kind (fp16 bits or float32): one build for every model."""
+@njit_fast
+def _no_mla(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
+    """``mla_op``'s stand-in in the step of a model without MLA layers (never called there)."""
+    return
+
+
+def step_kernel(kv_f16: bool, mla: bool = False):
+    """The compiled step for a KV cache kind (fp16 bits or float32), with ``mla_op`` when ``mla``: one
+    build for every model of each (a model without MLA layers does not compile ``mla_op``'s parallel
+    regions on its first run)."""
     tag = "kv16" if kv_f16 else "kv32"
     st = kv_f16_store if kv_f16 else kv_f32_same
     attn = build(attn_op, tag, True, ST_KV=st, ATTEND=attend_kernel(kv_f16))
-    return build(step_body, tag, False, ATTN=attn)
+    mla_fn = build(mla_op, tag, True, ST_KV=st, ATTEND=attend_kernel(kv_f16)) if mla else _no_mla
+    return build(step_body, tag + ("_mla" if mla else ""), False, ATTN=attn, MLA_OP=mla_fn)
 
 
 class DecodeStep:
@@ -467,8 +586,10 @@ class DecodeStep:
         for il, d in enumerate(model.layers):
             if len(d.blocks) > MAX_BLOCKS or any(type(k.op) not in OP_CODES for k in d.blocks):
                 raise ModelError(f"the compiled decode step has no op for layer {il}'s {d}")
-        per_layer = [[getattr(b, name) for name in _layer_mats(d)] for d, b in zip(model.layers, model.blk)]
-        mats = [w for ws in per_layer for w in ws]
+        # per layer, its matrices by slot (``_layer_mats``)
+        per_layer = [{j: getattr(b, name) for j, name in _layer_mats(d, b).items()}
+                     for d, b in zip(model.layers, model.blk)]
+        mats = [w for ws in per_layer for w in ws.values()]
         weights = mats + [model.output, model.token_embd]
         types = tuple(sorted({w.type for w in weights}, key=int))
         # the products of an x8 type with whole 8-row groups read an interleaved copy (not the embedding,
@@ -477,8 +598,10 @@ class DecodeStep:
         # whole span is copied already (QUANTKIT_COPY_WEIGHTS=1)
         xt = set(x8_types(variant)) if use_x8(variant) else set()
         ct = {t for t in types if copies_rows(t)} if not config.copy_weights() else set()
-        packed = [w.type in ct or (w.type in xt and (w.data.shape[0] // w.n_expert) % X8_ROWS == 0)
-                  for w in weights[:-1]] + [False]
+        # (ffn_gate_up_exps: each half of an expert's rows in whole 8-row groups)
+        fused = {b.ffn_gate_up_exps.name for b in model.blk if b.ffn_gate_up_exps is not None}
+        packed = [w.type in ct or (w.type in xt and (w.data.shape[0] // w.n_expert // (2 if w.name in fused else 1))
+                                   % X8_ROWS == 0) for w in weights[:-1]] + [False]
 
         def slot_set(packed):
             return tuple(sorted({(w.type, p) for w, p in zip(weights, packed)}, key=lambda k: (int(k[0]), k[1])))
@@ -523,25 +646,37 @@ class DecodeStep:
 
         pos = iter(o for _, o in self._x8_todo)
         tab = np.array([row(w, o, p, next(pos) if p else 0) for w, o, p in zip(weights, offs, packed)], np.int64)
-        wt = np.zeros((c.n_layer, N_MATS, WT_COLS), np.int64)   # a layer's slots past its matrices: empty
+        wt = np.zeros((c.n_layer, N_MATS, WT_COLS), np.int64)   # a layer's unused slots: empty
         i = 0
         for il, ws in enumerate(per_layer):
-            wt[il, :len(ws)] = tab[i:i + len(ws)]
-            i += len(ws)
+            for j in ws:
+                wt[il, j] = tab[i]
+                i += 1
+            if W_GATE in ws and ws[W_GATE].name in fused:
+                # ffn_gate_up_exps: W_GATE the first half of each expert's rows, W_UP the second (the expert
+                # stride stays the whole expert's)
+                n = wt[il, W_GATE, 2] // 2
+                wt[il, W_GATE, 2], wt[il, W_GATE, 4] = n, chunk_rows(n)
+                wt[il, W_UP] = wt[il, W_GATE]
+                wt[il, W_UP, 0] += n * ws[W_GATE].data.shape[1]
         self.wt = wt
         self.ot = np.ascontiguousarray(tab[len(mats)])
         self.et = np.ascontiguousarray(tab[len(mats) + 1])
 
-        def bits(*ws: Weight) -> int:
-            return int(np.bitwise_or.reduce([0] + [KIND_BIT[activation_kind(w.type, variant)] for w in ws]))
+        def bits(ws: dict, *slots: int) -> int:
+            return int(np.bitwise_or.reduce([0] + [KIND_BIT[activation_kind(ws[j].type, variant)] for j in slots
+                                                   if j in ws]))
 
-        need = np.zeros((c.n_layer + 1, 4), np.int64)
+        need = np.zeros((c.n_layer + 1, N_NEED), np.int64)
         for i, ws in enumerate(per_layer):
-            # attention's input; attn_output's; the FFN's (and the router's, the shared expert's gate / up);
-            # ffn_down's (and the shared expert's)
-            need[i] = (bits(*ws[:3]), bits(ws[3]), bits(*ws[W_GATE:W_DOWN], *ws[W_ROUTER:W_DOWN_SH]),
-                       bits(ws[W_DOWN], *ws[W_DOWN_SH:]))
-        need[c.n_layer, 0] = bits(model.output)
+            # attention's input (MLA: attn_q_a's or attn_q's and attn_kv_a_mqa's); attn_output's; the FFN's
+            # (and the router's, the shared expert's gate / up); ffn_down's (and the shared expert's); MLA's
+            # attn_q_b's, attn_k_b's, attn_v_b's
+            mla = isinstance(model.layers[i].attn, MLA)
+            need[i] = (bits(ws, W_K, W_V) | (0 if mla and W_V in ws else bits(ws, W_Q)), bits(ws, W_O),
+                       bits(ws, W_GATE, W_UP, W_ROUTER, W_GATE_SH, W_UP_SH), bits(ws, W_DOWN, W_DOWN_SH),
+                       bits(ws, W_Q) if mla else 0, bits(ws, W_K_B), bits(ws, W_V_B))
+        need[c.n_layer, 0] = bits({0: model.output}, 0)
         self.program = _program(model, need)
         ffns = [d.ffn for d in model.layers]
         n_ff = max([f.n_ff for f in ffns if isinstance(f, DenseFFN)], default=0)
@@ -549,15 +684,25 @@ class DecodeStep:
         n_shexp = max([f.n_ff_shexp for f in ffns if isinstance(f, MoeFFN)], default=0)
         n_expert = max([f.n_expert for f in ffns if isinstance(f, MoeFFN)], default=1)
         k = max([f.n_expert_used for f in ffns if isinstance(f, MoeFFN)], default=1)
-        acts = [_activations(n or 32) for n in (c.n_embd, c.n_embd_q, n_ff, n_ff_exp, n_shexp)]
-        self.acts = Acts(*acts, np.stack([act_table(a) for a in acts]))
+        mlas = [d.attn for d in model.layers if isinstance(d.attn, MLA)]
+        # the attention's output: n_head * head_dim, or an MLA layer's n_head * n_v
+        n_att = max([c.n_embd_q if not isinstance(d.attn, MLA) else d.attn.n_head * d.attn.n_v for d in model.layers])
+        n_lq, n_nope, n_lkv = (max([getattr(a, f) for a in mlas], default=0)
+                               for f in ("n_lora_q", "n_nope", "n_lora_kv"))
+        n_mh = max([a.n_head for a in mlas], default=1)
+        acts = [_activations(n or 32, r) for n, r in ((c.n_embd, 1), (n_att, 1), (n_ff, 1), (n_ff_exp, 1),
+                                                        (n_shexp, 1), (n_lq, 1), (n_nope, n_mh), (n_lkv, n_mh))]
+        self.acts = Acts(*acts, np.stack([act_table(a) for a in acts]), _row_tables(acts[A_N]),
+                         _row_tables(acts[A_V]))
+        n_mla = max([a.n_q + a.kv_width + a.n_lora_q + a.n_head * (a.kv_width + a.n_lora_kv) for a in mlas], default=1)
         width = max(n_ff, n_ff_exp, n_shexp)
         self.scratch = Scratch(x=np.zeros(c.n_embd, np.float32), xb2=np.zeros(c.n_embd, np.float32),
                                qkv=np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32),
                                hg=np.zeros(width, np.float32), hu=np.zeros(width, np.float32),
                                ye=np.zeros(c.n_embd, np.float32), rlog=np.zeros(n_expert, np.float32),
                                rsc=np.zeros(2 * n_expert, np.float32), sel=np.zeros(k, np.int64),
-                               selw=np.zeros(k, np.float32), mrow=np.zeros((3, WT_COLS), np.int64))
+                               selw=np.zeros(k, np.float32), mrow=np.zeros((3, WT_COLS), np.int64),
+                               mla=np.zeros(n_mla, np.float32), mhead=np.zeros((n_mh, WT_COLS), np.int64))
         blk = model.blk
 
         def stacked(name: str, shape) -> np.ndarray:
@@ -569,7 +714,9 @@ class DecodeStep:
         qkn = [None if v is None else np.pad(v, (0, width - v.size)) for v in qkn]
         self.attn_tables = AttnTables(bias=layer_biases(model), qk_norm=_stacked(qkn, width),
                                       sinks=stacked("attn_sinks", c.n_head),
-                                      out_bias=stacked("attn_output_bias", c.n_embd))
+                                      out_bias=stacked("attn_output_bias", c.n_embd),
+                                      q_a_norm=stacked("attn_q_a_norm", n_lq),
+                                      kv_a_norm=stacked("attn_kv_a_norm", n_lkv))
         shg = [None if b.ffn_gate_inp_shexp is None else b.ffn_gate_inp_shexp.dequantize().reshape(-1) for b in blk]
         self.moe_tables = MoeTables(shexp_inp=_stacked(shg, c.n_embd),
                                     router_bias=stacked("ffn_gate_inp_bias", n_expert),
@@ -588,7 +735,7 @@ class DecodeStep:
         self.deqs = np.array([d.address for _, d in self.runners], np.int64)
         self.sc = np.zeros(SC_LEN, np.int32)
         self.ctr = np.zeros(2 * CTR, np.int64)
-        self.fn = step_kernel(kv_f16)
+        self.fn = step_kernel(kv_f16, any(isinstance(d.attn, MLA) for d in model.layers))
 
     def make_x8(self) -> None:
         """Fill ``pbuf`` with the x8 layout of the matrices that use it and the copied rows of the float
@@ -632,11 +779,16 @@ class DecodeStep:
                 kc, vc, cos, sin, scores, logits, get_threads())
 
 
-def _layer_mats(d) -> tuple[str, ...]:
-    """The matrices of a layer whose program is ``d``, in the order of its ``wt`` slots."""
-    if not d.moe:
-        return MATS
-    return MOE_MATS + (SHEXP_MATS if d.ffn.n_ff_shexp else ())
+def _layer_mats(d, b) -> dict[int, str]:
+    """The matrices of a layer whose program is ``d`` and tensors ``b``: the ``wt`` slot of each."""
+    names = MATS if not d.moe else MOE_MATS + (SHEXP_MATS if d.ffn.n_ff_shexp else ())
+    out = dict(enumerate(names))
+    if isinstance(d.attn, MLA):
+        out.update(MLA_MATS)
+        out[W_Q] = "attn_q_b" if d.attn.n_lora_q else "attn_q"
+    if d.moe and d.ffn.gate_up:     # W_UP's rows come from the same tensor (DecodeStep splits the slot)
+        out[W_GATE] = "ffn_gate_up_exps"
+    return {j: name for j, name in out.items() if getattr(b, name) is not None}
 
 
 def _program(model: Llama, need: np.ndarray) -> Program:
@@ -645,6 +797,7 @@ def _program(model: Llama, need: np.ndarray) -> Program:
     prog = np.zeros((c.n_layer, MAX_BLOCKS), BLOCK_DTYPE)
     norms = np.zeros((c.n_layer, 2 * MAX_BLOCKS, c.n_embd), np.float32)
     attn = np.zeros(c.n_layer, ATTN_DTYPE)
+    mla = np.zeros(c.n_layer, MLA_DTYPE)
     ffn = np.zeros(c.n_layer, FFN_DTYPE)
     routing = np.zeros(c.n_layer, ROUTING_DTYPE)
     for il, (d, b) in enumerate(zip(layers, model.blk)):
@@ -656,14 +809,17 @@ def _program(model: Llama, need: np.ndarray) -> Program:
                 rows.append(2 * bi + j if name else -1)
             prog[il, bi] = (OP_CODES[type(k.op)], *rows, k.scale)
         a, f = d.attn, d.ffn
-        attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias, a.rope,
-                    a.qk_norm_full, a.softcap)
+        if isinstance(a, MLA):
+            mla[il] = (a.rope_table, a.rope_neox, a.n_head, a.n_lora_q, a.n_lora_kv, a.n_nope, a.n_rot, a.n_v)
+        else:
+            attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias, a.rope,
+                        a.qk_norm_full, a.softcap)
         shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0
         moe = isinstance(f, MoeFFN)
         ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, moe and f.shexp_gate, moe and f.biases)
         routing[il] = routing_record(f.routing if isinstance(f, MoeFFN) else None)[0]
     gelu = gelu_table() if any(d.ffn.glu == "gelu" for d in layers) else np.zeros(1, np.float32)
-    return Program(prog=prog, norms=norms, attn=attn, ffn=ffn, routing=routing, need=need,
+    return Program(prog=prog, norms=norms, attn=attn, mla=mla, ffn=ffn, routing=routing, need=need,
                    out_norm=np.ascontiguousarray(model.output_norm, np.float32), gelu_tab=gelu)
 
 
@@ -688,15 +844,24 @@ def _stacked(vs: list, shape) -> np.ndarray:
     return np.ascontiguousarray(np.stack([np.zeros(shape, np.float32) if v is None else v for v in vs]), np.float32)
 
 
-def _activations(n: int) -> tuple:
-    """Every activation form of one input vector of n elements (see ``urow_q8_0``), each (1, ...)."""
+def _activations(n: int, rows: int = 1) -> tuple:
+    """Every activation form of ``rows`` input vectors of n elements (see ``urow_q8_0``), each (rows, ...)."""
     nb32, nbk = n // 32, n // 256
-    return (np.zeros((1, n), np.float32), np.zeros((1, n), np.int8), np.zeros((1, nb32), np.float32),
-            np.zeros((1, nb32), np.int32), np.zeros((1, nb32), np.float32), np.zeros((1, n), np.int8),
-            np.zeros((1, nbk), np.float32), np.zeros((1, n // 16), np.int32), np.zeros((1, n), np.float32),
-            np.zeros((1, n), np.float32))
+    r = rows
+    return (np.zeros((r, n), np.float32), np.zeros((r, n), np.int8), np.zeros((r, nb32), np.float32),
+            np.zeros((r, nb32), np.int32), np.zeros((r, nb32), np.float32), np.zeros((r, n), np.int8),
+            np.zeros((r, nbk), np.float32), np.zeros((r, n // 16), np.int32), np.zeros((r, n), np.float32),
+            np.zeros((r, n), np.float32))
+
+
+def _row_tables(a: tuple) -> np.ndarray:
+    """int64 (rows, 20): per row of the activation forms ``a`` (``_activations(n, rows)``), the table
+    ``act_table`` would give for that row alone (each form's address moved on by the row)."""
+    t = act_table(a)
+    step = np.array([v for x in a for v in (x.strides[0], 0)], np.int64)
+    return np.ascontiguousarray(t[None, :] + np.arange(a[0].shape[0], dtype=np.int64)[:, None] * step[None, :])
 
 
 __all__ = ["attend_kernel", "exp_shift_sum", "expf", "gelu_table", "glu", "kv_f16_store", "kv_f32_same",
-           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "MOE_MATS", "SHEXP_MATS", "SLOTS",
-           "step_kernel"]
+           "max_f32", "qk_prepare", "rmsnorm1", "window_start", "DecodeStep", "MATS", "MOE_MATS", "SHEXP_MATS",
+           "STEP_MATS", "SLOTS", "step_kernel"]

@@ -8,7 +8,8 @@ and returns the logits of the rows asked for (the last token by default).
 
 Choices, and why:
 
-* KV cache in float32 by default, shape (n_layer, n_ctx, n_head_kv * head_dim) per K and V;
+* KV cache in float32 by default, shape (n_layer, n_ctx, n_head_kv * head_dim) per K and V (MLA layers:
+  the latent and k_pe in the K rows, no V; ``kv_widths``);
   ``type_kv="f16"`` stores fp16 as llama.cpp does by default (half the attention's memory traffic).
   Against llama.cpp's golden ids fp16 measured no better (equal top-1 agreement over 400 positions)
   and flipped one greedy step where llama.cpp's top-2 gap is 0.26, so float32 stays the default
@@ -34,7 +35,8 @@ Choices, and why:
   is BLAS products per KV head from 32 rows (a numba kernel below), and the small ops (RMSNorm, RoPE +
   cache store, softmax, the GLU) are numba kernels; BLAS is limited to numba's thread count.
 * ``collect``: set to a callable ``(weight_name, x)`` to see the input of every matrix product with at
-  least ``COLLECT_MIN_ROWS`` rows (the imatrix collector), and ``(weight_name, x, (expert, n_expert))``
+  least ``COLLECT_MIN_ROWS`` rows (the imatrix collector; x (n_head, rows, n_in) for MLA's per-head
+  attn_k_b / attn_v_b), and ``(weight_name, x, (expert, n_expert))``
   for each expert's rows of a MoE FFN (any number: llama-imatrix collects every mul_mat_id); ``None``
   costs one comparison per product.
 """
@@ -56,11 +58,11 @@ from quantkit.kernels import blas_limit, get_rows, matmul
 from quantkit.kernels.mul_mat import blas_one_thread
 from quantkit.kernels.vecdot import build
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.decode import (MATS, MOE_MATS, SHEXP_MATS, DecodeStep, attend_kernel, gelu_table, glu,
+from quantkit.model.decode import (STEP_MATS, DecodeStep, attend_kernel, gelu_table, glu,
                                    kv_f16_store, kv_f32_same, layer_biases, qk_prepare, rmsnorm1, window_start)
-from quantkit.model.layer import Attn, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
-from quantkit.model.ops import NO_SINK, exp_sink_inv, softcap_scores
+from quantkit.model.ops import NO_SINK, exp_sink_inv, mla_prepare, softcap_scores
 from quantkit.model.route import route_rows, routing_record
 
 COLLECT_MIN_ROWS = 16
@@ -94,12 +96,13 @@ def _prepare_store(q, k, v, kc, vc, pos0, cos, sin, qb, kb, vb, qn, kn, full, ep
             vc[p, j] = ST_KV(v[t, j])  # noqa: F821
 
 
-def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, softcap, n_swa, sinks, out):
-    """Causal grouped-query attention: query t (at pos0+t), head h sees cache rows 0..pos0+t (the last
-    n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv), its logits soft-capped
-    by ``softcap`` (0: not), with its sink logit sinks[h] (empty: none). out (n, n_head*head_dim).
-    One (t, h) pair per iteration (the decode step's ``attend_head``), so the result does not depend on
-    the thread count."""
+def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, head_dim_v, scale, softcap, n_swa, sinks, out):
+    """Causal grouped-query attention: query t (at pos0+t), head h (q's columns h*head_dim..) sees cache
+    rows 0..pos0+t (the last n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv):
+    its keys at column kvh*head_dim of kc, its values at column kvh*head_dim_v of vc, its logits
+    soft-capped by ``softcap`` (0: not), with its sink logit sinks[h] (empty: none). out (n,
+    n_head*head_dim_v). (MLA: one kv head, vc = kc, the latent's width head_dim_v.) One (t, h) pair per
+    iteration (the decode step's ``attend_head``), so the result does not depend on the thread count."""
     n = q.shape[0]
     group = n_head // n_head_kv
     for th in prange(n * n_head):
@@ -108,19 +111,31 @@ def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, scale, softcap, n_s
         n_kv = pos0 + t + 1
         k0 = window_start(n_kv, n_swa)
         sink = sinks[h] if sinks.shape[0] else np.float32(NO_SINK)
-        ATTEND(q[t, h * head_dim:(h + 1) * head_dim], kc, vc, (h // group) * head_dim, k0, n_kv,  # noqa: F821
-               scale, softcap, sink, np.empty(n_kv - k0, np.float32), out[t, h * head_dim:(h + 1) * head_dim])
+        ATTEND(q[t, h * head_dim:(h + 1) * head_dim], kc, vc, (h // group) * head_dim,  # noqa: F821
+               (h // group) * head_dim_v, k0, n_kv, scale, softcap, sink, np.empty(n_kv - k0, np.float32),
+               out[t, h * head_dim_v:(h + 1) * head_dim_v])
+
+
+def _mla_prepare_store(q, kv, kc, pos0, cos, sin, kv_norm, eps, n_head, n_nope, n_rot, neox):
+    """Per token: the decode step's ``mla_prepare`` on q (n_head heads of n_nope + n_rot) and kv (the
+    latent, then k_pe) in place -- RoPE on each head's last n_rot dims and on k_pe, the latent's RMSNorm --,
+    then kv into cache row pos0.. (ST_KV)."""
+    for t in prange(q.shape[0]):
+        p = pos0 + t
+        mla_prepare(q[t], kv[t], kv_norm, eps, n_head, n_nope, n_rot, cos[p], sin[p], neox)
+        for j in range(kv.shape[1]):
+            kc[p, j] = ST_KV(kv[t, j])  # noqa: F821
 
 
 def kv_kernels(kv_f16: bool):
-    """(prepare_store, attention_serial, attention_parallel) for an fp16-bits (uint16) or float32 cache.
-    The attention body is compiled serial for a few tokens (a parallel launch costs more than 9 heads of
-    work) and parallel over (token, head) pairs for more."""
+    """(prepare_store, attention_serial, attention_parallel, mla_prepare_store) for an fp16-bits (uint16)
+    or float32 cache. The attention body is compiled serial for a few tokens (a parallel launch costs more
+    than 9 heads of work) and parallel over (token, head) pairs for more."""
     tag = "kv16" if kv_f16 else "kv32"
     st = kv_f16_store if kv_f16 else kv_f32_same
     att = attend_kernel(kv_f16)
     return (build(_prepare_store, tag, True, ST_KV=st), build(_attention, tag, False, ATTEND=att),
-            build(_attention, tag, True, ATTEND=att))
+            build(_attention, tag, True, ATTEND=att), build(_mla_prepare_store, tag, True, ST_KV=st))
 
 
 PARALLEL_ATTENTION_MIN_TOKENS = 4
@@ -248,11 +263,26 @@ def return_freed_memory() -> None:
         pass
 
 
+def kv_widths(model: Llama) -> tuple[int, int]:
+    """The KV cache's row widths (K, V) for every layer of ``model``: the widest layer's. An Attn
+    layer stores n_head_kv * head_dim keys and as many values; an MLA layer its latent and k_pe
+    (``MLA.kv_width``) in the K row and nothing in the V row (its values are the latent)."""
+    c = model.config
+    ks, vs = [0], [0]
+    for d in model.layers:
+        if isinstance(d.attn, MLA):
+            ks.append(d.attn.kv_width)
+        else:
+            ks.append(c.n_embd_kv)
+            vs.append(c.n_embd_kv)
+    return max(ks), max(vs)
+
+
 class Runner:
     """Run state for one sequence: buffers for ``n_batch`` tokens and a KV cache of ``n_ctx`` positions.
 
     ``type_kv``: "f32" (default) or "f16" (llama.cpp's default cache type). ``key_cache`` / ``value_cache`` are
-    numpy arrays (n_layer, n_ctx, n_head_kv * head_dim) of that type. One-token calls run the compiled
+    numpy arrays (n_layer, n_ctx, width) of that type (``kv_widths``). One-token calls run the compiled
     decode step (``quantkit.model.decode``) unless ``compiled_step=False`` or the model cannot use it
     (``self.step`` is then None)."""
 
@@ -287,12 +317,15 @@ class Runner:
         self.up = np.zeros((B, F), f32)
         kv16 = type_kv == "f16"
         kvt = np.float16 if kv16 else f32
-        self.key_cache = np.zeros((c.n_layer, n_ctx, KV), kvt)    # lazily mapped by the OS
-        self.value_cache = np.zeros((c.n_layer, n_ctx, KV), kvt)
+        # each layer's state in rows of the widest layer's: an Attn layer's K and V (n_head_kv * head_dim
+        # each), an MLA layer's latent and k_pe in its K row (MLA.kv_width; its values are the latent)
+        KC, VC = kv_widths(model)
+        self.key_cache = np.zeros((c.n_layer, n_ctx, KC), kvt)    # lazily mapped by the OS
+        self.value_cache = np.zeros((c.n_layer, n_ctx, VC), kvt)
         # what the kernels see: fp16 as its bits (numba has no float16 arrays)
         self._kc = self.key_cache.view(np.uint16) if kv16 else self.key_cache
         self._vc = self.value_cache.view(np.uint16) if kv16 else self.value_cache
-        self._prepare_store, self._attn_serial, self._attn_parallel = kv_kernels(kv16)
+        self._prepare_store, self._attn_serial, self._attn_parallel, self._mla_prepare_store = kv_kernels(kv16)
         # RoPE tables (n_tables, n_ctx, n_rot/2): [0] the full-attention layers', [1] the sliding ones'
         # (their own base and scale, no factors: llama_model::get_rope_freq_base / _scale; YaRN's mix
         # and magnitude, when the model has it, apply to both)
@@ -309,7 +342,8 @@ class Runner:
         self.bias = layer_biases(model)
         self._none = np.zeros(0, f32)
         #: the ops of the layer programs, by record kind; each MoE layer's routing record
-        self._ops = {Attn: self._attention_block, DenseFFN: self._dense_block, MoeFFN: self._moe_block}
+        self._ops = {Attn: self._attention_block, MLA: self._mla_block, DenseFFN: self._dense_block,
+                     MoeFFN: self._moe_block}
         self._routing = [routing_record(d.ffn.routing if d.moe else None) for d in model.layers]
         self.step: DecodeStep | None = None
         if compiled_step and default_variant() != "plain":
@@ -334,7 +368,7 @@ class Runner:
         self.blk = []
         for b in m.blk:
             nb = copy.copy(b)
-            for name in MATS + MOE_MATS + SHEXP_MATS:
+            for name in STEP_MATS:
                 if getattr(b, name) is not None:
                     setattr(nb, name, moved(getattr(b, name)))
             self.blk.append(nb)
@@ -431,8 +465,11 @@ class Runner:
         return logits
 
     def _attend_blas(self, q: np.ndarray, kc: np.ndarray, vc: np.ndarray, pos0: int, n_swa: int,
-                     sinks: np.ndarray, softcap: np.float32, out: np.ndarray) -> None:
-        """Causal GQA attention as matrix products. Per KV head, the G query heads that share it are
+                     sinks: np.ndarray, softcap: np.float32, out: np.ndarray, n_head_kv: int, hd: int,
+                     dv: int) -> None:
+        """Causal GQA attention as matrix products: q (n, n_head * hd), keys at column kvh * hd of kc,
+        values at column kvh * dv of vc, out (n, n_head * dv) (MLA: one kv head over the latent, vc = kc).
+        Per KV head, the G query heads that share it are
         stacked as rows (token, head) -- one GEMM of G * block rows against the keys the block's last
         query sees, a masked softmax, one GEMM with V -- over blocks of ATTN_BLOCK queries.
 
@@ -440,32 +477,44 @@ class Runner:
         heads' products on one-thread BLAS: with OpenBLAS's own threads on these small products
         (64-128 wide) its barriers cost more than the work whenever the OS deschedules one thread
         (2-thread profile under load: 4.0-4.2 CPU s of attention per 512-token pass against 0.31 s on
-        one thread). Each head is computed the same way whatever the thread count."""
-        c = self.config
+        one thread). Each head is computed the same way whatever the thread count. With fewer KV heads
+        than threads (MLA: one), the blocks of queries are shared out instead."""
         n = q.shape[0]
-        HKV, hd = c.n_head_kv, c.head_dim
-        G = c.n_head // HKV
+        HKV = n_head_kv
+        G = q.shape[1] // hd // HKV
         n_kv = pos0 + n
 
-        def head(h: int) -> None:
+        def operands(h: int) -> tuple:
             # (n_kv, hd) column slices: float32 ones go to BLAS as they are (leading dimension n_kv*...)
-            K = kc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32, copy=False)
-            V = vc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32, copy=False)
-            Qh = np.ascontiguousarray(q[:, h * G * hd:(h + 1) * G * hd]).reshape(n * G, hd)  # rows (t, g)
-            for t0 in range(0, n, ATTN_BLOCK):
-                t1 = min(n, t0 + ATTN_BLOCK)
-                nk = pos0 + t1
-                S = Qh[t0 * G:t1 * G] @ K[:nk].T                                          # (bt * G, nk)
-                causal_softmax_serial(S, pos0 + t0, G, self.scale, softcap, n_swa, sinks[h * G:(h + 1) * G])
-                out[t0:t1, h * G * hd:(h + 1) * G * hd] = (S @ V[:nk]).reshape(t1 - t0, G * hd)
+            return (kc[:n_kv, h * hd:(h + 1) * hd].astype(np.float32, copy=False),
+                    vc[:n_kv, h * dv:(h + 1) * dv].astype(np.float32, copy=False),
+                    np.ascontiguousarray(q[:, h * G * hd:(h + 1) * G * hd]).reshape(n * G, hd))   # rows (t, g)
 
-        threads = min(get_threads(), HKV)
+        def block(h: int, t0: int, K: np.ndarray, V: np.ndarray, Qh: np.ndarray) -> None:
+            t1 = min(n, t0 + ATTN_BLOCK)
+            nk = pos0 + t1
+            S = Qh[t0 * G:t1 * G] @ K[:nk].T                                              # (bt * G, nk)
+            causal_softmax_serial(S, pos0 + t0, G, self.scale, softcap, n_swa, sinks[h * G:(h + 1) * G])
+            out[t0:t1, h * G * dv:(h + 1) * G * dv] = (S @ V[:nk]).reshape(t1 - t0, G * dv)
+
+        def head(h: int) -> None:
+            ops = operands(h)
+            for t0 in range(0, n, ATTN_BLOCK):
+                block(h, t0, *ops)
+
+        threads = get_threads()
         with blas_one_thread():
             if threads <= 1:
                 for h in range(HKV):
                     head(h)
-            else:
+            elif HKV >= threads:
                 for f in [_head_pool(threads).submit(head, h) for h in range(HKV)]:
+                    f.result()
+            else:
+                ops = [operands(h) for h in range(HKV)]
+                jobs = [_head_pool(threads).submit(block, h, t0, *ops[h]) for h in range(HKV)
+                        for t0 in range(0, n, ATTN_BLOCK)]
+                for f in jobs:
                     f.result()
 
     def _step(self, tokens: np.ndarray, pos0: int, rows: np.ndarray) -> np.ndarray | None:
@@ -522,15 +571,68 @@ class Runner:
                             d.qk_norm_full, eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot if d.rope else 0,
                             d.rope_neox)
         sinks = b.attn_sinks if d.sinks else none
-        cap = np.float32(d.softcap)
-        if n >= BLAS_ATTENTION_MIN_TOKENS:
-            self._attend_blas(q, self.key_cache[i], self.value_cache[i], pos0, d.n_swa, sinks, cap, att)
-        else:
-            attend = self._attn_parallel if n >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
-            attend(q, kc, vc, pos0, c.n_head, c.n_head_kv, c.head_dim, self.scale, cap, d.n_swa, sinks, att)
+        self._attend(q, i, False, pos0, d.n_swa, sinks, np.float32(d.softcap), c.n_head_kv, c.head_dim, c.head_dim,
+                     att)
         self._mm(b.attn_output, att, out)                                 # (n, n_embd)
         if d.out_bias:
             out += b.attn_output_bias
+
+    def _attend(self, q: np.ndarray, i: int, latent: bool, pos0: int, n_swa: int, sinks: np.ndarray,
+                softcap: np.float32, n_head_kv: int, hd: int, dv: int, out: np.ndarray) -> None:
+        """Layer i's causal attention of q (n, n_head * hd) over its cache into out (n, n_head * dv): BLAS
+        products from BLAS_ATTENTION_MIN_TOKENS rows, else per (token, head) -- the decode step's
+        ``attend_head``. ``latent``: an MLA layer's, whose values are its K rows' first dv columns."""
+        kc, vc = self.key_cache[i], self.key_cache[i] if latent else self.value_cache[i]
+        if q.shape[0] >= BLAS_ATTENTION_MIN_TOKENS:
+            self._attend_blas(q, kc, vc, pos0, n_swa, sinks, softcap, out, n_head_kv, hd, dv)
+        else:
+            attend = self._attn_parallel if q.shape[0] >= PARALLEL_ATTENTION_MIN_TOKENS else self._attn_serial
+            attend(q, self._kc[i], self._kc[i] if latent else self._vc[i], pos0, q.shape[1] // hd, n_head_kv, hd,
+                   dv, self.scale, softcap, n_swa, sinks, out)
+
+    def _mla_block(self, d: MLA, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
+        """Layer i's multi-head latent attention (quantkit.model.layer.MLA), absorbed as llama.cpp runs it
+        for a batch too: q (through its low rank), the latent and k_pe, RoPE and the latent's norm, the
+        cache store; per head q_nope @ attn_k_b[h] into the latent's space beside q_pe; one-KV-head
+        attention over the cached rows; per head the latent outputs @ attn_v_b[h]; attn_output."""
+        c = self.config
+        n = xb.shape[0]
+        H, nope, R, L = d.n_head, d.n_nope, d.n_rot, d.n_lora_kv
+        hk = nope + R
+        eps = np.float32(c.rms_eps)
+        q = self.q[:n]
+        kv = np.empty((n, d.kv_width), np.float32)
+        shared: dict = {}
+        if d.n_lora_q:
+            qa = self._mm(b.attn_q_a, xb, np.empty((n, d.n_lora_q), np.float32), shared)
+            rmsnorm(qa, b.attn_q_a_norm, eps, qa)
+            self._mm(b.attn_q_b, qa, q)                                  # (n, n_head * hk)
+        else:
+            self._mm(b.attn_q, xb, q, shared)
+        self._mm(b.attn_kv_a_mqa, xb, kv, shared)                         # (n, L + R)
+        self._mla_prepare_store(q, kv, self._kc[i], pos0, self.rope_cos[d.rope_table], self.rope_sin[d.rope_table],
+                                b.attn_kv_a_norm, eps, H, nope, R, d.rope_neox)
+        # the absorbed queries: per head [attn_k_b[h] @ q_nope, q_pe] against the cache rows [latent, k_pe]
+        qabs = np.empty((n, H, L + R), np.float32)
+        qh = q.reshape(n, H, hk)
+        qabs[:, :, L:] = qh[:, :, nope:]
+        self._per_head(b.attn_k_b, qh[:, :, :nope], qabs[:, :, :L])
+        lat = np.empty((n, H * L), np.float32)                            # each head's latent output
+        self._attend(qabs.reshape(n, H * (L + R)), i, True, pos0, 0, self._none, np.float32(0.0), 1, L + R, L, lat)
+        att = np.empty((n, H, d.n_v), np.float32)
+        self._per_head(b.attn_v_b, lat.reshape(n, H, L), att)
+        self._mm(b.attn_output, att.reshape(n, H * d.n_v), out)           # (n, n_embd)
+
+    def _per_head(self, w: Weight, x: np.ndarray, out: np.ndarray) -> None:
+        """out[:, h] = x[:, h] @ w[h]^T for each head h of a 3D per-head weight (ggml_mul_mat with
+        attn_k_b / attn_v_b, one matrix per head); x (n, n_head, n_in), out (n, n_head, n_out). Collected
+        as llama-imatrix collects a 3D mul_mat (per head, one count), from COLLECT_MIN_ROWS rows."""
+        n, H = x.shape[:2]
+        if self.collect is not None and n >= COLLECT_MIN_ROWS:
+            self.collect(w.name, x.transpose(1, 0, 2))                    # (n_head, n, n_in)
+        y = np.empty((n, out.shape[2]), np.float32)
+        for h in range(H):
+            out[:, h] = matmul(w.expert(h).data, w.type, np.ascontiguousarray(x[:, h]), y)
 
     def _dense_block(self, f: DenseFFN, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
         """A dense GLU: gate / up, the GLU, down."""
@@ -559,11 +661,18 @@ class Runner:
             m = rows.size
             gate, up = np.empty((m, f.n_ff), np.float32), np.empty((m, f.n_ff), np.float32)
             shared: dict = {}
-            if self.collect is not None:   # mul_mat_id: collected per expert whatever the row count
-                self.collect(b.ffn_gate_exps.name, xe, (int(e), f.n_expert))
-                self.collect(b.ffn_up_exps.name, xe, (int(e), f.n_expert))
-            matmul(b.ffn_gate_exps.expert(e).data, b.ffn_gate_exps.type, xe, gate, shared)
-            matmul(b.ffn_up_exps.expert(e).data, b.ffn_up_exps.type, xe, up, shared)
+            if f.gate_up:  # one product for the gate and up rows of ffn_gate_up_exps
+                w_gu = b.ffn_gate_up_exps
+                if self.collect is not None:
+                    self.collect(w_gu.name, xe, (int(e), f.n_expert))
+                gu = matmul(w_gu.expert(e).data, w_gu.type, xe, np.empty((m, 2 * f.n_ff), np.float32), shared)
+                gate[...], up[...] = gu[:, :f.n_ff], gu[:, f.n_ff:]
+            else:
+                if self.collect is not None:   # mul_mat_id: collected per expert whatever the row count
+                    self.collect(b.ffn_gate_exps.name, xe, (int(e), f.n_expert))
+                    self.collect(b.ffn_up_exps.name, xe, (int(e), f.n_expert))
+                matmul(b.ffn_gate_exps.expert(e).data, b.ffn_gate_exps.type, xe, gate, shared)
+                matmul(b.ffn_up_exps.expert(e).data, b.ffn_up_exps.type, xe, up, shared)
             if f.biases:   # ggml_add_id: each expert's bias row after its products
                 gate += b.ffn_gate_exps_bias[e]
                 up += b.ffn_up_exps_bias[e]

@@ -24,6 +24,8 @@ The ops:
 ``Attn``       Q/K/V products (+ biases) -> Q/K RMSNorm (per head or over the whole projection) -> RoPE
                (or none) -> causal (sliding-window) softmax attention over the cache of the scaled,
                optionally soft-capped logits (+ a sink logit per head) -> attn_output (+ bias)
+``MLA``        multi-head latent attention (DeepSeek V2 / V3): the cache holds one compressed latent
+               per position, shared by every head (the record's docstring)
 ``DenseFFN``   (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down (llama.cpp's build_ffn, LLM_FFN_PAR)
 ``MoeFFN``     build_moe_ffn: the router, ``Routing`` (quantkit.model.route), each chosen expert's GLU
                weighted and added in the order of selection; a shared expert after them
@@ -55,6 +57,49 @@ class Attn:
     rope: bool = True       # False: Q and K are not rotated (SmolLM3's NoPE layers)
     qk_norm_full: bool = False  # the Q/K norms over the whole projection (OLMo 2), not per head
     softcap: float = 0.0    # each scaled logit s -> softcap * tanh(s / softcap) before the mask (Gemma 2)
+
+
+@dataclass(frozen=True)
+class MLA:
+    """Multi-head latent attention, as llama.cpp's deepseek2 graph runs it (``is_mla``: the absorbed form,
+    for a batch and for one token alike). For the normed input h of a position p::
+
+        q    = h @ attn_q                    or  rmsnorm(h @ attn_q_a) * attn_q_a_norm @ attn_q_b   (n_lora_q > 0)
+               per head: q_nope (n_nope), q_pe (n_rot) = rope(that part)
+        kv   = h @ attn_kv_a_mqa             (n_lora_kv + n_rot)
+        c    = rmsnorm(kv[:n_lora_kv]) * attn_kv_a_norm;   k_pe = rope(kv[n_lora_kv:])     (one "head")
+        cache row p = [c, k_pe]              (``kv_width``: the KV cache's only state; no V cache)
+
+    and per head h, over the cached rows t <= p::
+
+        q_abs = attn_k_b[h] @ q_nope         (n_lora_kv: q_nope taken into the latent's space)
+        s_t   = scale * ([q_abs, q_pe] . row_t)           = scale * (k_nope_t . q_nope + k_pe_t . q_pe)
+        o     = attn_v_b[h] @ sum_t softmax(s)_t c_t      (n_v)
+        out   = [o for every head] @ attn_output
+
+    -- multi-query attention over the latent with a product before and one after (ggml_mul_mat with
+    the 3D attn_k_b / attn_v_b, one matrix per head). The decompressed form (k_nope = attn_k_b[h]^T c,
+    v = attn_v_b[h] c per head and position) gives the same logits; quantkit.model.reference computes
+    that one, so the tests check the absorption too."""
+
+    n_head: int
+    n_lora_q: int       # {arch}.attention.q_lora_rank: 0 (V2-Lite) reads attn_q, else attn_q_a / _norm / _b
+    n_lora_kv: int      # {arch}.attention.kv_lora_rank: the latent's width
+    n_nope: int         # a head's query / key dims without RoPE: key_length_mla - n_rot
+    n_rot: int          # ... with RoPE ({arch}.rope.dimension_count): after the nope ones in q
+    n_v: int            # {arch}.attention.value_length_mla: a head's output, attn_v_b's rows
+    rope_neox: bool
+    rope_table: int = 0
+
+    @property
+    def kv_width(self) -> int:
+        """A cache row: the normed latent, then the rotated k_pe."""
+        return self.n_lora_kv + self.n_rot
+
+    @property
+    def n_q(self) -> int:
+        """q's width: n_head heads of n_nope + n_rot."""
+        return self.n_head * (self.n_nope + self.n_rot)
 
 
 @dataclass(frozen=True)
@@ -95,6 +140,8 @@ class MoeFFN:
     biases: bool = False  # the router's bias (added to its logits) and the experts' (ggml_add_id after
                           # each expert's gate, up and down products; gpt-oss)
     shexp_gate: bool = False  # the shared expert scaled by sigmoid(h . ffn_gate_inp_shexp) (qwen2moe)
+    gate_up: bool = False     # the experts' gate and up in one tensor, ffn_gate_up_exps (gate rows, then up
+                              # rows per expert; llama.cpp's create_tensor_gate_up_exps): one product for both
 
     @property
     def n_expert(self) -> int:
@@ -106,14 +153,14 @@ class MoeFFN:
 
 
 #: the ops a Block may hold
-OPS = (Attn, DenseFFN, MoeFFN)
+OPS = (Attn, MLA, DenseFFN, MoeFFN)
 
 
 @dataclass(frozen=True)
 class Block:
     """One step of a layer: ``x += post(op(norm(x)))`` (the module's program)."""
 
-    op: Attn | DenseFFN | MoeFFN
+    op: Attn | MLA | DenseFFN | MoeFFN
     norm: str | None        # the llama.Block attribute of the input norm's weight (None: no input norm)
     post_norm: str | None = None   # the output norm's, before the residual add (None: none)
     scale: float = 0.0      # the output times this before the add (0: none; Granite's residual_scale)
@@ -127,8 +174,8 @@ class Layer:
         return next((b.op for b in self.blocks if isinstance(b.op, kinds)), None)
 
     @property
-    def attn(self) -> Attn | None:
-        return self._op(Attn)
+    def attn(self) -> Attn | MLA | None:
+        return self._op((Attn, MLA))
 
     @property
     def ffn(self) -> DenseFFN | MoeFFN | None:
@@ -145,12 +192,16 @@ def describe(config, block, il: int) -> Layer:
     with ``ffn_gate`` a dense one (DeepSeek's and GLM's leading dense layers)."""
     c, a = config, config.arch
     swa = c.is_swa(il)
-    attn = Attn(rope_neox=a.rope_neox, rope=not (a.nope_step and (il + 1) % a.nope_step == 0),
-                qk_norm_full=a.qk_norm_full, softcap=c.attn_softcap,
-                qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
-                qk_norm=block.attn_q_norm is not None,
-                n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
-                out_bias=block.attn_output_bias is not None)
+    if a.mla:
+        attn = MLA(n_head=c.n_head, n_lora_q=c.n_lora_q, n_lora_kv=c.n_lora_kv, n_nope=c.head_dim - c.n_rot,
+                   n_rot=c.n_rot, n_v=c.head_dim_v, rope_neox=a.rope_neox)
+    else:
+        attn = Attn(rope_neox=a.rope_neox, rope=not (a.nope_step and (il + 1) % a.nope_step == 0),
+                    qk_norm_full=a.qk_norm_full, softcap=c.attn_softcap,
+                    qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
+                    qk_norm=block.attn_q_norm is not None,
+                    n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
+                    out_bias=block.attn_output_bias is not None)
     if block.ffn_gate_inp is not None:
         # build_moe_ffn's arguments as the config read them (llama.LlamaConfig: the arch row's or the file's)
         routing = Routing(n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.moe_gating, norm_w=c.moe_norm_w,
@@ -158,7 +209,8 @@ def describe(config, block, il: int) -> Layer:
                           n_group_used=c.n_group_used, score_bias=block.exp_probs_b is not None)
         ffn = MoeFFN(routing, n_ff=c.n_ff_exp, glu=a.glu,
                      n_ff_shexp=c.n_ff_shexp if block.ffn_gate_shexp is not None else 0,
-                     shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases)
+                     shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases,
+                     gate_up=block.ffn_gate_up_exps is not None)
     else:
         ffn = DenseFFN(glu=a.glu, n_ff=c.n_ff)
     return Layer((Block(attn, "attn_norm" if block.attn_norm is not None else None,

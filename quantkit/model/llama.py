@@ -73,6 +73,11 @@ class LlamaConfig:
     logit_scale: float = 0.0              # {arch}.logit_scale: the logits divided by it (0: none)
     attn_softcap: float = 0.0             # {arch}.attn_logit_softcapping when the arch reads it (0: none)
     yarn_swa: bool = True                 # YaRN (when the model has it) also in the sliding layers' RoPE
+    # multi-head latent attention (``Arch.mla``; quantkit.model.layer.MLA): head_dim is then a query head's
+    # key_length_mla (n_rot of it rotated), head_dim_v its value_length_mla
+    n_lora_q: int = 0                     # {arch}.attention.q_lora_rank (0: q straight from attn_q)
+    n_lora_kv: int = 0                    # {arch}.attention.kv_lora_rank (0: no MLA)
+    head_dim_v: int = 0                   # {arch}.attention.value_length_mla (0: head_dim)
 
     @property
     def n_embd_kv(self) -> int:
@@ -160,14 +165,18 @@ class LlamaConfig:
             raise ModelError(f"{at}{arch}.embedding_length {n_embd} is not a multiple of head_count {n_head}")
         head_dim = _int(opt("attention.key_length", n_embd // n_head), f"{arch}.attention.key_length", at)
         head_dim_v = _int(opt("attention.value_length", head_dim), f"{arch}.attention.value_length", at)
-        if head_dim <= 0 or head_dim_v != head_dim:
+        mla = _mla_hparams(spec, meta, at) if spec.mla else {}
+        if mla:     # a query head's and a value head's dims after attn_k_b / attn_v_b
+            head_dim, head_dim_v = mla.pop("head_dim"), mla["head_dim_v"]
+        elif head_dim <= 0 or head_dim_v != head_dim:
             raise ModelError(f"{at}attention key length {head_dim} and value length {head_dim_v} differ: "
                              f"not supported")
         if n_head % n_head_kv:
             raise ModelError(f"{at}head_count {n_head} is not a multiple of head_count_kv {n_head_kv}")
         n_rot = _int(opt("rope.dimension_count", head_dim), f"{arch}.rope.dimension_count", at)
-        if n_rot <= 0 or n_rot > head_dim or n_rot % 2:
-            raise ModelError(f"{at}{arch}.rope.dimension_count {n_rot} must be even and in 2..{head_dim}")
+        rot_max = head_dim - 1 if mla else head_dim     # MLA: at least one dim without RoPE (n_embd_head_qk_nope)
+        if n_rot <= 0 or n_rot > rot_max or n_rot % 2:
+            raise ModelError(f"{at}{arch}.rope.dimension_count {n_rot} must be even and in 2..{rot_max}")
         scaling = str(opt("rope.scaling.type", "none"))
         factor = float(opt("rope.scaling.factor", 0.0) or 0.0)
         if scaling not in ("none", "linear", "yarn") and factor not in (0.0, 1.0):
@@ -175,12 +184,17 @@ class LlamaConfig:
         freq_scale = 1.0 / factor if scaling in ("linear", "yarn") and factor > 0 else 1.0
         yarn = scaling == "yarn"
         rope_mscale = 1.0
+        f32 = np.float32
+        # deepseek2's {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim ([TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]:
+        # llama_model_deepseek2::load_arch_hparams divides it by 0.1)
+        log_mul = f32(opt("rope.scaling.yarn_log_multiplier", 0.0) or 0.0) / f32(0.1) if spec.yarn_log_mul else f32(0)
         if yarn:
             # llama_context: yarn_attn_factor = get_mscale(factor) / (1 + 0.1 ln factor) * rope.scaling.attn_factor;
-            # ggml's rope_yarn then multiplies by 1 + 0.1 ln(1 / freq_scale). In float32, as both do.
-            f32 = np.float32
+            # ggml's rope_yarn then multiplies by 1 + 0.1 ln(1 / freq_scale). In float32, as both do. With
+            # deepseek2's log_mul the first factor is get_mscale(factor, log_mul) / get_mscale(factor, log_mul) = 1
+            # (its mscale is mscale_all_dim), so the rotation's magnitude is 1 and the softmax scale takes it.
             fct = f32(1.0) / f32(freq_scale)
-            ms = f32(1.0) if fct <= 1.0 else f32(0.1) * np.log(fct) + f32(1.0)
+            ms = f32(1.0) if fct <= 1.0 or log_mul else f32(0.1) * np.log(fct) + f32(1.0)
             attn = ms * (f32(1.0) / (f32(1.0) + f32(0.1) * np.log(fct)))
             attn = attn * f32(opt("rope.scaling.attn_factor", 1.0))
             rope_mscale = float(attn * (f32(1.0) + f32(0.1) * np.log(f32(1.0) / f32(freq_scale))))
@@ -204,6 +218,12 @@ class LlamaConfig:
         # the softmax scale (Arch.attn_scale): 1/sqrt(head_dim) unless the row says otherwise
         attn_scale = 1.0 / math.sqrt(n_embd // n_head) if WIDE_SCALE_LAYERS.get(spec.attn_scale) == n_layer else \
             1.0 / math.sqrt(n_rot) if spec.attn_scale == "n_rot" else 0.0
+        if mla:
+            # llama_model_deepseek2's graph: YaRN's magnitude before ggml's factor (attn_factor_org), times
+            # 1 + 0.1 log_mul ln(1 / freq_scale), squared, over sqrt(key_length_mla)
+            org = f32(rope_mscale) if yarn else f32(1.0) + f32(0.1) * np.log(f32(1.0) / f32(freq_scale))
+            m = org * (f32(1.0) + f32(0.1) * log_mul * np.log(f32(1.0) / f32(freq_scale)))
+            attn_scale = float(f32(1.0) * m * m / np.sqrt(f32(head_dim)))
         moe = _moe_hparams(spec, meta, n_expert, n_layer, at) if n_expert else {}
         scales: dict[str, float] = {}
         if spec.granite_scales:   # llama_model_granite_moe::load_arch_hparams (logit_scale required)
@@ -243,9 +263,42 @@ class LlamaConfig:
             embd_scale=float(np.sqrt(np.float32(n_embd))) if spec.embd_scale else
             float(opt("embedding_scale", 0.0) or 1.0) if spec.granite_scales else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
-            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales,
+            n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales, **mla,
             attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0,
         )
+
+
+def _mla_hparams(spec: Arch, meta: dict[str, Any], at: str) -> dict[str, Any]:
+    """Multi-head latent attention's dims (llama_model_deepseek2::load_arch_hparams): the ranks, and a
+    query head's and a value head's dims after attn_k_b / attn_v_b (key_length_mla, value_length_mla).
+    The file's key_length / value_length are the cache's (kv_lora_rank + n_rot, kv_lora_rank: llama.cpp's
+    MQA view). A file without key_length_mla is of the legacy form, one attn_kv_b per layer, which
+    llama.cpp runs without the absorption: refused."""
+    arch = spec.name
+
+    def key(k: str, default=None):
+        v = meta.get(f"{arch}.{k}", default)
+        return v if v is None else _int(v, f"{arch}.{k}", at)
+
+    if key("attention.key_length_mla") is None or key("attention.value_length_mla") is None:
+        raise ModelError(f"{at}{arch}.attention.key_length_mla / value_length_mla are missing: the legacy MLA "
+                         f"form (blk.N.attn_kv_b, not split) is not supported; convert the model again with "
+                         f"llama.cpp's convert_hf_to_gguf.py, which writes attn_k_b and attn_v_b")
+    kv = key("attention.kv_lora_rank")
+    if kv is None:
+        raise ModelError(f"{at}metadata key '{arch}.attention.kv_lora_rank' is missing")
+    out = dict(n_lora_q=key("attention.q_lora_rank", 0), n_lora_kv=kv, head_dim=key("attention.key_length_mla"),
+               head_dim_v=key("attention.value_length_mla"))
+    if min(out.values()) < 0 or min(kv, out["head_dim"], out["head_dim_v"]) <= 0:
+        raise ModelError(f"{at}{arch}: the MLA dims {out} must be positive (q_lora_rank may be 0)")
+    n_rot = key("rope.dimension_count")
+    want = {"key_length": kv + (n_rot or 0), "value_length": kv}
+    for k, v in want.items():
+        got = key(f"attention.{k}")
+        if n_rot is not None and got is not None and got != v:
+            raise ModelError(f"{at}{arch}.attention.{k} is {got}: an MLA file's is {v} (kv_lora_rank {kv}"
+                             f"{f' + rope.dimension_count {n_rot}' if k == 'key_length' else ''})")
+    return out
 
 
 #: llama_expert_gating_func_type's values (src/llama-hparams.h) as quantkit.model.layer.GATINGS names
@@ -347,8 +400,9 @@ class Weight:
         return self.shape[2] if len(self.shape) == 3 else 1
 
     def expert(self, e: int) -> "Weight":
-        """Expert ``e`` of a 3D ``_exps`` tensor as a matrix: a view of its rows in the map (ggml's
-        mul_mat_id reads one 2D slice of the tensor per expert; nothing is copied)."""
+        """Expert ``e`` of a 3D ``_exps`` tensor -- or head ``e`` of MLA's per-head attn_k_b / attn_v_b -- as
+        a matrix: a view of its rows in the map (ggml's mul_mat_id, or mul_mat over a 3D tensor, reads one 2D
+        slice per expert or head; nothing is copied)."""
         n = self.shape[1]
         return Weight(self.name, self.type, self.shape[:2], self.data[e * n:(e + 1) * n])
 
@@ -364,9 +418,17 @@ class Block:
     The optional ones are None when the architecture or the file has none."""
 
     attn_norm: np.ndarray | None   # float32 (n_embd,)   (None: pre_norms False)
-    attn_q: Weight          # (n_embd -> n_head * head_dim)
-    attn_k: Weight          # (n_embd -> n_head_kv * head_dim)
-    attn_v: Weight          # (n_embd -> n_head_kv * head_dim)
+    attn_q: Weight | None = None   # (n_embd -> n_head * head_dim)   (MLA: absent when q_lora_rank > 0)
+    attn_k: Weight | None = None   # (n_embd -> n_head_kv * head_dim)   (absent with MLA)
+    attn_v: Weight | None = None   # (n_embd -> n_head_kv * head_dim)
+    # multi-head latent attention (Arch.mla; quantkit.model.layer.MLA)
+    attn_q_a: Weight | None = None         # (n_embd -> q_lora_rank)
+    attn_q_a_norm: np.ndarray | None = None  # float32 (q_lora_rank,)
+    attn_q_b: Weight | None = None         # (q_lora_rank -> n_head * head_dim)
+    attn_kv_a_mqa: Weight | None = None    # (n_embd -> kv_lora_rank + n_rot)
+    attn_kv_a_norm: np.ndarray | None = None  # float32 (kv_lora_rank,)
+    attn_k_b: Weight | None = None         # (head_dim - n_rot -> kv_lora_rank) x n_head, 3D: ``expert(h)`` is head h's
+    attn_v_b: Weight | None = None         # (kv_lora_rank -> head_dim_v) x n_head, 3D
     attn_q_bias: np.ndarray | None = None   # float32 (n_head * head_dim,)
     attn_k_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
     attn_v_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
@@ -384,6 +446,8 @@ class Block:
     ffn_gate_exps: Weight | None = None   # (n_embd -> n_ff_exp) x n_expert, 3D
     ffn_up_exps: Weight | None = None     # (n_embd -> n_ff_exp) x n_expert
     ffn_down_exps: Weight | None = None   # (n_ff_exp -> n_embd) x n_expert
+    ffn_gate_up_exps: Weight | None = None  # (n_embd -> 2 n_ff_exp) x n_expert: gate and up merged (each
+                                            # expert's gate rows, then its up rows); the two above are then None
     exp_probs_b: np.ndarray | None = None          # float32 (n_expert,): the selection's score bias  score_bias
     ffn_gate_inp_bias: np.ndarray | None = None    # float32 (n_expert,)              moe_biases
     ffn_gate_exps_bias: np.ndarray | None = None   # float32 (n_expert, n_ff_exp)
@@ -462,17 +526,31 @@ class Llama:
                 if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias"):
                     raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
             b.attn_norm = vector(p + "attn_norm.weight", E) if a.pre_norms else None
-            b.attn_q = matrix(p + "attn_q.weight", E, Q)
-            b.attn_k = matrix(p + "attn_k.weight", E, KV)
-            b.attn_v = matrix(p + "attn_v.weight", E, KV)
-            b.attn_q_bias = optional(p + "attn_q.bias", Q)            # create_tensor_qkv: optional
-            b.attn_k_bias = optional(p + "attn_k.bias", KV)
-            b.attn_v_bias = optional(p + "attn_v.bias", KV)
-            if a.qk_norm or (a.qk_norm_optional and gg.has_tensor(p + "attn_q_norm.weight")):
-                # per head, or (qk_norm_full) over the whole projection
-                b.attn_q_norm = vector(p + "attn_q_norm.weight", Q if a.qk_norm_full else hd)
-                b.attn_k_norm = vector(p + "attn_k_norm.weight", KV if a.qk_norm_full else hd)
-            b.attn_output = matrix(p + "attn_output.weight", Q, E)
+            if a.mla:       # llama_model_deepseek2::load_arch_tensors (is_mla)
+                R, LQ, LKV = c.n_rot, c.n_lora_q, c.n_lora_kv
+                if LQ:
+                    b.attn_q_a = matrix(p + "attn_q_a.weight", E, LQ)
+                    b.attn_q_a_norm = vector(p + "attn_q_a_norm.weight", LQ)
+                    b.attn_q_b = matrix(p + "attn_q_b.weight", LQ, Q)
+                else:
+                    b.attn_q = matrix(p + "attn_q.weight", E, Q)
+                b.attn_kv_a_mqa = matrix(p + "attn_kv_a_mqa.weight", E, LKV + R)
+                b.attn_kv_a_norm = vector(p + "attn_kv_a_norm.weight", LKV)
+                b.attn_k_b = matrix(p + "attn_k_b.weight", hd - R, LKV, c.n_head)     # one matrix per head
+                b.attn_v_b = matrix(p + "attn_v_b.weight", LKV, c.head_dim_v, c.n_head)
+                b.attn_output = matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, E)
+            else:
+                b.attn_q = matrix(p + "attn_q.weight", E, Q)
+                b.attn_k = matrix(p + "attn_k.weight", E, KV)
+                b.attn_v = matrix(p + "attn_v.weight", E, KV)
+                b.attn_q_bias = optional(p + "attn_q.bias", Q)            # create_tensor_qkv: optional
+                b.attn_k_bias = optional(p + "attn_k.bias", KV)
+                b.attn_v_bias = optional(p + "attn_v.bias", KV)
+                if a.qk_norm or (a.qk_norm_optional and gg.has_tensor(p + "attn_q_norm.weight")):
+                    # per head, or (qk_norm_full) over the whole projection
+                    b.attn_q_norm = vector(p + "attn_q_norm.weight", Q if a.qk_norm_full else hd)
+                    b.attn_k_norm = vector(p + "attn_k_norm.weight", KV if a.qk_norm_full else hd)
+                b.attn_output = matrix(p + "attn_output.weight", Q, E)
             if a.attn_out_bias:
                 b.attn_output_bias = vector(p + "attn_output.bias", E)
             if a.attn_sinks:
@@ -491,8 +569,16 @@ class Llama:
                                          f"qwen2moe's shared expert and gpt-oss's biases)")
                 X, FX = c.n_expert, c.n_ff_exp
                 b.ffn_gate_inp = matrix(p + "ffn_gate_inp.weight", E, X)
-                b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
-                b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
+                if gg.has_tensor(p + "ffn_gate_up_exps.weight"):
+                    # create_tensor_gate_up_exps: the experts' gate and up in one tensor (the converter's
+                    # --fuse-gate-up-exps), each expert's gate rows then its up rows
+                    if a.moe_biases:
+                        raise ModelError(f"{where}: tensor {p + 'ffn_gate_up_exps.weight'!r} (gate and up merged) "
+                                         f"with the experts' biases is not supported by quantkit's {a.name}")
+                    b.ffn_gate_up_exps = matrix(p + "ffn_gate_up_exps.weight", E, 2 * FX, X)
+                else:
+                    b.ffn_gate_exps = matrix(p + "ffn_gate_exps.weight", E, FX, X)
+                    b.ffn_up_exps = matrix(p + "ffn_up_exps.weight", E, FX, X)
                 b.ffn_down_exps = matrix(p + "ffn_down_exps.weight", FX, E, X)
                 if a.score_bias:
                     b.exp_probs_b = optional(p + "exp_probs_b.bias", X)
@@ -532,8 +618,10 @@ class Llama:
         """Every matrix (and 3D expert tensor) the products read, in file order per layer."""
         out = [self.token_embd]
         for b in self.blk:
-            out += [w for w in (b.attn_q, b.attn_k, b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
-                                b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_down_exps, b.ffn_gate_inp_shexp,
+            out += [w for w in (b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
+                                b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
+                                b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_gate_up_exps, b.ffn_down_exps,
+                                b.ffn_gate_inp_shexp,
                                 b.ffn_gate_shexp, b.ffn_up_shexp, b.ffn_down_shexp) if w is not None]
         if self.output is not self.token_embd:
             out.append(self.output)

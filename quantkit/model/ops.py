@@ -135,6 +135,19 @@ def qk_prepare(q, k, v, qb, kb, vb, qn, kn, full, eps, n_head, n_head_kv, hd, n_
     rope_heads(k, n_head_kv, hd, n_rot, c, s, neox)
 
 
+@njit_fast
+def mla_prepare(q, kv, kv_norm, eps, n_head, n_nope, n_rot, c, s, neox):
+    """One token's multi-head latent attention inputs straight out of their products, in place
+    (quantkit.model.layer.MLA): RoPE on the last n_rot dims of each of q's n_head heads (n_nope + n_rot
+    each) and on kv's last n_rot (k_pe), RMSNorm of kv's first part (the latent) times kv_norm. The batch
+    path and the decode step both run this."""
+    hk = n_nope + n_rot
+    rope_heads(q[n_nope:], n_head, hk, n_rot, c, s, neox)     # head h's rope part at h * hk + n_nope
+    n_lat = kv.shape[0] - n_rot
+    rope_heads(kv[n_lat:], 1, n_rot, n_rot, c, s, neox)
+    rmsnorm1(kv[:n_lat], kv_norm, eps, kv[:n_lat])
+
+
 #: ``GLU_KINDS`` index of each activation
 GLU_SILU, GLU_GELU, GLU_SWIGLU_OAI = 0, 1, 2
 #: ggml_swiglu_oai's constants as build_moe_ffn passes them (LLM_FFN_SWIGLU_OAI_MOE)
@@ -252,16 +265,18 @@ def softcap_scores(s, n, cap):
             s[t] = cap * np.tanh(s[t] * inv)
 
 
-def attend_head(q, kl, vl, ko, k0, n_kv, scale, softcap, sink, s, y):
-    """One query head over the cache: y <- softmax(scale * K q) V, K and V the rows k0..n_kv-1 of
-    kl / vl (n_ctx, n_head_kv * head_dim) from column ko (k0 > 0: a sliding window; the rows before it
-    are masked); ``softcap``: the scaled logits soft-capped (``softcap_scores``; 0: not);
-    ``sink``: the head's sink logit (gpt-oss; NO_SINK: none), which joins the max and the
+def attend_head(q, kl, vl, ko, vo, k0, n_kv, scale, softcap, sink, s, y):
+    """One query head over the cache: y <- softmax(scale * K q) V, K the rows k0..n_kv-1 of kl (n_ctx,
+    ...) from column ko (q's width), V those of vl from column vo (y's width) (k0 > 0: a sliding window;
+    the rows before it are masked; MLA: vl is kl, V the latent at the start of its rows); ``softcap``: the
+    scaled logits soft-capped (``softcap_scores``; 0: not); ``sink``: the head's sink logit (gpt-oss;
+    NO_SINK: none), which joins the max and the
     denominator as ggml_soft_max_add_sinks; s (>= n_kv - k0) scratch for the scores. ggml's
     op order (scale, max, exp, float32 sum, multiply by 1 / sum). Its loops are functions of their
     own on 1-D slices: written inside a prange body they stayed scalar (10x slower; over 768 cached
     positions attention was most of a decode step's time)."""
     hd = q.shape[0]
+    dv = y.shape[0]
     m = n_kv - k0
     for t in range(m):
         s[t] = KV_DOT(q, kl[k0 + t, ko:ko + hd], hd) * scale  # noqa: F821
@@ -269,7 +284,7 @@ def attend_head(q, kl, vl, ko, k0, n_kv, scale, softcap, sink, s, y):
     inv = exp_sink_inv(s, m, sink)
     y[:] = 0.0
     for t in range(m):
-        KV_AXPY(s[t] * inv, vl[k0 + t, ko:ko + hd], y, hd)  # noqa: F821
+        KV_AXPY(s[t] * inv, vl[k0 + t, vo:vo + dv], y, dv)  # noqa: F821
 
 
 def attend_kernel(kv_f16: bool):

@@ -3,7 +3,7 @@
 No KV cache, no batching tricks: every call runs the whole token sequence from position 0 and returns
 the logits of every position. Weights are dequantized one matrix at a time as they are used, so even
 the bundled model fits in memory (never more than one float64 matrix alive; one expert's at a time).
-Each layer is its ``quantkit.model.layer.Layer`` program, walked block by block (``_attention``,
+Each layer is its ``quantkit.model.layer.Layer`` program, walked block by block (``_attention``, ``_mla``,
 ``_dense``, ``_moe``), as the batch path and the decode step walk it.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantkit.model.layer import Attn, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
 from quantkit.model.route import route
 
@@ -75,9 +75,11 @@ def _glu(g: np.ndarray, u: np.ndarray, glu: str) -> np.ndarray:
     return _act(glu)(g) * u
 
 
-def _glu_ffn(h: np.ndarray, gate: Weight, up: Weight, down: Weight, glu: str, biases=None) -> np.ndarray:
-    """The GLU FFN of h; ``biases``: (gate, up, down) bias vectors added after each product (gpt-oss)."""
-    g, u = h @ _w(gate).T, h @ _w(up).T
+def _glu_ffn(h: np.ndarray, gate: Weight | np.ndarray, up: Weight | np.ndarray, down: Weight, glu: str,
+             biases=None) -> np.ndarray:
+    """The GLU FFN of h (gate and up Weights or float64 matrices); ``biases``: (gate, up, down) bias vectors
+    added after each product (gpt-oss)."""
+    g, u = (h @ (m if isinstance(m, np.ndarray) else _w(m)).T for m in (gate, up))
     if biases is not None:
         g, u = g + biases[0], u + biases[1]
     y = _glu(g, u, glu) @ _w(down).T
@@ -104,8 +106,12 @@ def _moe(f: MoeFFN, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | Non
     for e in np.unique(top):
         rows, slot = np.nonzero(top == e)
         bias = (b.ffn_gate_exps_bias[e], b.ffn_up_exps_bias[e], b.ffn_down_exps_bias[e]) if f.biases else None
-        y = _glu_ffn(h[rows], b.ffn_gate_exps.expert(e), b.ffn_up_exps.expert(e), b.ffn_down_exps.expert(e), f.glu,
-                     bias)
+        if f.gate_up:   # ffn_gate_up_exps: the expert's gate rows, then its up rows
+            gu = _w(b.ffn_gate_up_exps.expert(e))
+            gate, up = gu[:f.n_ff], gu[f.n_ff:]
+        else:
+            gate, up = b.ffn_gate_exps.expert(e), b.ffn_up_exps.expert(e)
+        y = _glu_ffn(h[rows], gate, up, b.ffn_down_exps.expert(e), f.glu, bias)
         out[rows] += w[rows, slot][:, None] * y
     if f.n_ff_shexp:
         y = _glu_ffn(h, b.ffn_gate_shexp, b.ffn_up_shexp, b.ffn_down_shexp, f.glu)
@@ -153,7 +159,37 @@ def _attention(d: Attn, b: Block, h: np.ndarray, c, ropes: tuple, routes: list |
     return o + b.attn_output_bias if d.out_bias else o
 
 
-_OPS = {Attn: _attention, DenseFFN: _dense, MoeFFN: _moe}
+def _softmax_causal(s: np.ndarray) -> np.ndarray:
+    """Softmax over the last axis of scores (..., n, n) with the causal mask."""
+    n = s.shape[-1]
+    s = s + np.where(np.arange(n)[None, :] > np.arange(n)[:, None], -np.inf, 0.0)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    return p / p.sum(axis=-1, keepdims=True)
+
+
+def _mla(d: MLA, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
+    """Multi-head latent attention in its decompressed form (the batch path and the decode step run the
+    absorbed one; quantkit.model.layer.MLA): each head's keys [attn_k_b[h]^T c_t, k_pe_t] and values
+    attn_v_b[h] c_t from the normed latent c_t of every position, then softmax attention as any MHA."""
+    n = h.shape[0]
+    H, nope, R, L = d.n_head, d.n_nope, d.n_rot, d.n_lora_kv
+    if d.n_lora_q:
+        q = _rmsnorm(h @ _w(b.attn_q_a).T, b.attn_q_a_norm, c.rms_eps) @ _w(b.attn_q_b).T
+    else:
+        q = h @ _w(b.attn_q).T
+    q = q.reshape(n, H, nope + R)
+    q_pe = _rope(q[:, :, nope:].reshape(n, H * R), H, R, R, *ropes[d.rope_table], neox=d.rope_neox).reshape(n, H, R)
+    kv = h @ _w(b.attn_kv_a_mqa).T                                     # (n, L + R)
+    lat = _rmsnorm(kv[:, :L], b.attn_kv_a_norm, c.rms_eps)             # (n, L)
+    k_pe = _rope(kv[:, L:], 1, R, R, *ropes[d.rope_table], neox=d.rope_neox)   # (n, R), shared by the heads
+    k_nope = np.einsum("tl,hln->htn", lat, _w(b.attn_k_b).reshape(H, L, nope))   # (H, n, nope)
+    v = np.einsum("tl,hvl->htv", lat, _w(b.attn_v_b).reshape(H, d.n_v, L))      # (H, n, n_v)
+    s = np.einsum("thn,hsn->hts", q[:, :, :nope], k_nope) + np.einsum("thr,sr->hts", q_pe, k_pe)
+    p = _softmax_causal(s * c.kq_scale)
+    return np.einsum("hts,hsv->thv", p, v).reshape(n, H * d.n_v) @ _w(b.attn_output).T
+
+
+_OPS = {Attn: _attention, MLA: _mla, DenseFFN: _dense, MoeFFN: _moe}
 
 
 def reference_logits(model: Llama, tokens, routes: list | None = None) -> np.ndarray:

@@ -57,7 +57,8 @@ def route(logits: np.ndarray, r: Routing, score_bias: np.ndarray | None = None
           ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """float64: (experts (n, n_used) int64, weights (n, n_used), margin (n,)) for router logits (n,
     n_expert) (the module's steps). The margin is the n_used-th largest selection score less the next,
-    in router-logit units (0 with every expert used): how near a token is to another choice."""
+    in router-logit units (0 with every expert used), with expert groups the smaller of it and the groups'
+    own: how near a token is to another choice."""
     x = np.asarray(logits, np.float64)
     if r.gating == "softmax":
         e = np.exp(x - x.max(axis=-1, keepdims=True))
@@ -94,6 +95,12 @@ def route(logits: np.ndarray, r: Routing, score_bias: np.ndarray | None = None
     if not on_logits:
         pa, pb = np.take_along_axis(p, order, axis=-1).T
         margin = margin / np.maximum(np.maximum(pa * (1 - pa), pb * (1 - pb)), 1e-6)
+    if r.n_group > 1:
+        # and the groups' choice: the n_group_used-th best group score less the next, times 2 (a group
+        # score is two scores' sum, each moving at most 1/4 of its logit's change)
+        p_s = (p + score_bias if score_bias is not None else p).reshape(s.shape[0], r.n_group, -1)
+        gs = -np.sort(-(-np.sort(-p_s, axis=-1)[:, :, :2].sum(-1)), axis=-1)
+        margin = np.minimum(margin, 2.0 * (gs[:, r.n_group_used - 1] - gs[:, r.n_group_used]))
     return top, w, np.nan_to_num(margin, nan=0.0, posinf=np.inf)
 
 

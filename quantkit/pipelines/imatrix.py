@@ -106,7 +106,11 @@ class Accumulator:
     def to_imatrix(self, datasets: list[str]) -> Imatrix:
         entries = {}
         for name in self.sums:
-            entries[name] = Entry(self.sums[name].astype(np.float32), self.counts[name].astype(np.float32))
+            s, c = self.sums[name], self.counts[name]
+            # one count for several matrices (a 3D tensor's plain mul_mat): llama-imatrix saves their
+            # sums as one row (n_mat = the counts' size)
+            entries[name] = Entry((s if c.size == s.shape[0] else s.reshape(c.size, -1)).astype(np.float32),
+                                  c.astype(np.float32))
         return Imatrix(entries, list(datasets), self.last_chunk(), self.chunk_size)
 
 
@@ -134,7 +138,11 @@ class Collector:
     mul_mat_id, which llama-imatrix collects whatever the batch size): they go to row e of the entry's
     (n_expert, n_cols) sums and to expert e's count, one per (token, slot) as llama-imatrix counts them;
     an expert no token chose keeps count 0 (``save`` reports the entry's partial data, and quantize
-    decides what such a tensor gets, as llama-quantize)."""
+    decides what such a tensor gets, as llama-quantize).
+
+    ``x`` of 3 dimensions (n_mat, rows, cols): the inputs of a 3D weight's plain mul_mat, one matrix per
+    slice (MLA's per-head attn_k_b / attn_v_b): row m of the sums per slice and one count of ``rows``, as
+    llama-imatrix keeps a dense 3D tensor's."""
 
     def __init__(self, acc: Accumulator, process_output: bool):
         self.acc = acc
@@ -155,6 +163,12 @@ class Collector:
                 raise ImatrixError(f"non-finite values detected in {name}")
             self.acc.counts[name][e] += x.shape[0]
             self.rows_seen[name] = self.rows_seen.get(name, 0) + x.shape[0]
+            return
+        if x.ndim == 3:
+            s = self._entry(name, x.shape[2], x.shape[0])
+            for m in range(x.shape[0]):
+                _add_col_sumsq(np.ascontiguousarray(x[m], dtype=np.float32), s[m])
+            self._added(name, s, x.shape[1])
             return
         s = self._entry(name, x.shape[1])
         _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), s[0])
@@ -210,8 +224,8 @@ class Recorder(Collector):
     def __call__(self, name: str, x: np.ndarray, expert: tuple[int, int] | None = None) -> None:
         if not self.wanted(name):
             return
-        if expert is not None:  # refused before any compute (check_collectable); never reached
-            raise ImatrixError(f"{name}: a split collection cannot record expert products yet")
+        if expert is not None or x.ndim == 3:  # refused before any compute (check_collectable); never reached
+            raise ImatrixError(f"{name}: a split collection cannot record expert or per-head products yet")
         part = np.zeros(x.shape[1], np.float64)
         _add_col_sumsq(np.ascontiguousarray(x, dtype=np.float32), part)
         self.calls.append((name, int(x.shape[0]), part))
@@ -260,8 +274,11 @@ def planned_size(acc: Accumulator, model, process_output: bool, datasets: list[s
     entries = {n: Entry(np.zeros((1, s.shape[-1]), np.float32), np.zeros(1, np.float32)) for n, s in acc.sums.items()}
     for w in model.matrices():
         if w.name.startswith("blk.") or (process_output and w.name == "output.weight"):
-            n = w.n_expert
-            entries.setdefault(w.name, Entry(np.zeros((n, w.n_in), np.float32), np.zeros(n, np.float32)))
+            # a row of sums and a count per expert of a routed 3D tensor (mul_mat_id); one row of every
+            # matrix's sums and one count for a plain 3D mul_mat (MLA's per-head attn_k_b / attn_v_b)
+            n = w.n_expert if "_exps" in w.name else 1
+            entries.setdefault(w.name, Entry(np.zeros((n, w.n_in * w.n_expert // n), np.float32),
+                                             np.zeros(n, np.float32)))
     return imatrix_gguf_output(Imatrix(entries, list(datasets), 0, acc.chunk_size), opts.out).size
 
 
