@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
+import signal
 import sys
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from hypothesis import HealthCheck, settings
 
 # Commands' output is compared exactly; the first-compile notice (quantkit.jit.announce_compiles)
 # has its own test.
@@ -20,6 +23,12 @@ os.environ["QUANTKIT_COMPILE_NOTICE"] = "0"
 
 from quantkit.cli import main
 from quantkit.formats.locate import bundled_model
+
+# No test judges elapsed time (docs/DEVELOPING.md, "Tests"): Hypothesis's per-example deadline and its
+# slow-data-generation health check are wall-clock thresholds a loaded machine can trip, so they are off
+# for every property test (a test's own @settings may still say deadline=None; it cannot turn them on).
+settings.register_profile("quantkit", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("quantkit")
 
 
 #: the files that take longest on a cold cache (CPU seconds, nearly all compiling; tools/suite_profile.py),
@@ -41,6 +50,23 @@ def sha256(path) -> str:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def hang_guard(seconds: float = 300):
+    """Fail the test if the block is still running after ``seconds``: a guard against a hang only,
+    generous enough that no working code on a loaded machine comes near it. It fails with pytest's
+    ``Failed`` (a BaseException, so no command's error handling turns it into an error line)."""
+    def hung(signum, frame):
+        pytest.fail(f"still running after {seconds} s: a hang", pytrace=True)
+
+    old = signal.signal(signal.SIGALRM, hung)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
 
 
 def run_cli(args, cwd=None):

@@ -3,7 +3,8 @@
 A process started with ``pause=("quantize.tensor", 3)`` creates ``<ctl>/paused`` the third time it
 passes that point (``quantkit.pause``) and waits until the file is removed: the test then acts on a
 process provably in the middle of its work (signals it, fills its disk, truncates its input), with no
-timing guess that a fast machine could beat.
+timing guess that a fast machine could beat. Nothing here measures time: a wait fails only after
+``HANG`` seconds, a guard against a hang that no working job comes near on a loaded machine.
 """
 
 from __future__ import annotations
@@ -14,6 +15,9 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+#: seconds after which a wait fails: only a hung job gets there
+HANG = 300
 
 
 def default_sigint() -> None:
@@ -28,6 +32,7 @@ class Job:
         ctl.mkdir(parents=True, exist_ok=True)
         key = f"{os.getpid()}-{time.monotonic_ns()}"
         self.marker = ctl / f"paused-{key}"
+        self.after = ctl / f"paused-{key}.after"       # the pause point's later passes (quantkit.pause)
         env = dict(os.environ)
         if pause:
             env["QUANTKIT_PAUSE_AT"] = f"{pause[0]}:{pause[1]}"
@@ -48,7 +53,7 @@ class Job:
                                          stdout=o, stderr=e, env=env, preexec_fn=preexec)
         self.out = self.err = ""
 
-    def wait_output(self, text: str, stream: str = "stderr", timeout: float = 180) -> None:
+    def wait_output(self, text: str, stream: str = "stderr", timeout: float = HANG) -> None:
         """Wait until the job has written ``text`` (it is then provably past its start-up)."""
         path = self.stderr_path if stream == "stderr" else self.stdout_path
         end = time.monotonic() + timeout
@@ -61,7 +66,7 @@ class Job:
             time.sleep(0.01)
         raise AssertionError(f"the job never wrote {text!r}")
 
-    def wait_paused(self, timeout: float = 180) -> None:
+    def wait_paused(self, timeout: float = HANG) -> None:
         end = time.monotonic() + timeout
         while time.monotonic() < end:
             if self.marker.exists():
@@ -75,34 +80,25 @@ class Job:
     def resume(self) -> None:
         self.marker.unlink()
 
-    def signal(self, sig) -> float:
-        """Send ``sig``; return the seconds until the process ended (``self.cpu_after``: the CPU
-        seconds it used after the signal, a measure the other jobs on a busy machine do not inflate)."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        cpu_before = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-        t0 = time.monotonic()
+    def signal(self, sig) -> int:
+        """Send ``sig`` and wait for the end; return the exit code. A job waiting at its pause point is let
+        go on right after the signal: the signal's handler runs first (at the job's next bytecode), so a
+        job that honours it never passes the point again, and one that ignores it runs on and does
+        (``passes_after_pause``)."""
         self.proc.send_signal(sig)
-        _, status, usage = os.wait4(self.proc.pid, 0)
-        seconds = time.monotonic() - t0
-        self.proc.returncode = os.waitstatus_to_exitcode(status)
-        self.cpu_after = usage.ru_utime + usage.ru_stime - cpu_before
-        self.finish()
-        return seconds
+        if self.marker.exists():
+            self.resume()
+        return self.finish()
 
-    def finish(self, timeout: float = 300) -> int:
+    def passes_after_pause(self) -> list[int]:
+        """The numbers of the pause point's passes after the pause (``quantkit.pause``)."""
+        return [int(n) for n in self.after.read_text().split()] if self.after.exists() else []
+
+    def finish(self, timeout: float = HANG) -> int:
         self.proc.wait(timeout=timeout)
         self.out = self.stdout_path.read_text(errors="replace")
         self.err = self.stderr_path.read_text(errors="replace")
         return self.proc.returncode
-
-
-def prompt(job: Job, seconds: float) -> bool:
-    """Stopped 'at once': under a second of wall time, or (on a machine so loaded that wall time
-    says little) under half a second of the job's own CPU time after the signal."""
-    if seconds < 1.0:
-        return True
-    return os.getloadavg()[0] > 2 * (os.cpu_count() or 1) and job.cpu_after < 0.5
 
 
 def one_line_error(job: Job, *needles: str) -> str:

@@ -8,7 +8,6 @@ Run the fuzz test longer with QUANTKIT_FUZZ_EXAMPLES=5000 pytest tests/test_host
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -16,6 +15,7 @@ from click.testing import CliRunner
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from conftest import hang_guard
 from quantkit.cli import main
 from quantkit.errors import QuantkitError
 from quantkit.formats.gguf_io import GGUFModel
@@ -52,9 +52,8 @@ def test_broken_file_one_line_exit_1(name, command, tmp_path):
     if name in MODEL_LEVEL and command == "verify":
         pytest.skip("a model-level defect; verify checks the file, not the architecture's tensors")
     path = str(BAD / name)
-    t = time.perf_counter()
-    res = CliRunner().invoke(main, COMMANDS[command](path, tmp_path), catch_exceptions=False)
-    elapsed = time.perf_counter() - t
+    with hang_guard():              # the command ends: a bad file never hangs it
+        res = CliRunner().invoke(main, COMMANDS[command](path, tmp_path), catch_exceptions=False)
     if name in QUANTIZE_ACCEPTS and command.startswith("quantize"):
         assert res.exit_code == 0 and "Traceback" not in res.output, res.output
         assert (tmp_path / "out.gguf").exists() == (command == "quantize")
@@ -67,7 +66,6 @@ def test_broken_file_one_line_exit_1(name, command, tmp_path):
         assert lines[-1].endswith("FAILED"), res.output
     else:  # one error line (bench prints its table header first, as llama-bench does)
         assert len(errors) == 1 and name in errors[0], res.output
-    assert elapsed < 10, f"{name}: {command} took {elapsed:.1f} s"
     assert not (tmp_path / "out.gguf").exists() and not list(tmp_path.iterdir())
 
 
@@ -99,7 +97,7 @@ def mutated(draw):
     return bytes(data)
 
 
-@settings(max_examples=_EXAMPLES, deadline=5000, suppress_health_check=[HealthCheck.function_scoped_fixture,
+@settings(max_examples=_EXAMPLES, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                                          HealthCheck.too_slow])
 @given(blob=mutated())
 def test_fuzz_mutated_gguf(blob, tmp_path_factory):
@@ -108,7 +106,7 @@ def test_fuzz_mutated_gguf(blob, tmp_path_factory):
     p = d / "m.gguf"
     p.write_bytes(blob)
     try:
-        with GGUFModel(p) as m:
+        with hang_guard(), GGUFModel(p) as m:
             from quantkit.pipelines.quantize import QuantizeOptions, plan_quantization
 
             plan_quantization(m, QuantizeOptions("Q8_0"), strict=False)

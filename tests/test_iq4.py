@@ -1,6 +1,6 @@
-"""IQ4_NL / IQ4_XS: bytes against ggml (recorded hashes), dequantization of the quantizer's output against
-gguf-py, edge blocks and error messages (arbitrary bytes and thread-count independence: every codec's,
-tests/test_codecs.py)."""
+"""IQ4_NL / IQ4_XS: bytes against ggml (recorded hashes, made by tools/make_digest_golden.py),
+dequantization of the quantizer's output against gguf-py, edge blocks and error messages (arbitrary bytes
+and thread-count independence: every codec's, tests/test_codecs.py)."""
 
 from __future__ import annotations
 
@@ -47,8 +47,11 @@ def golden_imatrix(n: int) -> np.ndarray:
     return w.astype(np.float32)
 
 
-# sha256 of ggml_quantize_chunk(type, golden_input(16, n), imatrix) from libggml-base.so of
-# llama-cpp-python 0.3.36 (ctypes, on x86-64); quantkit's output was byte-identical when recorded.
+#: the rows of golden_input the digests below are taken over
+GOLDEN_ROWS = 16
+# sha256 of ggml_quantize_chunk(type, golden_input(GOLDEN_ROWS, n), NULL or golden_imatrix(n)) from
+# libggml-base.so of llama-cpp-python 0.3.36 (ctypes, on x86-64); quantkit's output was byte-identical
+# when recorded. tools/make_digest_golden.py regenerates them from the real ggml.
 GGML_SHA256 = {
     ("IQ4_NL", 256, False): "6ee6c71812aa0807e23494b0133095955800619e38ef7910cca9d2878a8bf0ed",
     ("IQ4_NL", 256, True): "68c08492ae37d9dbb6e07448f5442c9a458dc2d5f77c1973cbbcca86da03ccb2",
@@ -73,9 +76,9 @@ def test_levels_are_gguf_pys():
 @pytest.mark.parametrize("key", sorted(GGML_SHA256), ids=lambda k: f"{k[0]}-{k[1]}-{'imat' if k[2] else 'ref'}")
 def test_bytes_match_ggml(key):
     name, n, with_imatrix = key
-    x = golden_input(16, n)
+    x = golden_input(GOLDEN_ROWS, n)
     q = quantize(x, name, imatrix=golden_imatrix(n) if with_imatrix else None)
-    assert q.shape == (16, TRAITS[T[name]].row_bytes(n))
+    assert q.shape == (GOLDEN_ROWS, TRAITS[T[name]].row_bytes(n))
     assert hashlib.sha256(q.tobytes()).hexdigest() == GGML_SHA256[key]
 
 

@@ -43,12 +43,31 @@ def test_run_greedy_bundled():
 
 @pytest.mark.slow
 def test_run_chat_and_prompt_file(tmp_path):
+    """--chat with a prompt file prints the reply alone: the library's greedy continuation of the question
+    wrapped in the model's chat template (render_chat; templates against llama.cpp's in tests/test_chat.py,
+    greedy decoding against llama.cpp's in tests/test_model.py), decoded."""
+    from quantkit.cli.run import DEFAULT_N_CTX
+    from quantkit.model.chat import chat_template, render_chat
+    from quantkit.model.sampling import Sampler, SamplerParams
+    from quantkit.pipelines.generate import generate
+    from quantkit.pipelines.loading import ctx_size, open_model
+
+    question = "What is 2+2?"
     f = tmp_path / "prompt.txt"
-    f.write_text("What is 2+2?", encoding="utf-8")
+    f.write_text(question, encoding="utf-8")
     r = run("-f", str(f), "--chat", "--temp", "0", "-n", "4", "-t", "1")
     assert r.exit_code == 0, r.output
-    assert "What is 2+2?" not in r.stdout          # chat mode prints only the reply
-    assert r.stdout.strip()
+    om = open_model()
+    with om.model as model:
+        tok = om.tok
+        # SmolLM2's template starts with its BOS (<|im_start|>) and the model adds none of its own
+        text = render_chat(chat_template(model.metadata), [{"role": "user", "content": question}], True,
+                           tok.tokens[tok.bos_id], tok.tokens[tok.eos_id])
+        assert text.startswith(tok.tokens[tok.bos_id]) and not tok.add_bos
+        ids = tok.encode(text, add_special=False, parse_special=True)
+        runner = om.runner(ctx_size(None, model.config.n_ctx_train, DEFAULT_N_CTX))
+        reply = generate(runner, ids, 4, Sampler(SamplerParams(temp=0)), is_eog=tok.is_eog).tokens
+    assert reply and r.stdout == tok.decode(reply) + "\n"
 
 
 def test_help_lists_every_option():

@@ -1,7 +1,8 @@
 """The symmetric types Q4_0, Q5_0, Q8_0 (quantkit/quants/legacy.py), Q3_K, Q6_K, Q8_K (quants/kquants.py) and
-their scale searches (quants/search.py): bytes against ggml (recorded
-hashes), quantize and dequantize against gguf-py, the scale searches' properties, edge blocks and
-error messages (arbitrary bytes and thread-count independence: every codec's, tests/test_codecs.py)."""
+their scale searches (quants/search.py): bytes against ggml (recorded hashes, made by
+tools/make_digest_golden.py), quantize and dequantize against gguf-py, the scale searches' properties, edge
+blocks and error messages (arbitrary bytes and thread-count independence: every codec's,
+tests/test_codecs.py)."""
 
 from __future__ import annotations
 
@@ -66,9 +67,12 @@ def golden_imatrix(n: int) -> np.ndarray:
     return w.astype(np.float32)
 
 
-# sha256 of ggml_quantize_chunk(type, golden_input(24, n), NULL or golden_imatrix(n)) -- for Q8_K
-# quantize_row_q8_K_ref into a zeroed buffer -- from libggml-base.so of llama-cpp-python 0.3.36
+#: the rows of golden_input the digests below are taken over
+GOLDEN_ROWS = 24
+# sha256 of ggml_quantize_chunk(type, golden_input(GOLDEN_ROWS, n), NULL or golden_imatrix(n)) -- for
+# Q8_K quantize_row_q8_K_ref into a zeroed buffer -- from libggml-base.so of llama-cpp-python 0.3.36
 # (ggml 0.25.3, x86-64, via ctypes); quantkit's output was byte-identical when recorded.
+# tools/make_digest_golden.py regenerates them from the real ggml.
 GGML_SHA256 = {
     ("Q4_0", 64, False): "a672ae863f0200b6fac9335217aa291a33bd04b581846818f17bc32605e9dbd4",
     ("Q4_0", 64, True): "d9d83cdf987245e1ddb6eb1ffd0b53e13c8706a5b3bb8013d3de7154fcb34d70",
@@ -113,9 +117,9 @@ def test_uses_imatrix_where_ggml_does():
 @pytest.mark.parametrize("key", sorted(GGML_SHA256), ids=lambda k: f"{k[0]}-{k[1]}-{'imat' if k[2] else 'ref'}")
 def test_bytes_match_ggml(key):
     name, n, with_imatrix = key
-    x = golden_input(24, n)
+    x = golden_input(GOLDEN_ROWS, n)
     q = quantize(x, name, imatrix=golden_imatrix(n) if with_imatrix else None)
-    assert q.shape == (24, TRAITS[T[name]].row_bytes(n))
+    assert q.shape == (GOLDEN_ROWS, TRAITS[T[name]].row_bytes(n))
     assert hashlib.sha256(q.tobytes()).hexdigest() == GGML_SHA256[key]
 
 

@@ -1,20 +1,47 @@
-"""count_invalid (ggml_validate_row_data without decoding) against decoding: for every registered type, the
-blocks (or, for float types, the values) it counts are exactly those that dequantize to NaN/Inf."""
+"""count_invalid, the port of ggml_validate_row_data, against two references: the real ggml's verdict on
+its own bytes (the golden files' ``rejected_by_ggml_validate_row_data``, tools/make_golden.py), and, for
+every type gguf-py decodes, the blocks (or, for float types, the values) that gguf-py's dequantizer turns
+into NaN/Inf."""
 
 from __future__ import annotations
 
+import gguf.quants
 import numpy as np
 import pytest
 
 import quantkit.quants as Q
 from quantkit.errors import QuantError
+from test_golden import GOLDEN_FILES, golden
 
-TYPES = [t for t in Q.TRAITS if t.name != "Q8_K"]  # Q8_K: float32 d (3e9 fits), not an output type
+#: Q8_K: float32 d (3e9 fits), not an output type; Q1_0: gguf-py 0.19 cannot decode it (its check is
+#: test_count_invalid_needs_only_the_type_table's, and the golden files' below)
+TYPES = [t for t in Q.TRAITS if t.name not in ("Q8_K", "Q1_0")]
+
+
+@pytest.mark.parametrize("name", sorted(GOLDEN_FILES))
+def test_count_invalid_agrees_with_ggml_on_its_golden_bytes(name):
+    """Every (type, case, path) of a golden file: count_invalid finds something in ggml's bytes exactly
+    when the real ggml_validate_row_data rejected them (Q4_1 and Q5_1 write an fp16 inf on
+    near_fp16_max with an imatrix; everything else was accepted)."""
+    g = golden(name)
+    rejected = set(g.meta["rejected_by_ggml_validate_row_data"])
+    checked, disagree = set(), []
+    for t in GOLDEN_FILES[name]:
+        for case in g.meta["cases"]:
+            for path in g.paths(t):
+                key = f"{t}:{case}:{path}"
+                if f"q:{key}" not in g:     # the case's rows do not hold whole blocks of t
+                    continue
+                checked.add(key)
+                if (Q.count_invalid(g[f"q:{key}"], t) > 0) != (key in rejected):
+                    disagree.append(key)
+    assert rejected <= checked, rejected - checked
+    assert not disagree, f"count_invalid disagrees with ggml_validate_row_data on {disagree}"
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda t: t.name)
 @pytest.mark.parametrize("with_imatrix", [False, True])
-def test_count_invalid_matches_decoding(qtype, with_imatrix):
+def test_count_invalid_matches_gguf_py_decoding(qtype, with_imatrix):
     tr = Q.TRAITS[qtype]
     if tr.requires_imatrix and not with_imatrix:
         pytest.skip(f"ggml quantizes {qtype.name} only with an importance matrix")
@@ -25,7 +52,8 @@ def test_count_invalid_matches_decoding(qtype, with_imatrix):
     x[5, :256] = 0.0  # zero blocks stay valid
     w = rng.uniform(0.1, 2.0, 512).astype(np.float32) if with_imatrix else None
     q = Q.quantize(x, qtype, imatrix=w)
-    vals = Q.dequantize(q, qtype)
+    with np.errstate(all="ignore"):     # inf * 0 in the blocks under test
+        vals = gguf.quants.dequantize(q, qtype)
     if tr.info.check == "values":
         want = int(np.count_nonzero(~np.isfinite(vals)))
     else:

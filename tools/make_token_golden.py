@@ -11,6 +11,7 @@ Writes:
   tiny_spm_golden.json     llama.cpp's ids / detokenized bytes for it
   smollm2_golden.json      llama.cpp's ids for tricky strings, special ids, EOG set, sample pieces
   smollm2_eval_ids.npz     llama.cpp's ids (uint16) for the evaluation half of the pydoc_data text
+                           (pydoc-topics.txt.gz: the committed text, read here and by the tests)
   gemma3_golden.json       the same for Gemma 3 270M (SPM, 262,144 tokens; with --gemma)
   gemma3_text_ids.npz      llama.cpp's ids (uint32) for both halves of the pydoc_data text (Gemma 3)
   qwen3_golden.json        the same for Qwen3's tokenizer (BPE, pre = qwen2; with --qwen-dir), converted
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import gzip
 import hashlib
 import json
 import os
@@ -40,11 +42,16 @@ OUT = Path(__file__).resolve().parent.parent / "tests" / "data" / "tokenizer"
 # ----------------------------------------------------------------------------------------------- texts
 
 
-def calibration_texts() -> tuple[str, str]:
-    """Same split as quantkit.formats.texts.calibration_texts (duplicated: this script runs without quantkit)."""
-    from pydoc_data import topics
+#: the text the whole-text ids are made from: Python 3.11.7's pydoc_data topics joined as
+#: quantkit.formats.texts.source_text joins them, committed (gzip) so that the golden ids and the tests
+#: that read them do not depend on the Python either runs under
+PYDOC_TEXT = OUT / "pydoc-topics.txt.gz"
 
-    text = "\n\n".join(topics.topics.values())
+
+def calibration_texts() -> tuple[str, str]:
+    """The committed text, split as quantkit.formats.texts.calibration_texts splits it (duplicated: this
+    script runs without quantkit)."""
+    text = gzip.decompress(PYDOC_TEXT.read_bytes()).decode("utf-8")
     cut = text.find("\n", len(text) // 2)
     return text[:cut], text[cut + 1 :]
 

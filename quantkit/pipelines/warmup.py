@@ -2,9 +2,10 @@
 
 ``warm_codecs`` runs every registered type's quantizer (ggml's reference path and, where the type has
 one, the importance-weighted path) and dequantizer on a few blocks: what ``quantize`` and ``roundtrip``
-compile. ``warm_model`` opens a model and runs ``run``'s own warm-up (a short batch of the prompt and
-one decode step) plus a batch with every position's logits (``perplexity``'s path): what ``run``,
-``bench`` and ``perplexity`` compile for that model's set of weight types.
+compile. ``warm_model`` opens a model and runs ``run``'s own warm-up of a long prompt (a batch and one
+decode step), batches of short prompts (their own product and attention kernels) and a scored batch
+with every position's logits (``perplexity``'s path): what ``run``, ``bench`` and ``perplexity``
+compile for that model's set of weight types (tests/test_warmup.py checks that they then load nothing).
 """
 
 from __future__ import annotations
@@ -36,8 +37,11 @@ def warm_codecs(types: Iterable | None = None, on_type: Callable[[str], None] | 
 
 def warm_model(path, n_ctx: int = 128) -> None:
     """Load ``path`` and run the kernels ``run`` / ``bench`` / ``perplexity`` use on it, then close it."""
+    import quantkit.formats.sigbus  # noqa: F401  (the long jobs' SIGBUS handler: a cached cfunc, built on import)
+    from quantkit.model.forward import PARALLEL_ATTENTION_MIN_TOKENS
     from quantkit.pipelines.generate import warm_up
     from quantkit.pipelines.loading import open_model
+    from quantkit.pipelines.perplexity import nll_rows
 
     om = open_model(path, tokenizer=False)
     with om.model:
@@ -45,5 +49,11 @@ def warm_model(path, n_ctx: int = 128) -> None:
         runner = om.runner(n_ctx)
         ids = np.arange(1, n_ctx // 2 + 1, dtype=np.int64) % om.model.config.n_vocab
         warm_up(runner, ids)
-        runner.forward(ids, 0, logits="all")
+        # prompts under BLAS_ATTENTION_MIN_TOKENS: per-token products and numba's attention, serial
+        # under PARALLEL_ATTENTION_MIN_TOKENS tokens and parallel from there
+        for n in (2, PARALLEL_ATTENTION_MIN_TOKENS):
+            runner.forward(ids[:n], 0, logits="last")
+            runner.reset()
+        logits = runner.forward(ids, 0, logits="all")
+        nll_rows(logits[:-1], ids[1:])
         runner.reset()
