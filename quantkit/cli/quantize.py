@@ -154,7 +154,7 @@ def _ftype_label(text: str) -> str:
 @click.option("--optimize-text", type=click.Path(dir_okay=False), default=None, metavar="FILE",
               help="With --optimize: UTF-8 calibration text (default: the built-in calibration half).")
 @click.option("--optimize-chunks", type=click.IntRange(min=1), default=None, metavar="N",
-              help="With --optimize: chunks of calibration text the Gram matrices are measured on (default 10).")
+              help="With --optimize: chunks of calibration text the Gram matrices are measured on (default 20).")
 @click.option("--optimize-ctx", type=click.IntRange(min=16), default=None, metavar="N",
               help="With --optimize: tokens per calibration chunk (default 512).")
 @click.option("--no-fallback", is_flag=True,
@@ -224,7 +224,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         override_kv=kv_overrides, no_fallback=no_fallback, target_bpw=target_bpw, target_size=target_bytes,
         target_types=only, keep_split=keep_split, split_max_tensors=split_max_tensors,
         split_max_bytes=split_max_bytes, optimize=optimize, optimize_text=optimize_text,
-        optimize_chunks=optimize_chunks or 10, optimize_ctx=optimize_ctx or 512,
+        optimize_chunks=optimize_chunks or 20, optimize_ctx=optimize_ctx or 512,
         tensor_type_out=tensor_type_out or (f"{out}.tensor-types.txt" if has_target and not dry_run else None),
     )
 

@@ -270,8 +270,9 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                 for i, job in enumerate(plan.jobs, 1):
                     if job.imatrix_note:
                         log(f"====== {job.imatrix_note}")
+                    note = ""
                     if job.quantize:
-                        data = None if grams is None else optimize_job(job, grams, log)
+                        data, note = (None, "") if grams is None else optimize_job(job, grams)
                         if data is None:
                             data = convert_tensor(job, release, prefetch, buf)
                         check()
@@ -281,7 +282,7 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                         prefetch(job.src)
                         check()
                         writer.put(job.name, job.src.data, lambda src=job.src: release(src))
-                    log(tensor_line(i, n, job, dry_run=False))
+                    log(tensor_line(i, n, job, dry_run=False) + note)
                     if bar is not None:
                         bar.update(job.src_bytes)
                     pause_point("quantize.tensor")
@@ -296,21 +297,20 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
             bar.close()
 
 
-def optimize_job(job: TensorJob, grams, log: Callable[[str], None]) -> np.ndarray | None:
+def optimize_job(job: TensorJob, grams) -> tuple[np.ndarray | None, str]:
     """--optimize: ``job``'s bytes with error compensation (``pipelines.optimize``), checked as
-    ``convert_tensor`` checks its own, or None for a tensor it does not cover."""
+    ``convert_tensor`` checks its own, and a note for its log line; None for a tensor it does not cover."""
     from quantkit.pipelines.optimize import optimized_tensor
     from quantkit.quants import count_invalid, dequantize
 
     got = optimized_tensor(job, grams, dequantize(job.src.data, job.src.type))
     if got is None:
-        return None
+        return None, ""
     data, share = got
     if count_invalid(data, job.target):
         raise QuantizeError(f"{job.name}: quantized data validation failed ({job.target.name} block scale is "
                             f"NaN/Inf; values too large for the type's fp16 scales)")
-    log(f"optimize: {job.name:<36s} {job.target.name}: {100 * share:5.1f} % of rows compensated")
-    return data
+    return data, f", optimized: {100 * share:.1f} % of rows compensated"
 
 
 def default_output_path(inp: str | os.PathLike, ftype_name: str) -> Path:

@@ -63,7 +63,7 @@ class QuantizeOptions:
     #: text (a file, or None for the built-in calibration half), ``optimize_chunks`` x ``optimize_ctx``
     optimize: bool = False
     optimize_text: str | os.PathLike | None = None
-    optimize_chunks: int = 10
+    optimize_chunks: int = 20
     optimize_ctx: int = 512
 
 
