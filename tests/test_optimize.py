@@ -85,9 +85,17 @@ def test_optimize_end_to_end(smollm2_f16, tmp_path):
     common = ["quantize", "--prune-layers", ",".join(str(i) for i in range(2, 30)), smollm2_f16]
     plain, opt = tmp_path / "plain.gguf", tmp_path / "opt.gguf"
     assert run_cli(common + [plain, "Q4_K_M", "2"]).exit_code == 0
-    res = run_cli(common + ["--optimize", "--optimize-chunks", "1", "--optimize-ctx", "64", opt, "Q4_K_M", "2"])
+    stats = tmp_path / "grams.npz"
+    calib = ["--optimize", "--optimize-chunks", "1", "--optimize-ctx", "64", "--optimize-stats", stats]
+    res = run_cli(common + calib + [opt, "Q4_K_M", "2"])
     assert res.exit_code == 0, res.output
     assert "blk.1.ffn_down.weight" in res.output and "% of rows compensated" in res.output
+    again = tmp_path / "again.gguf"   # the saved Gram matrices give the same file
+    res = run_cli(common + calib + [again, "Q4_K_M", "1"])
+    assert res.exit_code == 0 and f"Gram matrices from {stats}" in res.output, res.output
+    assert again.read_bytes() == opt.read_bytes()
+    res = run_cli(common + calib[:2] + ["2"] + calib[3:] + [tmp_path / "x.gguf", "Q4_K_M"])
+    assert res.exit_code == 1 and "made otherwise (chunks 1 there, 2 here)" in res.output, res.output
     a, b = GGUFReader(plain), GGUFReader(opt)
     ta, tb = {t.name: t for t in a.tensors}, {t.name: t for t in b.tensors}
     assert list(ta) == list(tb)
@@ -109,6 +117,7 @@ def test_optimize_end_to_end(smollm2_f16, tmp_path):
 @pytest.mark.parametrize("args, msg", [
     (["--optimize-chunks", "2"], "need --optimize"),
     (["--optimize-text", "x.txt"], "need --optimize"),
+    (["--optimize-stats", "g.npz"], "need --optimize"),
 ])
 def test_optimize_options_need_optimize(smollm2_f16, tmp_path, args, msg):
     res = run_cli(["quantize"] + args + [smollm2_f16, tmp_path / "o.gguf", "Q4_0"])

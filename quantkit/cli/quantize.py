@@ -157,6 +157,9 @@ def _ftype_label(text: str) -> str:
               help="With --optimize: chunks of calibration text the Gram matrices are measured on (default 20).")
 @click.option("--optimize-ctx", type=click.IntRange(min=16), default=None, metavar="N",
               help="With --optimize: tokens per calibration chunk (default 512).")
+@click.option("--optimize-stats", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="With --optimize: keep the Gram matrices in FILE: read them when it exists (made from a model "
+                   "of the same size with the same text, chunks and context), else measure and save them there.")
 @click.option("--no-fallback", is_flag=True,
               help="Fail before computing anything if a tensor would need a fallback type.")
 @threads_option(apply=False, help="Threads (default: all cores).")
@@ -166,7 +169,7 @@ def _ftype_label(text: str) -> str:
 def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, include_weights,
              exclude_weights, output_tensor_type, token_embedding_type, tensor_type, tensor_type_file,
              prune_layers, override_kv, keep_split, split_max_tensors, split_max_bytes, dry_run, plan_out, target_bpw, target_size, target_types, tensor_type_out,
-             optimize, optimize_text, optimize_chunks, optimize_ctx, no_fallback,
+             optimize, optimize_text, optimize_chunks, optimize_ctx, optimize_stats, no_fallback,
              verify_after, threads, quiet):
     """Quantize a GGUF model like llama-quantize (same flags, same output bytes).
 
@@ -198,8 +201,8 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         only = tuple(parse_ggml_type(t) for t in (target_types or "").split(",") if t.strip())
     except (PolicyError, QuantizeError) as e:
         raise click.UsageError(str(e)) from None
-    if not optimize and (optimize_text, optimize_chunks, optimize_ctx) != (None, None, None):
-        raise click.UsageError("--optimize-text/--optimize-chunks/--optimize-ctx need --optimize")
+    if not optimize and (optimize_text, optimize_chunks, optimize_ctx, optimize_stats) != (None,) * 4:
+        raise click.UsageError("--optimize-text/--optimize-chunks/--optimize-ctx/--optimize-stats need --optimize")
     if split_max_tensors is not None and split_max_bytes is not None:
         raise click.UsageError("either --split-max-tensors or --split-max-size can be given, but not both")
     if keep_split and (split_max_tensors is not None or split_max_bytes is not None):
@@ -224,7 +227,7 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         override_kv=kv_overrides, no_fallback=no_fallback, target_bpw=target_bpw, target_size=target_bytes,
         target_types=only, keep_split=keep_split, split_max_tensors=split_max_tensors,
         split_max_bytes=split_max_bytes, optimize=optimize, optimize_text=optimize_text,
-        optimize_chunks=optimize_chunks or 20, optimize_ctx=optimize_ctx or 512,
+        optimize_chunks=optimize_chunks or 20, optimize_ctx=optimize_ctx or 512, optimize_stats=optimize_stats,
         tensor_type_out=tensor_type_out or (f"{out}.tensor-types.txt" if has_target and not dry_run else None),
     )
 

@@ -40,6 +40,36 @@ class Grams:
         g = self.mats.get(name)
         return None if g is None else g / max(1, self.rows[name])
 
+    def save(self, path, identity: dict) -> None:
+        from quantkit.formats.gram import save_grams
+
+        index: dict[int, int] = {}
+        mats = []
+        for m in self.mats.values():
+            if id(m) not in index:
+                index[id(m)] = len(mats)
+                mats.append(m)
+        names = {n: index[id(m)] for n, m in self.mats.items()}
+        rows = [0] * len(mats)
+        for n, i in names.items():
+            rows[i] = self.rows[n]
+        save_grams(path, names, mats, rows, identity)
+
+    @classmethod
+    def load(cls, path, identity: dict) -> "Grams":
+        """The matrices saved in ``path``, refused in one line when another model, text or chunking made them."""
+        from quantkit.formats.gram import load_grams
+
+        names, mats, rows, saved = load_grams(path)
+        if saved != identity:
+            diff = ", ".join(f"{k} {saved.get(k)!r} there, {v!r} here" for k, v in identity.items() if saved.get(k) != v)
+            raise OptimizeError(f"{path}: Gram matrices made otherwise ({diff}); remove it or give another file")
+        g = cls()
+        for n, i in names.items():
+            g.mats[n] = mats[i]
+            g.rows[n] = rows[i]
+        return g
+
     def factor(self, name: str, qk: int, sub: int) -> np.ndarray:
         """``quants.gptq.factor`` of the weight's mean Gram matrix, made once per (input, block, step)."""
         from quantkit.kernels.mul_mat import blas_one_thread
@@ -88,11 +118,19 @@ class GramCollector:
 
 
 def collect_grams(path, text_file: str | None, n_chunks: int, n_ctx: int, log: Log = lambda s: None,
-                  on_chunk: Callable[[], None] = lambda: None) -> Grams:
-    """The Gram matrices of every ``blk.*`` weight over ``n_chunks`` chunks of ``n_ctx`` tokens."""
+                  on_chunk: Callable[[], None] = lambda: None, stats=None) -> Grams:
+    """The Gram matrices of every ``blk.*`` weight over ``n_chunks`` chunks of ``n_ctx`` tokens.
+    ``stats``: a file to read them from when it exists (made from the same model size, text, chunks and
+    context), else to save them to."""
+    import os
+
     from quantkit.pipelines import chunks as ch
 
     text, dataset = ch.read_text(text_file, "calibration")
+    identity = {"model_size": os.path.getsize(path), "text": dataset, "chunks": n_chunks, "ctx": n_ctx}
+    if stats is not None and os.path.exists(stats):
+        log(f"optimize: Gram matrices from {stats}")
+        return Grams.load(stats, identity)
     model, tok, runner = ch.open_for_chunks(path, n_ctx, n_ctx)
     grams = Grams()
     with model:
@@ -105,6 +143,9 @@ def collect_grams(path, text_file: str | None, n_chunks: int, n_ctx: int, log: L
                           check=model.gguf.check_unchanged, name="optimize")
         finally:
             runner.collect = None
+    if stats is not None:
+        grams.save(stats, identity)
+        log(f"optimize: Gram matrices saved to {stats}")
     return grams
 
 

@@ -393,7 +393,8 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
                     bar = progress(total=opts.optimize_chunks, desc="calibrate") if progress else None
                     try:
                         grams = collect_grams(inp, opts.optimize_text, opts.optimize_chunks, opts.optimize_ctx,
-                                              log, on_chunk=(lambda: bar.update(1)) if bar else (lambda: None))
+                                              log, on_chunk=(lambda: bar.update(1)) if bar else (lambda: None),
+                                              stats=opts.optimize_stats)
                     finally:
                         if bar is not None:
                             bar.close()

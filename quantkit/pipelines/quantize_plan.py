@@ -65,6 +65,8 @@ class QuantizeOptions:
     optimize_text: str | os.PathLike | None = None
     optimize_chunks: int = 20
     optimize_ctx: int = 512
+    #: a file to keep the Gram matrices in (read when it exists, else written)
+    optimize_stats: str | os.PathLike | None = None
 
 
 @dataclass
