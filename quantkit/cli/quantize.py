@@ -144,6 +144,22 @@ def _ftype_label(text: str) -> str:
               help="With a target: write the chosen types as a --tensor-type-file (plain quantize or "
                    "llama-quantize with it and the same options makes the same file). Default: "
                    "OUTPUT.tensor-types.txt.")
+@click.option("--optimize", is_flag=True,
+              help="quantkit's: the same types and sizes, better values inside the blocks: each matrix's "
+                   "rounding error is compensated through the Gram matrix of its inputs on calibration text "
+                   "(GPTQ's sweep around llama.cpp's own search; per row the better of it and llama.cpp's "
+                   "rounding is kept; docs/optimize.md). Applies to blk.* matrices of types Q4_0, Q4_1, Q5_0, "
+                   "Q5_1, Q8_0, IQ4_NL, Q2_K..Q6_K and IQ4_XS; every other tensor (token_embd, IQ1/IQ2/IQ3 "
+                   "types, 3D experts) is written as llama-quantize writes it. Needs a model quantkit can run.")
+@click.option("--optimize-text", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="With --optimize: UTF-8 calibration text (default: the built-in calibration half).")
+@click.option("--optimize-chunks", type=click.IntRange(min=1), default=None, metavar="N",
+              help="With --optimize: chunks of calibration text the Gram matrices are measured on (default 20).")
+@click.option("--optimize-ctx", type=click.IntRange(min=16), default=None, metavar="N",
+              help="With --optimize: tokens per calibration chunk (default 512).")
+@click.option("--optimize-stats", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="With --optimize: keep the Gram matrices in FILE: read them when it exists (made from a model "
+                   "of the same size with the same text, chunks and context), else measure and save them there.")
 @click.option("--no-fallback", is_flag=True,
               help="Fail before computing anything if a tensor would need a fallback type.")
 @threads_option(apply=False, help="Threads (default: all cores).")
@@ -153,7 +169,7 @@ def _ftype_label(text: str) -> str:
 def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, include_weights,
              exclude_weights, output_tensor_type, token_embedding_type, tensor_type, tensor_type_file,
              prune_layers, override_kv, keep_split, split_max_tensors, split_max_bytes, dry_run, plan_out, target_bpw, target_size, target_types, tensor_type_out,
-             no_fallback,
+             optimize, optimize_text, optimize_chunks, optimize_ctx, optimize_stats, no_fallback,
              verify_after, threads, quiet):
     """Quantize a GGUF model like llama-quantize (same flags, same output bytes).
 
@@ -185,6 +201,8 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         only = tuple(parse_ggml_type(t) for t in (target_types or "").split(",") if t.strip())
     except (PolicyError, QuantizeError) as e:
         raise click.UsageError(str(e)) from None
+    if not optimize and (optimize_text, optimize_chunks, optimize_ctx, optimize_stats) != (None,) * 4:
+        raise click.UsageError("--optimize-text/--optimize-chunks/--optimize-ctx/--optimize-stats need --optimize")
     if split_max_tensors is not None and split_max_bytes is not None:
         raise click.UsageError("either --split-max-tensors or --split-max-size can be given, but not both")
     if keep_split and (split_max_tensors is not None or split_max_bytes is not None):
@@ -208,7 +226,8 @@ def quantize(args, allow_requantize, leave_output_tensor, pure, imatrix_path, in
         tensor_types=tuple(patterns), prune_layers=prune,
         override_kv=kv_overrides, no_fallback=no_fallback, target_bpw=target_bpw, target_size=target_bytes,
         target_types=only, keep_split=keep_split, split_max_tensors=split_max_tensors,
-        split_max_bytes=split_max_bytes,
+        split_max_bytes=split_max_bytes, optimize=optimize, optimize_text=optimize_text,
+        optimize_chunks=optimize_chunks or 20, optimize_ctx=optimize_ctx or 512, optimize_stats=optimize_stats,
         tensor_type_out=tensor_type_out or (f"{out}.tensor-types.txt" if has_target and not dry_run else None),
     )
 

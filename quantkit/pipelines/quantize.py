@@ -245,10 +245,12 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                     log: Callable[[str], None] = lambda s: None,
                     progress: Callable[..., Any] | None = None,
                     release: Advice = _no_advice, prefetch: Advice = _no_advice,
-                    check: Callable[[], None] = lambda: None) -> Path | list[Path]:
+                    check: Callable[[], None] = lambda: None, grams=None) -> Path | list[Path]:
     """Stream every tensor to ``out_path`` (via a temporary file renamed at the end; with --keep-split
     to its parts, all renamed at the end). ``check`` runs
     after each tensor and before the commit: it raises when the input changed under the run.
+    ``grams`` (``pipelines.optimize.Grams``, --optimize): the tensors it covers are quantized with error
+    compensation (``optimize_job``) instead.
 
     Reading, quantizing and writing overlap: the next slab is read ahead (``prefetch``) while one is
     quantized, and a finished tensor is written on a second thread while the next is quantized. Peak
@@ -268,8 +270,11 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                 for i, job in enumerate(plan.jobs, 1):
                     if job.imatrix_note:
                         log(f"====== {job.imatrix_note}")
+                    note = ""
                     if job.quantize:
-                        data = convert_tensor(job, release, prefetch, buf)
+                        data, note = (None, "") if grams is None else optimize_job(job, grams)
+                        if data is None:
+                            data = convert_tensor(job, release, prefetch, buf)
                         check()
                         writer.put(job.name, data, lambda: None)
                         del data  # the writer holds it until written
@@ -277,7 +282,7 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                         prefetch(job.src)
                         check()
                         writer.put(job.name, job.src.data, lambda src=job.src: release(src))
-                    log(tensor_line(i, n, job, dry_run=False))
+                    log(tensor_line(i, n, job, dry_run=False) + note)
                     if bar is not None:
                         bar.update(job.src_bytes)
                     pause_point("quantize.tensor")
@@ -290,6 +295,22 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
     finally:
         if bar is not None:
             bar.close()
+
+
+def optimize_job(job: TensorJob, grams) -> tuple[np.ndarray | None, str]:
+    """--optimize: ``job``'s bytes with error compensation (``pipelines.optimize``), checked as
+    ``convert_tensor`` checks its own, and a note for its log line; None for a tensor it does not cover."""
+    from quantkit.pipelines.optimize import optimized_tensor
+    from quantkit.quants import count_invalid, dequantize
+
+    got = optimized_tensor(job, grams, dequantize(job.src.data, job.src.type))
+    if got is None:
+        return None, ""
+    data, share = got
+    if count_invalid(data, job.target):
+        raise QuantizeError(f"{job.name}: quantized data validation failed ({job.target.name} block scale is "
+                            f"NaN/Inf; values too large for the type's fp16 scales)")
+    return data, f", optimized: {100 * share:.1f} % of rows compensated"
 
 
 def default_output_path(inp: str | os.PathLike, ftype_name: str) -> Path:
@@ -365,8 +386,20 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
             helper = ahead.start([j.target for j in plan.jobs if j.quantize])  # a first run's compiles
             try:
                 scan_source(plan, release=model.release)
+                grams = None
+                if opts.optimize:
+                    from quantkit.pipelines.optimize import collect_grams
+
+                    bar = progress(total=opts.optimize_chunks, desc="calibrate") if progress else None
+                    try:
+                        grams = collect_grams(inp, opts.optimize_text, opts.optimize_chunks, opts.optimize_ctx,
+                                              log, on_chunk=(lambda: bar.update(1)) if bar else (lambda: None),
+                                              stats=opts.optimize_stats)
+                    finally:
+                        if bar is not None:
+                            bar.close()
                 write_quantized(plan, out, log=log, progress=progress, release=model.release,
-                                prefetch=model.prefetch, check=model.check_unchanged)
+                                prefetch=model.prefetch, check=model.check_unchanged, grams=grams)
             finally:
                 ahead.stop(helper)
         for line in summary_lines(plan, dry_run):

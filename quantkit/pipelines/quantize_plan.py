@@ -59,6 +59,14 @@ class QuantizeOptions:
     #: split the output as llama-gguf-split --split-max-tensors / --split-max-size would split it
     split_max_tensors: int | None = None
     split_max_bytes: int | None = None
+    #: --optimize (pipelines/optimize.py): error compensation with Gram matrices measured on calibration
+    #: text (a file, or None for the built-in calibration half), ``optimize_chunks`` x ``optimize_ctx``
+    optimize: bool = False
+    optimize_text: str | os.PathLike | None = None
+    optimize_chunks: int = 20
+    optimize_ctx: int = 512
+    #: a file to keep the Gram matrices in (read when it exists, else written)
+    optimize_stats: str | os.PathLike | None = None
 
 
 @dataclass
