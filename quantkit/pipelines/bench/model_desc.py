@@ -22,6 +22,21 @@ def ftype_name(meta: dict[str, Any], tensor_types: list[tuple[str, str]]) -> str
     return "(guessed) " + guess_ftype(t for _, t in sorted(tensor_types, key=key)).label
 
 
+#: per architecture, llama.cpp's size label from (metadata, layers, n_embd, n_head) (each
+#: ``load_arch_hparams``); None: unknown
+_SIZE_LABELS = {
+    "qwen2": lambda meta, n_layer, n_embd, n_head: {
+        24: "0.5B" if n_embd == 1024 else "1B", 28: "1.5B" if n_embd == 1536 else "7B", 32: "7B", 36: "3B",
+        40: "4B" if n_head == 20 else "13B", 48: "14B", 64: "32B", 80: "70B"}.get(n_layer),
+    "qwen3": lambda meta, n_layer, n_embd, n_head: {
+        28: "0.6B" if n_embd == 1024 else "1.7B", 36: "4B" if n_embd == 2560 else "8B", 40: "14B",
+        64: "32B"}.get(n_layer),
+    "gemma3": lambda meta, n_layer, n_embd, n_head: {
+        18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(n_layer),
+    "llama": lambda meta, n_layer, n_embd, n_head: _llama_size_label(meta, n_layer, n_head),
+}
+
+
 def size_label(meta: dict[str, Any]) -> str:
     """llama.cpp's ``llm_type_name`` as each architecture's ``load_arch_hparams`` sets it (src/models/
     llama.cpp, qwen2.cpp, qwen3.cpp, gemma3.cpp), "?B" when unknown."""
@@ -29,16 +44,13 @@ def size_label(meta: dict[str, Any]) -> str:
     n_layer = int(meta.get(f"{arch}.block_count", 0) or 0)
     n_embd = int(meta.get(f"{arch}.embedding_length", 0) or 0)
     n_head = int(meta.get(f"{arch}.attention.head_count", 0) or 0)
-    if arch == "qwen2":
-        return {24: "0.5B" if n_embd == 1024 else "1B", 28: "1.5B" if n_embd == 1536 else "7B", 32: "7B",
-                36: "3B", 40: "4B" if n_head == 20 else "13B", 48: "14B", 64: "32B", 80: "70B"}.get(n_layer, "?B")
-    if arch == "qwen3":
-        return {28: "0.6B" if n_embd == 1024 else "1.7B", 36: "4B" if n_embd == 2560 else "8B", 40: "14B",
-                64: "32B"}.get(n_layer, "?B")
-    if arch == "gemma3":
-        return {18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(n_layer, "?B")
-    if arch != "llama":
-        return "?B"
+    label = _SIZE_LABELS.get(arch)
+    return (label(meta, n_layer, n_embd, n_head) if label else None) or "?B"
+
+
+def _llama_size_label(meta: dict[str, Any], n_layer: int, n_head: int) -> str:
+    """src/models/llama.cpp's labels: Mixtral's by layers, the dense ones by layers, vocabulary and GQA."""
+    arch = "llama"
     n_expert = int(meta.get(f"{arch}.expert_count", 0) or 0)
     n_vocab = meta.get(f"{arch}.vocab_size")
     if n_vocab is None:
