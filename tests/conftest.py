@@ -100,6 +100,19 @@ def compare_imatrix(ours, ref) -> None:
     assert rel.mean() < 1e-3 and rel.max() < 5e-2, (rel.mean(), rel.max())
 
 
+def greedy_agreement(runner, prompt, want: list) -> int:
+    """How many of llama.cpp's greedy tokens ``want`` a Runner (its cache empty) gives after ``prompt``,
+    one token at a time, before the first one that differs (the golden files' greedy check)."""
+    import numpy as np
+
+    logits = runner.forward(prompt)[-1]
+    for n, tok in enumerate(want):
+        if int(np.argmax(logits)) != tok:
+            return n
+        logits = runner.forward([tok])[-1]
+    return len(want)
+
+
 def greedy_text(path, prompt: str, n: int) -> str:
     """The text of ``n`` greedy tokens after ``prompt`` from a Runner on the model at ``path``: what
     ``quantkit run --temp 0`` must print."""

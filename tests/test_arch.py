@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from archmodels import SPECS, VARIANTS, golden_model, write_model
+from conftest import greedy_agreement
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner
 from quantkit.model.llama import Llama, LlamaConfig
@@ -88,15 +89,8 @@ def test_decode_matches_llama_cpp(case):
     got = np.concatenate([r.forward([t]) for t in g["ids"]])
     assert np.abs(got - g["logits"]).mean() <= _mean_bar(variant, g)
     r.reset()
-    logits = r.forward(g["ids"][:8])[-1]
     want = g["greedy"].tolist()
-    out = []
-    for _ in want:
-        out.append(int(np.argmax(logits)))
-        if out[-1] != want[len(out) - 1]:
-            break
-        logits = r.forward(out[-1:])[-1]
-    n = len(out) - (out != want[:len(out)])
+    n = greedy_agreement(r, g["ids"][:8], want)
     print(f"{arch} {variant}: {n} of {len(want)} greedy tokens as llama.cpp's")
     if n < len(want):
         assert variant != "F16" and g["greedy_gap"][n] < TIE_Q, (n, g["greedy_gap"][n])

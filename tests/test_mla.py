@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from archmodels import MLA_SPECS, golden_model, write_model
+from conftest import greedy_agreement
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner
 from quantkit.model.layer import MLA, DenseFFN, MoeFFN, Routing
@@ -188,15 +189,8 @@ def test_decode_matches_llama_cpp(case):
     assert r.step is not None
     _check_llama_cpp(np.concatenate([r.forward([t]) for t in g["ids"]]), variant, g, ref, keep)
     r.reset()
-    logits = r.forward(g["ids"][:8])[-1]
     want = g["greedy"].tolist()
-    out = []
-    for _ in want:
-        out.append(int(np.argmax(logits)))
-        if out[-1] != want[len(out) - 1]:
-            break
-        logits = r.forward(out[-1:])[-1]
-    n = len(out) - (out != want[:len(out)])
+    n = greedy_agreement(r, g["ids"][:8], want)
     print(f"{variant}: {n} of {len(want)} greedy tokens as llama.cpp's")
     if n < len(want):
         assert g["greedy_gap"][n] < (float(g["self_max"]) if variant == "F16" else TIE_Q), (n, g["greedy_gap"][n])

@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 
 from archmodels import MOE_SPECS, PROGRAM_SPECS, golden_model, write_model
+from conftest import greedy_agreement
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner
 from quantkit.model.layer import MoeFFN, Routing
@@ -276,15 +277,8 @@ def test_decode_matches_llama_cpp(golden):
     assert r.step is not None
     _check_llama_cpp(np.concatenate([r.forward([t]) for t in g["ids"]]), variant, g, ref)
     r.reset()
-    logits = r.forward(g["ids"][:8])[-1]
     want = g["greedy"].tolist()
-    out = []
-    for _ in want:
-        out.append(int(np.argmax(logits)))
-        if out[-1] != want[len(out) - 1]:
-            break
-        logits = r.forward(out[-1:])[-1]
-    n = len(out) - (out != want[:len(out)])
+    n = greedy_agreement(r, g["ids"][:8], want)
     if n < len(want) and not (variant != "F16" and g["greedy_gap"][n] < TIE_Q):
         if variant != "F16":   # the step's token came out of a routing near-tie (the float64 reference's)
             routes: list = []
