@@ -101,6 +101,26 @@ MOE_SPECS = {
                          tied=False, n_expert=8, n_used=2, n_ff_exp=64, n_ff_shexp=96, shexp_gate=False,
                          lead_dense=1, score_bias=0.05, seed=1,
                          moe_keys={"leading_dense_block_count": 1, "interleave_moe_layer_step": 1}),
+    # llama4 (Llama 4 Scout / Maverick's text model): layers 0-2 chunked (llama.cpp's chunk is 8192 whatever
+    # the file says, so the context is long enough to pass it: tools/make_arch_golden.py's long golden),
+    # layer 3 global without RoPE (the query temperature), the weightless L2 q/k norm on the RoPE layers,
+    # rope_freqs, MoE layers 1 and 3 (interleave_moe_layer_step 2) with 4 experts, 1 used, sigmoid-gated
+    # on the expert's input, and an ungated shared expert of an expert's width. Seed 2: with seed 0 layer 1's
+    # router logits of one greedy position were 0.003 apart, a tie at fp16 noise (llama.cpp took the other)
+    "llama4": dict(arch="llama4", n_layer=4, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=None,
+                   n_vocab=512, rope_base=500000.0, eps=1e-5, bias=False, qk_norm=False, post_norms=False,
+                   tied=False, n_expert=4, n_used=1, n_ff_exp=64, shexp_count=1, moe_step=2, rope_freqs=True,
+                   n_ctx=8448, seed=2, moe_keys={"interleave_moe_layer_step": 2}),
+    # minimax-m2 (MiniMax-M2): RMSNorm over the whole Q and K projections, NEOX RoPE over half of each head,
+    # sigmoid routing (the file's expert_gating_func) with exp_probs_b, normalized weights; the experts as
+    # wide as feed_forward_length (the converter writes expert_feed_forward_length equal to it); a context of
+    # 512 for tools/arch_agreement.sh's chunks. A score bias of +-0.05: at +-0.3 it decided most choices, some
+    # experts got one token of the imatrix sample (256), whose near-zero inputs' squares differ by 30 % at fp16
+    # noise, and near ties were many (one token took another expert in llama-imatrix)
+    "minimax-m2": dict(arch="minimax-m2", n_layer=2, n_embd=128, n_ff=64, n_head=4, n_head_kv=2, head_dim=48,
+                       n_vocab=512, rope_base=5000000.0, eps=1e-6, bias=False, qk_norm="full", post_norms=False,
+                       tied=False, n_expert=8, n_used=2, n_ff_exp=64, score_bias=0.05, rope_dim=24,
+                       router_scale=2.0, n_ctx=512, seed=0, moe_keys={"expert_gating_func": 2}),
 }
 #: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
 #: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the
@@ -205,7 +225,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         w.add_uint32(f"{arch}.nextn_predict_layers", s["nextn"])
     if "rope_dim" in s:
         w.add_uint32(f"{arch}.rope.dimension_count", s["rope_dim"])
-    w.add_uint32(f"{arch}.context_length", N_CTX)
+    w.add_uint32(f"{arch}.context_length", s.get("n_ctx", N_CTX))
     w.add_uint32(f"{arch}.embedding_length", E)
     w.add_uint32(f"{arch}.feed_forward_length", F)
     w.add_uint32(f"{arch}.attention.head_count", H)
@@ -314,7 +334,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "post_attention_norm.weight", E, *s.get("post_norm", (1.5, 2.5)))
         if s.get("pre_norms", True):
             vec(p + s.get("ffn_norm", "post_attention_norm" if oss else "ffn_norm") + ".weight", E, 0.8, 1.2)
-        if n_exp and i >= s.get("lead_dense", 0):
+        if n_exp and i >= s.get("lead_dense", 0) and (i + 1) % s.get("moe_step", 1) == 0:
             FX = s.get("n_ff_exp", F)
             mat(p + "ffn_gate_inp.weight", "ffn_gate_inp", E, n_exp, s.get("router_scale", 3.0) / np.sqrt(E))
             fuse = s.get("gate_up", False)   # convert_hf_to_gguf.py --fuse-gate-up-exps: per expert gate, then up
@@ -355,6 +375,8 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "nextn.hnorm.weight", E, 0.8, 1.2)
             vec(p + "nextn.shared_head_norm.weight", E, 0.8, 1.2)
     vec("output_norm.weight", E, 0.8, 1.2)
+    if s.get("rope_freqs"):   # llama 3's long-context frequency divisors, one per rotated pair
+        vec("rope_freqs.weight", hd // 2, 1.0, 8.0)
     if not s["tied"]:
         mat("output.weight", "output", E, V, 6.0 / np.sqrt(E))
     w.write_header_to_file()

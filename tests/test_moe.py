@@ -52,7 +52,7 @@ def case(request, tmp_path_factory):
 
 
 #: the files whose RoPE is llama.cpp's NORM (llama_model_rope_type), the others NEOX
-NORM_ROPE = ("mixtral", "granitemoe", "ernie4_5-moe")
+NORM_ROPE = ("mixtral", "granitemoe", "ernie4_5-moe", "llama4")
 
 
 def test_config_and_layers(case):
@@ -67,26 +67,34 @@ def test_config_and_layers(case):
     oss = arch == "gpt-oss"
     keys, lead = s.get("moe_keys", {}), s.get("lead_dense", 0)
     for il, (d, b) in enumerate(zip(m.layers, m.blk)):
-        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch not in NORM_ROPE)
+        assert d.attn.qk_norm == bool(s["qk_norm"]) and d.attn.rope_neox == (arch not in NORM_ROPE)
+        assert d.attn.qk_norm_full == (s["qk_norm"] == "full")     # minimax-m2: over the whole projections
         assert d.attn.qkv_bias == s["bias"]
-        if il < lead:   # leading_dense_block_count: a dense FFN of feed_forward_length
+        if il < lead or (il + 1) % s.get("moe_step", 1):   # leading_dense_block_count, or
+            # interleave_moe_layer_step (llama4): a dense FFN of feed_forward_length
             assert not d.moe and d.ffn.n_ff == s["n_ff"] and b.ffn_gate_inp is None
             continue
         # qwen2moe: build_moe_ffn's norm_w = false, and the shared expert; gpt-oss: norm_w = false,
         # softmax_weight gating, the clamped SwiGLU, the router's and the experts' biases; glm4moe: the
-        # file's gating (2: sigmoid), norm_w and scale, the score bias, an ungated shared expert
-        gating = {2: "sigmoid"}.get(keys.get("expert_gating_func"), "softmax_weight" if oss else "softmax")
+        # file's gating (2: sigmoid), norm_w and scale, the score bias, an ungated shared expert; llama4:
+        # sigmoid gating chosen on the logits, norm_w = false, the weight on the experts' input
+        l4 = arch == "llama4"
+        gating = {2: "sigmoid"}.get(keys.get("expert_gating_func"), "softmax_weight" if oss else
+                                    "sigmoid" if l4 else "softmax")
         routing = Routing(s["n_expert"], s["n_used"], gating,
                           norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral", "granitemoe",
-                                                                          "ernie4_5-moe")),
-                          w_scale=keys.get("expert_weights_scale", 0.0), score_bias=bool(s.get("score_bias")))
+                                                                          "ernie4_5-moe", "minimax-m2")),
+                          w_scale=keys.get("expert_weights_scale", 0.0), score_bias=bool(s.get("score_bias")),
+                          select_logits=l4)
         assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", n_shexp,
-                                         oss, shexp_gate="n_ff_shexp" in s and s.get("shexp_gate", True))
+                                         oss, shexp_gate="n_ff_shexp" in s and s.get("shexp_gate", True),
+                                         weight_before=l4)
         assert (b.ffn_down_shexp is not None) == bool(n_shexp)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
         # gpt-oss: sinks and the output bias; layer 0 slides (load_swa_pattern(2)), layer 1 does not
         assert d.attn.sinks == d.attn.out_bias == oss
-        assert (d.attn.n_swa, d.attn.rope_table) == ((8, 1) if oss and il % 2 == 0 else (0, 0))
+        if not l4:
+            assert (d.attn.n_swa, d.attn.rope_table) == ((8, 1) if oss and il % 2 == 0 else (0, 0))
     if oss:
         assert b.ffn_down_exps_bias.shape == (c.n_expert, c.n_embd) and b.attn_sinks.shape == (c.n_head,)
         # 1/sqrt(n_rot); YaRN over 32 positions, factor 4, on the sliding layers too (their base and
@@ -491,7 +499,7 @@ def test_missing_expert_tensor(tmp_path, arch, name):
         Llama(write_model(tmp_path / "bad.gguf", arch, drop=name))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2", "llama4", "minimax-m2"])
 def test_cli_run(tmp_path, arch):
     """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner (deepseek2: with MLA,
     tests/test_mla.py)."""

@@ -20,6 +20,11 @@ directory, removed at the end; "-" for that default with NAMEs) by the same func
   ``greedy_gap``: llama.cpp's top-2 logit gap at each step.
 * ``sha256``: of the model file, so the tests know they run the file llama.cpp ran.
 
+For the models of ``LONG`` (llama4, whose chunked attention llama.cpp fixes at 8192 positions whatever
+the file says, and whose query temperature changes at position 8191) also <arch>-long-F16.npz: ``ids``,
+N_LONG token ids drawn with a fixed seed, evaluated in one batch (n_ctx and n_batch LONG_CTX, n_ubatch
+512); ``rows``: the last N_LONG_ROWS positions, across the first chunk's end; ``logits`` there.
+
 It drives llama.cpp through tools/make_run_golden.py's ``Ref`` (the low-level API, use_extra_bufts =
 false, 2 threads, flash attention and the KV cache type at their defaults: auto and f16).
 """
@@ -44,6 +49,10 @@ N_EVAL = 48
 N_PROMPT = 8
 N_GREEDY = 16
 SEED = 1234
+#: the models whose long golden is made, and its length: 64 positions past llama4's 8192-position chunk
+LONG = {"llama4": 8192 + 64}
+LONG_CTX = 8448
+N_LONG_ROWS = 128
 
 
 def golden(path: Path, n_vocab: int) -> dict:
@@ -71,6 +80,22 @@ def golden(path: Path, n_vocab: int) -> dict:
                                  f"n_ubatch 512, 2 threads, use_extra_bufts=false"))
 
 
+def long_golden(path: Path, n_vocab: int, n: int) -> dict:
+    import make_run_golden
+
+    make_run_golden.N_CTX = LONG_CTX     # Ref's n_ctx and n_batch: the whole sequence in one llama_decode
+    ids = np.random.default_rng(SEED + 1).integers(0, n_vocab - 3, n)
+    ref = Ref(path)
+    logits = ref.eval(ids, all_logits=True)
+    ref.close()
+    make_run_golden.N_CTX = N_CTX
+    rows = np.arange(n - N_LONG_ROWS, n)
+    return dict(ids=ids.astype(np.int32), rows=rows.astype(np.int32), logits=logits[rows].astype(np.float32),
+                sha256=np.array(sha256(path)),
+                made_by=np.array(f"tools/make_arch_golden.py (long), llama-cpp-python {L.__version__}, n_ctx "
+                                 f"{LONG_CTX}, n_batch {LONG_CTX}, n_ubatch 512, 2 threads, use_extra_bufts=false"))
+
+
 def main() -> None:
     scratch = tempfile.TemporaryDirectory()  # removed at exit
     work = Path(sys.argv[1]) if len(sys.argv) > 1 and sys.argv[1] != "-" else Path(scratch.name)
@@ -83,6 +108,9 @@ def main() -> None:
         for variant in archmodels.VARIANTS:
             path = archmodels.write_model(work / f"tiny-{arch}-{variant}.gguf", arch, variant)
             np.savez_compressed(OUT_DIR / f"{arch}-{variant}.npz", **golden(path, spec["n_vocab"]))
+            if arch in LONG and variant == "F16":
+                np.savez_compressed(OUT_DIR / f"{arch}-long-{variant}.npz", **long_golden(path, spec["n_vocab"],
+                                                                                          LONG[arch]))
 
 
 if __name__ == "__main__":

@@ -19,9 +19,11 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
                                              (over the whole projection   if qk_norm_full)
       q, k = rope(q, k)                      (NORM or NEOX pairs, YaRN when the file says; SWA layers use
-                                              the SWA base; none on every nope_step-th layer)
+                                              the SWA base; none on every nope_step-th layer, whose q is
+                                              then times the temperature if attn_temp)
+      q, k = per-head rmsnorm without a weight                            if qk_l2 (the RoPE layers)
       s = scale * q k^T                      (cap * tanh(s / cap)          if attn_softcap)
-      o = softmax(s + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
+      o = softmax(s + causal [+ sliding-window or chunk (swa_chunk)] mask [, sink logit]) v @ attn_output
                                              (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
         or, multi-head latent attention (mla; quantkit.model.layer.MLA): q from attn_q or attn_q_a ->
         attn_q_a_norm -> attn_q_b, keys and values from one cached latent per position (attn_kv_a_mqa,
@@ -36,6 +38,7 @@ A layer, in the order every path runs it (the optional steps are this table's fl
                                              softmax of the chosen logits), score bias, expert groups, the
                                              expert_used_count largest, w normalized if moe_norm_w, scaled
       f = sum over e in E of w_e * (silu(h @ ffn_gate_exps[e]) * (h @ ffn_up_exps[e])) @ ffn_down_exps[e]
+        (moe_weight_before: each expert of w_e h, unweighted; moe_select_logits: E chosen on the logits)
         (gpt-oss: each product + its expert's bias, act = swiglu_oai, moe_biases)
       f += sigmoid(h . ffn_gate_inp_shexp) * (silu(h @ ffn_gate_shexp) * (h @ ffn_up_shexp)) @ ffn_down_shexp
                                              if shared_expert (the sigmoid gate if shexp_gate)
@@ -70,7 +73,8 @@ class Arch:
     shared_expert: bool = False  # blk.N.ffn_{gate,up,down}_shexp beside the routed experts
     shexp_gate: bool = True      # ... scaled by sigmoid(h . ffn_gate_inp_shexp) (qwen2moe); else added as it is
     shexp_width: str = "key_or_n_ff"  # ... of width {arch}.expert_shared_feed_forward_length, default n_ff
-                                      # (qwen2moe); "count": expert_feed_forward_length *
+                                      # (qwen2moe); "n_ff_exp": an expert's (llama4);
+                                      # "count": expert_feed_forward_length *
                                       # {arch}.expert_shared_count (DeepSeek, GLM); "key": that key's, 0
                                       # (no shared expert) without it (granitemoe)
     granite_scales: bool = False  # {arch}.embedding_scale, residual_scale (each block's output before its
@@ -110,11 +114,34 @@ class Arch:
                                   # the softmax scale 1/sqrt(key_length_mla) times YaRN's mscale squared
     yarn_log_mul: bool = False    # {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, which
                                   # also stands for YaRN's mscale (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
+    swa_chunk: int = 0            # the sliding layers attend within chunks of this many positions
+                                  # (LLAMA_SWA_TYPE_CHUNKED), whatever {arch}.attention.sliding_window says
+                                  # (llama4: 8192, set by llama_model_llama4::load_arch_hparams; a file's
+                                  # sliding_window 0, MobileLLM's form, is refused)
+    attn_temp: tuple = ()         # the NoPE layers' query temperature (n_attn_temp_floor_scale,
+                                  # f_attn_temp_scale, f_attn_temp_offset): q times log(floor((pos + offset) /
+                                  # floor_scale) + 1) * scale + 1 (llm_graph_input_attn_temp; llama4)
+    qk_l2: bool = False           # the RoPE layers' q and k RMS-normed per head without a weight, after RoPE
+                                  # (llama4's use_kq_norm, "Llama4TextL2Norm"; not for NO_QK_L2_EXPERTS)
+    swa_rope_factors: bool = False  # the sliding layers' RoPE divides by rope_freqs too (llama4: every layer
+                                    # calls get_rope_factors)
+    moe_interleave: bool = False  # requires {arch}.interleave_moe_layer_step n: layer il's FFN is a mixture
+                                  # of experts when (il + 1) % n == 0, else dense (llama4)
+    moe_weight_before: bool = False  # build_moe_ffn's weight_before_ffn: each chosen expert's weight multiplies
+                                     # its input, not its output (llama4)
+    moe_select_logits: bool = False  # the experts are chosen on the router's logits, not on the gated
+                                     # probabilities (build_moe_ffn: llama4's selection_probs = logits)
+    gating_key: bool = False      # requires {arch}.expert_gating_func, the gating (minimax-m2: its graph passes
+                                  # it to build_moe_ffn, which aborts without one), and reads no other MoE key
 
 
 #: ``Arch.attn_scale`` kinds whose models of this many layers (the 27B ones) scale q.k by 1/sqrt(n_embd /
 #: n_head) instead of 1/sqrt(head_dim) (llama_model_gemma3 / llama_model_gemma2::load_arch_hparams)
 WIDE_SCALE_LAYERS = {"gemma3": 62, "gemma2": 46}
+
+#: ``Arch.qk_l2`` architectures whose models with this many experts skip the L2 q/k norm (llama4's
+#: use_kq_norm is false for LLM_TYPE_17B_128E, Maverick: llama_model_llama4::load_arch_hparams)
+NO_QK_L2_EXPERTS = {"llama4": 128}
 
 #: GLU activations: the index the compiled kernels switch on ("swiglu_oai": ggml_swiglu_oai with
 #: alpha 1.702, limit 7, as build_moe_ffn's LLM_FFN_SWIGLU_OAI_MOE calls it)
@@ -181,6 +208,22 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True, shexp_gate=False,
          shexp_width="count", moe_hparams=True, lead_dense=True, score_bias=True, mla=True,
          yarn_log_mul=True),
+    # src/models/llama4.cpp (Llama 4 Scout / Maverick, text): NORM RoPE with rope_freqs on every layer, three
+    # chunked layers (8192 positions) then a global one (load_swa_pattern(4)) that has no RoPE and scales q
+    # by the temperature, the RoPE layers' weightless per-head q/k norm after RoPE, MoE layers every
+    # interleave_moe_layer_step-th (dense ones between), build_moe_ffn with sigmoid gating chosen on the
+    # logits, norm_w = false and the weight on the experts' input, and an ungated shared expert as wide as
+    # an expert
+    Arch("llama4", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=4,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, moe_gating="sigmoid",
+         shared_expert=True, shexp_gate=False, shexp_width="n_ff_exp", swa_rope_model=True, nope_step=4,
+         swa_chunk=8192, attn_temp=(8192, 0.1, 1.0), qk_l2=True, swa_rope_factors=True, moe_interleave=True,
+         moe_weight_before=True, moe_select_logits=True),
+    # src/models/minimax-m2.cpp (MiniMax-M2): NEOX RoPE over rope.dimension_count (partial), RMSNorm over the
+    # whole Q and K projections before it, build_moe_ffn with the file's gating (sigmoid), the score bias
+    # exp_probs_b and norm_w = true
+    Arch("minimax-m2", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, qk_norm_full=True, score_bias=True, gating_key=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)
@@ -189,7 +232,6 @@ SUPPORTED_ARCHS = tuple(ARCHS)
 UNSUPPORTED_MOE_ARCHS = {
     "deepseek": "the shared experts (ffn_*_shexp) and leading dense layers",
     "olmoe": "the whole-Q/K RMSNorm",
-    "llama4": "the sigmoid gating before the experts and the shared expert",
 }
 
 #: tensors llama.cpp may read for these architectures that quantkit does not apply: a file that has one

@@ -77,7 +77,7 @@ from quantkit.model.arch import GLU_KINDS
 from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Llama, Weight
 # the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported (the batch path, perplexity)
-from quantkit.model.ops import NO_SINK, add_bias
+from quantkit.model.ops import NO_SINK, add_bias, attn_temperature, qk_finish
 from quantkit.model.route import ROUTING_DTYPE, route_token, routing_record
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
                                 kv_f16_store, kv_f32_same, max_f32, mla_prepare, qk_prepare, rmsnorm1, window_start)
@@ -216,16 +216,19 @@ MAX_BLOCKS = 2
 BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64), ("scale", np.float32)])
 ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
                        ("qkv_bias", np.int64), ("sinks", np.int64), ("out_bias", np.int64), ("rope", np.int64),
-                       ("qk_full", np.int64), ("softcap", np.float32)])
+                       ("qk_full", np.int64), ("softcap", np.float32), ("l2", np.int64), ("temp_floor", np.int64),
+                       ("temp_scale", np.float32), ("temp_offset", np.float32)])
 FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("shexp_gate", np.int64),
-                      ("biases", np.int64)])
+                      ("biases", np.int64), ("w_before", np.int64)])
+#: (ATTN_DTYPE's n_swa is ``Attn.window``: negative for chunks; l2 / temp_*: Llama 4's L2 q/k norm and NoPE
+#: temperature, ``ops.qk_finish``; FFN_DTYPE's w_before: ``MoeFFN.weight_before``)
 MLA_DTYPE = np.dtype([(name, np.int64) for name in ("rope_table", "neox", "n_head", "n_lora_q", "n_lora_kv", "n_nope",
                                                      "n_rot", "n_v")])
 
 #: the step's tables, each a namedtuple numba reads by field name
 Weights = namedtuple("Weights", "runs deqs buf pbuf wt ot et sc ctr")
 Acts = namedtuple("Acts", "aE aQ aF aX aS aL aN aV atab atab_n atab_v")
-Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead")
+Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead hs")
 Program = namedtuple("Program", "prog norms attn mla ffn routing need out_norm gelu_tab")
 AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias q_a_norm kv_a_norm")
 MoeTables = namedtuple("MoeTables", "shexp_inp router_bias score_bias gate_bias up_bias down_bias")
@@ -284,6 +287,8 @@ def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
     qk_prepare(q, k, v, bl[:Q] if has_b else nob, bl[Q:Q + KV] if has_b else nob, bl[Q + KV:] if has_b else nob,
                qn, kn, full, D.eps, n_head, D.n_head_kv, hd, D.n_rot if a.rope != 0 else 0, cos[a.rope_table, pos],
                sin[a.rope_table, pos], a.neox != 0)
+    qk_finish(q, k, n_head, D.n_head_kv, hd, a.l2 != 0, D.eps, attn_temperature(pos, a.temp_floor, a.temp_scale,
+                                                                                a.temp_offset))
     krow = kc[l, pos]
     vrow = vc[l, pos]
     for i in range(KV):
@@ -378,7 +383,8 @@ def mla_op(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
 def ffn_op(l, moe, W, A, S, P, M, nth):
     """Layer l's FFN of the normed input in A.aE into S.xb2: a dense GLU (``DenseFFN``), or
     (``MoeFFN``, ``moe``) the router, ``route_token`` and each chosen expert's GLU -- its rows alone --
-    weighted and added in selection order, then the shared expert times the sigmoid of its gate. Each
+    weighted and added in selection order (``weight_before``: each expert's input h times its weight,
+    quantized again per expert, its output added as it is), then the shared expert times the sigmoid of its gate. Each
     GLU: gate and up with the activation (one parallel region), then down."""
     f = P.ffn[l]
     glu_kind = f.glu    # (locals only in a prange body: attn_op)
@@ -403,9 +409,17 @@ def ffn_op(l, moe, W, A, S, P, M, nth):
     for i in range(E):
         xb2[i] = 0.0
     n_sh = 1 if f.n_ff_shexp != 0 else 0
+    w_before = moe and f.w_before != 0
+    if w_before:
+        S.hs[:] = xa
     for j in range(max(n_used, 1) + n_sh):
         shx = n_sh != 0 and j == max(n_used, 1)      # the shared expert, after the routed ones
         e = S.sel[j] if moe and not shx else 0
+        if w_before:    # build_moe_ffn's weight_before_ffn: this expert's input is h times its weight
+            wj = S.selw[j] if not shx else np.float32(1.0)
+            for i in range(E):
+                xa[i] = S.hs[i] * wj
+            quantize_needed(P.need[l, 2], A.aE)
         m0 = W_GATE_SH if shx else W_GATE
         ai = A_S if shx else A_X if moe else A_F
         af = A.aS if shx else A.aX if moe else A.aF
@@ -434,7 +448,7 @@ def ffn_op(l, moe, W, A, S, P, M, nth):
         product(W.runs, md, bp, pp, addr_of(A.atab[ai]), yep, sp, ctr, nth)
         if has_eb and not shx:
             add_bias(S.ye, M.down_bias[l, e])
-        we = S.selw[j] if moe and not shx else np.float32(1.0)
+        we = S.selw[j] if moe and not shx and not w_before else np.float32(1.0)
         if shx and f.shexp_gate != 0:   # sigmoid(h . ffn_gate_inp_shexp)
             gs = np.float32(0.0)
             for i in range(E):
@@ -702,7 +716,8 @@ class DecodeStep:
                                ye=np.zeros(c.n_embd, np.float32), rlog=np.zeros(n_expert, np.float32),
                                rsc=np.zeros(2 * n_expert, np.float32), sel=np.zeros(k, np.int64),
                                selw=np.zeros(k, np.float32), mrow=np.zeros((3, WT_COLS), np.int64),
-                               mla=np.zeros(n_mla, np.float32), mhead=np.zeros((n_mh, WT_COLS), np.int64))
+                               mla=np.zeros(n_mla, np.float32), mhead=np.zeros((n_mh, WT_COLS), np.int64),
+                               hs=np.zeros(c.n_embd, np.float32))
         blk = model.blk
 
         def stacked(name: str, shape) -> np.ndarray:
@@ -812,11 +827,12 @@ def _program(model: Llama, need: np.ndarray) -> Program:
         if isinstance(a, MLA):
             mla[il] = (a.rope_table, a.rope_neox, a.n_head, a.n_lora_q, a.n_lora_kv, a.n_nope, a.n_rot, a.n_v)
         else:
-            attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias, a.rope,
-                        a.qk_norm_full, a.softcap)
+            attn[il] = (a.rope_table, a.window, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias, a.rope,
+                        a.qk_norm_full, a.softcap, a.l2_norm, a.temp_floor, a.temp_scale, a.temp_offset)
         shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0
         moe = isinstance(f, MoeFFN)
-        ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, moe and f.shexp_gate, moe and f.biases)
+        ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, moe and f.shexp_gate, moe and f.biases,
+                   moe and f.weight_before)
         routing[il] = routing_record(f.routing if isinstance(f, MoeFFN) else None)[0]
     gelu = gelu_table() if any(d.ffn.glu == "gelu" for d in layers) else np.zeros(1, np.float32)
     return Program(prog=prog, norms=norms, attn=attn, mla=mla, ffn=ffn, routing=routing, need=need,

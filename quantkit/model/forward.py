@@ -62,7 +62,7 @@ from quantkit.model.decode import (STEP_MATS, DecodeStep, attend_kernel, gelu_ta
                                    kv_f16_store, kv_f32_same, layer_biases, qk_prepare, rmsnorm1, window_start)
 from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
-from quantkit.model.ops import NO_SINK, exp_sink_inv, mla_prepare, softcap_scores
+from quantkit.model.ops import NO_SINK, attn_temperature, exp_sink_inv, mla_prepare, qk_finish, softcap_scores
 from quantkit.model.route import route_rows, routing_record
 
 COLLECT_MIN_ROWS = 16
@@ -83,14 +83,16 @@ def rmsnorm(x, w, eps, out):
 
 
 def _prepare_store(q, k, v, kc, vc, pos0, cos, sin, qb, kb, vb, qn, kn, full, eps, n_head, n_head_kv, head_dim,
-                   n_rot, neox):
-    """Per token: the decode step's ``qk_prepare`` on q, k, v in place (biases, q/k norms, RoPE), then
+                   n_rot, neox, l2, tf, ts, to):
+    """Per token: the decode step's ``qk_prepare`` on q, k, v in place (biases, q/k norms, RoPE) and
+    ``qk_finish`` (the temperature ``attn_temperature(p, tf, ts, to)``, the L2 norm when ``l2``), then
     k and v into cache rows pos0.. (ST_KV: float32 -> the cache's element, fp16 bits or float32)."""
     n = q.shape[0]
     for t in prange(n):
         p = pos0 + t
         qk_prepare(q[t], k[t], v[t], qb, kb, vb, qn, kn, full, eps, n_head, n_head_kv, head_dim, n_rot, cos[p],
                    sin[p], neox)
+        qk_finish(q[t], k[t], n_head, n_head_kv, head_dim, l2, eps, attn_temperature(p, tf, ts, to))
         for j in range(k.shape[1]):
             kc[p, j] = ST_KV(k[t, j])  # noqa: F821
             vc[p, j] = ST_KV(v[t, j])  # noqa: F821
@@ -98,7 +100,7 @@ def _prepare_store(q, k, v, kc, vc, pos0, cos, sin, qb, kb, vb, qn, kn, full, ep
 
 def _attention(q, kc, vc, pos0, n_head, n_head_kv, head_dim, head_dim_v, scale, softcap, n_swa, sinks, out):
     """Causal grouped-query attention: query t (at pos0+t), head h (q's columns h*head_dim..) sees cache
-    rows 0..pos0+t (the last n_swa of them with a sliding window) of kv head h // (n_head / n_head_kv):
+    rows 0..pos0+t (from ``window_start``'s with a sliding window or chunks) of kv head h // (n_head / n_head_kv):
     its keys at column kvh*head_dim of kc, its values at column kvh*head_dim_v of vc, its logits
     soft-capped by ``softcap`` (0: not), with its sink logit sinks[h] (empty: none). out (n,
     n_head*head_dim_v). (MLA: one kv head, vc = kc, the latent's width head_dim_v.) One (t, h) pair per
@@ -170,7 +172,7 @@ def _softmax_row(row, lo, lim, scale, softcap, sink):
 
 def _causal_softmax(S, first, group, scale, softcap, n_swa, sinks):
     """S (rows, nk): scores, row r belonging to query r // group and head r % group of the group, which
-    sees keys 0..first + r // group (the last n_swa of them with a sliding window), with that head's
+    sees keys 0..first + r // group (from ``window_start``'s with a sliding window or chunks), with that head's
     sink logit sinks[r % group] (empty: none). In place: softmax of scale * S over the keys each row
     sees, zeros elsewhere. One row per iteration."""
     m, nk = S.shape
@@ -332,7 +334,8 @@ class Runner:
         tabs = [rope_table(n_ctx, c.n_rot, c.rope_freq_base, c.rope_freq_scale, model.rope_freqs,
                            yarn_ramp(c, c.rope_freq_base), c.rope_mscale)]
         if any(c.swa_layers):
-            tabs.append(rope_table(n_ctx, c.n_rot, c.rope_freq_base_swa, c.rope_freq_scale_swa, None,
+            tabs.append(rope_table(n_ctx, c.n_rot, c.rope_freq_base_swa, c.rope_freq_scale_swa,
+                                   model.rope_freqs if c.rope_factors_swa else None,
                                    yarn_ramp(c, c.rope_freq_base_swa) if c.yarn_swa else None,
                                    c.rope_mscale if c.yarn_swa else 1.0))
         self.rope_cos = np.ascontiguousarray(np.stack([t[0] for t in tabs]))
@@ -569,9 +572,9 @@ class Runner:
                             bias[Q + KV:] if has_b else none,
                             b.attn_q_norm if d.qk_norm else none, b.attn_k_norm if d.qk_norm else none,
                             d.qk_norm_full, eps, c.n_head, c.n_head_kv, c.head_dim, c.n_rot if d.rope else 0,
-                            d.rope_neox)
+                            d.rope_neox, d.l2_norm, d.temp_floor, np.float32(d.temp_scale), np.float32(d.temp_offset))
         sinks = b.attn_sinks if d.sinks else none
-        self._attend(q, i, False, pos0, d.n_swa, sinks, np.float32(d.softcap), c.n_head_kv, c.head_dim, c.head_dim,
+        self._attend(q, i, False, pos0, d.window, sinks, np.float32(d.softcap), c.n_head_kv, c.head_dim, c.head_dim,
                      att)
         self._mm(b.attn_output, att, out)                                 # (n, n_embd)
         if d.out_bias:
@@ -658,6 +661,8 @@ class Runner:
         for e in np.unique(top):
             rows, slot = np.nonzero(top == e)
             xe = np.ascontiguousarray(xb[rows])                                       # (m, n_embd)
+            if f.weight_before:   # build_moe_ffn's weight_before_ffn: the weight on the expert's input
+                xe *= w[rows, slot][:, None]
             m = rows.size
             gate, up = np.empty((m, f.n_ff), np.float32), np.empty((m, f.n_ff), np.float32)
             shared: dict = {}
@@ -682,7 +687,7 @@ class Runner:
             y = matmul(b.ffn_down_exps.expert(e).data, b.ffn_down_exps.type, gate, np.empty((m, E), np.float32))
             if f.biases:
                 y += b.ffn_down_exps_bias[e]
-            slots[slot, rows] = y * w[rows, slot][:, None]
+            slots[slot, rows] = y if f.weight_before else y * w[rows, slot][:, None]
         out[...] = slots[0]
         for j in range(1, f.n_expert_used):
             out += slots[j]

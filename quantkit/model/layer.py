@@ -57,6 +57,18 @@ class Attn:
     rope: bool = True       # False: Q and K are not rotated (SmolLM3's NoPE layers)
     qk_norm_full: bool = False  # the Q/K norms over the whole projection (OLMo 2), not per head
     softcap: float = 0.0    # each scaled logit s -> softcap * tanh(s / softcap) before the mask (Gemma 2)
+    chunked: bool = False   # n_swa is a chunk: position p sees the keys from (p // n_swa) * n_swa on
+                            # (LLAMA_SWA_TYPE_CHUNKED, Llama 4), not its last n_swa
+    l2_norm: bool = False   # q and k RMS-normed per head without a weight, after RoPE (Llama 4's use_kq_norm)
+    temp_floor: int = 0     # q times log(floor((pos + temp_offset) / temp_floor) + 1) * temp_scale + 1
+    temp_scale: float = 0.0  # (0: not; llm_graph_input_attn_temp, Llama 4's NoPE layers)
+    temp_offset: float = 0.0
+
+    @property
+    def window(self) -> int:
+        """The window as the kernels take it (quantkit.model.ops.window_start): n_swa keys, or minus the
+        chunk's size when chunked (0: the whole context)."""
+        return -self.n_swa if self.chunked else self.n_swa
 
 
 @dataclass(frozen=True)
@@ -122,6 +134,8 @@ class Routing:
     n_group: int = 1          # {arch}.expert_group_count: experts in groups, ...
     n_group_used: int = 1     # ... of which the best {arch}.expert_group_used_count are eligible
     score_bias: bool = False  # blk.N.exp_probs_b.bias: added to the scores the choice is made on
+    select_logits: bool = False  # the choice made on the router's logits, not on the gated probabilities
+                                 # (build_moe_ffn for Llama 4); the weights are still the probabilities
 
 
 @dataclass(frozen=True)
@@ -142,6 +156,8 @@ class MoeFFN:
     shexp_gate: bool = False  # the shared expert scaled by sigmoid(h . ffn_gate_inp_shexp) (qwen2moe)
     gate_up: bool = False     # the experts' gate and up in one tensor, ffn_gate_up_exps (gate rows, then up
                               # rows per expert; llama.cpp's create_tensor_gate_up_exps): one product for both
+    weight_before: bool = False  # each chosen expert's weight multiplies its input instead of its output
+                                 # (build_moe_ffn's weight_before_ffn, Llama 4)
 
     @property
     def n_expert(self) -> int:
@@ -196,24 +212,40 @@ def describe(config, block, il: int) -> Layer:
         attn = MLA(n_head=c.n_head, n_lora_q=c.n_lora_q, n_lora_kv=c.n_lora_kv, n_nope=c.head_dim - c.n_rot,
                    n_rot=c.n_rot, n_v=c.head_dim_v, rope_neox=a.rope_neox)
     else:
-        attn = Attn(rope_neox=a.rope_neox, rope=not (a.nope_step and (il + 1) % a.nope_step == 0),
+        rope = not (a.nope_step and (il + 1) % a.nope_step == 0)
+        attn = Attn(rope_neox=a.rope_neox, rope=rope,
                     qk_norm_full=a.qk_norm_full, softcap=c.attn_softcap,
                     qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
                     qk_norm=block.attn_q_norm is not None,
                     n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
-                    out_bias=block.attn_output_bias is not None)
+                    out_bias=block.attn_output_bias is not None, **_llama4_attn(c, swa, rope))
     if block.ffn_gate_inp is not None:
         # build_moe_ffn's arguments as the config read them (llama.LlamaConfig: the arch row's or the file's)
         routing = Routing(n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.moe_gating, norm_w=c.moe_norm_w,
                           w_scale=c.expert_weights_scale, n_group=c.n_expert_groups,
-                          n_group_used=c.n_group_used, score_bias=block.exp_probs_b is not None)
+                          n_group_used=c.n_group_used, score_bias=block.exp_probs_b is not None,
+                          select_logits=a.moe_select_logits)
         ffn = MoeFFN(routing, n_ff=c.n_ff_exp, glu=a.glu,
                      n_ff_shexp=c.n_ff_shexp if block.ffn_gate_shexp is not None else 0,
                      shexp_gate=block.ffn_gate_inp_shexp is not None, biases=a.moe_biases,
-                     gate_up=block.ffn_gate_up_exps is not None)
+                     gate_up=block.ffn_gate_up_exps is not None, weight_before=a.moe_weight_before)
     else:
         ffn = DenseFFN(glu=a.glu, n_ff=c.n_ff)
     return Layer((Block(attn, "attn_norm" if block.attn_norm is not None else None,
                         "post_attention_norm" if block.post_attention_norm is not None else None, c.residual_scale),
                   Block(ffn, "ffn_norm" if block.ffn_norm is not None else None,
                         "post_ffw_norm" if block.post_ffw_norm is not None else None, c.residual_scale)))
+
+
+def _llama4_attn(c, swa: bool, rope: bool) -> dict:
+    """Attn's fields for the config's chunked attention, L2 q/k norm and NoPE temperature (Llama 4;
+    src/models/llama4.cpp): a chunked layer's n_swa is its chunk, the L2 norm on the RoPE layers, the
+    temperature on the others."""
+    out: dict = {}
+    if c.swa_chunked and swa:
+        out["chunked"] = True
+    if c.qk_l2 and rope:
+        out["l2_norm"] = True
+    if c.attn_temp and not rope:
+        out.update(temp_floor=c.attn_temp[0], temp_scale=c.attn_temp[1], temp_offset=c.attn_temp[2])
+    return out

@@ -24,7 +24,7 @@ from quantkit.errors import ModelError
 from quantkit.formats.gguf_io import GGUFModel
 from quantkit.model.arch import (ARCHS, MOE_ALWAYS, MOE_BIAS_TENSORS, MOE_NONE, SHEXP_TENSORS, SUPPORTED_ARCHS,
                                  UNSUPPORTED_LAYER_TENSORS, UNSUPPORTED_MOE_ARCHS, UNSUPPORTED_MOE_TENSORS,
-                                 WIDE_SCALE_LAYERS, Arch)
+                                 NO_QK_L2_EXPERTS, WIDE_SCALE_LAYERS, Arch)
 from quantkit.model.layer import Layer, MoeFFN, describe
 
 
@@ -78,6 +78,13 @@ class LlamaConfig:
     n_lora_q: int = 0                     # {arch}.attention.q_lora_rank (0: q straight from attn_q)
     n_lora_kv: int = 0                    # {arch}.attention.kv_lora_rank (0: no MLA)
     head_dim_v: int = 0                   # {arch}.attention.value_length_mla (0: head_dim)
+    # Llama 4 (the Arch row's swa_chunk, attn_temp, qk_l2, swa_rope_factors, moe_interleave)
+    swa_chunked: bool = False             # the sliding layers attend within chunks of n_swa positions
+    attn_temp: tuple = ()                 # the NoPE layers' query temperature (floor scale, scale, offset)
+    qk_l2: bool = False                   # the RoPE layers' weightless per-head q/k RMSNorm after RoPE
+    rope_factors_swa: bool = False        # rope_freqs also divides the sliding layers' RoPE
+    moe_layer_step: int = 1               # {arch}.interleave_moe_layer_step: layer il (past the leading dense
+                                          # ones) has experts when il + 1 is a multiple of it (0: none has)
 
     @property
     def n_embd_kv(self) -> int:
@@ -93,6 +100,11 @@ class LlamaConfig:
 
     def is_swa(self, layer: int) -> bool:
         return bool(self.swa_layers) and bool(self.swa_layers[layer])
+
+    def is_moe(self, layer: int) -> bool:
+        """Whether layer ``layer``'s FFN is a mixture of experts (the file's tensors then say which)."""
+        return bool(self.n_expert) and layer >= self.n_layer_dense_lead and self.moe_layer_step > 0 and \
+            (layer + 1) % self.moe_layer_step == 0
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab_tensor: int | None = None, where: str = "") -> "LlamaConfig":
@@ -146,6 +158,8 @@ class LlamaConfig:
         if n_expert and spec.shared_expert and spec.shexp_width == "count":
             # llama_model_deepseek2 / glm4_moe::load_arch_tensors: n_ff_exp * n_expert_shared (0: none)
             n_ff_shexp = n_ff_exp * _int(opt("expert_shared_count", 0), f"{arch}.expert_shared_count", at)
+        elif n_expert and spec.shared_expert and spec.shexp_width == "n_ff_exp":   # llama4: an expert's width
+            n_ff_shexp = n_ff_exp
         elif n_expert and spec.shared_expert and spec.shexp_width == "key":   # granite_moe: 0 without the key
             n_ff_shexp = _int(opt("expert_shared_feed_forward_length", 0), f"{arch}.expert_shared_feed_forward_length",
                               at)
@@ -202,6 +216,11 @@ class LlamaConfig:
         # sliding-window attention (llama_model_gemma3::load_arch_hparams, load_swa_pattern)
         n_swa = _int(opt("attention.sliding_window", spec.swa_default), f"{arch}.attention.sliding_window", at) \
             if spec.swa_pattern else 0
+        if spec.swa_chunk:   # llama_model_llama4::load_arch_hparams: the chunk is its own, not the file's
+            if n_swa == 0 and f"{arch}.attention.sliding_window" in meta:
+                raise ModelError(f"{at}{arch}.attention.sliding_window 0 (every layer global, MobileLLM's form) is "
+                                 f"not supported: quantkit runs {arch}'s chunked attention")
+            n_swa = spec.swa_chunk
         swa_layers: tuple = ()
         if n_swa > 0:
             pattern = opt("attention.sliding_window_pattern", spec.swa_pattern)
@@ -265,6 +284,8 @@ class LlamaConfig:
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales, **mla,
             attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0,
+            swa_chunked=bool(spec.swa_chunk), attn_temp=spec.attn_temp, rope_factors_swa=spec.swa_rope_factors,
+            qk_l2=spec.qk_l2 and NO_QK_L2_EXPERTS.get(name) != n_expert,
         )
 
 
@@ -332,11 +353,28 @@ def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, 
         out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating),
                    moe_norm_w=bool(key("expert_weights_norm", False)),
                    expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0))
+    if spec.gating_key:    # llama_model_minimax_m2::load_arch_hparams
+        full = f"{arch}.expert_gating_func"
+        if full not in meta:
+            raise ModelError(f"{at}metadata key {full!r} is missing (llama.cpp's {arch} graph has no default gating)")
+        func = _int(meta[full], full, at)
+        if func not in GATING_FUNCS:
+            raise ModelError(f"{at}{full} = {func} is not supported (quantkit runs "
+                             f"{', '.join(f'{k} ({v})' for k, v in GATING_FUNCS.items())})")
+        out.update(moe_gating=GATING_FUNCS[func])
     if spec.lead_dense:
         lead = _int(key("leading_dense_block_count", 0), f"{arch}.leading_dense_block_count", at)
         if not 0 <= lead <= n_layer:
             raise ModelError(f"{at}{arch}.leading_dense_block_count {lead} must be in 0..{n_layer}")
         out.update(n_layer_dense_lead=lead)
+    if spec.moe_interleave:     # llama_model_llama4::load_arch_hparams (required)
+        full = f"{arch}.interleave_moe_layer_step"
+        if full not in meta:
+            raise ModelError(f"{at}metadata key {full!r} is missing")
+        step = _int(meta[full], full, at)
+        if step < 0:
+            raise ModelError(f"{at}{full} = {step} must not be negative")
+        out.update(moe_layer_step=step)
     if spec.moe_step:
         full = f"{arch}.interleave_moe_layer_step"
         if full not in meta:
@@ -558,7 +596,7 @@ class Llama:
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
             b.ffn_norm = vector(p + a.ffn_norm + ".weight", E) if a.pre_norms else None
-            if c.n_expert and i >= c.n_layer_dense_lead:
+            if c.is_moe(i):
                 read = (SHEXP_TENSORS[0 if a.shexp_gate else 1:] if a.shared_expert else ()) + \
                     (MOE_BIAS_TENSORS if a.moe_biases else ()) + \
                     (("exp_probs_b.bias",) if a.score_bias else ())

@@ -195,8 +195,48 @@ def glu(g, u, out, kind, table):
 @njit_fast
 def window_start(n_kv, n_swa):
     """First cache position a query at position n_kv - 1 sees: 0, or with a sliding window of n_swa
-    the keys p with (n_kv - 1) - p < n_swa (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD)."""
+    the keys p with (n_kv - 1) - p < n_swa (llama_hparams::is_masked_swa, LLAMA_SWA_TYPE_STANDARD), or
+    with n_swa < 0, chunks of -n_swa positions, the keys from its chunk's start on (LLAMA_SWA_TYPE_CHUNKED;
+    ``layer.Attn.window``)."""
+    if n_swa < 0:
+        return (n_kv - 1) // -n_swa * -n_swa
     return max(0, n_kv - n_swa) if n_swa > 0 else 0
+
+
+@njit_fast
+def attn_temperature(pos, floor_scale, scale, offset):
+    """The query's temperature at position ``pos`` (llm_graph_input_attn_temp::set_input: float position
+    plus offset over the floor scale, floored, in float; the log and the rest in double; stored as float):
+    1 + scale * log(floor((pos + offset) / floor_scale) + 1). floor_scale 0: 1."""
+    if floor_scale == 0:
+        return np.float32(1.0)
+    f = np.floor((np.float32(pos) + np.float32(offset)) / np.float32(floor_scale))
+    return np.float32(math.log(np.float64(f) + 1.0) * np.float64(np.float32(scale)) + 1.0)
+
+
+@njit_fast
+def qk_finish(q, k, n_head, n_head_kv, hd, l2, eps, temp):
+    """After ``qk_prepare`` (RoPE), in place: q times ``temp`` (unless 1: Llama 4's NoPE layers), then with
+    ``l2`` q and k RMS-normed per head without a weight (ggml_rms_norm: Llama 4's RoPE layers)."""
+    if temp != np.float32(1.0):
+        for i in range(q.shape[0]):
+            q[i] *= temp
+    if l2:
+        for h in range(n_head):
+            _rmsnorm_plain(q[h * hd:(h + 1) * hd], eps)
+        for h in range(n_head_kv):
+            _rmsnorm_plain(k[h * hd:(h + 1) * hd], eps)
+
+
+@njit_fast
+def _rmsnorm_plain(x, eps):
+    """x <- x / sqrt(mean(x^2) + eps), sum of squares in float64 (ggml_rms_norm, no weight)."""
+    ss = 0.0
+    for i in range(x.shape[0]):
+        ss += np.float64(x[i]) * np.float64(x[i])
+    scale = np.float32(1.0 / math.sqrt(ss / x.shape[0] + eps))
+    for i in range(x.shape[0]):
+        x[i] = x[i] * scale
 
 
 # -- attention over the KV cache -------------------------------------------------------------------

@@ -111,6 +111,9 @@ def _moe(f: MoeFFN, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | Non
             gate, up = gu[:f.n_ff], gu[f.n_ff:]
         else:
             gate, up = b.ffn_gate_exps.expert(e), b.ffn_up_exps.expert(e)
+        if f.weight_before:     # build_moe_ffn's weight_before_ffn: the weight on the expert's input
+            out[rows] += _glu_ffn(h[rows] * w[rows, slot][:, None], gate, up, b.ffn_down_exps.expert(e), f.glu, bias)
+            continue
         y = _glu_ffn(h[rows], gate, up, b.ffn_down_exps.expert(e), f.glu, bias)
         out[rows] += w[rows, slot][:, None] * y
     if f.n_ff_shexp:
@@ -127,7 +130,9 @@ def _attention(d: Attn, b: Block, h: np.ndarray, c, ropes: tuple, routes: list |
     pos = np.arange(n)
     group = c.n_head // c.n_head_kv
     mask = np.where(pos[None, :] > pos[:, None], -np.inf, 0.0)                  # causal
-    if d.n_swa:
+    if d.n_swa and d.chunked:   # LLAMA_SWA_TYPE_CHUNKED: a key before its query's chunk
+        mask[pos[None, :] < (pos[:, None] // d.n_swa) * d.n_swa] = -np.inf
+    elif d.n_swa:
         mask[pos[:, None] - pos[None, :] >= d.n_swa] = -np.inf                  # sliding window
     q, k, v = h @ _w(b.attn_q).T, h @ _w(b.attn_k).T, h @ _w(b.attn_v).T
     if d.qkv_bias:
@@ -142,6 +147,11 @@ def _attention(d: Attn, b: Block, h: np.ndarray, c, ropes: tuple, routes: list |
     if d.rope:
         q = _rope(q, c.n_head, hd, c.n_rot, *rope, neox=d.rope_neox)
         k = _rope(k, c.n_head_kv, hd, c.n_rot, *rope, neox=d.rope_neox)
+    if d.temp_floor:    # llm_graph_input_attn_temp: q times its position's temperature
+        q = q * (np.log(np.floor((pos + d.temp_offset) / d.temp_floor) + 1.0) * d.temp_scale + 1.0)[:, None]
+    if d.l2_norm:       # ggml_rms_norm per head, no weight, after RoPE
+        one = np.ones(1)
+        q, k = _head_norm(q, c.n_head, hd, one, c.rms_eps), _head_norm(k, c.n_head_kv, hd, one, c.rms_eps)
     q = q.reshape(n, c.n_head, hd).transpose(1, 0, 2)                   # (n_head, n, hd)
     k = np.repeat(k.reshape(n, c.n_head_kv, hd).transpose(1, 0, 2), group, axis=0)
     v = np.repeat(v.reshape(n, c.n_head_kv, hd).transpose(1, 0, 2), group, axis=0)
@@ -200,7 +210,7 @@ def reference_logits(model: Llama, tokens, routes: list | None = None) -> np.nda
     tokens = np.asarray(tokens, dtype=np.int64).reshape(-1)
     x = model.token_embd.dequantize()[tokens].astype(np.float64) * c.embd_scale   # (n, n_embd)
     ropes = ((c.rope_freq_base, c.rope_freq_scale, model.rope_freqs, yarn_ramp(c, c.rope_freq_base), c.rope_mscale),
-             (c.rope_freq_base_swa, c.rope_freq_scale_swa, None,
+             (c.rope_freq_base_swa, c.rope_freq_scale_swa, model.rope_freqs if c.rope_factors_swa else None,
               yarn_ramp(c, c.rope_freq_base_swa) if c.yarn_swa else None, c.rope_mscale if c.yarn_swa else 1.0))
     for layer, b in zip(model.layers, model.blk):
         for blk in layer.blocks:        # the layer program (quantkit.model.layer)

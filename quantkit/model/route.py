@@ -7,7 +7,7 @@ For router logits l (n_expert,) of one token, the router's bias already added:
 1. probabilities p by the gating: softmax(l) ("softmax"), sigmoid(l) ("sigmoid", DeepSeek V3, GLM-4.5),
    or l itself ("softmax_weight", gpt-oss: the softmax comes after the choice);
 2. selection scores s = p + exp_probs_b (the per-expert score bias of DeepSeek V3, when the layer has
-   it); the weights are still read from p;
+   it), or with ``select_logits`` the logits l themselves (Llama 4); the weights are still read from p;
 3. with expert groups (``n_group`` > 1): each group's score is the sum of its two largest s; all but
    the ``n_group_used`` best groups are masked out of s;
 4. the ``n_used`` largest s, ties to the lower index (ggml_argsort_top_k: std::sort's insertion sort
@@ -27,7 +27,7 @@ from quantkit.model.ops import expf, softmax_inplace
 #: ``Routing`` as the compiled code reads it: one record (``routing_record``), gating as its GATINGS index
 ROUTING_DTYPE = np.dtype([("n_expert", np.int64), ("n_used", np.int64), ("gating", np.int64),
                           ("norm_w", np.int64), ("n_group", np.int64), ("n_group_used", np.int64),
-                          ("w_scale", np.float64)])
+                          ("w_scale", np.float64), ("select_logits", np.int64)])
 GATE_SOFTMAX, GATE_SIGMOID, GATE_SOFTMAX_WEIGHT = (GATINGS.index(g) for g in ("softmax", "sigmoid", "softmax_weight"))
 #: fp16's smallest normal: the floor of the weights' sum (build_moe_ffn's ggml_clamp)
 W_SUM_MIN = 6.103515625e-5
@@ -37,7 +37,8 @@ def routing_record(r: Routing | None) -> np.ndarray:
     """(1,) ``ROUTING_DTYPE`` of ``r`` (None: a record of zeros, for a layer without experts)."""
     rec = np.zeros(1, ROUTING_DTYPE)
     if r is not None:
-        rec[0] = (r.n_expert, r.n_used, GATINGS.index(r.gating), r.norm_w, r.n_group, r.n_group_used, r.w_scale)
+        rec[0] = (r.n_expert, r.n_used, GATINGS.index(r.gating), r.norm_w, r.n_group, r.n_group_used, r.w_scale,
+                  r.select_logits)
     return rec
 
 
@@ -67,7 +68,7 @@ def route(logits: np.ndarray, r: Routing, score_bias: np.ndarray | None = None
         p = 1.0 / (1.0 + np.exp(-x))
     else:
         p = x
-    s = p + score_bias if score_bias is not None else p
+    s = x if r.select_logits else p + score_bias if score_bias is not None else p
     if r.n_group > 1:
         s = _group_mask(s, r)
     k = r.n_used
@@ -84,7 +85,7 @@ def route(logits: np.ndarray, r: Routing, score_bias: np.ndarray | None = None
     # (softmax gating without a score bias: a log-probability gap); a probability scores' gap (sigmoid,
     # or softmax with a score bias) divided by the larger slope p (1 - p) of the two probabilities: to
     # first order, the change of their logits that flips the choice
-    on_logits = r.gating == "softmax_weight" or (r.gating == "softmax" and score_bias is None)
+    on_logits = r.gating == "softmax_weight" or (r.gating == "softmax" and score_bias is None) or r.select_logits
     g = np.where(np.isfinite(s), x, -np.inf) if on_logits and score_bias is None else s
     if k >= s.shape[1]:
         return top, w, np.zeros(s.shape[0])
@@ -121,13 +122,17 @@ def route_token(logits, score_bias, r, sel, selw, s):
     ``score_bias`` (n_expert,) or empty; ``r`` a ``ROUTING_DTYPE`` record; ``s`` scratch of at least
     n_expert + n_group float32. Not fastmath: -inf marks the experts taken or masked."""
     n, k = r.n_expert, r.n_used
+    if r.select_logits:
+        for i in range(n):
+            s[i] = logits[i]
     if r.gating == GATE_SOFTMAX:
         softmax_inplace(logits, n)
     elif r.gating == GATE_SIGMOID:
         for i in range(n):
             logits[i] = np.float32(1.0) / (np.float32(1.0) + expf(-logits[i]))
-    for i in range(n):
-        s[i] = logits[i] + score_bias[i] if score_bias.shape[0] else logits[i]
+    if not r.select_logits:
+        for i in range(n):
+            s[i] = logits[i] + score_bias[i] if score_bias.shape[0] else logits[i]
     if r.n_group > 1:
         per = n // r.n_group
         gs = s[n:n + r.n_group]
