@@ -21,8 +21,12 @@ A layer, in the order every path runs it (the optional steps are this table's fl
       q, k = rope(q, k)                      (NORM or NEOX pairs, YaRN when the file says; SWA layers use
                                               the SWA base; none on every nope_step-th layer)
       s = scale * q k^T                      (cap * tanh(s / cap)          if attn_softcap)
-      o = softmax(s + causal [+ sliding-window] mask [, sink logit]) v @ attn_output
-                                             (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
+      o = softmax(s + causal [+ sliding-window] mask [, sink logit]) v
+                                             (sink per head if attn_sinks)
+      o = o * sigmoid(gate) @ attn_output    (gate: the second half of each head's attn_q rows if attn_gate;
+                                              + attn_output.bias if attn_out_bias)
+        or, on a recurrent layer of a delta_net arch, a gated DeltaNet (quantkit.model.layer.DeltaNet): a
+        short causal convolution over [q, k, v], the delta rule's state per value head, the gated output norm
         or, multi-head latent attention (mla; quantkit.model.layer.MLA): q from attn_q or attn_q_a ->
         attn_q_a_norm -> attn_q_b, keys and values from one cached latent per position (attn_kv_a_mqa,
         attn_kv_a_norm) through attn_k_b / attn_v_b, RoPE on a decoupled part of q and of the key
@@ -110,6 +114,12 @@ class Arch:
                                   # the softmax scale 1/sqrt(key_length_mla) times YaRN's mscale squared
     yarn_log_mul: bool = False    # {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, which
                                   # also stands for YaRN's mscale (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
+    delta_net: bool = False       # gated DeltaNet layers (quantkit.model.layer.DeltaNet) where
+                                  # {arch}.attention.recurrent_layers says (else every layer but each
+                                  # {arch}.full_attention_interval-th, default 4); reads {arch}.ssm.conv_kernel,
+                                  # state_size, group_count, time_step_rank, inner_size (qwen3next)
+    attn_gate: bool = False       # attn_q makes per head [query, output gate]: the attention's output times
+                                  # sigmoid(gate) before attn_output (qwen3next's build_layer_attn)
 
 
 #: ``Arch.attn_scale`` kinds whose models of this many layers (the 27B ones) scale q.k by 1/sqrt(n_embd /
@@ -177,6 +187,13 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # src/models/deepseek2.cpp (DeepSeek V2 / V2-Lite / V3, Kimi K2): MLA in its absorbed form (is_mla),
     # NORM RoPE on the decoupled part, leading dense layers, build_moe_ffn with the file's gating, norm and
     # scale, and ungated shared experts expert_shared_count experts wide
+    # src/models/qwen3next.cpp (Qwen3-Next): gated DeltaNet layers (linear attention with a recurrent state)
+    # between gated attention layers (per-head Q/K norms, NEOX RoPE over rope.dimension_count), the FFN
+    # normed by blk.N.post_attention_norm, build_moe_ffn with softmax gating and norm_w = true, and a shared
+    # expert scaled by sigmoid(h . ffn_gate_inp_shexp)
+    Arch("qwen3next", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, shared_expert=True, ffn_norm="post_attention_norm",
+         delta_net=True, attn_gate=True),
     Arch("deepseek2", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True, shexp_gate=False,
          shexp_width="count", moe_hparams=True, lead_dense=True, score_bias=True, mla=True,

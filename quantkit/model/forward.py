@@ -296,6 +296,10 @@ class Runner:
             raise ModelError(f"context size {n_ctx} is over the model's trained context length {c.n_ctx_train}")
         if type_kv not in ("f16", "f32"):
             raise ModelError(f"KV cache type must be 'f16' or 'f32', got {type_kv!r}")
+        if any(d.delta_net for d in model.layers):
+            # (the float64 reference runs them: quantkit.model.reference; the state's design comes first)
+            raise ModelError(f"{c.arch.name}'s gated DeltaNet layers are not run by quantkit's batch "
+                             f"path and decode step yet")
         _keep_freed_buffers()
         self.model, self.config = model, c
         self.n_ctx = n_ctx

@@ -7,7 +7,7 @@ alike. quantkit describes each layer as a short program of ``Block`` steps::
 
     for block in layer.blocks:
         h = rmsnorm(x) * blk.<block.norm>          (the residual itself when norm is None)
-        y = block.op(h)                            an Attn, a DenseFFN or a MoeFFN
+        y = block.op(h)                            an Attn, MLA, DeltaNet, DenseFFN or MoeFFN
         y = rmsnorm(y) * blk.<block.post_norm>     (when post_norm is set)
         x = x + y * block.scale                    (when scale is set)
 
@@ -15,7 +15,7 @@ and the three paths -- the float64 ``reference``, the batch ``forward.Runner`` a
 ``decode`` step -- each walk that program with their own implementation of each op, never looking at
 the architecture's name. ``describe`` builds a layer's program from the ``Arch`` row, the config and
 which tensors the file has for that layer, so layers of one model may differ (leading dense layers
-before MoE layers, sliding and global attention). A new architecture is its ``Arch`` row, its config
+before MoE layers, sliding and global attention, DeltaNet layers between attention layers). A new architecture is its ``Arch`` row, its config
 reading and any op it adds: a record here, one implementation per path, one test against the reference.
 
 The ops:
@@ -26,6 +26,9 @@ The ops:
                optionally soft-capped logits (+ a sink logit per head) -> attn_output (+ bias)
 ``MLA``        multi-head latent attention (DeepSeek V2 / V3): the cache holds one compressed latent
                per position, shared by every head (the record's docstring)
+``DeltaNet``   gated DeltaNet linear attention (Qwen3-Next): a short causal convolution, the delta rule's
+               state per value head, the gated output norm (the record's docstring); its state is not a KV
+               cache but a convolution window and a matrix per head
 ``DenseFFN``   (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down (llama.cpp's build_ffn, LLM_FFN_PAR)
 ``MoeFFN``     build_moe_ffn: the router, ``Routing`` (quantkit.model.route), each chosen expert's GLU
                weighted and added in the order of selection; a shared expert after them
@@ -57,6 +60,8 @@ class Attn:
     rope: bool = True       # False: Q and K are not rotated (SmolLM3's NoPE layers)
     qk_norm_full: bool = False  # the Q/K norms over the whole projection (OLMo 2), not per head
     softcap: float = 0.0    # each scaled logit s -> softcap * tanh(s / softcap) before the mask (Gemma 2)
+    gate: bool = False      # attn_q's rows per head are [query, gate]: the output times sigmoid(gate)
+                            # before attn_output (Qwen3-Next)
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,58 @@ class MLA:
     def n_q(self) -> int:
         """q's width: n_head heads of n_nope + n_rot."""
         return self.n_head * (self.n_nope + self.n_rot)
+
+
+@dataclass(frozen=True)
+class DeltaNet:
+    """Gated DeltaNet linear attention, as llama.cpp's qwen3next graph runs it (build_layer_attn_linear;
+    the delta rule itself: ggml_gated_delta_net, or build_delta_net_chunking / _autoregressive where a
+    backend has no fused op). For the normed input h of a position t::
+
+        x      = h @ attn_qkv                (conv_dim = 2 n_k_heads head_dim + n_v_heads head_dim: q, k, v)
+        z      = h @ attn_gate               (n_v_heads head_dim: the output gate)
+        b, a   = h @ ssm_ba                  per key head group g: [b (r), a (r)], r = n_v_heads / n_k_heads
+        c      = silu(sum_i conv[:, i] * x_{t - d_conv + 1 + i})   per channel (ssm_conv1d, d_conv taps;
+                                             the d_conv - 1 previous x are the convolution's state)
+        q, k   = c's first two parts per key head, each x / sqrt(sum x^2 + eps) (build_gdn_l2_norm);
+                 value head j reads key head j // r
+        v      = c's last part per value head
+        beta   = sigmoid(b);   g = softplus(a + ssm_dt.bias) * ssm_a        (ssm_a = -exp(A_log))
+        S      = exp(g) S;   S += beta (v - S k) k^T;   o = S q / sqrt(head_dim)
+                                             (per value head: S the (head_dim x head_dim) state)
+        out    = [rmsnorm(o) * ssm_norm * silu(z) per value head] @ ssm_out
+
+    The state of a sequence: the convolution's last d_conv - 1 inputs (``conv_state``) and S per value
+    head (``ssm_state``), both zero at the start (llama.cpp's recurrent memory, cleared for each new
+    sequence)."""
+
+    n_k_heads: int      # {arch}.ssm.group_count
+    n_v_heads: int      # {arch}.ssm.time_step_rank
+    head_dim: int       # {arch}.ssm.state_size (keys and values alike; inner_size / time_step_rank)
+    d_conv: int         # {arch}.ssm.conv_kernel
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The convolution's channels: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def conv_state(self) -> int:
+        """Floats of a sequence's convolution window (llama_hparams::n_embd_r)."""
+        return (self.d_conv - 1) * self.conv_dim
+
+    @property
+    def ssm_state(self) -> int:
+        """Floats of a sequence's delta-rule state (llama_hparams::n_embd_s)."""
+        return self.head_dim * self.head_dim * self.n_v_heads
 
 
 @dataclass(frozen=True)
@@ -153,14 +210,14 @@ class MoeFFN:
 
 
 #: the ops a Block may hold
-OPS = (Attn, MLA, DenseFFN, MoeFFN)
+OPS = (Attn, MLA, DeltaNet, DenseFFN, MoeFFN)
 
 
 @dataclass(frozen=True)
 class Block:
     """One step of a layer: ``x += post(op(norm(x)))`` (the module's program)."""
 
-    op: Attn | MLA | DenseFFN | MoeFFN
+    op: Attn | MLA | DeltaNet | DenseFFN | MoeFFN
     norm: str | None        # the llama.Block attribute of the input norm's weight (None: no input norm)
     post_norm: str | None = None   # the output norm's, before the residual add (None: none)
     scale: float = 0.0      # the output times this before the add (0: none; Granite's residual_scale)
@@ -178,6 +235,10 @@ class Layer:
         return self._op((Attn, MLA))
 
     @property
+    def delta_net(self) -> DeltaNet | None:
+        return self._op(DeltaNet)
+
+    @property
     def ffn(self) -> DenseFFN | MoeFFN | None:
         return self._op((DenseFFN, MoeFFN))
 
@@ -192,7 +253,9 @@ def describe(config, block, il: int) -> Layer:
     with ``ffn_gate`` a dense one (DeepSeek's and GLM's leading dense layers)."""
     c, a = config, config.arch
     swa = c.is_swa(il)
-    if a.mla:
+    if c.is_recurrent(il):
+        attn = DeltaNet(n_k_heads=c.ssm_n_group, n_v_heads=c.ssm_dt_rank, head_dim=c.ssm_d_state, d_conv=c.ssm_d_conv)
+    elif a.mla:
         attn = MLA(n_head=c.n_head, n_lora_q=c.n_lora_q, n_lora_kv=c.n_lora_kv, n_nope=c.head_dim - c.n_rot,
                    n_rot=c.n_rot, n_v=c.head_dim_v, rope_neox=a.rope_neox)
     else:
@@ -201,7 +264,7 @@ def describe(config, block, il: int) -> Layer:
                     qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
                     qk_norm=block.attn_q_norm is not None,
                     n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
-                    out_bias=block.attn_output_bias is not None)
+                    out_bias=block.attn_output_bias is not None, gate=a.attn_gate)
     if block.ffn_gate_inp is not None:
         # build_moe_ffn's arguments as the config read them (llama.LlamaConfig: the arch row's or the file's)
         routing = Routing(n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.moe_gating, norm_w=c.moe_norm_w,

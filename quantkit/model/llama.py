@@ -78,6 +78,12 @@ class LlamaConfig:
     n_lora_q: int = 0                     # {arch}.attention.q_lora_rank (0: q straight from attn_q)
     n_lora_kv: int = 0                    # {arch}.attention.kv_lora_rank (0: no MLA)
     head_dim_v: int = 0                   # {arch}.attention.value_length_mla (0: head_dim)
+    # gated DeltaNet layers (``Arch.delta_net``; quantkit.model.layer.DeltaNet): llama_model_qwen3next's hparams
+    recurrent_layers: tuple = ()          # per layer: True where it is a DeltaNet layer (empty: none)
+    ssm_d_conv: int = 0                   # {arch}.ssm.conv_kernel: the convolution's taps
+    ssm_d_state: int = 0                  # {arch}.ssm.state_size: a key (and value) head's dims
+    ssm_n_group: int = 0                  # {arch}.ssm.group_count: key heads
+    ssm_dt_rank: int = 0                  # {arch}.ssm.time_step_rank: value heads
 
     @property
     def n_embd_kv(self) -> int:
@@ -93,6 +99,10 @@ class LlamaConfig:
 
     def is_swa(self, layer: int) -> bool:
         return bool(self.swa_layers) and bool(self.swa_layers[layer])
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether layer ``layer`` is a DeltaNet layer (llama_hparams::is_recr)."""
+        return bool(self.recurrent_layers) and bool(self.recurrent_layers[layer])
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab_tensor: int | None = None, where: str = "") -> "LlamaConfig":
@@ -225,6 +235,7 @@ class LlamaConfig:
             m = org * (f32(1.0) + f32(0.1) * log_mul * np.log(f32(1.0) / f32(freq_scale)))
             attn_scale = float(f32(1.0) * m * m / np.sqrt(f32(head_dim)))
         moe = _moe_hparams(spec, meta, n_expert, n_layer, at) if n_expert else {}
+        ssm = _ssm_hparams(spec, meta, n_layer, at) if spec.delta_net else {}
         scales: dict[str, float] = {}
         if spec.granite_scales:   # llama_model_granite_moe::load_arch_hparams (logit_scale required)
             if f"{arch}.logit_scale" not in meta:
@@ -264,8 +275,42 @@ class LlamaConfig:
             float(opt("embedding_scale", 0.0) or 1.0) if spec.granite_scales else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales, **mla,
-            attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0,
+            attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0, **ssm,
         )
+
+
+def _ssm_hparams(spec: Arch, meta: dict[str, Any], n_layer: int, at: str) -> dict[str, Any]:
+    """Gated DeltaNet's dims and which layers are DeltaNet layers (llama_model_qwen3next::load_arch_hparams):
+    {arch}.attention.recurrent_layers when the file has it, else every layer but each
+    {arch}.full_attention_interval-th (default 4). Keys and values have one head size (ssm.state_size; llama.cpp
+    asserts S_k == S_v), inner_size is time_step_rank of them, value heads a multiple of key heads."""
+    arch = spec.name
+
+    def need(k: str) -> int:
+        if f"{arch}.{k}" not in meta:
+            raise ModelError(f"{at}metadata key {arch + '.' + k!r} is missing")
+        v = _int(meta[f"{arch}.{k}"], f"{arch}.{k}", at)
+        if v <= 0:
+            raise ModelError(f"{at}metadata key {arch}.{k} = {v} must be positive")
+        return v
+
+    out = dict(ssm_d_conv=need("ssm.conv_kernel"), ssm_d_state=need("ssm.state_size"),
+               ssm_n_group=need("ssm.group_count"), ssm_dt_rank=need("ssm.time_step_rank"))
+    inner = need("ssm.inner_size")
+    if inner != out["ssm_d_state"] * out["ssm_dt_rank"] or out["ssm_dt_rank"] % out["ssm_n_group"]:
+        raise ModelError(f"{at}{arch}.ssm.inner_size {inner} must be ssm.state_size {out['ssm_d_state']} times "
+                         f"ssm.time_step_rank {out['ssm_dt_rank']}, a multiple of ssm.group_count {out['ssm_n_group']}")
+    flags = meta.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None:
+        if len(flags) < n_layer:
+            raise ModelError(f"{at}{arch}.attention.recurrent_layers has {len(flags)} entries for {n_layer} layers")
+        recr = tuple(bool(f) for f in flags[:n_layer])
+    else:
+        every = _int(meta.get(f"{arch}.full_attention_interval", 4), f"{arch}.full_attention_interval", at)
+        if every <= 0:
+            raise ModelError(f"{at}{arch}.full_attention_interval {every} must be positive")
+        recr = tuple((i + 1) % every != 0 for i in range(n_layer))
+    return dict(out, recurrent_layers=recr)
 
 
 def _mla_hparams(spec: Arch, meta: dict[str, Any], at: str) -> dict[str, Any]:
@@ -434,7 +479,16 @@ class Block:
     attn_v_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
     attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head * head_dim,))
     attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head_kv * head_dim,))
-    attn_output: Weight     # (n_head * head_dim -> n_embd)
+    attn_output: Weight | None = None   # (n_head * head_dim -> n_embd)   (None on a DeltaNet layer)
+    # gated DeltaNet (Arch.delta_net; quantkit.model.layer.DeltaNet), on its layers instead of attn_q ... attn_output
+    attn_qkv: Weight | None = None          # (n_embd -> conv_dim): q, k, v before the convolution
+    attn_gate: Weight | None = None         # (n_embd -> value_dim): z, the output norm's gate
+    ssm_ba: Weight | None = None            # (n_embd -> 2 n_v_heads): beta and alpha, per key-head group
+    ssm_conv1d: np.ndarray | None = None    # float32 (conv_dim, d_conv): each channel's taps, oldest first
+    ssm_dt_bias: np.ndarray | None = None   # float32 (n_v_heads,): added to alpha before the softplus
+    ssm_a: np.ndarray | None = None         # float32 (n_v_heads,): -exp(A_log), the decay's rate
+    ssm_norm: np.ndarray | None = None      # float32 (head_dim,): the gated output norm
+    ssm_out: Weight | None = None           # (value_dim -> n_embd)
     attn_output_bias: np.ndarray | None = None   # float32 (n_embd,)   attn_out_bias
     attn_sinks: np.ndarray | None = None         # float32 (n_head,)   attn_sinks
     post_attention_norm: np.ndarray | None = None  # float32 (n_embd,)   post_norms
@@ -490,10 +544,12 @@ class Llama:
                 raise ModelError(f"{where}: tensor {name!r} is missing")
             t = gg.tensor(name)
             want = (n_in, n_out, n_exp) if n_exp else (n_in, n_out) if n_out else (n_in,)
-            if tuple(t.shape) != want:
+            # ggml's rule (llama_model_loader::check_tensor_dims): dims past the file's count are 1, so a
+            # [n_embd, 1] ffn_gate_inp_shexp (the converter's) is the [n_embd] llama.cpp asks for
+            if tuple(t.shape) + (1,) * (4 - len(t.shape)) != want + (1,) * (4 - len(want)):
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected {list(want)}")
             _check_readable(where, name, t.type)
-            return Weight(name, t.type, tuple(t.shape), t.data)
+            return Weight(name, t.type, want, t.data)
 
         def vector(name: str, n: int) -> np.ndarray:
             if not gg.has_tensor(name):
@@ -522,11 +578,28 @@ class Llama:
         for i in range(c.n_layer):
             b = Block()
             p = f"blk.{i}."
+            recr = c.is_recurrent(i)
             for extra in UNSUPPORTED_LAYER_TENSORS:
-                if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias"):
+                if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias") and \
+                        not (recr and extra == "attn_qkv.weight"):
                     raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
             b.attn_norm = vector(p + "attn_norm.weight", E) if a.pre_norms else None
-            if a.mla:       # llama_model_deepseek2::load_arch_tensors (is_mla)
+            if recr:        # llama_model_qwen3next::load_arch_tensors: a gated DeltaNet layer
+                if gg.has_tensor(p + "ssm_in.weight"):
+                    raise ModelError(f"{where}: tensor {p + 'ssm_in.weight'!r}: the legacy Qwen3-Next layout (q, k, v "
+                                     f"and z in one projection) is not supported; convert the model again with "
+                                     f"llama.cpp's convert_hf_to_gguf.py, which writes attn_qkv and attn_gate")
+                HK, HV, SD, K = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_conv
+                conv = 2 * HK * SD + HV * SD
+                b.attn_qkv = matrix(p + "attn_qkv.weight", E, conv)
+                b.attn_gate = matrix(p + "attn_gate.weight", E, HV * SD)
+                b.ssm_ba = matrix(p + "ssm_ba.weight", E, 2 * HV)
+                b.ssm_conv1d = table(p + "ssm_conv1d.weight", K, conv)
+                b.ssm_dt_bias = vector(p + "ssm_dt.bias", HV)
+                b.ssm_a = vector(p + "ssm_a", HV)
+                b.ssm_norm = vector(p + "ssm_norm.weight", SD)
+                b.ssm_out = matrix(p + "ssm_out.weight", HV * SD, E)
+            elif a.mla:       # llama_model_deepseek2::load_arch_tensors (is_mla)
                 R, LQ, LKV = c.n_rot, c.n_lora_q, c.n_lora_kv
                 if LQ:
                     b.attn_q_a = matrix(p + "attn_q_a.weight", E, LQ)
@@ -540,7 +613,8 @@ class Llama:
                 b.attn_v_b = matrix(p + "attn_v_b.weight", LKV, c.head_dim_v, c.n_head)
                 b.attn_output = matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, E)
             else:
-                b.attn_q = matrix(p + "attn_q.weight", E, Q)
+                # attn_gate: each head's query rows, then its output gate's (build_layer_attn of qwen3next)
+                b.attn_q = matrix(p + "attn_q.weight", E, 2 * Q if a.attn_gate else Q)
                 b.attn_k = matrix(p + "attn_k.weight", E, KV)
                 b.attn_v = matrix(p + "attn_v.weight", E, KV)
                 b.attn_q_bias = optional(p + "attn_q.bias", Q)            # create_tensor_qkv: optional
