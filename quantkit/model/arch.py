@@ -15,6 +15,8 @@ A layer, in the order every path runs it (the optional steps are this table's fl
     x = token_embd[tok]                      (* sqrtf(n_embd)             if embd_scale)
     per layer (its program: quantkit.model.layer; a MoE file's leading dense layers are dense):
       h = rmsnorm(x) * attn_norm             (h = x                       unless pre_norms)
+        a recurrent layer (head_count_kv 0 when the row has ``recurrent``) runs its recurrent op instead of
+        the attention below (LFM2's short convolution: quantkit.model.layer.ShortConv), then the FFN
       q, k, v = h @ attn_q/k/v               (+ attn_q/k/v.bias           when the file has them)
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
                                              (over the whole projection   if qk_norm_full)
@@ -108,6 +110,11 @@ class Arch:
                                   # {arch}.attention.q_lora_rank / kv_lora_rank / key_length_mla /
                                   # value_length_mla and blk.N.attn_q_a ... attn_v_b instead of attn_q/k/v;
                                   # the softmax scale 1/sqrt(key_length_mla) times YaRN's mscale squared
+    recurrent: str = ""           # the recurrent op of the layers whose {arch}.attention.head_count_kv entry is
+                                  # 0 (hparams.is_recr): "shortconv" (quantkit.model.layer.ShortConv, LFM2);
+                                  # head_count_kv is then a per-layer array, {arch}.shortconv.l_cache required
+    output_norm: str = "output_norm"  # the final norm's tensor (LFM2's is "token_embd_norm":
+                                      # LLM_TENSOR_OUTPUT_NORM_LFM2)
     yarn_log_mul: bool = False    # {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, which
                                   # also stands for YaRN's mscale (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
 
@@ -181,6 +188,10 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
          output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True, shexp_gate=False,
          shexp_width="count", moe_hparams=True, lead_dense=True, score_bias=True, mla=True,
          yarn_log_mul=True),
+    # src/models/lfm2.cpp (LFM2): gated short-convolution layers (head_count_kv 0) between attention layers
+    # with per-head Q/K norms and NEOX RoPE, every layer's FFN a dense SwiGLU, the final norm token_embd_norm
+    Arch("lfm2", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, recurrent="shortconv", output_norm="token_embd_norm"),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

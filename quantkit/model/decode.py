@@ -74,10 +74,10 @@ from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.runners import SC_LEN, act_table, copies_rows, deq_runner, row_runner
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, x8_types
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN, ShortConv
 from quantkit.model.llama import Llama, Weight
 # the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported (the batch path, perplexity)
-from quantkit.model.ops import NO_SINK, add_bias
+from quantkit.model.ops import NO_SINK, add_bias, shortconv
 from quantkit.model.route import ROUTING_DTYPE, route_token, routing_record
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
                                 kv_f16_store, kv_f32_same, max_f32, mla_prepare, qk_prepare, rmsnorm1, window_start)
@@ -95,10 +95,12 @@ SHEXP_MATS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 #: after its low rank), the latent's attn_kv_a_mqa, attn_q_a (empty without q_lora_rank), attn_output --
 #: and its per-head attn_k_b / attn_v_b (3D: one head's rows, the next a stride on) in W_K_B / W_V_B
 MLA_MATS = {W_K: "attn_kv_a_mqa", W_V: "attn_q_a", W_O: "attn_output", W_K_B: "attn_k_b", W_V_B: "attn_v_b"}
+#: a short-convolution layer's (quantkit.model.layer.ShortConv) in the attention's input and output slots
+SHORTCONV_MATS = {W_Q: "shortconv_in_proj", W_O: "shortconv_out_proj"}
 #: every matrix name a layer's slots may hold (ffn_gate_up_exps: the experts' gate and up merged, read as
 #: W_GATE's and W_UP's rows of each expert)
 STEP_MATS = tuple(dict.fromkeys(MATS + MOE_MATS + SHEXP_MATS + tuple(MLA_MATS.values()) +
-                                ("attn_q_b", "ffn_gate_up_exps")))
+                                tuple(SHORTCONV_MATS.values()) + ("attn_q_b", "ffn_gate_up_exps")))
 #: columns of a ``wt`` row
 WT_COLS = 6
 #: distinct matrix types a model may have for the compiled step (more: the batch path decodes)
@@ -210,8 +212,8 @@ def quantize_needed(mask, a):
 # them: a dense first layer before MoE layers, sliding and global attention.
 
 #: ops of ``BLOCK_DTYPE.op`` (0: no block)
-OP_NONE, OP_ATTN, OP_DENSE, OP_MOE, OP_MLA = 0, 1, 2, 3, 4
-OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE, MLA: OP_MLA}
+OP_NONE, OP_ATTN, OP_DENSE, OP_MOE, OP_MLA, OP_SHORTCONV = 0, 1, 2, 3, 4, 5
+OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE, MLA: OP_MLA, ShortConv: OP_SHORTCONV}
 MAX_BLOCKS = 2
 BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64), ("scale", np.float32)])
 ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
@@ -225,10 +227,13 @@ MLA_DTYPE = np.dtype([(name, np.int64) for name in ("rope_table", "neox", "n_hea
 #: the step's tables, each a namedtuple numba reads by field name
 Weights = namedtuple("Weights", "runs deqs buf pbuf wt ot et sc ctr")
 Acts = namedtuple("Acts", "aE aQ aF aX aS aL aN aV atab atab_n atab_v")
-Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead")
+Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead rec")
 Program = namedtuple("Program", "prog norms attn mla ffn routing need out_norm gelu_tab")
 AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias q_a_norm kv_a_norm")
 MoeTables = namedtuple("MoeTables", "shexp_inp router_bias score_bias gate_bias up_bias down_bias")
+#: the recurrent ops' per-layer tensors (quantkit.model.layer, "Recurrent ops"): ShortConv's taps (n_layer,
+#: n_embd, l_cache); their state is the step's ``rs`` (n_layer, widest state_size), Runner.state itself
+RecTables = namedtuple("RecTables", "conv")
 Dims = namedtuple("Dims", "n_head n_head_kv head_dim n_rot eps scale embd_scale")
 #: rows of ``Acts.atab``: the activation tables of aE, aQ (the attention's output), aF (dense FFN), aX (an
 #: expert), aS (the shared expert), and MLA's inputs of attn_q_b (aL), of attn_k_b (aN: every head's q_nope,
@@ -374,6 +379,24 @@ def mla_op(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
     product(runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
 
 
+@njit_fast
+def shortconv_op(l, W, A, S, P, R, rs, nth):
+    """Layer l's gated short convolution (``quantkit.model.layer.ShortConv``) of the normed input in A.aE
+    into S.xb2: in_proj into S.rec (b, c, x), ``ops.shortconv`` over the layer's state row rs[l] (the last
+    l_cache - 1 positions' b * x, updated in place) into the output product's input, out_proj."""
+    w = W.wt[l]
+    E = S.x.shape[0]
+    bp, pp, sp = addr_of(W.buf), addr_of(W.pbuf), addr_of(W.sc)
+    quantize_needed(P.need[l, 0], A.aE)
+    bcx = S.rec[:3 * E]
+    product(W.runs, w[W_Q], bp, pp, addr_of(A.atab[A_E]), addr_of(bcx), sp, W.ctr, nth)
+    conv = R.conv[l]
+    d = conv.shape[1] - 1
+    shortconv(bcx.reshape(1, 3 * E), conv, rs[l, :d * E].reshape(d, E), A.aQ[0])
+    quantize_needed(P.need[l, 1], A.aQ)
+    product(W.runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, W.ctr, nth)
+
+
 @njit_fast_parallel
 def ffn_op(l, moe, W, A, S, P, M, nth):
     """Layer l's FFN of the normed input in A.aE into S.xb2: a dense GLU (``DenseFFN``), or
@@ -444,14 +467,15 @@ def ffn_op(l, moe, W, A, S, P, M, nth):
             xb2[i] += S.ye[i] * we
 
 
-def step_body(tok, pos, want, W, A, S, P, T, M, D, kc, vc, cos, sin, scores, logits, nth):
+def step_body(tok, pos, want, W, A, S, P, T, M, R, D, kc, vc, rs, cos, sin, scores, logits, nth):
     """Run token ``tok`` at position ``pos`` through every layer's program; the logits into ``logits``
     when ``want``. ``W``: the matrices (``Weights``: read from ``buf``, the file's map, or for x8 /
     copied slots ``pbuf``, by the row runners ``runs[slot]``, the embedding's row by ``deqs[slot]``);
-    ``A`` the activation forms, ``S`` scratch, ``P`` the program and its records, ``T`` / ``M`` the
-    attention's and the MoE's per-layer tensors (each (n_layer, 0, ...) when no layer has them), ``D``
-    the dimensions and scales. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V;
-    cos / sin (n_tables, n_ctx, n_rot/2)."""
+    ``A`` the activation forms, ``S`` scratch, ``P`` the program and its records, ``T`` / ``M`` / ``R`` the
+    attention's, the MoE's and the recurrent ops' per-layer tensors (each (n_layer, 0, ...) when no layer
+    has them), ``D`` the dimensions and scales. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this
+    position's K and V; rs (n_layer, widest state) the recurrent layers' state, updated in place; cos /
+    sin (n_tables, n_ctx, n_rot/2)."""
     x, xb2 = S.x, S.xb2
     xa = A.aE[0][0]             # the normed input of a block, float32 (E,)
     E = x.shape[0]
@@ -477,6 +501,8 @@ def step_body(tok, pos, want, W, A, S, P, T, M, D, kc, vc, cos, sin, scores, log
                 ATTN(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth)  # noqa: F821
             elif blk.op == OP_MLA:
                 MLA_OP(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth)  # noqa: F821
+            elif blk.op == OP_SHORTCONV:
+                shortconv_op(l, W, A, S, P, R, rs, nth)
             else:
                 ffn_op(l, blk.op == OP_MOE, W, A, S, P, M, nth)
             if blk.scale != np.float32(0.0):   # post-norm first, then the scale (layer.Block)
@@ -686,7 +712,8 @@ class DecodeStep:
         k = max([f.n_expert_used for f in ffns if isinstance(f, MoeFFN)], default=1)
         mlas = [d.attn for d in model.layers if isinstance(d.attn, MLA)]
         # the attention's output: n_head * head_dim, or an MLA layer's n_head * n_v
-        n_att = max([c.n_embd_q if not isinstance(d.attn, MLA) else d.attn.n_head * d.attn.n_v for d in model.layers])
+        n_att = max([c.n_embd if isinstance(d.recurrent, ShortConv) else c.n_embd_q if not isinstance(d.attn, MLA)
+                     else d.attn.n_head * d.attn.n_v for d in model.layers])
         n_lq, n_nope, n_lkv = (max([getattr(a, f) for a in mlas], default=0)
                                for f in ("n_lora_q", "n_nope", "n_lora_kv"))
         n_mh = max([a.n_head for a in mlas], default=1)
@@ -702,7 +729,9 @@ class DecodeStep:
                                ye=np.zeros(c.n_embd, np.float32), rlog=np.zeros(n_expert, np.float32),
                                rsc=np.zeros(2 * n_expert, np.float32), sel=np.zeros(k, np.int64),
                                selw=np.zeros(k, np.float32), mrow=np.zeros((3, WT_COLS), np.int64),
-                               mla=np.zeros(n_mla, np.float32), mhead=np.zeros((n_mh, WT_COLS), np.int64))
+                               mla=np.zeros(n_mla, np.float32), mhead=np.zeros((n_mh, WT_COLS), np.int64),
+                               rec=np.zeros(max([3 * c.n_embd if isinstance(d.recurrent, ShortConv) else 1
+                                                 for d in model.layers]), np.float32))
         blk = model.blk
 
         def stacked(name: str, shape) -> np.ndarray:
@@ -724,6 +753,7 @@ class DecodeStep:
                                     gate_bias=stacked("ffn_gate_exps_bias", (n_expert, n_ff_exp)),
                                     up_bias=stacked("ffn_up_exps_bias", (n_expert, n_ff_exp)),
                                     down_bias=stacked("ffn_down_exps_bias", (n_expert, c.n_embd)))
+        self.rec_tables = RecTables(conv=_stacked([b.shortconv_conv for b in blk], (c.n_embd, max(c.l_cache, 1))))
         self.dims = Dims(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
                          eps=np.float32(c.rms_eps), scale=np.float32(c.kq_scale), embd_scale=np.float32(c.embd_scale))
         # the slot table: each slot's row runner (unused slots repeat slot 0) and embedding lookup
@@ -770,19 +800,23 @@ class DecodeStep:
             m.gguf.release(src)
         self.pbuf, self._x8_todo = pbuf, []
 
-    def run(self, tok: int, pos: int, kc, vc, cos, sin, scores, logits, want: bool) -> None:
-        """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``scores`` (n_head, n_ctx): as ``step_body``'s."""
+    def run(self, tok: int, pos: int, kc, vc, rs, cos, sin, scores, logits, want: bool) -> None:
+        """``rs`` (n_layer, widest state) the recurrent state (Runner.state), ``cos`` / ``sin`` (n_tables,
+        n_ctx, n_rot/2), ``scores`` (n_head, n_ctx): as ``step_body``'s."""
         if self._x8_todo:
             self.make_x8()
         w = Weights(self.runs, self.deqs, self.buf, self.pbuf, self.wt, self.ot, self.et, self.sc, self.ctr)
-        self.fn(tok, pos, want, w, self.acts, self.scratch, self.program, self.attn_tables, self.moe_tables, self.dims,
-                kc, vc, cos, sin, scores, logits, get_threads())
+        self.fn(tok, pos, want, w, self.acts, self.scratch, self.program, self.attn_tables, self.moe_tables,
+                self.rec_tables, self.dims, kc, vc, rs, cos, sin, scores, logits, get_threads())
 
 
 def _layer_mats(d, b) -> dict[int, str]:
     """The matrices of a layer whose program is ``d`` and tensors ``b``: the ``wt`` slot of each."""
     names = MATS if not d.moe else MOE_MATS + (SHEXP_MATS if d.ffn.n_ff_shexp else ())
     out = dict(enumerate(names))
+    if isinstance(d.recurrent, ShortConv):
+        out = {j: n for j, n in out.items() if j >= W_GATE}
+        out.update(SHORTCONV_MATS)
     if isinstance(d.attn, MLA):
         out.update(MLA_MATS)
         out[W_Q] = "attn_q_b" if d.attn.n_lora_q else "attn_q"
@@ -811,7 +845,7 @@ def _program(model: Llama, need: np.ndarray) -> Program:
         a, f = d.attn, d.ffn
         if isinstance(a, MLA):
             mla[il] = (a.rope_table, a.rope_neox, a.n_head, a.n_lora_q, a.n_lora_kv, a.n_nope, a.n_rot, a.n_v)
-        else:
+        elif isinstance(a, Attn):
             attn[il] = (a.rope_table, a.n_swa, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias, a.rope,
                         a.qk_norm_full, a.softcap)
         shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0

@@ -78,6 +78,12 @@ class LlamaConfig:
     n_lora_q: int = 0                     # {arch}.attention.q_lora_rank (0: q straight from attn_q)
     n_lora_kv: int = 0                    # {arch}.attention.kv_lora_rank (0: no MLA)
     head_dim_v: int = 0                   # {arch}.attention.value_length_mla (0: head_dim)
+    # recurrent layers (``Arch.recurrent``; quantkit.model.layer's "Recurrent ops")
+    recurrent_layers: tuple = ()          # per layer: True where {arch}.attention.head_count_kv is 0 (is_recr)
+    l_cache: int = 0                      # {arch}.shortconv.l_cache: the short convolution's width
+
+    def is_recurrent(self, layer: int) -> bool:
+        return bool(self.recurrent_layers) and bool(self.recurrent_layers[layer])
 
     @property
     def n_embd_kv(self) -> int:
@@ -155,7 +161,12 @@ class LlamaConfig:
             if n_ff_shexp <= 0:
                 raise ModelError(f"{at}the shared expert's feed-forward length {n_ff_shexp} must be positive")
         n_head = need("attention.head_count")
-        n_head_kv = _int(opt("attention.head_count_kv", n_head), f"{arch}.attention.head_count_kv", at)
+        kv_key = f"{arch}.attention.head_count_kv"
+        recurrent: tuple = ()
+        if spec.recurrent:
+            n_head_kv, recurrent = _recurrent_layers(spec, meta, n_layer, at)
+        else:
+            n_head_kv = _int(opt("attention.head_count_kv", n_head), kv_key, at)
         for key, v in (("block_count", n_layer), ("embedding_length", n_embd),
                        ("feed_forward_length", n_ff if not n_ff_exp else 1),
                        ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv)):
@@ -233,6 +244,14 @@ class LlamaConfig:
                       "residual_scale": float(opt("residual_scale", 0.0) or 0.0)}
             if float(opt("attention.scale", 0.0) or 0.0):
                 attn_scale = float(opt("attention.scale", 0.0))
+        l_cache = 0
+        if spec.recurrent == "shortconv":   # llama_model_lfm2::load_arch_hparams (build_shortconv_block: > 1)
+            l_cache = need("shortconv.l_cache")
+            if l_cache < 2:
+                raise ModelError(f"{at}{arch}.shortconv.l_cache {l_cache} must be at least 2")
+        if spec.recurrent and _int(opt("attention.sliding_window", 0) or 0, f"{arch}.attention.sliding_window", at):
+            raise ModelError(f"{at}{arch}.attention.sliding_window: {arch} with sliding-window attention layers "
+                             f"is not supported")
         n_ctx_train = _int(opt("context_length", 2048), f"{arch}.context_length", at)
         base = float(opt("rope.freq_base", 10000.0))
 
@@ -265,7 +284,29 @@ class LlamaConfig:
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales, **mla,
             attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0,
+            recurrent_layers=recurrent, l_cache=l_cache,
         )
+
+
+def _recurrent_layers(spec: Arch, meta: dict[str, Any], n_layer: int, at: str) -> tuple[int, tuple]:
+    """A hybrid file's attention heads and which layers are recurrent: {arch}.attention.head_count_kv per
+    layer (an array; a layer with 0 KV heads is recurrent: llama_model_lfm2::load_arch_hparams' is_recr),
+    or one number for every layer (none recurrent). quantkit's attention has one KV head count: every
+    attention layer's must be the same."""
+    key = f"{spec.name}.attention.head_count_kv"
+    v = meta.get(key)
+    if v is None:
+        raise ModelError(f"{at}metadata key {key!r} is missing")
+    per = [_int(x, key, at) for x in v] if isinstance(v, (list, tuple, np.ndarray)) else [_int(v, key, at)] * n_layer
+    if len(per) < n_layer:
+        raise ModelError(f"{at}{key} has {len(per)} entries for {n_layer} layers")
+    per = per[:n_layer]
+    heads = sorted({h for h in per if h})
+    if len(heads) > 1:
+        raise ModelError(f"{at}{key}: attention layers with different KV head counts {heads} are not supported")
+    if min(per) < 0:
+        raise ModelError(f"{at}{key} must not be negative")
+    return (heads[0] if heads else 1), tuple(h == 0 for h in per)
 
 
 def _mla_hparams(spec: Arch, meta: dict[str, Any], at: str) -> dict[str, Any]:
@@ -434,7 +475,7 @@ class Block:
     attn_v_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
     attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head * head_dim,))
     attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head_kv * head_dim,))
-    attn_output: Weight     # (n_head * head_dim -> n_embd)
+    attn_output: Weight | None = None   # (n_head * head_dim -> n_embd)   (None in a recurrent layer)
     attn_output_bias: np.ndarray | None = None   # float32 (n_embd,)   attn_out_bias
     attn_sinks: np.ndarray | None = None         # float32 (n_head,)   attn_sinks
     post_attention_norm: np.ndarray | None = None  # float32 (n_embd,)   post_norms
@@ -458,6 +499,10 @@ class Block:
     ffn_up_shexp: Weight | None = None    # (n_embd -> n_ff_shexp)
     ffn_down_shexp: Weight | None = None  # (n_ff_shexp -> n_embd)
     post_ffw_norm: np.ndarray | None = None        # float32 (n_embd,)   post_norms
+    # a recurrent layer's (Arch.recurrent; its attention's tensors are then None)
+    shortconv_in_proj: Weight | None = None     # (n_embd -> 3 n_embd): b, c, x      ShortConv
+    shortconv_conv: np.ndarray | None = None    # float32 (n_embd, l_cache): each channel's taps, oldest first
+    shortconv_out_proj: Weight | None = None    # (n_embd -> n_embd)
 
 
 def _check_readable(where: str, name: str, qtype) -> None:
@@ -526,7 +571,11 @@ class Llama:
                 if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias"):
                     raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
             b.attn_norm = vector(p + "attn_norm.weight", E) if a.pre_norms else None
-            if a.mla:       # llama_model_deepseek2::load_arch_tensors (is_mla)
+            if c.is_recurrent(i):   # llama_model_lfm2::load_arch_tensors (is_recr): the short convolution
+                b.shortconv_in_proj = matrix(p + "shortconv.in_proj.weight", E, 3 * E)
+                b.shortconv_conv = np.ascontiguousarray(matrix(p + "shortconv.conv.weight", c.l_cache, E).dequantize())
+                b.shortconv_out_proj = matrix(p + "shortconv.out_proj.weight", E, E)
+            elif a.mla:       # llama_model_deepseek2::load_arch_tensors (is_mla)
                 R, LQ, LKV = c.n_rot, c.n_lora_q, c.n_lora_kv
                 if LQ:
                     b.attn_q_a = matrix(p + "attn_q_a.weight", E, LQ)
@@ -551,9 +600,9 @@ class Llama:
                     b.attn_q_norm = vector(p + "attn_q_norm.weight", Q if a.qk_norm_full else hd)
                     b.attn_k_norm = vector(p + "attn_k_norm.weight", KV if a.qk_norm_full else hd)
                 b.attn_output = matrix(p + "attn_output.weight", Q, E)
-            if a.attn_out_bias:
+            if a.attn_out_bias and not c.is_recurrent(i):
                 b.attn_output_bias = vector(p + "attn_output.bias", E)
-            if a.attn_sinks:
+            if a.attn_sinks and not c.is_recurrent(i):
                 b.attn_sinks = vector(p + "attn_sinks.weight", c.n_head)
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
@@ -603,7 +652,7 @@ class Llama:
             self.blk.append(b)
         #: one ``quantkit.model.layer.Layer`` per block: what every forward path interprets
         self.layers: tuple[Layer, ...] = tuple(describe(c, b, i) for i, b in enumerate(self.blk))
-        self.output_norm = vector("output_norm.weight", E)                # (n_embd,)
+        self.output_norm = vector(a.output_norm + ".weight", E)            # (n_embd,)
         self.output = matrix("output.weight", E, V) if gg.has_tensor("output.weight") else self.token_embd
         self.output_bias = optional("output.bias", V) if a.output_bias else None
         # rope_freqs: per-pair frequency divisors (llama 3.x long-context); ones when absent
@@ -618,7 +667,7 @@ class Llama:
         """Every matrix (and 3D expert tensor) the products read, in file order per layer."""
         out = [self.token_embd]
         for b in self.blk:
-            out += [w for w in (b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
+            out += [w for w in (b.shortconv_in_proj, b.shortconv_out_proj, b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
                                 b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
                                 b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_gate_up_exps, b.ffn_down_exps,
                                 b.ffn_gate_inp_shexp,

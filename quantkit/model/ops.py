@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from quantkit.jit import bits_to_f32, njit_fast
+from quantkit.jit import bits_to_f32, njit_fast, njit_fast_parallel, prange
 from quantkit.kernels.vecdot import build
 from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
 
@@ -190,6 +190,31 @@ def glu(g, u, out, kind, table):
                 out[r] = x * u[r]
             else:
                 out[r] = table[fp32_to_fp16(x)] * u[r]
+
+
+@njit_fast_parallel
+def shortconv(bcx, w, state, out):
+    """LFM2's gated short convolution (quantkit.model.layer.ShortConv) of n consecutive positions:
+    bcx (n, 3 E) the in_proj rows (b, c, x), w (E, l_cache) each channel's taps, state (l_cache - 1, E)
+    the u = b * x of the positions before the first (oldest first; updated to the last l_cache - 1 on
+    return), out (n, >= E): its first E columns <- c * conv. As ggml: u in float32 (ggml_mul), each output a float32 sum over the
+    taps from 0 in their order (ggml_compute_forward_ssm_conv_f32), then times c. One channel per
+    iteration: the same values for any thread count. The batch path runs a whole ubatch through it, the
+    decode step one position."""
+    n = bcx.shape[0]
+    E, L = w.shape
+    d = L - 1
+    for ch in prange(E):
+        for t in range(n):
+            acc = np.float32(0.0)
+            for k in range(L):
+                j = t + k - d       # the position of tap k: before the batch -> the state
+                u = state[d + j, ch] if j < 0 else bcx[j, ch] * bcx[j, 2 * E + ch]
+                acc += u * w[ch, k]
+            out[t, ch] = bcx[t, E + ch] * acc
+        for k in range(d):          # the last d positions' u (state[d + j] is read before it is written)
+            j = n - d + k
+            state[k, ch] = state[d + j, ch] if j < 0 else bcx[j, ch] * bcx[j, 2 * E + ch]
 
 
 @njit_fast
