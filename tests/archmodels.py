@@ -57,6 +57,11 @@ SPECS = {
     "gemma2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=128, n_vocab=512,
                    rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=True, tied=True,
                    sliding_window=8, softcap=30.0, attn_softcap=5.0, embd_std=0.25, post_norm=(14.0, 18.0)),
+    # LFM2: gated short-convolution layers (head_count_kv 0: layers 0, 1 and 3) around an attention layer with
+    # per-head Q/K norms and NEOX RoPE, convolutions 3 wide, the final norm token_embd_norm, a tied output
+    "lfm2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=None, n_vocab=512,
+                 rope_base=1000000.0, eps=1e-5, bias=False, qk_norm=True, post_norms=False, tied=True,
+                 kv_layers=[0, 0, 2, 0], l_cache=3, output_norm="token_embd_norm"),
 }
 #: mixture-of-experts models: the dense keys above plus n_expert, n_used, n_ff_exp (the experts' width)
 MOE_SPECS = {
@@ -146,12 +151,14 @@ MLA_SPECS = {
 #: gated DeltaNet models (``qwen3next``, llama.cpp's converter's form: attn_qkv / attn_gate, not the legacy
 #: ssm_in): ``delta`` gives the key heads, value heads (a multiple: each key head serves two), the head size
 #: and the convolution's taps; layers 0-2 DeltaNet, 3 gated attention (full_attention_interval 4), a quarter
-#: of each attention head rotated, every FFN a MoE with a gated shared expert normed by post_attention_norm
+#: of each attention head rotated, every FFN a MoE with a gated shared expert normed by post_attention_norm.
+#: Seed 1: with seed 0 one token of the imatrix sample took expert 0 instead of 3 in layer 1 in llama-imatrix
+#: (a routing near-tie at fp16 noise, carried on by the recurrent state); seeds 1-4 give its counts exactly
 DELTANET_SPECS = {
     "qwen3next": dict(arch="qwen3next", n_layer=4, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=32,
                       n_vocab=512, rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=False,
                       tied=False, n_expert=8, n_used=2, n_ff_exp=64, n_ff_shexp=96, rope_dim=8,
-                      ffn_norm="post_attention_norm", delta=dict(n_k=2, n_v=4, head=32, conv=4)),
+                      ffn_norm="post_attention_norm", delta=dict(n_k=2, n_v=4, head=32, conv=4), seed=1),
 }
 N_CTX = 128
 #: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
@@ -164,7 +171,8 @@ VARIANTS = {
           "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q5_0, "ffn_down_exps": T.Q8_0,
           "ffn_gate_shexp": T.Q4_1, "ffn_up_shexp": T.Q8_0, "ffn_down_shexp": T.Q5_0,
           "attn_q_a": T.Q8_0, "attn_q_b": T.Q4_0, "attn_kv_a_mqa": T.Q5_0, "attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1,
-          "attn_qkv": T.Q5_0, "attn_gate": T.Q4_1, "ssm_ba": T.Q8_0, "ssm_out": T.Q4_0},
+          "attn_qkv": T.Q5_0, "attn_gate": T.Q4_1, "ssm_ba": T.Q8_0, "ssm_out": T.Q4_0,
+          "shortconv.in_proj": T.Q4_1, "shortconv.out_proj": T.Q5_0},
 }
 
 
@@ -221,7 +229,11 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_uint32(f"{arch}.embedding_length", E)
     w.add_uint32(f"{arch}.feed_forward_length", F)
     w.add_uint32(f"{arch}.attention.head_count", H)
-    w.add_uint32(f"{arch}.attention.head_count_kv", HKV)
+    if "kv_layers" in s:    # per layer; 0: a recurrent layer (LFM2's short convolution)
+        w.add_array(f"{arch}.attention.head_count_kv", s["kv_layers"])
+        w.add_uint32(f"{arch}.shortconv.l_cache", s["l_cache"])
+    else:
+        w.add_uint32(f"{arch}.attention.head_count_kv", HKV)
     mla = s.get("mla")
     if mla:     # convert_hf_to_gguf.py's DeepseekV2Model: the cache's dims, then a head's
         w.add_uint32(f"{arch}.attention.q_lora_rank", mla["q_lora"])
@@ -290,7 +302,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         else:
             w.add_tensor(name, gguf.quants.quantize(x, t), raw_dtype=t)
 
-    def vec(name: str, n: int, lo: float, hi: float):
+    def vec(name: str, n: int | tuple, lo: float, hi: float):
         x = rng.uniform(lo, hi, n).astype(np.float32)
         if name != drop:
             w.add_tensor(name, x)
@@ -302,7 +314,13 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         p = f"blk.{i}."
         if s.get("pre_norms", True):
             vec(p + "attn_norm.weight", E, 0.8, 1.2)
-        if delta and (i + 1) % 4:   # a gated DeltaNet layer (llama_model_qwen3next::load_arch_tensors)
+        # a recurrent layer (LFM2's short convolution, Qwen3-Next's gated DeltaNet): no attention tensors
+        recr = bool(delta and (i + 1) % 4) or ("kv_layers" in s and not s["kv_layers"][i])
+        if "kv_layers" in s and not s["kv_layers"][i]:   # LFM2's gated short convolution: b, c, x; taps; out
+            mat(p + "shortconv.in_proj.weight", "shortconv.in_proj", E, 3 * E, 1.0 / np.sqrt(E))
+            vec(p + "shortconv.conv.weight", (E, s["l_cache"]), -1.0, 1.0)    # F32 [l_cache, n_embd]
+            mat(p + "shortconv.out_proj.weight", "shortconv.out_proj", E, E, RESID / np.sqrt(E))
+        elif delta and (i + 1) % 4:   # a gated DeltaNet layer (llama_model_qwen3next::load_arch_tensors)
             HK, HV, SD = delta["n_k"], delta["n_v"], delta["head"]
             conv = 2 * HK * SD + HV * SD
             mat(p + "attn_qkv.weight", "attn_qkv", E, conv, 1.5 / np.sqrt(E))
@@ -337,10 +355,10 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "attn_q.bias", H * hd, -0.5, 0.5)
             vec(p + "attn_k.bias", HKV * hd, -0.5, 0.5)
             vec(p + "attn_v.bias", HKV * hd, -0.2, 0.2)
-        if s["qk_norm"] and not (delta and (i + 1) % 4):    # per head, or "full": over the whole projection
+        if s["qk_norm"] and not recr:    # per head, or "full": over the whole projection
             vec(p + "attn_q_norm.weight", H * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
             vec(p + "attn_k_norm.weight", HKV * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
-        if not mla and not (delta and (i + 1) % 4):
+        if not mla and not recr:
             mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
         if oss:   # the attention output's bias and the sinks; the FFN's norm is "post_attention_norm"
             vec(p + "attn_output.bias", E, -0.2, 0.2)
@@ -389,7 +407,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "nextn.enorm.weight", E, 0.8, 1.2)
             vec(p + "nextn.hnorm.weight", E, 0.8, 1.2)
             vec(p + "nextn.shared_head_norm.weight", E, 0.8, 1.2)
-    vec("output_norm.weight", E, 0.8, 1.2)
+    vec(s.get("output_norm", "output_norm") + ".weight", E, 0.8, 1.2)
     if not s["tied"]:
         mat("output.weight", "output", E, V, 6.0 / np.sqrt(E))
     w.write_header_to_file()

@@ -21,7 +21,7 @@ import gguf
 import numpy as np
 import pytest
 
-from archmodels import MOE_SPECS, PROGRAM_SPECS, golden_model, write_model
+from archmodels import DELTANET_SPECS, MOE_SPECS, PROGRAM_SPECS, golden_model, write_model
 from conftest import greedy_agreement
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner
@@ -508,11 +508,12 @@ def test_cli_run(tmp_path, arch):
 IM_DATA = Path(__file__).parent / "data" / "imatrix"
 
 
-@pytest.mark.parametrize("arch", list(MOE_SPECS))
+@pytest.mark.parametrize("arch", list(MOE_SPECS) + list(DELTANET_SPECS))
 def test_imatrix_matches_llama_imatrix(tmp_path, arch):
-    """``quantkit imatrix`` at llama-imatrix's settings on the tiny F16 MoE files (tests/data/imatrix,
-    tools/make_moe_imatrix_golden.py): the same entries, the 3D expert tensors with one row of sums and
-    one count per expert, the counts identical, the sums within 1e-3 on average."""
+    """``quantkit imatrix`` at llama-imatrix's settings on the tiny F16 MoE files (qwen3next's too: its
+    DeltaNet's products; tests/data/imatrix, tools/make_moe_imatrix_golden.py): the same entries, the 3D
+    expert tensors with one row of sums and one count per expert, the counts identical, the sums within
+    1e-3 on average."""
     from conftest import compare_imatrix, run_cli
     from quantkit.formats.imatrix import load_imatrix
 
@@ -525,7 +526,7 @@ def test_imatrix_matches_llama_imatrix(tmp_path, arch):
                  g["n_chunks"], "-o", "ours.gguf", "-t", 1], cwd=tmp_path)
     assert r.exit_code == 0, r.output
     compare_imatrix(tmp_path / "ours.gguf", IM_DATA / spec["file"])
-    n_exp = MOE_SPECS[arch]["n_expert"]
+    n_exp = {**MOE_SPECS, **DELTANET_SPECS}[arch]["n_expert"]
     for name, o in load_imatrix(tmp_path / "ours.gguf").entries.items():
         if "_exps" in name:
             assert o.sums.shape[0] == n_exp and o.counts.size == n_exp, name

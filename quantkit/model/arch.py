@@ -15,6 +15,8 @@ A layer, in the order every path runs it (the optional steps are this table's fl
     x = token_embd[tok]                      (* sqrtf(n_embd)             if embd_scale)
     per layer (its program: quantkit.model.layer; a MoE file's leading dense layers are dense):
       h = rmsnorm(x) * attn_norm             (h = x                       unless pre_norms)
+        a recurrent layer (head_count_kv 0 when the row has ``recurrent``) runs its recurrent op instead of
+        the attention below (LFM2's short convolution: quantkit.model.layer.ShortConv), then the FFN
       q, k, v = h @ attn_q/k/v               (+ attn_q/k/v.bias           when the file has them)
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
                                              (over the whole projection   if qk_norm_full)
@@ -25,7 +27,7 @@ A layer, in the order every path runs it (the optional steps are this table's fl
                                              (sink per head if attn_sinks)
       o = o * sigmoid(gate) @ attn_output    (gate: the second half of each head's attn_q rows if attn_gate;
                                               + attn_output.bias if attn_out_bias)
-        or, on a recurrent layer of a delta_net arch, a gated DeltaNet (quantkit.model.layer.DeltaNet): a
+        or, on a recurrent layer of a "delta_net" row, a gated DeltaNet (quantkit.model.layer.DeltaNet): a
         short causal convolution over [q, k, v], the delta rule's state per value head, the gated output norm
         or, multi-head latent attention (mla; quantkit.model.layer.MLA): q from attn_q or attn_q_a ->
         attn_q_a_norm -> attn_q_b, keys and values from one cached latent per position (attn_kv_a_mqa,
@@ -112,12 +114,18 @@ class Arch:
                                   # {arch}.attention.q_lora_rank / kv_lora_rank / key_length_mla /
                                   # value_length_mla and blk.N.attn_q_a ... attn_v_b instead of attn_q/k/v;
                                   # the softmax scale 1/sqrt(key_length_mla) times YaRN's mscale squared
+    recurrent: str = ""           # the recurrent op of the recurrent layers (hparams.is_recr): "shortconv"
+                                  # (quantkit.model.layer.ShortConv, LFM2) on the layers whose
+                                  # {arch}.attention.head_count_kv entry is 0 (head_count_kv is then a
+                                  # per-layer array, {arch}.shortconv.l_cache required); "delta_net"
+                                  # (quantkit.model.layer.DeltaNet, Qwen3-Next) where
+                                  # {arch}.attention.recurrent_layers says (else every layer but each
+                                  # {arch}.full_attention_interval-th, default 4), reading {arch}.ssm.conv_kernel,
+                                  # state_size, group_count, time_step_rank, inner_size
+    output_norm: str = "output_norm"  # the final norm's tensor (LFM2's is "token_embd_norm":
+                                      # LLM_TENSOR_OUTPUT_NORM_LFM2)
     yarn_log_mul: bool = False    # {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, which
                                   # also stands for YaRN's mscale (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
-    delta_net: bool = False       # gated DeltaNet layers (quantkit.model.layer.DeltaNet) where
-                                  # {arch}.attention.recurrent_layers says (else every layer but each
-                                  # {arch}.full_attention_interval-th, default 4); reads {arch}.ssm.conv_kernel,
-                                  # state_size, group_count, time_step_rank, inner_size (qwen3next)
     attn_gate: bool = False       # attn_q makes per head [query, output gate]: the attention's output times
                                   # sigmoid(gate) before attn_output (qwen3next's build_layer_attn)
 
@@ -193,11 +201,15 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # expert scaled by sigmoid(h . ffn_gate_inp_shexp)
     Arch("qwen3next", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS, shared_expert=True, ffn_norm="post_attention_norm",
-         delta_net=True, attn_gate=True),
+         recurrent="delta_net", attn_gate=True),
     Arch("deepseek2", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True, shexp_gate=False,
          shexp_width="count", moe_hparams=True, lead_dense=True, score_bias=True, mla=True,
          yarn_log_mul=True),
+    # src/models/lfm2.cpp (LFM2): gated short-convolution layers (head_count_kv 0) between attention layers
+    # with per-head Q/K norms and NEOX RoPE, every layer's FFN a dense SwiGLU, the final norm token_embd_norm
+    Arch("lfm2", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, recurrent="shortconv", output_norm="token_embd_norm"),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

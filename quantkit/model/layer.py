@@ -32,7 +32,38 @@ The ops:
 ``DenseFFN``   (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down (llama.cpp's build_ffn, LLM_FFN_PAR)
 ``MoeFFN``     build_moe_ffn: the router, ``Routing`` (quantkit.model.route), each chosen expert's GLU
                weighted and added in the order of selection; a shared expert after them
+``ShortConv``  LFM2's gated short convolution (a recurrent op: the record's docstring)
 =============  ====================================================================================
+
+Recurrent ops: state that is not a KV cache
+-------------------------------------------
+An op whose layer carries something from one position to the next other than keys and values -- LFM2's
+convolution window (``ShortConv``), Qwen3-Next's gated DeltaNet (its convolution window and its delta-rule
+matrix per head) -- is *recurrent*, llama.cpp's ``llama_memory_recurrent`` (the r_l / s_l rows of one
+sequence; the hybrid memory keeps them beside the attention layers' KV cache). Such an op declares:
+
+* ``state_size``: how many float32 values of state it carries per sequence. ``Layer.state_size`` is its
+  layer's (a layer holds at most one recurrent op); the three paths give each layer one float32 row of
+  the widest layer's size, and the op alone knows the layout of its part (``ShortConv``: the last
+  ``l_cache - 1`` rows of its convolution's input, oldest first). A new recurrent op lays out its row as
+  it likes (DeltaNet: its window, then its per-head matrices).
+* where the state starts: zeros, at the first position of a sequence. llama.cpp clears the memory before
+  each perplexity chunk and each new prompt (``llama_memory_clear``); quantkit's ``forward.Runner`` zeroes
+  its rows in ``reset()`` and on any ``forward(..., pos0=0)``, and refuses a ``forward`` that would go back
+  to a position after 0 (a recurrent state cannot be rewound: llama.cpp's ``seq_rm`` on recurrent memory
+  fails too). ``save_prefix`` / ``restore_prefix`` carry the rows with the cached positions.
+
+And each path runs it with the state as an argument:
+
+* ``reference`` (float64): the whole sequence from position 0, so the state is the op's own local that
+  starts at zeros (no rows at all: the reference is the check that the carried state is right);
+* ``forward.Runner`` (a batch of positions pos0..): ``Runner.state[il]``, read at the batch's start and
+  written at its end; a prompt runs in batches of ``n_batch`` positions (llama.cpp's ubatches), each a
+  computation over its rows (not a loop of one-token steps), the state carried across the boundary;
+* ``decode`` (one position): the step's ``rs[il]`` (the same array as ``Runner.state``), updated in place.
+
+Tests check a state across a batch boundary (the same logits with ``n_batch`` smaller than the prompt) and
+the compiled step token by token against the float64 reference.
 """
 
 from __future__ import annotations
@@ -126,9 +157,9 @@ class DeltaNet:
                                              (per value head: S the (head_dim x head_dim) state)
         out    = [rmsnorm(o) * ssm_norm * silu(z) per value head] @ ssm_out
 
-    The state of a sequence: the convolution's last d_conv - 1 inputs (``conv_state``) and S per value
-    head (``ssm_state``), both zero at the start (llama.cpp's recurrent memory, cleared for each new
-    sequence)."""
+    The state of a sequence (``state_size``): the convolution's last d_conv - 1 inputs (``conv_state``)
+    and S per value head (``ssm_state``), both zero at the start (llama.cpp's recurrent memory, cleared for
+    each new sequence: the module's "Recurrent ops")."""
 
     n_k_heads: int      # {arch}.ssm.group_count
     n_v_heads: int      # {arch}.ssm.time_step_rank
@@ -157,6 +188,12 @@ class DeltaNet:
     def ssm_state(self) -> int:
         """Floats of a sequence's delta-rule state (llama_hparams::n_embd_s)."""
         return self.head_dim * self.head_dim * self.n_v_heads
+
+    @property
+    def state_size(self) -> int:
+        """The layer's state row (the module's "Recurrent ops"): the convolution's window, (d_conv - 1,
+        conv_dim) oldest first, then each value head's S, (n_v_heads, head_dim (v), head_dim (k))."""
+        return self.conv_state + self.ssm_state
 
 
 @dataclass(frozen=True)
@@ -209,15 +246,39 @@ class MoeFFN:
         return self.routing.n_used
 
 
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution (src/models/lfm2.cpp, build_shortconv_block), for the normed input
+    h of position t::
+
+        b, c, x = split(h @ shortconv.in_proj, 3)           (n_embd each)
+        u_t     = b * x
+        conv_t  = sum_k u_{t - (l_cache - 1) + k} * shortconv.conv[:, k]   k = 0 .. l_cache - 1, per channel
+                                                           (ggml_ssm_conv; u before position 0 is 0)
+        out     = (c * conv_t) @ shortconv.out_proj
+
+    The state (``state_size``): u of the last ``l_cache - 1`` positions, float32 (l_cache - 1, n_embd),
+    oldest first -- llama.cpp's conv state (its r_l row; kept there per channel)."""
+
+    n_embd: int
+    l_cache: int        # {arch}.shortconv.l_cache: the convolution's width, this position included
+
+    @property
+    def state_size(self) -> int:
+        return (self.l_cache - 1) * self.n_embd
+
+
 #: the ops a Block may hold
-OPS = (Attn, MLA, DeltaNet, DenseFFN, MoeFFN)
+OPS = (Attn, MLA, DenseFFN, MoeFFN, ShortConv, DeltaNet)
+#: the recurrent ones (a ``state_size`` each; the module's "Recurrent ops")
+RECURRENT = (ShortConv, DeltaNet)
 
 
 @dataclass(frozen=True)
 class Block:
     """One step of a layer: ``x += post(op(norm(x)))`` (the module's program)."""
 
-    op: Attn | MLA | DeltaNet | DenseFFN | MoeFFN
+    op: Attn | MLA | DenseFFN | MoeFFN | ShortConv | DeltaNet
     norm: str | None        # the llama.Block attribute of the input norm's weight (None: no input norm)
     post_norm: str | None = None   # the output norm's, before the residual add (None: none)
     scale: float = 0.0      # the output times this before the add (0: none; Granite's residual_scale)
@@ -243,6 +304,17 @@ class Layer:
         return self._op((DenseFFN, MoeFFN))
 
     @property
+    def recurrent(self):
+        """The layer's recurrent op (``RECURRENT``), or None."""
+        return self._op(RECURRENT)
+
+    @property
+    def state_size(self) -> int:
+        """float32 values of state the layer carries per sequence (0: none; the module's "Recurrent ops")."""
+        r = self.recurrent
+        return r.state_size if r is not None else 0
+
+    @property
     def moe(self) -> bool:
         return isinstance(self.ffn, MoeFFN)
 
@@ -253,7 +325,10 @@ def describe(config, block, il: int) -> Layer:
     with ``ffn_gate`` a dense one (DeepSeek's and GLM's leading dense layers)."""
     c, a = config, config.arch
     swa = c.is_swa(il)
-    if c.is_recurrent(il):
+    # a recurrent layer (hparams.is_recr): the row's recurrent op in the attention's place
+    if c.is_recurrent(il) and a.recurrent == "shortconv":
+        attn = ShortConv(n_embd=c.n_embd, l_cache=c.l_cache)
+    elif c.is_recurrent(il):    # "delta_net"
         attn = DeltaNet(n_k_heads=c.ssm_n_group, n_v_heads=c.ssm_dt_rank, head_dim=c.ssm_d_state, d_conv=c.ssm_d_conv)
     elif a.mla:
         attn = MLA(n_head=c.n_head, n_lora_q=c.n_lora_q, n_lora_kv=c.n_lora_kv, n_nope=c.head_dim - c.n_rot,

@@ -78,12 +78,19 @@ class LlamaConfig:
     n_lora_q: int = 0                     # {arch}.attention.q_lora_rank (0: q straight from attn_q)
     n_lora_kv: int = 0                    # {arch}.attention.kv_lora_rank (0: no MLA)
     head_dim_v: int = 0                   # {arch}.attention.value_length_mla (0: head_dim)
-    # gated DeltaNet layers (``Arch.delta_net``; quantkit.model.layer.DeltaNet): llama_model_qwen3next's hparams
-    recurrent_layers: tuple = ()          # per layer: True where it is a DeltaNet layer (empty: none)
+    # recurrent layers (``Arch.recurrent``; quantkit.model.layer's "Recurrent ops")
+    recurrent_layers: tuple = ()          # per layer: True where it runs the row's recurrent op (is_recr): LFM2's
+                                          # head_count_kv 0, Qwen3-Next's attention.recurrent_layers
+    l_cache: int = 0                      # {arch}.shortconv.l_cache: the short convolution's width
+    # gated DeltaNet (``Arch.recurrent`` "delta_net"; quantkit.model.layer.DeltaNet): llama_model_qwen3next's hparams
     ssm_d_conv: int = 0                   # {arch}.ssm.conv_kernel: the convolution's taps
     ssm_d_state: int = 0                  # {arch}.ssm.state_size: a key (and value) head's dims
     ssm_n_group: int = 0                  # {arch}.ssm.group_count: key heads
     ssm_dt_rank: int = 0                  # {arch}.ssm.time_step_rank: value heads
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether layer ``layer`` runs the row's recurrent op (llama_hparams::is_recr)."""
+        return bool(self.recurrent_layers) and bool(self.recurrent_layers[layer])
 
     @property
     def n_embd_kv(self) -> int:
@@ -99,10 +106,6 @@ class LlamaConfig:
 
     def is_swa(self, layer: int) -> bool:
         return bool(self.swa_layers) and bool(self.swa_layers[layer])
-
-    def is_recurrent(self, layer: int) -> bool:
-        """Whether layer ``layer`` is a DeltaNet layer (llama_hparams::is_recr)."""
-        return bool(self.recurrent_layers) and bool(self.recurrent_layers[layer])
 
     @classmethod
     def from_metadata(cls, meta: dict[str, Any], n_vocab_tensor: int | None = None, where: str = "") -> "LlamaConfig":
@@ -165,7 +168,12 @@ class LlamaConfig:
             if n_ff_shexp <= 0:
                 raise ModelError(f"{at}the shared expert's feed-forward length {n_ff_shexp} must be positive")
         n_head = need("attention.head_count")
-        n_head_kv = _int(opt("attention.head_count_kv", n_head), f"{arch}.attention.head_count_kv", at)
+        kv_key = f"{arch}.attention.head_count_kv"
+        recurrent: tuple = ()
+        if spec.recurrent == "shortconv":       # LFM2: head_count_kv per layer, 0 where recurrent
+            n_head_kv, recurrent = _recurrent_layers(spec, meta, n_layer, at)
+        else:
+            n_head_kv = _int(opt("attention.head_count_kv", n_head), kv_key, at)
         for key, v in (("block_count", n_layer), ("embedding_length", n_embd),
                        ("feed_forward_length", n_ff if not n_ff_exp else 1),
                        ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv)):
@@ -235,7 +243,9 @@ class LlamaConfig:
             m = org * (f32(1.0) + f32(0.1) * log_mul * np.log(f32(1.0) / f32(freq_scale)))
             attn_scale = float(f32(1.0) * m * m / np.sqrt(f32(head_dim)))
         moe = _moe_hparams(spec, meta, n_expert, n_layer, at) if n_expert else {}
-        ssm = _ssm_hparams(spec, meta, n_layer, at) if spec.delta_net else {}
+        ssm = _ssm_hparams(spec, meta, n_layer, at) if spec.recurrent == "delta_net" else {}
+        if ssm:     # Qwen3-Next: attention.recurrent_layers, or every full_attention_interval-th layer attends
+            recurrent = ssm.pop("recurrent_layers")
         scales: dict[str, float] = {}
         if spec.granite_scales:   # llama_model_granite_moe::load_arch_hparams (logit_scale required)
             if f"{arch}.logit_scale" not in meta:
@@ -244,6 +254,14 @@ class LlamaConfig:
                       "residual_scale": float(opt("residual_scale", 0.0) or 0.0)}
             if float(opt("attention.scale", 0.0) or 0.0):
                 attn_scale = float(opt("attention.scale", 0.0))
+        l_cache = 0
+        if spec.recurrent == "shortconv":   # llama_model_lfm2::load_arch_hparams (build_shortconv_block: > 1)
+            l_cache = need("shortconv.l_cache")
+            if l_cache < 2:
+                raise ModelError(f"{at}{arch}.shortconv.l_cache {l_cache} must be at least 2")
+        if spec.recurrent and _int(opt("attention.sliding_window", 0) or 0, f"{arch}.attention.sliding_window", at):
+            raise ModelError(f"{at}{arch}.attention.sliding_window: {arch} with sliding-window attention layers "
+                             f"is not supported")
         n_ctx_train = _int(opt("context_length", 2048), f"{arch}.context_length", at)
         base = float(opt("rope.freq_base", 10000.0))
 
@@ -275,8 +293,30 @@ class LlamaConfig:
             float(opt("embedding_scale", 0.0) or 1.0) if spec.granite_scales else 1.0,
             softcap=float(opt("final_logit_softcapping", 0.0) or 0.0) if spec.softcap else 0.0,
             n_expert=n_expert, n_expert_used=n_expert_used, n_ff_exp=n_ff_exp, n_ff_shexp=n_ff_shexp, **moe, **scales, **mla,
-            attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0, **ssm,
+            attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0,
+            recurrent_layers=recurrent, l_cache=l_cache, **ssm,
         )
+
+
+def _recurrent_layers(spec: Arch, meta: dict[str, Any], n_layer: int, at: str) -> tuple[int, tuple]:
+    """A hybrid file's attention heads and which layers are recurrent: {arch}.attention.head_count_kv per
+    layer (an array; a layer with 0 KV heads is recurrent: llama_model_lfm2::load_arch_hparams' is_recr),
+    or one number for every layer (none recurrent). quantkit's attention has one KV head count: every
+    attention layer's must be the same."""
+    key = f"{spec.name}.attention.head_count_kv"
+    v = meta.get(key)
+    if v is None:
+        raise ModelError(f"{at}metadata key {key!r} is missing")
+    per = [_int(x, key, at) for x in v] if isinstance(v, (list, tuple, np.ndarray)) else [_int(v, key, at)] * n_layer
+    if len(per) < n_layer:
+        raise ModelError(f"{at}{key} has {len(per)} entries for {n_layer} layers")
+    per = per[:n_layer]
+    heads = sorted({h for h in per if h})
+    if len(heads) > 1:
+        raise ModelError(f"{at}{key}: attention layers with different KV head counts {heads} are not supported")
+    if min(per) < 0:
+        raise ModelError(f"{at}{key} must not be negative")
+    return (heads[0] if heads else 1), tuple(h == 0 for h in per)
 
 
 def _ssm_hparams(spec: Arch, meta: dict[str, Any], n_layer: int, at: str) -> dict[str, Any]:
@@ -480,7 +520,7 @@ class Block:
     attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head * head_dim,))
     attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head_kv * head_dim,))
     attn_output: Weight | None = None   # (n_head * head_dim -> n_embd)   (None on a DeltaNet layer)
-    # gated DeltaNet (Arch.delta_net; quantkit.model.layer.DeltaNet), on its layers instead of attn_q ... attn_output
+    # gated DeltaNet (Arch.recurrent "delta_net"; quantkit.model.layer.DeltaNet), instead of attn_q ... attn_output
     attn_qkv: Weight | None = None          # (n_embd -> conv_dim): q, k, v before the convolution
     attn_gate: Weight | None = None         # (n_embd -> value_dim): z, the output norm's gate
     ssm_ba: Weight | None = None            # (n_embd -> 2 n_v_heads): beta and alpha, per key-head group
@@ -512,6 +552,10 @@ class Block:
     ffn_up_shexp: Weight | None = None    # (n_embd -> n_ff_shexp)
     ffn_down_shexp: Weight | None = None  # (n_ff_shexp -> n_embd)
     post_ffw_norm: np.ndarray | None = None        # float32 (n_embd,)   post_norms
+    # a recurrent layer's (Arch.recurrent; its attention's tensors are then None)
+    shortconv_in_proj: Weight | None = None     # (n_embd -> 3 n_embd): b, c, x      ShortConv
+    shortconv_conv: np.ndarray | None = None    # float32 (n_embd, l_cache): each channel's taps, oldest first
+    shortconv_out_proj: Weight | None = None    # (n_embd -> n_embd)
 
 
 def _check_readable(where: str, name: str, qtype) -> None:
@@ -584,7 +628,11 @@ class Llama:
                         not (recr and extra == "attn_qkv.weight"):
                     raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
             b.attn_norm = vector(p + "attn_norm.weight", E) if a.pre_norms else None
-            if recr:        # llama_model_qwen3next::load_arch_tensors: a gated DeltaNet layer
+            if recr and a.recurrent == "shortconv":   # llama_model_lfm2::load_arch_tensors: the short convolution
+                b.shortconv_in_proj = matrix(p + "shortconv.in_proj.weight", E, 3 * E)
+                b.shortconv_conv = np.ascontiguousarray(matrix(p + "shortconv.conv.weight", c.l_cache, E).dequantize())
+                b.shortconv_out_proj = matrix(p + "shortconv.out_proj.weight", E, E)
+            elif recr:      # llama_model_qwen3next::load_arch_tensors: a gated DeltaNet layer
                 if gg.has_tensor(p + "ssm_in.weight"):
                     raise ModelError(f"{where}: tensor {p + 'ssm_in.weight'!r}: the legacy Qwen3-Next layout (q, k, v "
                                      f"and z in one projection) is not supported; convert the model again with "
@@ -625,9 +673,9 @@ class Llama:
                     b.attn_q_norm = vector(p + "attn_q_norm.weight", Q if a.qk_norm_full else hd)
                     b.attn_k_norm = vector(p + "attn_k_norm.weight", KV if a.qk_norm_full else hd)
                 b.attn_output = matrix(p + "attn_output.weight", Q, E)
-            if a.attn_out_bias:
+            if a.attn_out_bias and not c.is_recurrent(i):
                 b.attn_output_bias = vector(p + "attn_output.bias", E)
-            if a.attn_sinks:
+            if a.attn_sinks and not c.is_recurrent(i):
                 b.attn_sinks = vector(p + "attn_sinks.weight", c.n_head)
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
@@ -677,7 +725,7 @@ class Llama:
             self.blk.append(b)
         #: one ``quantkit.model.layer.Layer`` per block: what every forward path interprets
         self.layers: tuple[Layer, ...] = tuple(describe(c, b, i) for i, b in enumerate(self.blk))
-        self.output_norm = vector("output_norm.weight", E)                # (n_embd,)
+        self.output_norm = vector(a.output_norm + ".weight", E)            # (n_embd,)
         self.output = matrix("output.weight", E, V) if gg.has_tensor("output.weight") else self.token_embd
         self.output_bias = optional("output.bias", V) if a.output_bias else None
         # rope_freqs: per-pair frequency divisors (llama 3.x long-context); ones when absent
@@ -692,7 +740,8 @@ class Llama:
         """Every matrix (and 3D expert tensor) the products read, in file order per layer."""
         out = [self.token_embd]
         for b in self.blk:
-            out += [w for w in (b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
+            out += [w for w in (b.shortconv_in_proj, b.shortconv_out_proj, b.attn_qkv, b.attn_gate, b.ssm_ba, b.ssm_out,
+                                b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
                                 b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
                                 b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_gate_up_exps, b.ffn_down_exps,
                                 b.ffn_gate_inp_shexp,

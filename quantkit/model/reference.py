@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from quantkit.model.layer import MLA, Attn, DeltaNet, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DeltaNet, DenseFFN, MoeFFN, ShortConv
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
 from quantkit.model.route import route
 
@@ -195,6 +195,18 @@ def _mla(d: MLA, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) 
     return np.einsum("hts,hsv->thv", p, v).reshape(n, H * d.n_v) @ _w(b.attn_output).T
 
 
+def _shortconv(d: ShortConv, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
+    """LFM2's gated short convolution over positions 0..n-1 (quantkit.model.layer.ShortConv): the state is
+    this function's own window, zeros before position 0 -- what the other paths carry between calls."""
+    n, E = h.shape
+    bcx = h @ _w(b.shortconv_in_proj).T                                 # (n, 3 E): b, c, x
+    u = bcx[:, :E] * bcx[:, 2 * E:]
+    w = b.shortconv_conv.astype(np.float64)                             # (E, l_cache)
+    pad = np.concatenate([np.zeros((d.l_cache - 1, E)), u])             # (l_cache - 1 + n, E)
+    conv = sum(pad[k:k + n] * w[:, k] for k in range(d.l_cache))        # causal, per channel
+    return (bcx[:, E:2 * E] * conv) @ _w(b.shortconv_out_proj).T
+
+
 def _delta_net(d: DeltaNet, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
     """Gated DeltaNet over positions 0..n-1 from a zero state (quantkit.model.layer.DeltaNet's formulas),
     the recurrence one token at a time."""
@@ -229,7 +241,7 @@ def _delta_net(d: DeltaNet, b: Block, h: np.ndarray, c, ropes: tuple, routes: li
     return o.reshape(n, HV * S) @ _w(b.ssm_out).T
 
 
-_OPS = {Attn: _attention, MLA: _mla, DeltaNet: _delta_net, DenseFFN: _dense, MoeFFN: _moe}
+_OPS = {Attn: _attention, MLA: _mla, DenseFFN: _dense, MoeFFN: _moe, ShortConv: _shortconv, DeltaNet: _delta_net}
 
 
 def reference_logits(model: Llama, tokens, routes: list | None = None) -> np.ndarray:
