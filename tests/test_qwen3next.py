@@ -176,6 +176,15 @@ def test_missing_tensor(tmp_path, tensor):
         Llama(write_model(tmp_path / "bad.gguf", "qwen3next", drop=tensor))
 
 
+def test_bench_size_label():
+    """llama-bench's model cell: llama_model_qwen3next::load_arch_hparams labels 48 layers (without the MTP
+    block) 80B.A3B, any other count ?B."""
+    from quantkit.pipelines.bench.model_desc import size_label
+
+    meta = {"general.architecture": "qwen3next", "qwen3next.block_count": 49, "qwen3next.nextn_predict_layers": 1}
+    assert size_label(meta) == "80B.A3B" and size_label({**meta, "qwen3next.nextn_predict_layers": 0}) == "?B"
+
+
 def test_config_refusals():
     meta = {"general.architecture": "qwen3next", "qwen3next.block_count": 4, "qwen3next.embedding_length": 64,
             "qwen3next.attention.head_count": 4, "qwen3next.feed_forward_length": 128,
