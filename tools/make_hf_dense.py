@@ -1,4 +1,4 @@
-"""Tiny SmolLM3 / OLMo 2 / Gemma 2 checkpoints made by transformers' own model classes, with weights drawn
+"""Tiny SmolLM3 / OLMo 2 / Gemma 2 / LFM2 checkpoints made by transformers' own model classes, with weights drawn
 for peaked logits: the issue's agreement check (tools/arch_agreement.sh on what convert_hf_to_gguf.py
 makes of them, and ``quantkit convert`` against that file).
 
@@ -10,7 +10,7 @@ come from quantkit's test packages:
     $CONVERT_PY $QUANTKIT_LLAMA_CPP/convert_hf_to_gguf.py DIR --outfile DIR.gguf --outtype f16
     tools/arch_agreement.sh DIR.gguf OUTDIR
 
-(NAME: smollm3, olmo2 or gemma2; $CONVERT_PY a venv with torch and transformers, docs/DEVELOPING.md.) This
+(NAME: smollm3, olmo2, gemma2 or lfm2; $CONVERT_PY a venv with torch and transformers, docs/DEVELOPING.md.) This
 script reads DIR/config.json, sets ``num_hidden_layers`` to N_LAYER (default 4: SmolLM3's fourth layer is
 its first without RoPE), builds the model with ``AutoModelForCausalLM.from_config`` (so the tensor names
 and config keys are the library's), re-draws every weight with a fixed seed and writes it with
@@ -18,7 +18,9 @@ and config keys are the library's), re-draws every weight with a fixed seed and 
 FFN gate, 1 / sqrt(fan_in) for V and up, 3 / sqrt(fan_in) for the attention output and the FFN down
 (each layer moves the residual), the embeddings (and an untied lm_head) std 0.5 (Gemma 2: 0.25, its
 embeddings are scaled by sqrt(hidden)); norms around 1 (Gemma's stored as weight - 1; its post-norms
-around 3, so its tied output is not dominated by the input token's own embedding).
+around 3, so its tied output is not dominated by the input token's own embedding). LFM2's projections
+by the same rule (in_proj 1, out_proj 3; w1 / w3 / w2 its MLP's gate / up / down), its convolution taps
+normal with std 0.6 (its layer types are config.json's: N_LAYER must be theirs, 4).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 SEED = 5
 #: matrix std times sqrt(fan_in), by the projection's name
 GAIN = {"q_proj": 2.0, "k_proj": 2.0, "gate_proj": 2.0, "v_proj": 1.0, "up_proj": 1.0, "o_proj": 3.0,
-        "down_proj": 3.0}
+        "down_proj": 3.0, "in_proj": 1.0, "out_proj": 3.0, "w1": 2.0, "w3": 1.0, "w2": 3.0}
 
 
 def main() -> None:
@@ -53,6 +55,8 @@ def main() -> None:
             if p.ndim == 1:       # norms: Gemma stores weight - 1
                 lo, hi = (2.0, 4.0) if gemma and "post_" in name else (0.8, 1.2)
                 p.copy_(torch.empty(p.shape).uniform_(lo, hi, generator=g) - (1.0 if gemma else 0.0))
+            elif "conv.conv" in name:     # LFM2's depthwise taps (hidden, 1, L_cache)
+                p.copy_(torch.randn(p.shape, generator=g) * 0.6)
             elif "embed_tokens" in name or "lm_head" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.25 if gemma else 0.5))
             else:
