@@ -23,6 +23,8 @@ sigmoid gate) and ``gpt-oss`` (attention sinks, the attention output's bias, alt
 layers, YaRN RoPE, the router's and the experts' biases, the clamped SwiGLU; MXFP4 experts in "Q"). The router ``ffn_gate_inp`` stays F32 in every variant, as llama-quantize leaves it.
 ``router="zero"``: an all-zero router, so every expert ties and every token goes to experts 0..k-1.
 ``MLA_SPECS``: ``deepseek2`` files (multi-head latent attention with DeepSeek's routing and shared experts).
+``lfm2`` (SPECS) and ``lfm2moe`` (MOE_SPECS): hybrids whose layers with ``kv_layers`` 0 are LFM2's gated short
+convolutions (``shortconv.in_proj`` / ``conv`` / ``out_proj``), the final norm ``token_embd_norm``.
 ``DELTANET_SPECS``: ``qwen3next`` files (gated DeltaNet layers, gated attention, a gated shared expert).
 """
 
@@ -107,6 +109,13 @@ MOE_SPECS = {
                          tied=False, n_expert=8, n_used=2, n_ff_exp=64, n_ff_shexp=96, shexp_gate=False,
                          lead_dense=1, score_bias=0.05, seed=1,
                          moe_keys={"leading_dense_block_count": 1, "interleave_moe_layer_step": 1}),
+    # lfm2moe (LFM2-8B-A1B): lfm2's convolution and attention layers, a leading dense FFN, then sigmoid routing
+    # with the score bias over 8 experts, weights normalized
+    "lfm2moe": dict(arch="lfm2moe", n_layer=4, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=None,
+                    n_vocab=512, rope_base=1000000.0, eps=1e-5, bias=False, qk_norm=True, post_norms=False,
+                    tied=True, n_expert=8, n_used=2, n_ff_exp=64, lead_dense=1, score_bias=True,
+                    kv_layers=[0, 0, 2, 0], l_cache=3, output_norm="token_embd_norm",
+                    moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2}),
 }
 #: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
 #: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the

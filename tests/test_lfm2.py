@@ -136,3 +136,50 @@ def test_config_refusals(kw, msg):
 def test_missing_tensor(tmp_path, tensor):
     with pytest.raises(ModelError, match=f"tensor {tensor!r} is missing"):
         Llama(write_model(tmp_path / "bad.gguf", "lfm2", drop=tensor))
+
+
+# -- the commands, and llama.cpp's imatrix (tools/make_moe_imatrix_golden.py; llama-quantize's bytes:
+# test_moe_quantize.py's arch jobs) ----------------------------------------------------------------------
+
+def test_imatrix_matches_llama_imatrix(tmp_path):
+    """``quantkit imatrix`` at llama-imatrix's settings on the F16 file (each 64-token chunk from a zero
+    state): the same entries -- the convolution layers' in_proj and out_proj, not the taps, which
+    ggml_ssm_conv reads -- and counts, the sums within 1e-3 on average."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from conftest import compare_imatrix, run_cli, sha256
+    from quantkit.formats.imatrix import load_imatrix
+
+    data = Path(__file__).parent / "data" / "imatrix"
+    g = json.loads((data / "moe-golden.json").read_text(encoding="utf-8"))
+    spec = g["models"]["lfm2"]
+    path = write_model(tmp_path / "lfm2-F16.gguf", "lfm2", "F16")
+    assert sha256(path) == spec["model_sha256"], "not the file llama.cpp ran"
+    shutil.copy(data / "calibration-sample.txt", tmp_path / "calibration-sample.txt")
+    r = run_cli(["imatrix", "-m", path.name, "-f", "calibration-sample.txt", "-c", g["n_ctx"], "--chunks",
+                 g["n_chunks"], "-o", "ours.gguf", "-t", 1], cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    names = set(load_imatrix(tmp_path / "ours.gguf").entries)
+    assert {"blk.0.shortconv.in_proj.weight", "blk.3.shortconv.out_proj.weight", "blk.2.attn_q.weight"} <= names
+    assert not any("shortconv.conv" in n for n in names)
+    compare_imatrix(tmp_path / "ours.gguf", data / spec["file"])
+
+
+def test_cli_run_perplexity_bench(tmp_path):
+    """``quantkit run`` prints the Runner's greedy tokens; perplexity and bench finish."""
+    import shutil
+    from pathlib import Path
+
+    from conftest import greedy_text, run_cli
+
+    path = write_model(tmp_path / "m.gguf", "lfm2", "Q")
+    r = run_cli(["run", "-m", path, "-p", "the", "-n", "12", "--temp", "0"], cwd=tmp_path)
+    assert r.exit_code == 0, r.output
+    assert greedy_text(path, "the", 12) in r.output
+    shutil.copy(Path(__file__).parent / "data" / "imatrix" / "calibration-sample.txt", tmp_path / "t.txt")
+    r = run_cli(["perplexity", "-m", path, "-f", "t.txt", "-c", 64, "--chunks", 2], cwd=tmp_path)
+    assert r.exit_code == 0 and "Final estimate: PPL" in r.output, r.output
+    r = run_cli(["bench", "-m", path, "-p", 16, "-n", 4, "-d", 8, "-r", 2, "-o", "csv"], cwd=tmp_path)
+    assert r.exit_code == 0 and r.output.count("\n") >= 3, r.output

@@ -25,7 +25,7 @@ from archmodels import DELTANET_SPECS, MOE_SPECS, PROGRAM_SPECS, golden_model, w
 from conftest import greedy_agreement
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner
-from quantkit.model.layer import MoeFFN, Routing
+from quantkit.model.layer import MoeFFN, Routing, ShortConv
 from quantkit.model.llama import Llama, LlamaConfig
 from quantkit.model.reference import reference_logits
 from quantkit.model.route import route as route_ref
@@ -67,8 +67,11 @@ def test_config_and_layers(case):
     oss = arch == "gpt-oss"
     keys, lead = s.get("moe_keys", {}), s.get("lead_dense", 0)
     for il, (d, b) in enumerate(zip(m.layers, m.blk)):
-        assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch not in NORM_ROPE)
-        assert d.attn.qkv_bias == s["bias"]
+        if "kv_layers" in s and not s["kv_layers"][il]:     # lfm2moe: a short convolution (tests/test_lfm2.py)
+            assert isinstance(d.recurrent, ShortConv) and d.attn is None and b.shortconv_in_proj is not None
+        else:
+            assert d.attn.qk_norm == s["qk_norm"] and d.attn.rope_neox == (arch not in NORM_ROPE)
+            assert d.attn.qkv_bias == s["bias"]
         if il < lead:   # leading_dense_block_count: a dense FFN of feed_forward_length
             assert not d.moe and d.ffn.n_ff == s["n_ff"] and b.ffn_gate_inp is None
             continue
@@ -78,15 +81,16 @@ def test_config_and_layers(case):
         gating = {2: "sigmoid"}.get(keys.get("expert_gating_func"), "softmax_weight" if oss else "softmax")
         routing = Routing(s["n_expert"], s["n_used"], gating,
                           norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral", "granitemoe",
-                                                                          "ernie4_5-moe")),
+                                                                          "ernie4_5-moe", "lfm2moe")),
                           w_scale=keys.get("expert_weights_scale", 0.0), score_bias=bool(s.get("score_bias")))
         assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", n_shexp,
                                          oss, shexp_gate="n_ff_shexp" in s and s.get("shexp_gate", True))
         assert (b.ffn_down_shexp is not None) == bool(n_shexp)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
         # gpt-oss: sinks and the output bias; layer 0 slides (load_swa_pattern(2)), layer 1 does not
-        assert d.attn.sinks == d.attn.out_bias == oss
-        assert (d.attn.n_swa, d.attn.rope_table) == ((8, 1) if oss and il % 2 == 0 else (0, 0))
+        if d.attn is not None:
+            assert d.attn.sinks == d.attn.out_bias == oss
+            assert (d.attn.n_swa, d.attn.rope_table) == ((8, 1) if oss and il % 2 == 0 else (0, 0))
     if oss:
         assert b.ffn_down_exps_bias.shape == (c.n_expert, c.n_embd) and b.attn_sinks.shape == (c.n_head,)
         # 1/sqrt(n_rot); YaRN over 32 positions, factor 4, on the sliding layers too (their base and
@@ -491,7 +495,7 @@ def test_missing_expert_tensor(tmp_path, arch, name):
         Llama(write_model(tmp_path / "bad.gguf", arch, drop=name))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2", "lfm2moe"])
 def test_cli_run(tmp_path, arch):
     """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner (deepseek2: with MLA,
     tests/test_mla.py)."""

@@ -96,6 +96,7 @@ class Arch:
                                     # 355B has them, Air does not: TENSOR_NOT_REQUIRED)
     moe_hparams: bool = False     # reads {arch}.expert_gating_func, expert_weights_norm and
                                   # expert_weights_scale (the DeepSeek V3 family's build_moe_ffn arguments)
+    gating_key: bool = False      # reads {arch}.expert_gating_func alone (norm_w and the scale stay the row's)
     lead_dense: bool = False      # reads {arch}.leading_dense_block_count: the first layers' FFN dense
     score_bias: bool = False      # reads blk.N.exp_probs_b (the selection's per-expert score bias) when present
     moe_step: bool = False        # requires {arch}.interleave_moe_layer_step (ERNIE 4.5; quantkit runs step 1,
@@ -210,6 +211,12 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # with per-head Q/K norms and NEOX RoPE, every layer's FFN a dense SwiGLU, the final norm token_embd_norm
     Arch("lfm2", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, recurrent="shortconv", output_norm="token_embd_norm"),
+    # src/models/lfm2moe.cpp (LFM2-MoE, LFM2-8B-A1B): LFM2's layers and graph, the FFN a mixture of experts past
+    # the leading dense layers: build_moe_ffn with the file's gating (sigmoid), norm_w = true, no scale
+    # (expert_weights_scale is not read) and the required score bias exp_probs_b
+    Arch("lfm2moe", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, recurrent="shortconv", output_norm="token_embd_norm", moe=MOE_ALWAYS,
+         gating_key=True, lead_dense=True, score_bias=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

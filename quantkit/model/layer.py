@@ -61,6 +61,9 @@ And each path runs it with the state as an argument:
   written at its end; a prompt runs in batches of ``n_batch`` positions (llama.cpp's ubatches), each a
   computation over its rows (not a loop of one-token steps), the state carried across the boundary;
 * ``decode`` (one position): the step's ``rs[il]`` (the same array as ``Runner.state``), updated in place.
+  A recurrent op there is an ``OP_*`` code with its function beside ``attn_op`` (``shortconv_op``), its
+  per-layer tensors in ``decode.RecTables`` (ShortConv's taps), its work space in ``Scratch.rec`` (sized
+  by ``DecodeStep`` from the layers' ops).
 
 Tests check a state across a batch boundary (the same logits with ``n_batch`` smaller than the prompt) and
 the compiled step token by token against the float64 reference.

@@ -393,7 +393,8 @@ GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, at: str) -> dict[str, Any]:
     """The routing's hyperparameters of a MoE file: the arch row's gating and norm_w, and the expert
     groups (llama_model_loader reads {arch}.expert_group_count / _used_count for every arch); for an
-    ``Arch.moe_hparams`` row also the keys that override them and the weight scale, for ``lead_dense``
+    ``Arch.moe_hparams`` row also the keys that override them and the weight scale (``gating_key``: the
+    gating alone), for ``lead_dense``
     the leading dense layers, for ``moe_step`` the MoE layers' interleave. Each checked as
     llama_model::load_hparams asserts it."""
     arch = spec.name
@@ -409,13 +410,14 @@ def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, 
             raise ModelError(f"{at}{arch}.expert_group_count {groups} must divide expert_count {n_expert} and "
                              f"expert_group_used_count {used} must be in 1..{groups - 1}")
         out.update(n_expert_groups=groups, n_group_used=used)
-    if spec.moe_hparams:
+    if spec.moe_hparams or spec.gating_key:   # (gating_key: llama_model_lfm2moe reads the gating function alone)
         func = _int(key("expert_gating_func", 0), f"{arch}.expert_gating_func", at)
-        if func and func not in GATING_FUNCS:
+        if (func or spec.gating_key) and func not in GATING_FUNCS:
             raise ModelError(f"{at}{arch}.expert_gating_func = {func} is not supported (quantkit runs "
                              f"{', '.join(f'{k} ({v})' for k, v in GATING_FUNCS.items())})")
-        out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating),
-                   moe_norm_w=bool(key("expert_weights_norm", False)),
+        out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating))
+    if spec.moe_hparams:
+        out.update(moe_norm_w=bool(key("expert_weights_norm", False)),
                    expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0))
     if spec.lead_dense:
         lead = _int(key("leading_dense_block_count", 0), f"{arch}.leading_dense_block_count", at)

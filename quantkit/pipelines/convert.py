@@ -15,8 +15,9 @@ Plan first, then stream (docs/convert.md):
 
 The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
 from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
-qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), qwen3next (the DeltaNet's q/k/v/z
-projection split, its decay's -exp(A_log); converted as the reference's ``--no-mtp``). Hyperparameters
+qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), lfm2 (KV heads per layer, the
+convolution taps squeezed), qwen3next (the DeltaNet's q/k/v/z projection split, its decay's -exp(A_log);
+converted as the reference's ``--no-mtp``). Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
@@ -70,6 +71,8 @@ CONFIG_DEFAULTS = {
     "gemma2": dict(max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=256,
                    sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                    num_attention_heads=8, num_key_value_heads=4),
+    "lfm2": dict(max_position_embeddings=128000, norm_eps=1e-5, rope_theta=1e6, head_dim=None, conv_L_cache=3,
+                 block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True),
 }
 
 
@@ -101,6 +104,8 @@ class Arch:
     special_tokens: tuple[tuple[str, str], ...] = ()
     gemma2: bool = False              # Gemma2Model: norms + 1, its own parameter keys (no TextModel ones), a
                                       # SentencePiece tokenizer.model without a space prefix
+    lfm2: bool = False                # LFM2Model: KV heads per layer (0: a short convolution), its keys after
+                                      # TextModel's, the convolution taps squeezed to 2D
     qwen3next: bool = False           # Qwen3NextModel (Qwen2MoeModel's keys and experts): the DeltaNet's keys and
                                       # tensors (``_qwen3next_sources``), norms + 1 but the DeltaNet's, no MTP
 
@@ -129,6 +134,8 @@ ARCHS = {
     "Olmo2ForCausalLM": Arch(gguf.MODEL_ARCH.OLMO2, sentencepiece_first=False),
     # conversion/gemma.py Gemma2Model
     "Gemma2ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA2, gemma2=True),
+    # conversion/lfm2.py LFM2Model
+    "Lfm2ForCausalLM": Arch(gguf.MODEL_ARCH.LFM2, lfm2=True),
     # conversion/qwen.py Qwen3NextModel, as with --no-mtp (the multi-token-prediction block, mtp.*, dropped)
     "Qwen3NextForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3NEXT, moe_keys=True, qwen3next=True,
                                  experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
@@ -139,7 +146,7 @@ _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 #: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms; those of its list
 #: that the architectures converted here have)
 _F32_KEYS = (gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP, gguf.MODEL_TENSOR.POS_EMBD,
-             gguf.MODEL_TENSOR.TOKEN_TYPES, gguf.MODEL_TENSOR.SSM_CONV1D)
+             gguf.MODEL_TENSOR.TOKEN_TYPES, gguf.MODEL_TENSOR.SSM_CONV1D, gguf.MODEL_TENSOR.SHORTCONV_CONV)
 
 
 @dataclass
@@ -232,6 +239,9 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
     if arch.gemma2:
         _add_gemma2_parameters(w, hp, ftype)
         return
+    if arch.lfm2:   # LFM2Model.set_gguf_parameters: the attention layers' KV heads, 0 for the convolutions
+        hp = {**hp, "num_key_value_heads": [hp["num_key_value_heads"] if t != "conv" else 0
+                                            for t in _lfm2_layer_types(hp)]}
     w.add_block_count(_n_blocks(hp, arch))
     if (v := _find(hp, "max_position_embeddings", "n_ctx", "n_positions", "max_length",
                    "max_sequence_length", "model_max_length")) is not None:
@@ -341,6 +351,33 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         w.add_full_attention_interval(hp.get("full_attention_interval") or 4)
         head = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
         w.add_rope_dimension_count(int(head * rope.get("partial_rotary_factor", 0.25)))
+    if arch.lfm2:   # keys set again keep their place
+        w.add_vocab_size(hp["vocab_size"])
+        w.add_shortconv_l_cache(hp["conv_L_cache"])
+        w.add_layer_norm_rms_eps(hp["norm_eps"])
+        w.add_feed_forward_length(lfm2_ff_dim(hp))
+
+
+def _lfm2_layer_types(hp: dict) -> list[str]:
+    """Lfm2Config's layer_types: given, or attention at full_attn_idxs (default: every layer)."""
+    if hp.get("layer_types") is not None:
+        return list(hp["layer_types"])
+    idx = hp.get("full_attn_idxs")
+    idx = range(hp["num_hidden_layers"]) if idx is None else idx
+    return ["full_attention" if i in idx else "conv" for i in range(hp["num_hidden_layers"])]
+
+
+def lfm2_ff_dim(hp: dict) -> int:
+    """``LFM2Model._add_feed_forward_length``: the MLP's width from intermediate_size (2/3 of it, times the
+    multiplier, rounded up to block_multiple_of) when block_auto_adjust_ff_dim."""
+    ff = _find(hp, "block_ff_dim", "intermediate_size")
+    if hp["block_auto_adjust_ff_dim"]:
+        ff = int(2 * ff / 3)
+        if hp.get("block_ffn_dim_multiplier") is not None:
+            ff = int(hp["block_ffn_dim_multiplier"] * ff)
+        m = hp["block_multiple_of"]
+        ff = m * ((ff + m - 1) // m)
+    return ff
 
 
 def _add_olmo3_window(w: gguf.GGUFWriter, hp: dict) -> None:
@@ -493,6 +530,8 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
             shape = (min(shape[0], vocab_rows(ck, hp)), *shape[1:])
         if (arch.gemma3 or arch.gemma2) and name.endswith("norm.weight"):   # Gemma's RMSNorm scales by 1 + weight
             src.shift = 1.0
+        if arch.lfm2 and "conv.conv" in name and len(shape) == 3 and shape[1] == 1:
+            shape = (shape[0], shape[2])    # LFM2Model.modify_tensors: squeeze(1), the same bytes
         if arch.qwen3next:
             if name.startswith(("mtp.", "model.mtp.")):     # --no-mtp
                 continue
@@ -504,6 +543,8 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     if leftover:
         raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
     want = _expected_shapes(hp)
+    if arch.lfm2:
+        want["ffn_up.weight"] = (lfm2_ff_dim(hp), hp["hidden_size"])
     if arch.qwen3next:      # attn_q makes each head's query and its output gate
         q = want["attn_q.weight"]
         want["attn_q.weight"] = (2 * q[0], q[1])
