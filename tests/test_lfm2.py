@@ -167,14 +167,17 @@ def test_imatrix_matches_llama_imatrix(tmp_path):
     compare_imatrix(tmp_path / "ours.gguf", data / spec["file"])
 
 
-def test_cli_run_perplexity_bench(tmp_path):
-    """``quantkit run`` prints the Runner's greedy tokens; perplexity and bench finish."""
+@pytest.mark.parametrize("arch", ["lfm2", "qwen3next"])
+def test_cli_run_perplexity_bench(tmp_path, arch):
+    """``quantkit run`` prints the Runner's greedy tokens; perplexity and bench (with a depth prefix: the
+    recurrent state saved and restored beside the KV cache) finish -- for both recurrent ops (qwen3next's
+    DeltaNet: tests/test_qwen3next.py)."""
     import shutil
     from pathlib import Path
 
     from conftest import greedy_text, run_cli
 
-    path = write_model(tmp_path / "m.gguf", "lfm2", "Q")
+    path = write_model(tmp_path / "m.gguf", arch, "Q")
     r = run_cli(["run", "-m", path, "-p", "the", "-n", "12", "--temp", "0"], cwd=tmp_path)
     assert r.exit_code == 0, r.output
     assert greedy_text(path, "the", 12) in r.output
