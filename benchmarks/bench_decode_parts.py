@@ -59,7 +59,7 @@ def main():
         st.wt[:, skip, 2] = 0
         t0, c0 = time.perf_counter(), time.process_time()
         for p in range(args.tokens):
-            st.run(1 + p, p, r._kc, r._vc, r.rope_cos, r.rope_sin, r._scores, logits, want)
+            st.run(1 + p, p, r._kc, r._vc, r.state, r.rope_cos, r.rope_sin, r._scores, logits, want)
         return (time.perf_counter() - t0) / args.tokens * 1e3, (time.process_time() - c0) / args.tokens * 1e3
 
     for name in CONFIGS:  # first token packs the x8 copies; one pass warms everything

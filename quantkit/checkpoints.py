@@ -40,6 +40,14 @@ What each checkpoint exercises:
   and post-FFN norms, an untied ``lm_head``.
 * ``gemma2``: Gemma2ForCausalLM, BF16, with ``gemma3sp``'s SentencePiece tokenizer.model: norms + 1,
   pre/post FFN norms, the soft-capping and sliding-window keys, no RoPE base key.
+* ``lfm2``: Lfm2ForCausalLM, BF16: three gated short-convolution layers around an attention layer (the
+  per-layer KV head counts the converter writes, its 3D convolution taps squeezed to 2D and kept F32), the
+  MLP's adjusted width, the final norm ``embedding_norm``, tied embeddings.
+* ``qwen3next``: Qwen3NextForCausalLM, BF16, 4 layers: 3 gated DeltaNet (linear attention: 2 key heads, 4
+  value heads of 32, a 4-tap convolution) then 1 gated attention (q_proj twice as wide: the query and its
+  output gate; Q/K norms; a quarter of each head rotated); every FFN 4 experts (2 used) and a shared
+  expert with its sigmoid gate. Its norms are stored zero-centred (the converter adds 1) except the
+  DeltaNet's gated output norm.
 """
 
 from __future__ import annotations
@@ -118,6 +126,23 @@ SPECS = {
                 "torch_dtype": "bfloat16", "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1,
                 "pad_token_id": 0},
                "BF16", 1, None),
+    # LFM2: layers 0, 1 and 3 gated short convolutions, layer 2 attention; the MLP's width adjusted from
+    # intermediate_size (Lfm2MLP: int(2 * 200 / 3) = 133, rounded up to a multiple of 32: 160)
+    "lfm2": ({**_BASE, "architectures": ["Lfm2ForCausalLM"], "model_type": "lfm2", "num_hidden_layers": 4,
+              "intermediate_size": 200, "block_auto_adjust_ff_dim": True, "block_ffn_dim_multiplier": 1.0,
+              "block_multiple_of": 32, "conv_L_cache": 3, "conv_bias": False, "norm_eps": 1e-5,
+              "layer_types": ["conv", "conv", "full_attention", "conv"], "tie_word_embeddings": True,
+              "torch_dtype": "bfloat16"},
+             "BF16", 1, None),
+    "qwen3next": ({**_BASE, "architectures": ["Qwen3NextForCausalLM"], "model_type": "qwen3_next", "head_dim": 32,
+                   "num_hidden_layers": 4, "layer_types": ["linear_attention"] * 3 + ["full_attention"],
+                   "full_attention_interval": 4, "partial_rotary_factor": 0.25, "linear_conv_kernel_dim": 4,
+                   "linear_key_head_dim": 32, "linear_value_head_dim": 32, "linear_num_key_heads": 2,
+                   "linear_num_value_heads": 4, "num_experts": 4, "num_experts_per_tok": 2,
+                   "moe_intermediate_size": 32, "shared_expert_intermediate_size": 48, "decoder_sparse_step": 1,
+                   "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False,
+                   "torch_dtype": "bfloat16"},
+                  "BF16", 1, None),
 }
 
 #: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
@@ -151,6 +176,12 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     out = [("model.embed_tokens.weight", (v, e))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
+        if mt == "lfm2":
+            out += _lfm2_layer(cfg, p, cfg["layer_types"][i] == "conv")
+            continue
+        if mt == "qwen3_next":      # gated DeltaNet layers between gated attention layers, a gated shared expert
+            out += _qwen3next_layer(cfg, p, i)
+            continue
         if mt in ("gemma3_text", "gemma2"):
             out += [(p + "pre_feedforward_layernorm.weight", (e,)), (p + "post_feedforward_layernorm.weight", (e,))]
         if olmo2:
@@ -192,10 +223,60 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         else:
             out += [(p + "mlp.gate_proj.weight", (ff, e)), (p + "mlp.up_proj.weight", (ff, e)),
                     (p + "mlp.down_proj.weight", (e, ff))]
-    out.append(("model.norm.weight", (e,)))
+    out.append(("model.embedding_norm.weight" if mt == "lfm2" else "model.norm.weight", (e,)))
     if not cfg["tie_word_embeddings"]:
         out.append(("lm_head.weight", (v, e)))
     return out
+
+
+def _lfm2_layer(cfg: dict, p: str, conv: bool) -> list[tuple[str, tuple[int, ...]]]:
+    """An LFM2 layer's tensors (transformers' Lfm2DecoderLayer): its norms, the short convolution (in_proj,
+    the depthwise taps (hidden, 1, L), out_proj) or the attention (Q/K norms per head), the MLP of the
+    width Lfm2MLP derives from intermediate_size."""
+    e, hd = cfg["hidden_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
+    ff = cfg["intermediate_size"]
+    if cfg["block_auto_adjust_ff_dim"]:
+        ff = int(cfg["block_ffn_dim_multiplier"] * int(2 * ff / 3))
+        ff = cfg["block_multiple_of"] * -(-ff // cfg["block_multiple_of"])
+    out = [(p + "operator_norm.weight", (e,)), (p + "ffn_norm.weight", (e,))]
+    if conv:
+        out += [(p + "conv.in_proj.weight", (3 * e, e)), (p + "conv.conv.weight", (e, 1, cfg["conv_L_cache"])),
+                (p + "conv.out_proj.weight", (e, e))]
+    else:
+        nkv = cfg["num_key_value_heads"] * hd
+        out += [(p + "self_attn.q_proj.weight", (e, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
+                (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.out_proj.weight", (e, e)),
+                (p + "self_attn.q_layernorm.weight", (hd,)), (p + "self_attn.k_layernorm.weight", (hd,))]
+    return out + [(p + "feed_forward.w1.weight", (ff, e)), (p + "feed_forward.w3.weight", (ff, e)),
+                  (p + "feed_forward.w2.weight", (e, ff))]
+
+
+def _qwen3next_layer(cfg: dict, p: str, i: int) -> list[tuple[str, tuple[int, ...]]]:
+    """One Qwen3NextForCausalLM layer's tensors: a linear-attention (gated DeltaNet) layer where
+    ``layer_types`` says so, else attention whose q_proj also makes the output gate; then the MoE with a
+    shared expert and its gate."""
+    e, hd = cfg["hidden_size"], cfg["head_dim"]
+    out = [(p + "input_layernorm.weight", (e,)), (p + "post_attention_layernorm.weight", (e,))]
+    if cfg["layer_types"][i] == "linear_attention":
+        nk, nv = cfg["linear_num_key_heads"], cfg["linear_num_value_heads"]
+        dk, dv = cfg["linear_key_head_dim"], cfg["linear_value_head_dim"]
+        q = p + "linear_attn."
+        out += [(q + "dt_bias", (nv,)), (q + "A_log", (nv,)),
+                (q + "conv1d.weight", (2 * nk * dk + nv * dv, 1, cfg["linear_conv_kernel_dim"])),
+                (q + "in_proj_qkvz.weight", (2 * nk * dk + 2 * nv * dv, e)), (q + "in_proj_ba.weight", (2 * nv, e)),
+                (q + "norm.weight", (dv,)), (q + "out_proj.weight", (e, nv * dv))]
+    else:
+        nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
+        out += [(p + "self_attn.q_proj.weight", (2 * nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
+                (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq)),
+                (p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
+    mff, sff, n_x = cfg["moe_intermediate_size"], cfg["shared_expert_intermediate_size"], cfg["num_experts"]
+    out.append((p + "mlp.gate.weight", (n_x, e)))
+    for x in range(n_x):
+        q = f"{p}mlp.experts.{x}."
+        out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)), (q + "down_proj.weight", (e, mff))]
+    return out + [(p + "mlp.shared_expert.gate_proj.weight", (sff, e)), (p + "mlp.shared_expert.up_proj.weight", (sff, e)),
+                  (p + "mlp.shared_expert.down_proj.weight", (e, sff)), (p + "mlp.shared_expert_gate.weight", (1, e))]
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -23,6 +23,9 @@ sigmoid gate) and ``gpt-oss`` (attention sinks, the attention output's bias, alt
 layers, YaRN RoPE, the router's and the experts' biases, the clamped SwiGLU; MXFP4 experts in "Q"). The router ``ffn_gate_inp`` stays F32 in every variant, as llama-quantize leaves it.
 ``router="zero"``: an all-zero router, so every expert ties and every token goes to experts 0..k-1.
 ``MLA_SPECS``: ``deepseek2`` files (multi-head latent attention with DeepSeek's routing and shared experts).
+``lfm2`` (SPECS) and ``lfm2moe`` (MOE_SPECS): hybrids whose layers with ``kv_layers`` 0 are LFM2's gated short
+convolutions (``shortconv.in_proj`` / ``conv`` / ``out_proj``), the final norm ``token_embd_norm``.
+``DELTANET_SPECS``: ``qwen3next`` files (gated DeltaNet layers, gated attention, a gated shared expert).
 """
 
 from __future__ import annotations
@@ -56,6 +59,11 @@ SPECS = {
     "gemma2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=128, n_vocab=512,
                    rope_base=10000.0, eps=1e-6, bias=False, qk_norm=False, post_norms=True, tied=True,
                    sliding_window=8, softcap=30.0, attn_softcap=5.0, embd_std=0.25, post_norm=(14.0, 18.0)),
+    # LFM2: gated short-convolution layers (head_count_kv 0: layers 0, 1 and 3) around an attention layer with
+    # per-head Q/K norms and NEOX RoPE, convolutions 3 wide, the final norm token_embd_norm, a tied output
+    "lfm2": dict(n_layer=4, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, head_dim=None, n_vocab=512,
+                 rope_base=1000000.0, eps=1e-5, bias=False, qk_norm=True, post_norms=False, tied=True,
+                 kv_layers=[0, 0, 2, 0], l_cache=3, output_norm="token_embd_norm"),
 }
 #: mixture-of-experts models: the dense keys above plus n_expert, n_used, n_ff_exp (the experts' width)
 MOE_SPECS = {
@@ -121,6 +129,13 @@ MOE_SPECS = {
                        n_vocab=512, rope_base=5000000.0, eps=1e-6, bias=False, qk_norm="full", post_norms=False,
                        tied=False, n_expert=8, n_used=2, n_ff_exp=64, score_bias=0.05, rope_dim=24,
                        router_scale=2.0, n_ctx=512, seed=0, moe_keys={"expert_gating_func": 2}),
+    # lfm2moe (LFM2-8B-A1B): lfm2's convolution and attention layers, a leading dense FFN, then sigmoid routing
+    # with the score bias over 8 experts, weights normalized
+    "lfm2moe": dict(arch="lfm2moe", n_layer=4, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=None,
+                    n_vocab=512, rope_base=1000000.0, eps=1e-5, bias=False, qk_norm=True, post_norms=False,
+                    tied=True, n_expert=8, n_used=2, n_ff_exp=64, lead_dense=1, score_bias=True,
+                    kv_layers=[0, 0, 2, 0], l_cache=3, output_norm="token_embd_norm",
+                    moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 2}),
 }
 #: models of no architecture llama.cpp has in this form, for the forward paths' own tests against the float64
 #: reference (no llama.cpp golden): DeepSeek V3's routing on qwen3moe's layers (tests/test_moe.py gives the
@@ -162,6 +177,18 @@ MLA_SPECS = {
                            moe_keys={"leading_dense_block_count": 1, "expert_gating_func": 1, "expert_shared_count": 2,
                                      "expert_weights_scale": 1.0}),
 }
+#: gated DeltaNet models (``qwen3next``, llama.cpp's converter's form: attn_qkv / attn_gate, not the legacy
+#: ssm_in): ``delta`` gives the key heads, value heads (a multiple: each key head serves two), the head size
+#: and the convolution's taps; layers 0-2 DeltaNet, 3 gated attention (full_attention_interval 4), a quarter
+#: of each attention head rotated, every FFN a MoE with a gated shared expert normed by post_attention_norm.
+#: Seed 1: with seed 0 one token of the imatrix sample took expert 0 instead of 3 in layer 1 in llama-imatrix
+#: (a routing near-tie at fp16 noise, carried on by the recurrent state); seeds 1-4 give its counts exactly
+DELTANET_SPECS = {
+    "qwen3next": dict(arch="qwen3next", n_layer=4, n_embd=128, n_ff=192, n_head=4, n_head_kv=2, head_dim=32,
+                      n_vocab=512, rope_base=1000000.0, eps=1e-6, bias=False, qk_norm=True, post_norms=False,
+                      tied=False, n_expert=8, n_used=2, n_ff_exp=64, n_ff_shexp=96, rope_dim=8,
+                      ffn_norm="post_attention_norm", delta=dict(n_k=2, n_v=4, head=32, conv=4), seed=1),
+}
 N_CTX = 128
 #: the layers' outputs are large beside the embeddings (rms ~3 each), so a tied output's logits are not
 #: dominated by the input token's own embedding (it would be every position's top token)
@@ -172,7 +199,9 @@ VARIANTS = {
           "ffn_gate": T.Q4_0, "ffn_up": T.Q5_0, "ffn_down": T.Q8_0, "output": T.Q8_0,
           "ffn_gate_exps": T.Q4_0, "ffn_up_exps": T.Q5_0, "ffn_down_exps": T.Q8_0,
           "ffn_gate_shexp": T.Q4_1, "ffn_up_shexp": T.Q8_0, "ffn_down_shexp": T.Q5_0,
-          "attn_q_a": T.Q8_0, "attn_q_b": T.Q4_0, "attn_kv_a_mqa": T.Q5_0, "attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1},
+          "attn_q_a": T.Q8_0, "attn_q_b": T.Q4_0, "attn_kv_a_mqa": T.Q5_0, "attn_k_b": T.Q8_0, "attn_v_b": T.Q4_1,
+          "attn_qkv": T.Q5_0, "attn_gate": T.Q4_1, "ssm_ba": T.Q8_0, "ssm_out": T.Q4_0,
+          "shortconv.in_proj": T.Q4_1, "shortconv.out_proj": T.Q5_0},
 }
 
 
@@ -211,7 +240,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     """Write the tiny ``arch`` model (a key of SPECS or MOE_SPECS); ``drop``: leave that tensor out (a
     broken file for the refusals); MoE only: ``n_used`` experts per token instead of the spec's, and
     ``router`` "random" or "zero"."""
-    s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS, **MLA_SPECS}[arch]
+    s = {**SPECS, **MOE_SPECS, **PROGRAM_SPECS, **MLA_SPECS, **DELTANET_SPECS}[arch]
     arch = s.get("arch", arch)
     n_exp = s.get("n_expert", 0)
     rng = np.random.default_rng(s.get("seed", seed))
@@ -229,7 +258,11 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
     w.add_uint32(f"{arch}.embedding_length", E)
     w.add_uint32(f"{arch}.feed_forward_length", F)
     w.add_uint32(f"{arch}.attention.head_count", H)
-    w.add_uint32(f"{arch}.attention.head_count_kv", HKV)
+    if "kv_layers" in s:    # per layer; 0: a recurrent layer (LFM2's short convolution)
+        w.add_array(f"{arch}.attention.head_count_kv", s["kv_layers"])
+        w.add_uint32(f"{arch}.shortconv.l_cache", s["l_cache"])
+    else:
+        w.add_uint32(f"{arch}.attention.head_count_kv", HKV)
     mla = s.get("mla")
     if mla:     # convert_hf_to_gguf.py's DeepseekV2Model: the cache's dims, then a head's
         w.add_uint32(f"{arch}.attention.q_lora_rank", mla["q_lora"])
@@ -266,6 +299,15 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         for key, v in s.get("moe_keys", {}).items():
             (w.add_bool if isinstance(v, bool) else w.add_float32 if isinstance(v, float) else w.add_uint32)(
                 f"{arch}.{key}", v)
+    delta = s.get("delta")
+    if delta:   # convert_hf_to_gguf.py's Qwen3NextModel: the ssm keys, the recurrent layers and their interval
+        w.add_uint32(f"{arch}.ssm.conv_kernel", delta["conv"])
+        w.add_uint32(f"{arch}.ssm.state_size", delta["head"])
+        w.add_uint32(f"{arch}.ssm.group_count", delta["n_k"])
+        w.add_uint32(f"{arch}.ssm.time_step_rank", delta["n_v"])
+        w.add_uint32(f"{arch}.ssm.inner_size", delta["head"] * delta["n_v"])
+        w.add_array(f"{arch}.attention.recurrent_layers", [(i + 1) % 4 != 0 for i in range(s["n_layer"])])
+        w.add_uint32(f"{arch}.full_attention_interval", 4)
     tokens, merges, ttypes = _vocab(V)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("default")
@@ -289,7 +331,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         else:
             w.add_tensor(name, gguf.quants.quantize(x, t), raw_dtype=t)
 
-    def vec(name: str, n: int, lo: float, hi: float):
+    def vec(name: str, n: int | tuple, lo: float, hi: float):
         x = rng.uniform(lo, hi, n).astype(np.float32)
         if name != drop:
             w.add_tensor(name, x)
@@ -301,7 +343,27 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
         p = f"blk.{i}."
         if s.get("pre_norms", True):
             vec(p + "attn_norm.weight", E, 0.8, 1.2)
-        if mla:     # q (through its low rank), the latent and its norm, then per head attn_k_b / attn_v_b
+        # a recurrent layer (LFM2's short convolution, Qwen3-Next's gated DeltaNet): no attention tensors
+        recr = bool(delta and (i + 1) % 4) or ("kv_layers" in s and not s["kv_layers"][i])
+        if "kv_layers" in s and not s["kv_layers"][i]:   # LFM2's gated short convolution: b, c, x; taps; out
+            mat(p + "shortconv.in_proj.weight", "shortconv.in_proj", E, 3 * E, 1.0 / np.sqrt(E))
+            vec(p + "shortconv.conv.weight", (E, s["l_cache"]), -1.0, 1.0)    # F32 [l_cache, n_embd]
+            mat(p + "shortconv.out_proj.weight", "shortconv.out_proj", E, E, RESID / np.sqrt(E))
+        elif delta and (i + 1) % 4:   # a gated DeltaNet layer (llama_model_qwen3next::load_arch_tensors)
+            HK, HV, SD = delta["n_k"], delta["n_v"], delta["head"]
+            conv = 2 * HK * SD + HV * SD
+            mat(p + "attn_qkv.weight", "attn_qkv", E, conv, 1.5 / np.sqrt(E))
+            mat(p + "attn_gate.weight", "attn_gate", E, HV * SD, 1.5 / np.sqrt(E))
+            mat(p + "ssm_ba.weight", "ssm_ba", E, 2 * HV, 1.0 / np.sqrt(E))
+            x = (rng.standard_normal((conv, delta["conv"])) * 0.5).astype(np.float32)     # F32, as ssm_conv needs
+            if p + "ssm_conv1d.weight" != drop:
+                w.add_tensor(p + "ssm_conv1d.weight", x)
+            vec(p + "ssm_dt.bias", HV, -1.0, 1.0)
+            if p + "ssm_a" != drop:     # -exp(A_log), A_log in (ln 0.05, ln 0.5): decays of ~0.7 to 0.97 per token
+                w.add_tensor(p + "ssm_a", -np.exp(rng.uniform(np.log(0.05), np.log(0.5), HV)).astype(np.float32))
+            vec(p + "ssm_norm.weight", SD, 0.8, 1.2)
+            mat(p + "ssm_out.weight", "ssm_out", HV * SD, E, RESID / np.sqrt(HV * SD))
+        elif mla:     # q (through its low rank), the latent and its norm, then per head attn_k_b / attn_v_b
             LQ, LKV, HK = mla["q_lora"], mla["kv_lora"], mla["nope"] + mla["rope"]
             if LQ:
                 mat(p + "attn_q_a.weight", "attn_q_a", E, LQ, 1.0 / np.sqrt(E))
@@ -314,18 +376,18 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             mat(p + "attn_k_b.weight", "attn_k_b", mla["nope"], LKV, 2.0 / np.sqrt(LKV), H)
             mat(p + "attn_v_b.weight", "attn_v_b", LKV, mla["v"], 1.0 / np.sqrt(LKV), H)
             mat(p + "attn_output.weight", "attn_output", H * mla["v"], E, RESID / np.sqrt(H * mla["v"]))
-        else:
-            mat(p + "attn_q.weight", "attn_q", E, H * hd, s.get("qk_std", 2.0) / np.sqrt(E))
+        else:   # (qwen3next: each head's query rows, then its output gate's)
+            mat(p + "attn_q.weight", "attn_q", E, H * hd * (2 if delta else 1), s.get("qk_std", 2.0) / np.sqrt(E))
             mat(p + "attn_k.weight", "attn_k", E, HKV * hd, s.get("qk_std", 2.0) / np.sqrt(E))
             mat(p + "attn_v.weight", "attn_v", E, HKV * hd, 1.0 / np.sqrt(E))
         if s["bias"]:
             vec(p + "attn_q.bias", H * hd, -0.5, 0.5)
             vec(p + "attn_k.bias", HKV * hd, -0.5, 0.5)
             vec(p + "attn_v.bias", HKV * hd, -0.2, 0.2)
-        if s["qk_norm"]:    # per head, or "full": over the whole projection
+        if s["qk_norm"] and not recr:    # per head, or "full": over the whole projection
             vec(p + "attn_q_norm.weight", H * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
             vec(p + "attn_k_norm.weight", HKV * hd if s["qk_norm"] == "full" else hd, 0.5, 1.5)
-        if not mla:
+        if not mla and not recr:
             mat(p + "attn_output.weight", "attn_output", H * hd, E, RESID / np.sqrt(H * hd))
         if oss:   # the attention output's bias and the sinks; the FFN's norm is "post_attention_norm"
             vec(p + "attn_output.bias", E, -0.2, 0.2)
@@ -374,7 +436,7 @@ def write_model(path: Path, arch: str, variant: str = "F16", seed: int = 0, drop
             vec(p + "nextn.enorm.weight", E, 0.8, 1.2)
             vec(p + "nextn.hnorm.weight", E, 0.8, 1.2)
             vec(p + "nextn.shared_head_norm.weight", E, 0.8, 1.2)
-    vec("output_norm.weight", E, 0.8, 1.2)
+    vec(s.get("output_norm", "output_norm") + ".weight", E, 0.8, 1.2)
     if s.get("rope_freqs"):   # llama 3's long-context frequency divisors, one per rotated pair
         vec("rope_freqs.weight", hd // 2, 1.0, 8.0)
     if not s["tied"]:

@@ -1,4 +1,4 @@
-"""The architectures beside llama (qwen2, qwen3, gemma3; smollm3, olmo2, gemma2): config from GGUF metadata, refusals, and the
+"""The architectures beside llama (qwen2, qwen3, gemma3; smollm3, olmo2, gemma2; lfm2): config from GGUF metadata, refusals, and the
 forward pass (batch, compiled decode step, float64 reference) against llama.cpp's own logits.
 
 The tiny models come from tests/archmodels.py (random weights, gguf.GGUFWriter); tests/data/arch/*.npz
@@ -45,8 +45,10 @@ def test_config_from_metadata(case):
     assert (c.n_layer, c.n_embd, c.n_head, c.n_head_kv) == (s["n_layer"], s["n_embd"], s["n_head"], s["n_head_kv"])
     assert c.head_dim == (s["head_dim"] or s["n_embd"] // s["n_head"]) and c.n_rot == c.head_dim
     assert c.arch.rope_neox == (arch != "smollm3") and c.rope_freq_base == s["rope_base"]
-    assert c.rms_eps == pytest.approx(1e-6)
+    assert c.rms_eps == pytest.approx(s["eps"])
     assert (m.output is m.token_embd) == s["tied"]
+    if arch == "lfm2":      # layer 1 is a short convolution (tests/test_lfm2.py)
+        return
     assert (m.blk[1].attn_q_bias is not None) == s["bias"]
     assert (m.blk[1].attn_k_norm is not None) == bool(s["qk_norm"])
     assert (m.blk[1].post_ffw_norm is not None) == s["post_norms"]
@@ -57,7 +59,7 @@ def test_config_from_metadata(case):
         assert c.arch.glu == "gelu" and c.kq_scale == pytest.approx(1 / np.sqrt(128))
     elif arch in ("qwen2", "qwen3"):
         assert c.n_swa == 0 and not any(c.swa_layers) and c.embd_scale == 1.0 and c.arch.glu == "silu"
-    # (smollm3, olmo2, gemma2: tests/test_dense.py)
+    # (smollm3, olmo2, gemma2: tests/test_dense.py; lfm2: tests/test_lfm2.py)
 
 
 def _mean_bar(variant: str, g: dict) -> float:

@@ -298,13 +298,13 @@ def test_depth_restore_equals_recompute(tiny):
         r = Runner(m, 16, 8)
         toks = np.arange(1, 7)
         r.forward(toks)
-        k, v = r.save_prefix(6)
+        k, v, st = r.save_prefix(6)
         want = r.forward([3]).copy()
         r.reset()
         assert r.n_past == 0
         r.forward(np.full(10, 9))                # overwrite the cache
         r.reset()
-        r.restore_prefix(k, v)
+        r.restore_prefix(k, v, st)
         assert r.n_past == 6
         np.testing.assert_array_equal(r.forward([3]), want)
 

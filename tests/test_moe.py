@@ -21,11 +21,11 @@ import gguf
 import numpy as np
 import pytest
 
-from archmodels import MOE_SPECS, PROGRAM_SPECS, golden_model, write_model
+from archmodels import DELTANET_SPECS, MOE_SPECS, PROGRAM_SPECS, golden_model, write_model
 from conftest import greedy_agreement
 from quantkit.errors import ModelError
 from quantkit.model.forward import Runner
-from quantkit.model.layer import MoeFFN, Routing
+from quantkit.model.layer import MoeFFN, Routing, ShortConv
 from quantkit.model.llama import Llama, LlamaConfig
 from quantkit.model.reference import reference_logits
 from quantkit.model.route import route as route_ref
@@ -67,9 +67,12 @@ def test_config_and_layers(case):
     oss = arch == "gpt-oss"
     keys, lead = s.get("moe_keys", {}), s.get("lead_dense", 0)
     for il, (d, b) in enumerate(zip(m.layers, m.blk)):
-        assert d.attn.qk_norm == bool(s["qk_norm"]) and d.attn.rope_neox == (arch not in NORM_ROPE)
-        assert d.attn.qk_norm_full == (s["qk_norm"] == "full")     # minimax-m2: over the whole projections
-        assert d.attn.qkv_bias == s["bias"]
+        if "kv_layers" in s and not s["kv_layers"][il]:     # lfm2moe: a short convolution (tests/test_lfm2.py)
+            assert isinstance(d.recurrent, ShortConv) and d.attn is None and b.shortconv_in_proj is not None
+        else:
+            assert d.attn.qk_norm == bool(s["qk_norm"]) and d.attn.rope_neox == (arch not in NORM_ROPE)
+            assert d.attn.qk_norm_full == (s["qk_norm"] == "full")     # minimax-m2: over the whole projections
+            assert d.attn.qkv_bias == s["bias"]
         if il < lead or (il + 1) % s.get("moe_step", 1):   # leading_dense_block_count, or
             # interleave_moe_layer_step (llama4): a dense FFN of feed_forward_length
             assert not d.moe and d.ffn.n_ff == s["n_ff"] and b.ffn_gate_inp is None
@@ -83,7 +86,7 @@ def test_config_and_layers(case):
                                     "sigmoid" if l4 else "softmax")
         routing = Routing(s["n_expert"], s["n_used"], gating,
                           norm_w=keys.get("expert_weights_norm", arch in ("qwen3moe", "mixtral", "granitemoe",
-                                                                          "ernie4_5-moe", "minimax-m2")),
+                                                                          "ernie4_5-moe", "minimax-m2", "lfm2moe")),
                           w_scale=keys.get("expert_weights_scale", 0.0), score_bias=bool(s.get("score_bias")),
                           select_logits=l4)
         assert d.moe and d.ffn == MoeFFN(routing, c.n_ff_exp, "swiglu_oai" if oss else "silu", n_shexp,
@@ -92,8 +95,9 @@ def test_config_and_layers(case):
         assert (b.ffn_down_shexp is not None) == bool(n_shexp)
         assert b.ffn_gate is None and b.ffn_up_exps.shape == (c.n_embd, c.n_ff_exp, c.n_expert)
         # gpt-oss: sinks and the output bias; layer 0 slides (load_swa_pattern(2)), layer 1 does not
-        assert d.attn.sinks == d.attn.out_bias == oss
-        if not l4:
+        if d.attn is not None:
+            assert d.attn.sinks == d.attn.out_bias == oss
+        if d.attn is not None and not l4:
             assert (d.attn.n_swa, d.attn.rope_table) == ((8, 1) if oss and il % 2 == 0 else (0, 0))
     if oss:
         assert b.ffn_down_exps_bias.shape == (c.n_expert, c.n_embd) and b.attn_sinks.shape == (c.n_head,)
@@ -499,7 +503,7 @@ def test_missing_expert_tensor(tmp_path, arch, name):
         Llama(write_model(tmp_path / "bad.gguf", arch, drop=name))
 
 
-@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2", "llama4", "minimax-m2"])
+@pytest.mark.parametrize("arch", ["qwen3moe", "qwen2moe", "gpt-oss", "deepseek2", "llama4", "minimax-m2", "lfm2moe"])
 def test_cli_run(tmp_path, arch):
     """``quantkit run`` on a tiny MoE file prints the greedy tokens of the Runner (deepseek2: with MLA,
     tests/test_mla.py)."""
@@ -516,11 +520,12 @@ def test_cli_run(tmp_path, arch):
 IM_DATA = Path(__file__).parent / "data" / "imatrix"
 
 
-@pytest.mark.parametrize("arch", list(MOE_SPECS))
+@pytest.mark.parametrize("arch", list(MOE_SPECS) + list(DELTANET_SPECS))
 def test_imatrix_matches_llama_imatrix(tmp_path, arch):
-    """``quantkit imatrix`` at llama-imatrix's settings on the tiny F16 MoE files (tests/data/imatrix,
-    tools/make_moe_imatrix_golden.py): the same entries, the 3D expert tensors with one row of sums and
-    one count per expert, the counts identical, the sums within 1e-3 on average."""
+    """``quantkit imatrix`` at llama-imatrix's settings on the tiny F16 MoE files (qwen3next's too: its
+    DeltaNet's products; tests/data/imatrix, tools/make_moe_imatrix_golden.py): the same entries, the 3D
+    expert tensors with one row of sums and one count per expert, the counts identical, the sums within
+    1e-3 on average."""
     from conftest import compare_imatrix, run_cli
     from quantkit.formats.imatrix import load_imatrix
 
@@ -533,7 +538,7 @@ def test_imatrix_matches_llama_imatrix(tmp_path, arch):
                  g["n_chunks"], "-o", "ours.gguf", "-t", 1], cwd=tmp_path)
     assert r.exit_code == 0, r.output
     compare_imatrix(tmp_path / "ours.gguf", IM_DATA / spec["file"])
-    n_exp = MOE_SPECS[arch]["n_expert"]
+    n_exp = {**MOE_SPECS, **DELTANET_SPECS}[arch]["n_expert"]
     for name, o in load_imatrix(tmp_path / "ours.gguf").entries.items():
         if "_exps" in name:
             assert o.sums.shape[0] == n_exp and o.counts.size == n_exp, name

@@ -9,7 +9,7 @@ at a llama.cpp build of the same commit with LLAMA_CPP_LIB_PATH), never quantkit
 (``$QUANTKIT_LLAMA_CPP/../..`` is the llama-cpp-python source the llama.cpp directory came from.)
 
 For each tiny model of tests/archmodels.py (qwen2, qwen3, gemma3, the mixture-of-experts qwen3moe,
-mixtral, qwen2moe and gpt-oss, and deepseek2 / deepseek2-lite with multi-head latent attention; variants F16 and Q; only the NAMEs given, when any), written to WORKDIR (default: a temporary
+mixtral, qwen2moe and gpt-oss, and deepseek2 / deepseek2-lite with multi-head latent attention; the hybrids lfm2 and lfm2moe, short convolutions between attention layers; qwen3next with gated DeltaNet layers; variants F16 and Q; only the NAMEs given, when any), written to WORKDIR (default: a temporary
 directory, removed at the end; "-" for that default with NAMEs) by the same function the tests call:
 
 * ``ids``: N_EVAL token ids drawn with a fixed seed; ``logits``: llama.cpp's float32 logits of every
@@ -102,7 +102,8 @@ def main() -> None:
     names = set(sys.argv[2:])
     L.llama_backend_init()
     OUT_DIR.mkdir(parents=True, exist_ok=True)
-    for arch, spec in {**archmodels.SPECS, **archmodels.MOE_SPECS, **archmodels.MLA_SPECS}.items():
+    for arch, spec in {**archmodels.SPECS, **archmodels.MOE_SPECS, **archmodels.MLA_SPECS,
+                       **archmodels.DELTANET_SPECS}.items():
         if names and arch not in names:
             continue
         for variant in archmodels.VARIANTS:

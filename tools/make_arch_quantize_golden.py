@@ -25,7 +25,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 OUT = ROOT / "tests" / "data" / "quantize"
 IMATRIX_DIR = ROOT / "tests" / "data" / "imatrix"
-NAMES = ("glm4moe", "granitemoe", "ernie4_5-moe", "smollm3", "olmo2", "gemma2", "llama4", "minimax-m2")
+NAMES = ("glm4moe", "granitemoe", "ernie4_5-moe", "smollm3", "olmo2", "gemma2", "llama4", "minimax-m2", "lfm2", "lfm2moe",
+         "qwen3next")
 #: (ftype, with the imatrix)
 JOBS = (("Q4_K_M", False), ("IQ4_XS", True))
 

@@ -39,7 +39,11 @@ OUT_DIR = HERE.parent / "tests" / "data" / "convert"
 #: per checkpoint, the outtypes stored (auto picks the sources' type: bf16 or f16)
 OUTTYPES = {"llama": ("auto", "f32", "f16", "q8_0"), "qwen2": ("auto", "bf16"), "qwen3": ("auto", "q8_0"),
             "mixtral": ("auto",), "llama3rope": ("auto",), "qwen3moe": ("auto",), "gemma3": ("auto",), "gemma3sp": ("auto",),
-            "glm4moe": ("auto", "f16"), "smollm3": ("auto",), "olmo2": ("auto",), "gemma2": ("auto",)}
+            "glm4moe": ("auto", "f16"), "smollm3": ("auto",), "olmo2": ("auto",), "gemma2": ("auto",),
+            "lfm2": ("auto", "f16"), "qwen3next": ("auto", "f16")}
+#: per checkpoint, the converter's extra flags (Qwen3-Next: its checkpoints made by transformers have no MTP
+#: block, which the converter otherwise requires)
+EXTRA_ARGS = {"qwen3next": ["--no-mtp"]}
 
 
 def main() -> None:
@@ -62,7 +66,8 @@ def main() -> None:
             ckpt = make_checkpoint(name, work / f"tiny-{name}")
             for outtype in OUTTYPES[name]:
                 out = work / f"tiny-{name}-{outtype}.gguf"
-                cmd = [llamaref.convert_python(args.convert_python), str(script), str(ckpt), "--outfile", str(out), "--outtype", outtype]
+                cmd = [llamaref.convert_python(args.convert_python), str(script), str(ckpt), "--outfile", str(out),
+                       "--outtype", outtype, *EXTRA_ARGS.get(name, [])]
                 t0 = time.time()
                 res = subprocess.run(cmd, env={**os.environ, "PYTHONPATH": str(Path(root) / "gguf-py")},
                                      capture_output=True, text=True)
@@ -71,7 +76,8 @@ def main() -> None:
                     raise SystemExit(f"{name} {outtype}: convert_hf_to_gguf.py failed ({res.returncode})")
                 summary = checkpoints.summarize(out)
                 summary["made_by"] = (f"tools/make_convert_golden.py: llama.cpp {commit} convert_hf_to_gguf.py "
-                                      f"tiny-{name} --outtype {outtype} (quantkit/checkpoints.py, seed "
+                                      f"tiny-{name} --outtype {outtype}{''.join(' ' + a for a in EXTRA_ARGS.get(name, []))}"
+                                      f" (quantkit/checkpoints.py, seed "
                                       f"{SEED})")
                 dst = OUT_DIR / f"{name}-{outtype}.json"
                 dst.write_text(json.dumps(summary, indent=1, ensure_ascii=False) + "\n")

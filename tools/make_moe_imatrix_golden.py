@@ -4,8 +4,8 @@
 
 LLAMA_BIN_DIR defaults to $QUANTKIT_LLAMA_CPP/build/bin (tools/llamaref.py; "-" for that default with
 NAMEs). Development only: the test suite never runs llama.cpp. For each MoE model of tests/archmodels.py
-(``MOE_SPECS``: qwen3moe, mixtral, qwen2moe, gpt-oss, glm4moe, granitemoe, ernie4_5-moe; ``MLA_SPECS``:
-deepseek2, deepseek2-lite), or only each NAME given (also a dense one of ``SPECS``: smollm3, olmo2, gemma2;
+(``MOE_SPECS``: qwen3moe, mixtral, qwen2moe, gpt-oss, glm4moe, granitemoe, ernie4_5-moe, lfm2moe; ``MLA_SPECS``:
+deepseek2, deepseek2-lite), or only each NAME given (also a dense or hybrid one of ``SPECS``: smollm3, olmo2, gemma2, lfm2;
 the others' entries of moe-golden.json kept), variant F16, written by the function the tests call, in a
 scratch directory that also holds tests/data/imatrix/calibration-sample.txt:
 

@@ -15,6 +15,8 @@ A layer, in the order every path runs it (the optional steps are this table's fl
     x = token_embd[tok]                      (* sqrtf(n_embd)             if embd_scale)
     per layer (its program: quantkit.model.layer; a MoE file's leading dense layers are dense):
       h = rmsnorm(x) * attn_norm             (h = x                       unless pre_norms)
+        a recurrent layer (head_count_kv 0 when the row has ``recurrent``) runs its recurrent op instead of
+        the attention below (LFM2's short convolution: quantkit.model.layer.ShortConv), then the FFN
       q, k, v = h @ attn_q/k/v               (+ attn_q/k/v.bias           when the file has them)
       q, k = per-head rmsnorm * attn_q_norm / attn_k_norm                 if qk_norm
                                              (over the whole projection   if qk_norm_full)
@@ -23,8 +25,12 @@ A layer, in the order every path runs it (the optional steps are this table's fl
                                               then times the temperature if attn_temp)
       q, k = per-head rmsnorm without a weight                            if qk_l2 (the RoPE layers)
       s = scale * q k^T                      (cap * tanh(s / cap)          if attn_softcap)
-      o = softmax(s + causal [+ sliding-window or chunk (swa_chunk)] mask [, sink logit]) v @ attn_output
-                                             (sink per head if attn_sinks; + attn_output.bias if attn_out_bias)
+      o = softmax(s + causal [+ sliding-window or chunk (swa_chunk)] mask [, sink logit]) v
+                                             (sink per head if attn_sinks)
+      o = o * sigmoid(gate) @ attn_output    (gate: the second half of each head's attn_q rows if attn_gate;
+                                              + attn_output.bias if attn_out_bias)
+        or, on a recurrent layer of a "delta_net" row, a gated DeltaNet (quantkit.model.layer.DeltaNet): a
+        short causal convolution over [q, k, v], the delta rule's state per value head, the gated output norm
         or, multi-head latent attention (mla; quantkit.model.layer.MLA): q from attn_q or attn_q_a ->
         attn_q_a_norm -> attn_q_b, keys and values from one cached latent per position (attn_kv_a_mqa,
         attn_kv_a_norm) through attn_k_b / attn_v_b, RoPE on a decoupled part of q and of the key
@@ -94,6 +100,9 @@ class Arch:
                                     # 355B has them, Air does not: TENSOR_NOT_REQUIRED)
     moe_hparams: bool = False     # reads {arch}.expert_gating_func, expert_weights_norm and
                                   # expert_weights_scale (the DeepSeek V3 family's build_moe_ffn arguments)
+    gating_key: bool = False      # requires {arch}.expert_gating_func (the graph passes it to build_moe_ffn,
+                                  # which aborts without one: lfm2moe, minimax-m2) and reads no other MoE key
+                                  # (norm_w and the scale stay the row's)
     lead_dense: bool = False      # reads {arch}.leading_dense_block_count: the first layers' FFN dense
     score_bias: bool = False      # reads blk.N.exp_probs_b (the selection's per-expert score bias) when present
     moe_step: bool = False        # requires {arch}.interleave_moe_layer_step (ERNIE 4.5; quantkit runs step 1,
@@ -112,6 +121,16 @@ class Arch:
                                   # {arch}.attention.q_lora_rank / kv_lora_rank / key_length_mla /
                                   # value_length_mla and blk.N.attn_q_a ... attn_v_b instead of attn_q/k/v;
                                   # the softmax scale 1/sqrt(key_length_mla) times YaRN's mscale squared
+    recurrent: str = ""           # the recurrent op of the recurrent layers (hparams.is_recr): "shortconv"
+                                  # (quantkit.model.layer.ShortConv, LFM2) on the layers whose
+                                  # {arch}.attention.head_count_kv entry is 0 (head_count_kv is then a
+                                  # per-layer array, {arch}.shortconv.l_cache required); "delta_net"
+                                  # (quantkit.model.layer.DeltaNet, Qwen3-Next) where
+                                  # {arch}.attention.recurrent_layers says (else every layer but each
+                                  # {arch}.full_attention_interval-th, default 4), reading {arch}.ssm.conv_kernel,
+                                  # state_size, group_count, time_step_rank, inner_size
+    output_norm: str = "output_norm"  # the final norm's tensor (LFM2's is "token_embd_norm":
+                                      # LLM_TENSOR_OUTPUT_NORM_LFM2)
     yarn_log_mul: bool = False    # {arch}.rope.scaling.yarn_log_multiplier is 0.1 * mscale_all_dim, which
                                   # also stands for YaRN's mscale (llama.cpp's [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX])
     swa_chunk: int = 0            # the sliding layers attend within chunks of this many positions
@@ -131,8 +150,8 @@ class Arch:
                                      # its input, not its output (llama4)
     moe_select_logits: bool = False  # the experts are chosen on the router's logits, not on the gated
                                      # probabilities (build_moe_ffn: llama4's selection_probs = logits)
-    gating_key: bool = False      # requires {arch}.expert_gating_func, the gating (minimax-m2: its graph passes
-                                  # it to build_moe_ffn, which aborts without one), and reads no other MoE key
+    attn_gate: bool = False       # attn_q makes per head [query, output gate]: the attention's output times
+                                  # sigmoid(gate) before attn_output (qwen3next's build_layer_attn)
 
 
 #: ``Arch.attn_scale`` kinds whose models of this many layers (the 27B ones) scale q.k by 1/sqrt(n_embd /
@@ -204,6 +223,13 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # src/models/deepseek2.cpp (DeepSeek V2 / V2-Lite / V3, Kimi K2): MLA in its absorbed form (is_mla),
     # NORM RoPE on the decoupled part, leading dense layers, build_moe_ffn with the file's gating, norm and
     # scale, and ungated shared experts expert_shared_count experts wide
+    # src/models/qwen3next.cpp (Qwen3-Next): gated DeltaNet layers (linear attention with a recurrent state)
+    # between gated attention layers (per-head Q/K norms, NEOX RoPE over rope.dimension_count), the FFN
+    # normed by blk.N.post_attention_norm, build_moe_ffn with softmax gating and norm_w = true, and a shared
+    # expert scaled by sigmoid(h . ffn_gate_inp_shexp)
+    Arch("qwen3next", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, moe=MOE_ALWAYS, shared_expert=True, ffn_norm="post_attention_norm",
+         recurrent="delta_net", attn_gate=True),
     Arch("deepseek2", rope_neox=False, qk_norm=False, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS, moe_norm_w=False, shared_expert=True, shexp_gate=False,
          shexp_width="count", moe_hparams=True, lead_dense=True, score_bias=True, mla=True,
@@ -224,6 +250,16 @@ ARCHS: dict[str, Arch] = {a.name: a for a in (
     # exp_probs_b and norm_w = true
     Arch("minimax-m2", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
          output_bias=False, softcap=False, moe=MOE_ALWAYS, qk_norm_full=True, score_bias=True, gating_key=True),
+    # src/models/lfm2.cpp (LFM2): gated short-convolution layers (head_count_kv 0) between attention layers
+    # with per-head Q/K norms and NEOX RoPE, every layer's FFN a dense SwiGLU, the final norm token_embd_norm
+    Arch("lfm2", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, recurrent="shortconv", output_norm="token_embd_norm"),
+    # src/models/lfm2moe.cpp (LFM2-MoE, LFM2-8B-A1B): LFM2's layers and graph, the FFN a mixture of experts past
+    # the leading dense layers: build_moe_ffn with the file's gating (sigmoid), norm_w = true, no scale
+    # (expert_weights_scale is not read) and the required score bias exp_probs_b
+    Arch("lfm2moe", rope_neox=True, qk_norm=True, post_norms=False, glu="silu", embd_scale=False, swa_pattern=0,
+         output_bias=False, softcap=False, recurrent="shortconv", output_norm="token_embd_norm", moe=MOE_ALWAYS,
+         gating_key=True, lead_dense=True, score_bias=True),
 )}
 
 SUPPORTED_ARCHS = tuple(ARCHS)

@@ -74,10 +74,10 @@ from quantkit.kernels.activations import round_bf16_into, round_f16_into
 from quantkit.kernels.runners import SC_LEN, act_table, copies_rows, deq_runner, row_runner
 from quantkit.kernels.vecdot import X8_ROWS, build, pack_x8, x8_types
 from quantkit.model.arch import GLU_KINDS
-from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DeltaNet, DenseFFN, MoeFFN, ShortConv
 from quantkit.model.llama import Llama, Weight
 # the ops the step calls; exp_shift_sum, expf, gelu_table, max_f32 are re-exported (the batch path, perplexity)
-from quantkit.model.ops import NO_SINK, add_bias, attn_temperature, qk_finish
+from quantkit.model.ops import NO_SINK, add_bias, attn_temperature, delta_net, qk_finish, shortconv
 from quantkit.model.route import ROUTING_DTYPE, route_token, routing_record
 from quantkit.model.ops import (add_block, attend_kernel, exp_shift_sum, expf, gelu_table, glu, kv_f16_load,  # noqa: F401
                                 kv_f16_store, kv_f32_same, max_f32, mla_prepare, qk_prepare, rmsnorm1, window_start)
@@ -95,9 +95,14 @@ SHEXP_MATS = ("ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
 #: after its low rank), the latent's attn_kv_a_mqa, attn_q_a (empty without q_lora_rank), attn_output --
 #: and its per-head attn_k_b / attn_v_b (3D: one head's rows, the next a stride on) in W_K_B / W_V_B
 MLA_MATS = {W_K: "attn_kv_a_mqa", W_V: "attn_q_a", W_O: "attn_output", W_K_B: "attn_k_b", W_V_B: "attn_v_b"}
+#: a short-convolution layer's (quantkit.model.layer.ShortConv) in the attention's input and output slots
+SHORTCONV_MATS = {W_Q: "shortconv_in_proj", W_O: "shortconv_out_proj"}
+#: a gated DeltaNet layer's (quantkit.model.layer.DeltaNet): its three input products, then ssm_out
+DELTANET_MATS = {W_Q: "attn_qkv", W_K: "attn_gate", W_V: "ssm_ba", W_O: "ssm_out"}
 #: every matrix name a layer's slots may hold (ffn_gate_up_exps: the experts' gate and up merged, read as
 #: W_GATE's and W_UP's rows of each expert)
 STEP_MATS = tuple(dict.fromkeys(MATS + MOE_MATS + SHEXP_MATS + tuple(MLA_MATS.values()) +
+                                tuple(SHORTCONV_MATS.values()) + tuple(DELTANET_MATS.values()) +
                                 ("attn_q_b", "ffn_gate_up_exps")))
 #: columns of a ``wt`` row
 WT_COLS = 6
@@ -210,14 +215,15 @@ def quantize_needed(mask, a):
 # them: a dense first layer before MoE layers, sliding and global attention.
 
 #: ops of ``BLOCK_DTYPE.op`` (0: no block)
-OP_NONE, OP_ATTN, OP_DENSE, OP_MOE, OP_MLA = 0, 1, 2, 3, 4
-OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE, MLA: OP_MLA}
+OP_NONE, OP_ATTN, OP_DENSE, OP_MOE, OP_MLA, OP_SHORTCONV, OP_DELTANET = 0, 1, 2, 3, 4, 5, 6
+OP_CODES = {Attn: OP_ATTN, DenseFFN: OP_DENSE, MoeFFN: OP_MOE, MLA: OP_MLA, ShortConv: OP_SHORTCONV,
+            DeltaNet: OP_DELTANET}
 MAX_BLOCKS = 2
 BLOCK_DTYPE = np.dtype([("op", np.int64), ("norm", np.int64), ("post", np.int64), ("scale", np.float32)])
 ATTN_DTYPE = np.dtype([("rope_table", np.int64), ("n_swa", np.int64), ("neox", np.int64), ("qk_norm", np.int64),
                        ("qkv_bias", np.int64), ("sinks", np.int64), ("out_bias", np.int64), ("rope", np.int64),
                        ("qk_full", np.int64), ("softcap", np.float32), ("l2", np.int64), ("temp_floor", np.int64),
-                       ("temp_scale", np.float32), ("temp_offset", np.float32)])
+                       ("temp_scale", np.float32), ("temp_offset", np.float32), ("gate", np.int64)])
 FFN_DTYPE = np.dtype([("glu", np.int64), ("n_ff", np.int64), ("n_ff_shexp", np.int64), ("shexp_gate", np.int64),
                       ("biases", np.int64), ("w_before", np.int64)])
 #: (ATTN_DTYPE's n_swa is ``Attn.window``: negative for chunks; l2 / temp_*: Llama 4's L2 q/k norm and NoPE
@@ -228,10 +234,15 @@ MLA_DTYPE = np.dtype([(name, np.int64) for name in ("rope_table", "neox", "n_hea
 #: the step's tables, each a namedtuple numba reads by field name
 Weights = namedtuple("Weights", "runs deqs buf pbuf wt ot et sc ctr")
 Acts = namedtuple("Acts", "aE aQ aF aX aS aL aN aV atab atab_n atab_v")
-Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead hs")
+Scratch = namedtuple("Scratch", "x xb2 qkv hg hu ye rlog rsc sel selw mrow mla mhead hs rec")
 Program = namedtuple("Program", "prog norms attn mla ffn routing need out_norm gelu_tab")
 AttnTables = namedtuple("AttnTables", "bias qk_norm sinks out_bias q_a_norm kv_a_norm")
 MoeTables = namedtuple("MoeTables", "shexp_inp router_bias score_bias gate_bias up_bias down_bias")
+#: the recurrent ops' per-layer tensors (quantkit.model.layer, "Recurrent ops"): ShortConv's taps (n_layer,
+#: n_embd, l_cache); DeltaNet's ssm_conv1d (n_layer, conv_dim, d_conv), ssm_dt.bias and ssm_a (n_layer,
+#: n_v_heads), ssm_norm (n_layer, head_dim) and its key heads (``dn_k``, one int); their state is the step's
+#: ``rs`` (n_layer, widest state_size), Runner.state itself
+RecTables = namedtuple("RecTables", "conv dn_conv dn_dt dn_a dn_norm dn_k")
 Dims = namedtuple("Dims", "n_head n_head_kv head_dim n_rot eps scale embd_scale")
 #: rows of ``Acts.atab``: the activation tables of aE, aQ (the attention's output), aF (dense FFN), aX (an
 #: expert), aS (the shared expert), and MLA's inputs of attn_q_b (aL), of attn_k_b (aN: every head's q_nope,
@@ -252,6 +263,8 @@ def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
     n_head, hd = D.n_head, D.head_dim
     Q = n_head * hd
     KV = D.n_head_kv * hd
+    gated = a.gate != 0
+    Qw = 2 * Q if gated else Q     # attn_q's rows: with the output gate, per head [query, gate]
     group = n_head // D.n_head_kv
     n_kv = pos + 1
     nob = T.bias[0, :0]
@@ -271,13 +284,20 @@ def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
             if c < cq:
                 rows(runs, mq, c, bp, pp, aEp, qkvp, o_0, sp)
             elif c < cq + ck:
-                rows(runs, mk, c - cq, bp, pp, aEp, qkvp, Q, sp)
+                rows(runs, mk, c - cq, bp, pp, aEp, qkvp, Qw, sp)
             else:
-                rows(runs, mv, c - cq - ck, bp, pp, aEp, qkvp, Q + KV, sp)
+                rows(runs, mv, c - cq - ck, bp, pp, aEp, qkvp, Qw + KV, sp)
             c = fetch_add(ctr, CTR, 1)
+    gt = S.rec
+    if gated:       # the gates aside, the queries packed to the front (each head's moves down: no overlap)
+        for h in range(n_head):
+            for i in range(hd):
+                gt[h * hd + i] = qkv[2 * h * hd + hd + i]
+            for i in range(hd):
+                qkv[h * hd + i] = qkv[2 * h * hd + i]
     bl = T.bias[l]
     has_b = a.qkv_bias != 0
-    q, k, v = qkv[:Q], qkv[Q:Q + KV], qkv[Q + KV:]
+    q, k, v = qkv[:Q], qkv[Qw:Qw + KV], qkv[Qw + KV:Qw + 2 * KV]
     # the Q norm's weights, then the K norm's: each head_dim long, or the whole projection's (qk_full)
     full = a.qk_full != 0
     nq = Q if full else hd
@@ -304,6 +324,9 @@ def attn_op(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth):
         ko = (h // group) * hd
         ATTEND(qkv[h * hd:(h + 1) * hd], kl, vl, ko, ko, k0, n_kv, scale, cap, snk, scores[h],  # noqa: F821
                xo[h * hd:(h + 1) * hd])
+    if gated:       # qwen3next's build_layer_attn: times sigmoid(gate) before attn_output
+        for i in range(Q):
+            xo[i] *= np.float32(1.0) / (np.float32(1.0) + np.exp(-gt[i]))
     quantize_needed(P.need[l, 1], A.aQ)
     product(W.runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
     if a.out_bias != 0:
@@ -377,6 +400,45 @@ def mla_op(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth):
     per_head(runs, w[W_V_B], S.mhead, H, bp, pp, A.atab_v, addr_of(A.aQ[0][0]), nv, sp, ctr, nth)
     quantize_needed(P.need[l, 1], A.aQ)
     product(runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, ctr, nth)
+
+
+@njit_fast
+def shortconv_op(l, W, A, S, P, R, rs, nth):
+    """Layer l's gated short convolution (``quantkit.model.layer.ShortConv``) of the normed input in A.aE
+    into S.xb2: in_proj into S.rec (b, c, x), ``ops.shortconv`` over the layer's state row rs[l] (the last
+    l_cache - 1 positions' b * x, updated in place) into the output product's input, out_proj."""
+    w = W.wt[l]
+    E = S.x.shape[0]
+    bp, pp, sp = addr_of(W.buf), addr_of(W.pbuf), addr_of(W.sc)
+    quantize_needed(P.need[l, 0], A.aE)
+    bcx = S.rec[:3 * E]
+    product(W.runs, w[W_Q], bp, pp, addr_of(A.atab[A_E]), addr_of(bcx), sp, W.ctr, nth)
+    conv = R.conv[l]
+    d = conv.shape[1] - 1
+    shortconv(bcx.reshape(1, 3 * E), conv, rs[l, :d * E].reshape(d, E), A.aQ[0])
+    quantize_needed(P.need[l, 1], A.aQ)
+    product(W.runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, W.ctr, nth)
+
+
+@njit_fast
+def delta_net_op(l, W, A, S, P, R, D, rs, nth):
+    """Layer l's gated DeltaNet (``quantkit.model.layer.DeltaNet``) of the normed input in A.aE into S.xb2:
+    attn_qkv, attn_gate, ssm_ba into S.rec, ``ops.delta_net`` over the layer's state row rs[l] (updated in
+    place) into the output product's input, ssm_out."""
+    w = W.wt[l]
+    bp, pp, sp = addr_of(W.buf), addr_of(W.pbuf), addr_of(W.sc)
+    C, HV, SD = R.dn_conv.shape[1], R.dn_dt.shape[1], R.dn_norm.shape[1]
+    VD = HV * SD
+    quantize_needed(P.need[l, 0], A.aE)
+    qkv, z, ba = S.rec[:C], S.rec[C:C + VD], S.rec[C + VD:C + VD + 2 * HV]
+    aEp = addr_of(A.atab[A_E])
+    product(W.runs, w[W_Q], bp, pp, aEp, addr_of(qkv), sp, W.ctr, nth)
+    product(W.runs, w[W_K], bp, pp, aEp, addr_of(z), sp, W.ctr, nth)
+    product(W.runs, w[W_V], bp, pp, aEp, addr_of(ba), sp, W.ctr, nth)
+    delta_net(qkv.reshape(1, C), z.reshape(1, VD), ba.reshape(1, 2 * HV), R.dn_conv[l], R.dn_dt[l], R.dn_a[l],
+              R.dn_norm[l], D.eps, R.dn_k[0], rs[l], A.aQ[0])
+    quantize_needed(P.need[l, 1], A.aQ)
+    product(W.runs, w[W_O], bp, pp, addr_of(A.atab[A_Q]), addr_of(S.xb2), sp, W.ctr, nth)
 
 
 @njit_fast_parallel
@@ -458,14 +520,15 @@ def ffn_op(l, moe, W, A, S, P, M, nth):
             xb2[i] += S.ye[i] * we
 
 
-def step_body(tok, pos, want, W, A, S, P, T, M, D, kc, vc, cos, sin, scores, logits, nth):
+def step_body(tok, pos, want, W, A, S, P, T, M, R, D, kc, vc, rs, cos, sin, scores, logits, nth):
     """Run token ``tok`` at position ``pos`` through every layer's program; the logits into ``logits``
     when ``want``. ``W``: the matrices (``Weights``: read from ``buf``, the file's map, or for x8 /
     copied slots ``pbuf``, by the row runners ``runs[slot]``, the embedding's row by ``deqs[slot]``);
-    ``A`` the activation forms, ``S`` scratch, ``P`` the program and its records, ``T`` / ``M`` the
-    attention's and the MoE's per-layer tensors (each (n_layer, 0, ...) when no layer has them), ``D``
-    the dimensions and scales. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this position's K and V;
-    cos / sin (n_tables, n_ctx, n_rot/2)."""
+    ``A`` the activation forms, ``S`` scratch, ``P`` the program and its records, ``T`` / ``M`` / ``R`` the
+    attention's, the MoE's and the recurrent ops' per-layer tensors (each (n_layer, 0, ...) when no layer
+    has them), ``D`` the dimensions and scales. kc/vc (n_layer, n_ctx, n_head_kv*head_dim) get this
+    position's K and V; rs (n_layer, widest state) the recurrent layers' state, updated in place; cos /
+    sin (n_tables, n_ctx, n_rot/2)."""
     x, xb2 = S.x, S.xb2
     xa = A.aE[0][0]             # the normed input of a block, float32 (E,)
     E = x.shape[0]
@@ -491,6 +554,10 @@ def step_body(tok, pos, want, W, A, S, P, T, M, D, kc, vc, cos, sin, scores, log
                 ATTN(l, pos, W, A, S, P, T, D, kc, vc, cos, sin, scores, nth)  # noqa: F821
             elif blk.op == OP_MLA:
                 MLA_OP(l, pos, W, A, S, P, T, D, kc, cos, sin, scores, nth)  # noqa: F821
+            elif blk.op == OP_SHORTCONV:
+                shortconv_op(l, W, A, S, P, R, rs, nth)
+            elif blk.op == OP_DELTANET:
+                delta_net_op(l, W, A, S, P, R, D, rs, nth)
             else:
                 ffn_op(l, blk.op == OP_MOE, W, A, S, P, M, nth)
             if blk.scale != np.float32(0.0):   # post-norm first, then the scale (layer.Block)
@@ -700,7 +767,10 @@ class DecodeStep:
         k = max([f.n_expert_used for f in ffns if isinstance(f, MoeFFN)], default=1)
         mlas = [d.attn for d in model.layers if isinstance(d.attn, MLA)]
         # the attention's output: n_head * head_dim, or an MLA layer's n_head * n_v
-        n_att = max([c.n_embd_q if not isinstance(d.attn, MLA) else d.attn.n_head * d.attn.n_v for d in model.layers])
+        n_att = max([c.n_embd if isinstance(d.recurrent, ShortConv) else d.recurrent.value_dim
+                     if isinstance(d.recurrent, DeltaNet) else c.n_embd_q if not isinstance(d.attn, MLA)
+                     else d.attn.n_head * d.attn.n_v for d in model.layers])
+        gated = any(isinstance(d.attn, Attn) and d.attn.gate for d in model.layers)
         n_lq, n_nope, n_lkv = (max([getattr(a, f) for a in mlas], default=0)
                                for f in ("n_lora_q", "n_nope", "n_lora_kv"))
         n_mh = max([a.n_head for a in mlas], default=1)
@@ -711,13 +781,17 @@ class DecodeStep:
         n_mla = max([a.n_q + a.kv_width + a.n_lora_q + a.n_head * (a.kv_width + a.n_lora_kv) for a in mlas], default=1)
         width = max(n_ff, n_ff_exp, n_shexp)
         self.scratch = Scratch(x=np.zeros(c.n_embd, np.float32), xb2=np.zeros(c.n_embd, np.float32),
-                               qkv=np.zeros(c.n_embd_q + 2 * c.n_embd_kv, np.float32),
+                               qkv=np.zeros(c.n_embd_q * (2 if gated else 1) + 2 * c.n_embd_kv, np.float32),
                                hg=np.zeros(width, np.float32), hu=np.zeros(width, np.float32),
                                ye=np.zeros(c.n_embd, np.float32), rlog=np.zeros(n_expert, np.float32),
                                rsc=np.zeros(2 * n_expert, np.float32), sel=np.zeros(k, np.int64),
                                selw=np.zeros(k, np.float32), mrow=np.zeros((3, WT_COLS), np.int64),
                                mla=np.zeros(n_mla, np.float32), mhead=np.zeros((n_mh, WT_COLS), np.int64),
-                               hs=np.zeros(c.n_embd, np.float32))
+                               hs=np.zeros(c.n_embd, np.float32),
+                               rec=np.zeros(max([3 * c.n_embd if isinstance(d.recurrent, ShortConv) else
+                                                 d.recurrent.conv_dim + d.recurrent.value_dim + 2 * d.recurrent.n_v_heads
+                                                 if isinstance(d.recurrent, DeltaNet) else 1 for d in model.layers] +
+                                                [c.n_embd_q if gated else 1]), np.float32))
         blk = model.blk
 
         def stacked(name: str, shape) -> np.ndarray:
@@ -739,6 +813,12 @@ class DecodeStep:
                                     gate_bias=stacked("ffn_gate_exps_bias", (n_expert, n_ff_exp)),
                                     up_bias=stacked("ffn_up_exps_bias", (n_expert, n_ff_exp)),
                                     down_bias=stacked("ffn_down_exps_bias", (n_expert, c.n_embd)))
+        dns = [d.recurrent for d in model.layers if isinstance(d.recurrent, DeltaNet)]
+        dn = dns[0] if dns else DeltaNet(1, 1, 0, 1)
+        self.rec_tables = RecTables(conv=_stacked([b.shortconv_conv for b in blk], (c.n_embd, max(c.l_cache, 1))),
+                                    dn_conv=_stacked([b.ssm_conv1d for b in blk], (dn.conv_dim, dn.d_conv)),
+                                    dn_dt=stacked("ssm_dt_bias", dn.n_v_heads), dn_a=stacked("ssm_a", dn.n_v_heads),
+                                    dn_norm=stacked("ssm_norm", dn.head_dim), dn_k=np.array([dn.n_k_heads], np.int64))
         self.dims = Dims(n_head=c.n_head, n_head_kv=c.n_head_kv, head_dim=c.head_dim, n_rot=c.n_rot,
                          eps=np.float32(c.rms_eps), scale=np.float32(c.kq_scale), embd_scale=np.float32(c.embd_scale))
         # the slot table: each slot's row runner (unused slots repeat slot 0) and embedding lookup
@@ -785,19 +865,23 @@ class DecodeStep:
             m.gguf.release(src)
         self.pbuf, self._x8_todo = pbuf, []
 
-    def run(self, tok: int, pos: int, kc, vc, cos, sin, scores, logits, want: bool) -> None:
-        """``cos`` / ``sin`` (n_tables, n_ctx, n_rot/2), ``scores`` (n_head, n_ctx): as ``step_body``'s."""
+    def run(self, tok: int, pos: int, kc, vc, rs, cos, sin, scores, logits, want: bool) -> None:
+        """``rs`` (n_layer, widest state) the recurrent state (Runner.state), ``cos`` / ``sin`` (n_tables,
+        n_ctx, n_rot/2), ``scores`` (n_head, n_ctx): as ``step_body``'s."""
         if self._x8_todo:
             self.make_x8()
         w = Weights(self.runs, self.deqs, self.buf, self.pbuf, self.wt, self.ot, self.et, self.sc, self.ctr)
-        self.fn(tok, pos, want, w, self.acts, self.scratch, self.program, self.attn_tables, self.moe_tables, self.dims,
-                kc, vc, cos, sin, scores, logits, get_threads())
+        self.fn(tok, pos, want, w, self.acts, self.scratch, self.program, self.attn_tables, self.moe_tables,
+                self.rec_tables, self.dims, kc, vc, rs, cos, sin, scores, logits, get_threads())
 
 
 def _layer_mats(d, b) -> dict[int, str]:
     """The matrices of a layer whose program is ``d`` and tensors ``b``: the ``wt`` slot of each."""
     names = MATS if not d.moe else MOE_MATS + (SHEXP_MATS if d.ffn.n_ff_shexp else ())
     out = dict(enumerate(names))
+    if d.recurrent is not None:
+        out = {j: n for j, n in out.items() if j >= W_GATE}
+        out.update(SHORTCONV_MATS if isinstance(d.recurrent, ShortConv) else DELTANET_MATS)
     if isinstance(d.attn, MLA):
         out.update(MLA_MATS)
         out[W_Q] = "attn_q_b" if d.attn.n_lora_q else "attn_q"
@@ -826,9 +910,9 @@ def _program(model: Llama, need: np.ndarray) -> Program:
         a, f = d.attn, d.ffn
         if isinstance(a, MLA):
             mla[il] = (a.rope_table, a.rope_neox, a.n_head, a.n_lora_q, a.n_lora_kv, a.n_nope, a.n_rot, a.n_v)
-        else:
+        elif isinstance(a, Attn):
             attn[il] = (a.rope_table, a.window, a.rope_neox, a.qk_norm, a.qkv_bias, a.sinks, a.out_bias, a.rope,
-                        a.qk_norm_full, a.softcap, a.l2_norm, a.temp_floor, a.temp_scale, a.temp_offset)
+                        a.qk_norm_full, a.softcap, a.l2_norm, a.temp_floor, a.temp_scale, a.temp_offset, a.gate)
         shexp = f.n_ff_shexp if isinstance(f, MoeFFN) else 0
         moe = isinstance(f, MoeFFN)
         ffn[il] = (GLU_KINDS.index(f.glu), f.n_ff, shexp, moe and f.shexp_gate, moe and f.biases,

@@ -60,9 +60,10 @@ from quantkit.kernels.vecdot import build
 from quantkit.model.arch import GLU_KINDS
 from quantkit.model.decode import (STEP_MATS, DecodeStep, attend_kernel, gelu_table, glu,
                                    kv_f16_store, kv_f32_same, layer_biases, qk_prepare, rmsnorm1, window_start)
-from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DeltaNet, DenseFFN, MoeFFN, ShortConv
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
-from quantkit.model.ops import NO_SINK, attn_temperature, exp_sink_inv, mla_prepare, qk_finish, softcap_scores
+from quantkit.model.ops import (NO_SINK, attn_temperature, delta_net, exp_sink_inv, mla_prepare, qk_finish, shortconv,
+                                 softcap_scores)
 from quantkit.model.route import route_rows, routing_record
 
 COLLECT_MIN_ROWS = 16
@@ -314,6 +315,8 @@ class Runner:
         self.k = np.zeros((B, KV), f32)
         self.v = np.zeros((B, KV), f32)
         self.att = np.zeros((B, Q), f32)     # attention output, heads concatenated
+        # attn_q's rows of a gated attention (Attn.gate): per head its query, then its output gate
+        self.qg = np.zeros((B, 2 * Q) if any(getattr(d.attn, "gate", False) for d in model.layers) else (0, 0), f32)
         F = max([d.ffn.n_ff for d in model.layers if isinstance(d.ffn, DenseFFN)], default=0)
         self.gate = np.zeros((B, F), f32)    # ffn_gate, then act(gate) * up (dense FFN layers)
         self.up = np.zeros((B, F), f32)
@@ -346,8 +349,13 @@ class Runner:
         self._none = np.zeros(0, f32)
         #: the ops of the layer programs, by record kind; each MoE layer's routing record
         self._ops = {Attn: self._attention_block, MLA: self._mla_block, DenseFFN: self._dense_block,
-                     MoeFFN: self._moe_block}
+                     MoeFFN: self._moe_block, ShortConv: self._shortconv_block, DeltaNet: self._delta_net_block}
         self._routing = [routing_record(d.ffn.routing if d.moe else None) for d in model.layers]
+        #: the recurrent layers' state (quantkit.model.layer, "Recurrent ops"): one float32 row per layer of
+        #: the widest layer's state_size, zeros at a sequence's first position; the decode step updates
+        #: the same array
+        self.state = np.zeros((c.n_layer, max(d.state_size for d in model.layers)), f32)
+        self.recurrent = self.state.shape[1] > 0
         self.step: DecodeStep | None = None
         if compiled_step and default_variant() != "plain":
             try:
@@ -380,18 +388,27 @@ class Runner:
                 m.gguf.release(m.gguf.tensor(name))
 
     def reset(self) -> None:
-        """llama_memory_clear: forget every position (the cache is never read past ``n_past``)."""
+        """llama_memory_clear: forget every position (the cache is never read past ``n_past``) and zero the
+        recurrent layers' state."""
         self.n_past = 0
+        self.state[...] = 0.0
 
-    def save_prefix(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """A copy of the first ``n`` positions of every layer's K and V (llama_state_seq_get_data)."""
-        return self.key_cache[:, :n].copy(), self.value_cache[:, :n].copy()
+    def save_prefix(self, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """A copy of the first ``n`` positions of every layer's K and V, and of the recurrent state
+        (llama_state_seq_get_data): ``n`` must then be every cached position (a state is that of the last)."""
+        if self.recurrent and n != self.n_past:
+            raise ModelError(f"save_prefix: the recurrent state is that of position {self.n_past}, not {n}")
+        return self.key_cache[:, :n].copy(), self.value_cache[:, :n].copy(), self.state.copy()
 
-    def restore_prefix(self, k: np.ndarray, v: np.ndarray) -> None:
+    def restore_prefix(self, k: np.ndarray, v: np.ndarray, state: np.ndarray | None = None) -> None:
         """Put a prefix from ``save_prefix`` back and continue after it (llama_state_seq_set_data)."""
         n = k.shape[1]
         self.key_cache[:, :n] = k
         self.value_cache[:, :n] = v
+        if state is not None:
+            self.state[...] = state
+        elif self.recurrent:
+            raise ModelError("restore_prefix: the recurrent state is missing")
         self.n_past = n
 
     def _mm(self, w: Weight, x: np.ndarray, out: np.ndarray, rounded: dict | None = None) -> np.ndarray:
@@ -413,6 +430,12 @@ class Runner:
             raise ModelError(f"forward: position {pos0} leaves a gap after the {self.n_past} cached positions")
         if pos0 + n > self.n_ctx:
             raise ModelError(f"forward: positions {pos0}..{pos0 + n - 1} do not fit the context of {self.n_ctx}")
+        if self.recurrent and 0 < pos0 < self.n_past:
+            # llama_memory_recurrent::seq_rm refuses a partial removal: a state is that of its last position
+            raise ModelError(f"forward: a recurrent model cannot go back to position {pos0} (its state is that "
+                             f"of position {self.n_past}); start again at 0")
+        if pos0 == 0:
+            self.state[...] = 0.0       # a new sequence (quantkit.model.layer, "Recurrent ops")
         lo, hi = int(tokens.min()), int(tokens.max())
         if lo < 0 or hi >= c.n_vocab:
             raise ModelError(f"forward: token id {lo if lo < 0 else hi} is outside the vocabulary [0, {c.n_vocab})")
@@ -434,7 +457,7 @@ class Runner:
         if n == 1 and self.step is not None:
             # one compiled call for the whole token (every requested row is row 0)
             part = out[0] if rows.size == 1 else np.empty(c.n_vocab, np.float32)
-            self.step.run(int(tokens[0]), pos0, self._kc, self._vc, self.rope_cos, self.rope_sin,
+            self.step.run(int(tokens[0]), pos0, self._kc, self._vc, self.state, self.rope_cos, self.rope_sin,
                           self._scores, part, rows.size > 0)
             self.n_past = pos0 + 1
             if rows.size:
@@ -561,7 +584,11 @@ class Runner:
         kc, vc = self._kc[i], self._vc[i]
         eps, none = np.float32(c.rms_eps), self._none
         shared: dict = {}
-        self._mm(b.attn_q, xb, q, shared)                                 # (n, n_head*head_dim)
+        if d.gate:      # each head's query rows, then its gate's: the queries into q
+            qg = self._mm(b.attn_q, xb, self.qg[:n], shared).reshape(n, c.n_head, 2, c.head_dim)
+            q[:] = qg[:, :, 0].reshape(n, -1)
+        else:
+            self._mm(b.attn_q, xb, q, shared)                             # (n, n_head*head_dim)
         self._mm(b.attn_k, xb, k, shared)                                 # (n, n_head_kv*head_dim)
         self._mm(b.attn_v, xb, v, shared)
         Q, KV = q.shape[1], k.shape[1]
@@ -576,6 +603,8 @@ class Runner:
         sinks = b.attn_sinks if d.sinks else none
         self._attend(q, i, False, pos0, d.window, sinks, np.float32(d.softcap), c.n_head_kv, c.head_dim, c.head_dim,
                      att)
+        if d.gate:      # qwen3next's build_layer_attn: the output times sigmoid(gate) (ggml_sigmoid)
+            att *= 1.0 / (1.0 + np.exp(-qg[:, :, 1].reshape(n, -1)))
         self._mm(b.attn_output, att, out)                                 # (n, n_embd)
         if d.out_bias:
             out += b.attn_output_bias
@@ -636,6 +665,30 @@ class Runner:
         y = np.empty((n, out.shape[2]), np.float32)
         for h in range(H):
             out[:, h] = matmul(w.expert(h).data, w.type, np.ascontiguousarray(x[:, h]), y)
+
+    def _shortconv_block(self, d: ShortConv, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
+        """Layer i's gated short convolution (quantkit.model.layer.ShortConv) of the batch's rows: in_proj,
+        the convolution over the state and the rows (``ops.shortconv``, which leaves the state of the last
+        row), out_proj."""
+        n, E = xb.shape
+        bcx = self._mm(b.shortconv_in_proj, xb, np.empty((n, 3 * E), np.float32))     # (n, 3 E): b, c, x
+        y = np.empty((n, E), np.float32)
+        shortconv(bcx, b.shortconv_conv, self.state[i, :d.state_size].reshape(d.l_cache - 1, E), y)
+        self._mm(b.shortconv_out_proj, y, out)                                        # (n, n_embd)
+
+    def _delta_net_block(self, d: DeltaNet, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
+        """Layer i's gated DeltaNet (quantkit.model.layer.DeltaNet) of the batch's rows: the three input
+        products, ``ops.delta_net`` over the state row (convolution, gates, the delta rule token by token
+        per head -- llama.cpp's fused op -- and the gated norm), ssm_out."""
+        n = xb.shape[0]
+        shared: dict = {}
+        qkv = self._mm(b.attn_qkv, xb, np.empty((n, d.conv_dim), np.float32), shared)
+        z = self._mm(b.attn_gate, xb, np.empty((n, d.value_dim), np.float32), shared)
+        ba = self._mm(b.ssm_ba, xb, np.empty((n, 2 * d.n_v_heads), np.float32), shared)
+        y = np.empty((n, d.value_dim), np.float32)
+        delta_net(qkv, z, ba, b.ssm_conv1d, b.ssm_dt_bias, b.ssm_a, b.ssm_norm, np.float32(self.config.rms_eps),
+                  d.n_k_heads, self.state[i], y)
+        self._mm(b.ssm_out, y, out)                                       # (n, n_embd)
 
     def _dense_block(self, f: DenseFFN, i: int, b: Block, xb: np.ndarray, pos0: int, out: np.ndarray) -> None:
         """A dense GLU: gate / up, the GLU, down."""

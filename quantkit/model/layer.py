@@ -7,7 +7,7 @@ alike. quantkit describes each layer as a short program of ``Block`` steps::
 
     for block in layer.blocks:
         h = rmsnorm(x) * blk.<block.norm>          (the residual itself when norm is None)
-        y = block.op(h)                            an Attn, a DenseFFN or a MoeFFN
+        y = block.op(h)                            an Attn, MLA, DeltaNet, DenseFFN or MoeFFN
         y = rmsnorm(y) * blk.<block.post_norm>     (when post_norm is set)
         x = x + y * block.scale                    (when scale is set)
 
@@ -15,7 +15,7 @@ and the three paths -- the float64 ``reference``, the batch ``forward.Runner`` a
 ``decode`` step -- each walk that program with their own implementation of each op, never looking at
 the architecture's name. ``describe`` builds a layer's program from the ``Arch`` row, the config and
 which tensors the file has for that layer, so layers of one model may differ (leading dense layers
-before MoE layers, sliding and global attention). A new architecture is its ``Arch`` row, its config
+before MoE layers, sliding and global attention, DeltaNet layers between attention layers). A new architecture is its ``Arch`` row, its config
 reading and any op it adds: a record here, one implementation per path, one test against the reference.
 
 The ops:
@@ -26,10 +26,47 @@ The ops:
                optionally soft-capped logits (+ a sink logit per head) -> attn_output (+ bias)
 ``MLA``        multi-head latent attention (DeepSeek V2 / V3): the cache holds one compressed latent
                per position, shared by every head (the record's docstring)
+``DeltaNet``   gated DeltaNet linear attention (Qwen3-Next): a short causal convolution, the delta rule's
+               state per value head, the gated output norm (the record's docstring); its state is not a KV
+               cache but a convolution window and a matrix per head
 ``DenseFFN``   (act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down (llama.cpp's build_ffn, LLM_FFN_PAR)
 ``MoeFFN``     build_moe_ffn: the router, ``Routing`` (quantkit.model.route), each chosen expert's GLU
                weighted and added in the order of selection; a shared expert after them
+``ShortConv``  LFM2's gated short convolution (a recurrent op: the record's docstring)
 =============  ====================================================================================
+
+Recurrent ops: state that is not a KV cache
+-------------------------------------------
+An op whose layer carries something from one position to the next other than keys and values -- LFM2's
+convolution window (``ShortConv``), Qwen3-Next's gated DeltaNet (its convolution window and its delta-rule
+matrix per head) -- is *recurrent*, llama.cpp's ``llama_memory_recurrent`` (the r_l / s_l rows of one
+sequence; the hybrid memory keeps them beside the attention layers' KV cache). Such an op declares:
+
+* ``state_size``: how many float32 values of state it carries per sequence. ``Layer.state_size`` is its
+  layer's (a layer holds at most one recurrent op); the three paths give each layer one float32 row of
+  the widest layer's size, and the op alone knows the layout of its part (``ShortConv``: the last
+  ``l_cache - 1`` rows of its convolution's input, oldest first). A new recurrent op lays out its row as
+  it likes (DeltaNet: its window, then its per-head matrices).
+* where the state starts: zeros, at the first position of a sequence. llama.cpp clears the memory before
+  each perplexity chunk and each new prompt (``llama_memory_clear``); quantkit's ``forward.Runner`` zeroes
+  its rows in ``reset()`` and on any ``forward(..., pos0=0)``, and refuses a ``forward`` that would go back
+  to a position after 0 (a recurrent state cannot be rewound: llama.cpp's ``seq_rm`` on recurrent memory
+  fails too). ``save_prefix`` / ``restore_prefix`` carry the rows with the cached positions.
+
+And each path runs it with the state as an argument:
+
+* ``reference`` (float64): the whole sequence from position 0, so the state is the op's own local that
+  starts at zeros (no rows at all: the reference is the check that the carried state is right);
+* ``forward.Runner`` (a batch of positions pos0..): ``Runner.state[il]``, read at the batch's start and
+  written at its end; a prompt runs in batches of ``n_batch`` positions (llama.cpp's ubatches), each a
+  computation over its rows (not a loop of one-token steps), the state carried across the boundary;
+* ``decode`` (one position): the step's ``rs[il]`` (the same array as ``Runner.state``), updated in place.
+  A recurrent op there is an ``OP_*`` code with its function beside ``attn_op`` (``shortconv_op``), its
+  per-layer tensors in ``decode.RecTables`` (ShortConv's taps), its work space in ``Scratch.rec`` (sized
+  by ``DecodeStep`` from the layers' ops).
+
+Tests check a state across a batch boundary (the same logits with ``n_batch`` smaller than the prompt) and
+the compiled step token by token against the float64 reference.
 """
 
 from __future__ import annotations
@@ -57,6 +94,8 @@ class Attn:
     rope: bool = True       # False: Q and K are not rotated (SmolLM3's NoPE layers)
     qk_norm_full: bool = False  # the Q/K norms over the whole projection (OLMo 2), not per head
     softcap: float = 0.0    # each scaled logit s -> softcap * tanh(s / softcap) before the mask (Gemma 2)
+    gate: bool = False      # attn_q's rows per head are [query, gate]: the output times sigmoid(gate)
+                            # before attn_output (Qwen3-Next)
     chunked: bool = False   # n_swa is a chunk: position p sees the keys from (p // n_swa) * n_swa on
                             # (LLAMA_SWA_TYPE_CHUNKED, Llama 4), not its last n_swa
     l2_norm: bool = False   # q and k RMS-normed per head without a weight, after RoPE (Llama 4's use_kq_norm)
@@ -115,6 +154,64 @@ class MLA:
 
 
 @dataclass(frozen=True)
+class DeltaNet:
+    """Gated DeltaNet linear attention, as llama.cpp's qwen3next graph runs it (build_layer_attn_linear;
+    the delta rule itself: ggml_gated_delta_net, or build_delta_net_chunking / _autoregressive where a
+    backend has no fused op). For the normed input h of a position t::
+
+        x      = h @ attn_qkv                (conv_dim = 2 n_k_heads head_dim + n_v_heads head_dim: q, k, v)
+        z      = h @ attn_gate               (n_v_heads head_dim: the output gate)
+        b, a   = h @ ssm_ba                  per key head group g: [b (r), a (r)], r = n_v_heads / n_k_heads
+        c      = silu(sum_i conv[:, i] * x_{t - d_conv + 1 + i})   per channel (ssm_conv1d, d_conv taps;
+                                             the d_conv - 1 previous x are the convolution's state)
+        q, k   = c's first two parts per key head, each x / sqrt(sum x^2 + eps) (build_gdn_l2_norm);
+                 value head j reads key head j // r
+        v      = c's last part per value head
+        beta   = sigmoid(b);   g = softplus(a + ssm_dt.bias) * ssm_a        (ssm_a = -exp(A_log))
+        S      = exp(g) S;   S += beta (v - S k) k^T;   o = S q / sqrt(head_dim)
+                                             (per value head: S the (head_dim x head_dim) state)
+        out    = [rmsnorm(o) * ssm_norm * silu(z) per value head] @ ssm_out
+
+    The state of a sequence (``state_size``): the convolution's last d_conv - 1 inputs (``conv_state``)
+    and S per value head (``ssm_state``), both zero at the start (llama.cpp's recurrent memory, cleared for
+    each new sequence: the module's "Recurrent ops")."""
+
+    n_k_heads: int      # {arch}.ssm.group_count
+    n_v_heads: int      # {arch}.ssm.time_step_rank
+    head_dim: int       # {arch}.ssm.state_size (keys and values alike; inner_size / time_step_rank)
+    d_conv: int         # {arch}.ssm.conv_kernel
+
+    @property
+    def key_dim(self) -> int:
+        return self.n_k_heads * self.head_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.n_v_heads * self.head_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The convolution's channels: q, k and v."""
+        return 2 * self.key_dim + self.value_dim
+
+    @property
+    def conv_state(self) -> int:
+        """Floats of a sequence's convolution window (llama_hparams::n_embd_r)."""
+        return (self.d_conv - 1) * self.conv_dim
+
+    @property
+    def ssm_state(self) -> int:
+        """Floats of a sequence's delta-rule state (llama_hparams::n_embd_s)."""
+        return self.head_dim * self.head_dim * self.n_v_heads
+
+    @property
+    def state_size(self) -> int:
+        """The layer's state row (the module's "Recurrent ops"): the convolution's window, (d_conv - 1,
+        conv_dim) oldest first, then each value head's S, (n_v_heads, head_dim (v), head_dim (k))."""
+        return self.conv_state + self.ssm_state
+
+
+@dataclass(frozen=True)
 class DenseFFN:
     """``(act(h @ ffn_gate) * (h @ ffn_up)) @ ffn_down`` (llama.cpp's build_ffn with LLM_FFN_PAR)."""
 
@@ -168,15 +265,39 @@ class MoeFFN:
         return self.routing.n_used
 
 
+@dataclass(frozen=True)
+class ShortConv:
+    """LFM2's gated short convolution (src/models/lfm2.cpp, build_shortconv_block), for the normed input
+    h of position t::
+
+        b, c, x = split(h @ shortconv.in_proj, 3)           (n_embd each)
+        u_t     = b * x
+        conv_t  = sum_k u_{t - (l_cache - 1) + k} * shortconv.conv[:, k]   k = 0 .. l_cache - 1, per channel
+                                                           (ggml_ssm_conv; u before position 0 is 0)
+        out     = (c * conv_t) @ shortconv.out_proj
+
+    The state (``state_size``): u of the last ``l_cache - 1`` positions, float32 (l_cache - 1, n_embd),
+    oldest first -- llama.cpp's conv state (its r_l row; kept there per channel)."""
+
+    n_embd: int
+    l_cache: int        # {arch}.shortconv.l_cache: the convolution's width, this position included
+
+    @property
+    def state_size(self) -> int:
+        return (self.l_cache - 1) * self.n_embd
+
+
 #: the ops a Block may hold
-OPS = (Attn, MLA, DenseFFN, MoeFFN)
+OPS = (Attn, MLA, DenseFFN, MoeFFN, ShortConv, DeltaNet)
+#: the recurrent ones (a ``state_size`` each; the module's "Recurrent ops")
+RECURRENT = (ShortConv, DeltaNet)
 
 
 @dataclass(frozen=True)
 class Block:
     """One step of a layer: ``x += post(op(norm(x)))`` (the module's program)."""
 
-    op: Attn | MLA | DenseFFN | MoeFFN
+    op: Attn | MLA | DenseFFN | MoeFFN | ShortConv | DeltaNet
     norm: str | None        # the llama.Block attribute of the input norm's weight (None: no input norm)
     post_norm: str | None = None   # the output norm's, before the residual add (None: none)
     scale: float = 0.0      # the output times this before the add (0: none; Granite's residual_scale)
@@ -194,8 +315,23 @@ class Layer:
         return self._op((Attn, MLA))
 
     @property
+    def delta_net(self) -> DeltaNet | None:
+        return self._op(DeltaNet)
+
+    @property
     def ffn(self) -> DenseFFN | MoeFFN | None:
         return self._op((DenseFFN, MoeFFN))
+
+    @property
+    def recurrent(self):
+        """The layer's recurrent op (``RECURRENT``), or None."""
+        return self._op(RECURRENT)
+
+    @property
+    def state_size(self) -> int:
+        """float32 values of state the layer carries per sequence (0: none; the module's "Recurrent ops")."""
+        r = self.recurrent
+        return r.state_size if r is not None else 0
 
     @property
     def moe(self) -> bool:
@@ -208,7 +344,12 @@ def describe(config, block, il: int) -> Layer:
     with ``ffn_gate`` a dense one (DeepSeek's and GLM's leading dense layers)."""
     c, a = config, config.arch
     swa = c.is_swa(il)
-    if a.mla:
+    # a recurrent layer (hparams.is_recr): the row's recurrent op in the attention's place
+    if c.is_recurrent(il) and a.recurrent == "shortconv":
+        attn = ShortConv(n_embd=c.n_embd, l_cache=c.l_cache)
+    elif c.is_recurrent(il):    # "delta_net"
+        attn = DeltaNet(n_k_heads=c.ssm_n_group, n_v_heads=c.ssm_dt_rank, head_dim=c.ssm_d_state, d_conv=c.ssm_d_conv)
+    elif a.mla:
         attn = MLA(n_head=c.n_head, n_lora_q=c.n_lora_q, n_lora_kv=c.n_lora_kv, n_nope=c.head_dim - c.n_rot,
                    n_rot=c.n_rot, n_v=c.head_dim_v, rope_neox=a.rope_neox)
     else:
@@ -218,7 +359,7 @@ def describe(config, block, il: int) -> Layer:
                     qkv_bias=any(getattr(block, n) is not None for n in ("attn_q_bias", "attn_k_bias", "attn_v_bias")),
                     qk_norm=block.attn_q_norm is not None,
                     n_swa=c.n_swa if swa else 0, rope_table=1 if swa else 0, sinks=block.attn_sinks is not None,
-                    out_bias=block.attn_output_bias is not None, **_llama4_attn(c, swa, rope))
+                    out_bias=block.attn_output_bias is not None, gate=a.attn_gate, **_llama4_attn(c, swa, rope))
     if block.ffn_gate_inp is not None:
         # build_moe_ffn's arguments as the config read them (llama.LlamaConfig: the arch row's or the file's)
         routing = Routing(n_expert=c.n_expert, n_used=c.n_expert_used, gating=c.moe_gating, norm_w=c.moe_norm_w,

@@ -85,6 +85,19 @@ class LlamaConfig:
     rope_factors_swa: bool = False        # rope_freqs also divides the sliding layers' RoPE
     moe_layer_step: int = 1               # {arch}.interleave_moe_layer_step: layer il (past the leading dense
                                           # ones) has experts when il + 1 is a multiple of it (0: none has)
+    # recurrent layers (``Arch.recurrent``; quantkit.model.layer's "Recurrent ops")
+    recurrent_layers: tuple = ()          # per layer: True where it runs the row's recurrent op (is_recr): LFM2's
+                                          # head_count_kv 0, Qwen3-Next's attention.recurrent_layers
+    l_cache: int = 0                      # {arch}.shortconv.l_cache: the short convolution's width
+    # gated DeltaNet (``Arch.recurrent`` "delta_net"; quantkit.model.layer.DeltaNet): llama_model_qwen3next's hparams
+    ssm_d_conv: int = 0                   # {arch}.ssm.conv_kernel: the convolution's taps
+    ssm_d_state: int = 0                  # {arch}.ssm.state_size: a key (and value) head's dims
+    ssm_n_group: int = 0                  # {arch}.ssm.group_count: key heads
+    ssm_dt_rank: int = 0                  # {arch}.ssm.time_step_rank: value heads
+
+    def is_recurrent(self, layer: int) -> bool:
+        """Whether layer ``layer`` runs the row's recurrent op (llama_hparams::is_recr)."""
+        return bool(self.recurrent_layers) and bool(self.recurrent_layers[layer])
 
     @property
     def n_embd_kv(self) -> int:
@@ -169,7 +182,12 @@ class LlamaConfig:
             if n_ff_shexp <= 0:
                 raise ModelError(f"{at}the shared expert's feed-forward length {n_ff_shexp} must be positive")
         n_head = need("attention.head_count")
-        n_head_kv = _int(opt("attention.head_count_kv", n_head), f"{arch}.attention.head_count_kv", at)
+        kv_key = f"{arch}.attention.head_count_kv"
+        recurrent: tuple = ()
+        if spec.recurrent == "shortconv":       # LFM2: head_count_kv per layer, 0 where recurrent
+            n_head_kv, recurrent = _recurrent_layers(spec, meta, n_layer, at)
+        else:
+            n_head_kv = _int(opt("attention.head_count_kv", n_head), kv_key, at)
         for key, v in (("block_count", n_layer), ("embedding_length", n_embd),
                        ("feed_forward_length", n_ff if not n_ff_exp else 1),
                        ("attention.head_count", n_head), ("attention.head_count_kv", n_head_kv)):
@@ -244,6 +262,9 @@ class LlamaConfig:
             m = org * (f32(1.0) + f32(0.1) * log_mul * np.log(f32(1.0) / f32(freq_scale)))
             attn_scale = float(f32(1.0) * m * m / np.sqrt(f32(head_dim)))
         moe = _moe_hparams(spec, meta, n_expert, n_layer, at) if n_expert else {}
+        ssm = _ssm_hparams(spec, meta, n_layer, at) if spec.recurrent == "delta_net" else {}
+        if ssm:     # Qwen3-Next: attention.recurrent_layers, or every full_attention_interval-th layer attends
+            recurrent = ssm.pop("recurrent_layers")
         scales: dict[str, float] = {}
         if spec.granite_scales:   # llama_model_granite_moe::load_arch_hparams (logit_scale required)
             if f"{arch}.logit_scale" not in meta:
@@ -252,6 +273,14 @@ class LlamaConfig:
                       "residual_scale": float(opt("residual_scale", 0.0) or 0.0)}
             if float(opt("attention.scale", 0.0) or 0.0):
                 attn_scale = float(opt("attention.scale", 0.0))
+        l_cache = 0
+        if spec.recurrent == "shortconv":   # llama_model_lfm2::load_arch_hparams (build_shortconv_block: > 1)
+            l_cache = need("shortconv.l_cache")
+            if l_cache < 2:
+                raise ModelError(f"{at}{arch}.shortconv.l_cache {l_cache} must be at least 2")
+        if spec.recurrent and _int(opt("attention.sliding_window", 0) or 0, f"{arch}.attention.sliding_window", at):
+            raise ModelError(f"{at}{arch}.attention.sliding_window: {arch} with sliding-window attention layers "
+                             f"is not supported")
         n_ctx_train = _int(opt("context_length", 2048), f"{arch}.context_length", at)
         base = float(opt("rope.freq_base", 10000.0))
 
@@ -286,7 +315,63 @@ class LlamaConfig:
             attn_softcap=float(opt("attn_logit_softcapping", 50.0) or 0.0) if spec.attn_softcap else 0.0,
             swa_chunked=bool(spec.swa_chunk), attn_temp=spec.attn_temp, rope_factors_swa=spec.swa_rope_factors,
             qk_l2=spec.qk_l2 and NO_QK_L2_EXPERTS.get(name) != n_expert,
+            recurrent_layers=recurrent, l_cache=l_cache, **ssm,
         )
+
+
+def _recurrent_layers(spec: Arch, meta: dict[str, Any], n_layer: int, at: str) -> tuple[int, tuple]:
+    """A hybrid file's attention heads and which layers are recurrent: {arch}.attention.head_count_kv per
+    layer (an array; a layer with 0 KV heads is recurrent: llama_model_lfm2::load_arch_hparams' is_recr),
+    or one number for every layer (none recurrent). quantkit's attention has one KV head count: every
+    attention layer's must be the same."""
+    key = f"{spec.name}.attention.head_count_kv"
+    v = meta.get(key)
+    if v is None:
+        raise ModelError(f"{at}metadata key {key!r} is missing")
+    per = [_int(x, key, at) for x in v] if isinstance(v, (list, tuple, np.ndarray)) else [_int(v, key, at)] * n_layer
+    if len(per) < n_layer:
+        raise ModelError(f"{at}{key} has {len(per)} entries for {n_layer} layers")
+    per = per[:n_layer]
+    heads = sorted({h for h in per if h})
+    if len(heads) > 1:
+        raise ModelError(f"{at}{key}: attention layers with different KV head counts {heads} are not supported")
+    if min(per) < 0:
+        raise ModelError(f"{at}{key} must not be negative")
+    return (heads[0] if heads else 1), tuple(h == 0 for h in per)
+
+
+def _ssm_hparams(spec: Arch, meta: dict[str, Any], n_layer: int, at: str) -> dict[str, Any]:
+    """Gated DeltaNet's dims and which layers are DeltaNet layers (llama_model_qwen3next::load_arch_hparams):
+    {arch}.attention.recurrent_layers when the file has it, else every layer but each
+    {arch}.full_attention_interval-th (default 4). Keys and values have one head size (ssm.state_size; llama.cpp
+    asserts S_k == S_v), inner_size is time_step_rank of them, value heads a multiple of key heads."""
+    arch = spec.name
+
+    def need(k: str) -> int:
+        if f"{arch}.{k}" not in meta:
+            raise ModelError(f"{at}metadata key {arch + '.' + k!r} is missing")
+        v = _int(meta[f"{arch}.{k}"], f"{arch}.{k}", at)
+        if v <= 0:
+            raise ModelError(f"{at}metadata key {arch}.{k} = {v} must be positive")
+        return v
+
+    out = dict(ssm_d_conv=need("ssm.conv_kernel"), ssm_d_state=need("ssm.state_size"),
+               ssm_n_group=need("ssm.group_count"), ssm_dt_rank=need("ssm.time_step_rank"))
+    inner = need("ssm.inner_size")
+    if inner != out["ssm_d_state"] * out["ssm_dt_rank"] or out["ssm_dt_rank"] % out["ssm_n_group"]:
+        raise ModelError(f"{at}{arch}.ssm.inner_size {inner} must be ssm.state_size {out['ssm_d_state']} times "
+                         f"ssm.time_step_rank {out['ssm_dt_rank']}, a multiple of ssm.group_count {out['ssm_n_group']}")
+    flags = meta.get(f"{arch}.attention.recurrent_layers")
+    if flags is not None:
+        if len(flags) < n_layer:
+            raise ModelError(f"{at}{arch}.attention.recurrent_layers has {len(flags)} entries for {n_layer} layers")
+        recr = tuple(bool(f) for f in flags[:n_layer])
+    else:
+        every = _int(meta.get(f"{arch}.full_attention_interval", 4), f"{arch}.full_attention_interval", at)
+        if every <= 0:
+            raise ModelError(f"{at}{arch}.full_attention_interval {every} must be positive")
+        recr = tuple((i + 1) % every != 0 for i in range(n_layer))
+    return dict(out, recurrent_layers=recr)
 
 
 def _mla_hparams(spec: Arch, meta: dict[str, Any], at: str) -> dict[str, Any]:
@@ -329,7 +414,8 @@ GATING_FUNCS = {1: "softmax", 2: "sigmoid", 3: "softmax_weight"}
 def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, at: str) -> dict[str, Any]:
     """The routing's hyperparameters of a MoE file: the arch row's gating and norm_w, and the expert
     groups (llama_model_loader reads {arch}.expert_group_count / _used_count for every arch); for an
-    ``Arch.moe_hparams`` row also the keys that override them and the weight scale, for ``lead_dense``
+    ``Arch.moe_hparams`` row also the keys that override them and the weight scale (``gating_key``: the
+    gating alone), for ``lead_dense``
     the leading dense layers, for ``moe_step`` the MoE layers' interleave. Each checked as
     llama_model::load_hparams asserts it."""
     arch = spec.name
@@ -345,23 +431,18 @@ def _moe_hparams(spec: Arch, meta: dict[str, Any], n_expert: int, n_layer: int, 
             raise ModelError(f"{at}{arch}.expert_group_count {groups} must divide expert_count {n_expert} and "
                              f"expert_group_used_count {used} must be in 1..{groups - 1}")
         out.update(n_expert_groups=groups, n_group_used=used)
-    if spec.moe_hparams:
-        func = _int(key("expert_gating_func", 0), f"{arch}.expert_gating_func", at)
-        if func and func not in GATING_FUNCS:
-            raise ModelError(f"{at}{arch}.expert_gating_func = {func} is not supported (quantkit runs "
-                             f"{', '.join(f'{k} ({v})' for k, v in GATING_FUNCS.items())})")
-        out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating),
-                   moe_norm_w=bool(key("expert_weights_norm", False)),
-                   expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0))
-    if spec.gating_key:    # llama_model_minimax_m2::load_arch_hparams
+    if spec.moe_hparams or spec.gating_key:
         full = f"{arch}.expert_gating_func"
-        if full not in meta:
+        if spec.gating_key and full not in meta:   # llama_model_lfm2moe / _minimax_m2: no default gating
             raise ModelError(f"{at}metadata key {full!r} is missing (llama.cpp's {arch} graph has no default gating)")
-        func = _int(meta[full], full, at)
-        if func not in GATING_FUNCS:
+        func = _int(key("expert_gating_func", 0), full, at)
+        if (func or spec.gating_key) and func not in GATING_FUNCS:
             raise ModelError(f"{at}{full} = {func} is not supported (quantkit runs "
                              f"{', '.join(f'{k} ({v})' for k, v in GATING_FUNCS.items())})")
-        out.update(moe_gating=GATING_FUNCS[func])
+        out.update(moe_gating=GATING_FUNCS.get(func, spec.moe_gating))
+    if spec.moe_hparams:
+        out.update(moe_norm_w=bool(key("expert_weights_norm", False)),
+                   expert_weights_scale=float(key("expert_weights_scale", 0.0) or 0.0))
     if spec.lead_dense:
         lead = _int(key("leading_dense_block_count", 0), f"{arch}.leading_dense_block_count", at)
         if not 0 <= lead <= n_layer:
@@ -472,7 +553,16 @@ class Block:
     attn_v_bias: np.ndarray | None = None   # float32 (n_head_kv * head_dim,)
     attn_q_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head * head_dim,))
     attn_k_norm: np.ndarray | None = None   # float32 (head_dim,)   qk_norm (qk_norm_full: (n_head_kv * head_dim,))
-    attn_output: Weight     # (n_head * head_dim -> n_embd)
+    attn_output: Weight | None = None   # (n_head * head_dim -> n_embd)   (None on a DeltaNet layer)
+    # gated DeltaNet (Arch.recurrent "delta_net"; quantkit.model.layer.DeltaNet), instead of attn_q ... attn_output
+    attn_qkv: Weight | None = None          # (n_embd -> conv_dim): q, k, v before the convolution
+    attn_gate: Weight | None = None         # (n_embd -> value_dim): z, the output norm's gate
+    ssm_ba: Weight | None = None            # (n_embd -> 2 n_v_heads): beta and alpha, per key-head group
+    ssm_conv1d: np.ndarray | None = None    # float32 (conv_dim, d_conv): each channel's taps, oldest first
+    ssm_dt_bias: np.ndarray | None = None   # float32 (n_v_heads,): added to alpha before the softplus
+    ssm_a: np.ndarray | None = None         # float32 (n_v_heads,): -exp(A_log), the decay's rate
+    ssm_norm: np.ndarray | None = None      # float32 (head_dim,): the gated output norm
+    ssm_out: Weight | None = None           # (value_dim -> n_embd)
     attn_output_bias: np.ndarray | None = None   # float32 (n_embd,)   attn_out_bias
     attn_sinks: np.ndarray | None = None         # float32 (n_head,)   attn_sinks
     post_attention_norm: np.ndarray | None = None  # float32 (n_embd,)   post_norms
@@ -496,6 +586,10 @@ class Block:
     ffn_up_shexp: Weight | None = None    # (n_embd -> n_ff_shexp)
     ffn_down_shexp: Weight | None = None  # (n_ff_shexp -> n_embd)
     post_ffw_norm: np.ndarray | None = None        # float32 (n_embd,)   post_norms
+    # a recurrent layer's (Arch.recurrent; its attention's tensors are then None)
+    shortconv_in_proj: Weight | None = None     # (n_embd -> 3 n_embd): b, c, x      ShortConv
+    shortconv_conv: np.ndarray | None = None    # float32 (n_embd, l_cache): each channel's taps, oldest first
+    shortconv_out_proj: Weight | None = None    # (n_embd -> n_embd)
 
 
 def _check_readable(where: str, name: str, qtype) -> None:
@@ -528,10 +622,12 @@ class Llama:
                 raise ModelError(f"{where}: tensor {name!r} is missing")
             t = gg.tensor(name)
             want = (n_in, n_out, n_exp) if n_exp else (n_in, n_out) if n_out else (n_in,)
-            if tuple(t.shape) != want:
+            # ggml's rule (llama_model_loader::check_tensor_dims): dims past the file's count are 1, so a
+            # [n_embd, 1] ffn_gate_inp_shexp (the converter's) is the [n_embd] llama.cpp asks for
+            if tuple(t.shape) + (1,) * (4 - len(t.shape)) != want + (1,) * (4 - len(want)):
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected {list(want)}")
             _check_readable(where, name, t.type)
-            return Weight(name, t.type, tuple(t.shape), t.data)
+            return Weight(name, t.type, want, t.data)
 
         def vector(name: str, n: int) -> np.ndarray:
             if not gg.has_tensor(name):
@@ -560,11 +656,32 @@ class Llama:
         for i in range(c.n_layer):
             b = Block()
             p = f"blk.{i}."
+            recr = c.is_recurrent(i)
             for extra in UNSUPPORTED_LAYER_TENSORS:
-                if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias"):
+                if gg.has_tensor(p + extra) and not (a.attn_out_bias and extra == "attn_output.bias") and \
+                        not (recr and extra == "attn_qkv.weight"):
                     raise ModelError(f"{where}: tensor {p + extra!r} is not supported by quantkit's {a.name}")
             b.attn_norm = vector(p + "attn_norm.weight", E) if a.pre_norms else None
-            if a.mla:       # llama_model_deepseek2::load_arch_tensors (is_mla)
+            if recr and a.recurrent == "shortconv":   # llama_model_lfm2::load_arch_tensors: the short convolution
+                b.shortconv_in_proj = matrix(p + "shortconv.in_proj.weight", E, 3 * E)
+                b.shortconv_conv = np.ascontiguousarray(matrix(p + "shortconv.conv.weight", c.l_cache, E).dequantize())
+                b.shortconv_out_proj = matrix(p + "shortconv.out_proj.weight", E, E)
+            elif recr:      # llama_model_qwen3next::load_arch_tensors: a gated DeltaNet layer
+                if gg.has_tensor(p + "ssm_in.weight"):
+                    raise ModelError(f"{where}: tensor {p + 'ssm_in.weight'!r}: the legacy Qwen3-Next layout (q, k, v "
+                                     f"and z in one projection) is not supported; convert the model again with "
+                                     f"llama.cpp's convert_hf_to_gguf.py, which writes attn_qkv and attn_gate")
+                HK, HV, SD, K = c.ssm_n_group, c.ssm_dt_rank, c.ssm_d_state, c.ssm_d_conv
+                conv = 2 * HK * SD + HV * SD
+                b.attn_qkv = matrix(p + "attn_qkv.weight", E, conv)
+                b.attn_gate = matrix(p + "attn_gate.weight", E, HV * SD)
+                b.ssm_ba = matrix(p + "ssm_ba.weight", E, 2 * HV)
+                b.ssm_conv1d = table(p + "ssm_conv1d.weight", K, conv)
+                b.ssm_dt_bias = vector(p + "ssm_dt.bias", HV)
+                b.ssm_a = vector(p + "ssm_a", HV)
+                b.ssm_norm = vector(p + "ssm_norm.weight", SD)
+                b.ssm_out = matrix(p + "ssm_out.weight", HV * SD, E)
+            elif a.mla:       # llama_model_deepseek2::load_arch_tensors (is_mla)
                 R, LQ, LKV = c.n_rot, c.n_lora_q, c.n_lora_kv
                 if LQ:
                     b.attn_q_a = matrix(p + "attn_q_a.weight", E, LQ)
@@ -578,7 +695,8 @@ class Llama:
                 b.attn_v_b = matrix(p + "attn_v_b.weight", LKV, c.head_dim_v, c.n_head)
                 b.attn_output = matrix(p + "attn_output.weight", c.n_head * c.head_dim_v, E)
             else:
-                b.attn_q = matrix(p + "attn_q.weight", E, Q)
+                # attn_gate: each head's query rows, then its output gate's (build_layer_attn of qwen3next)
+                b.attn_q = matrix(p + "attn_q.weight", E, 2 * Q if a.attn_gate else Q)
                 b.attn_k = matrix(p + "attn_k.weight", E, KV)
                 b.attn_v = matrix(p + "attn_v.weight", E, KV)
                 b.attn_q_bias = optional(p + "attn_q.bias", Q)            # create_tensor_qkv: optional
@@ -589,9 +707,9 @@ class Llama:
                     b.attn_q_norm = vector(p + "attn_q_norm.weight", Q if a.qk_norm_full else hd)
                     b.attn_k_norm = vector(p + "attn_k_norm.weight", KV if a.qk_norm_full else hd)
                 b.attn_output = matrix(p + "attn_output.weight", Q, E)
-            if a.attn_out_bias:
+            if a.attn_out_bias and not c.is_recurrent(i):
                 b.attn_output_bias = vector(p + "attn_output.bias", E)
-            if a.attn_sinks:
+            if a.attn_sinks and not c.is_recurrent(i):
                 b.attn_sinks = vector(p + "attn_sinks.weight", c.n_head)
             if a.post_norms:
                 b.post_attention_norm = vector(p + "post_attention_norm.weight", E)
@@ -641,7 +759,7 @@ class Llama:
             self.blk.append(b)
         #: one ``quantkit.model.layer.Layer`` per block: what every forward path interprets
         self.layers: tuple[Layer, ...] = tuple(describe(c, b, i) for i, b in enumerate(self.blk))
-        self.output_norm = vector("output_norm.weight", E)                # (n_embd,)
+        self.output_norm = vector(a.output_norm + ".weight", E)            # (n_embd,)
         self.output = matrix("output.weight", E, V) if gg.has_tensor("output.weight") else self.token_embd
         self.output_bias = optional("output.bias", V) if a.output_bias else None
         # rope_freqs: per-pair frequency divisors (llama 3.x long-context); ones when absent
@@ -656,7 +774,8 @@ class Llama:
         """Every matrix (and 3D expert tensor) the products read, in file order per layer."""
         out = [self.token_embd]
         for b in self.blk:
-            out += [w for w in (b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
+            out += [w for w in (b.shortconv_in_proj, b.shortconv_out_proj, b.attn_qkv, b.attn_gate, b.ssm_ba, b.ssm_out,
+                                b.attn_q, b.attn_q_a, b.attn_q_b, b.attn_kv_a_mqa, b.attn_k_b, b.attn_v_b, b.attn_k,
                                 b.attn_v, b.attn_output, b.ffn_gate_inp, b.ffn_gate, b.ffn_up,
                                 b.ffn_down, b.ffn_gate_exps, b.ffn_up_exps, b.ffn_gate_up_exps, b.ffn_down_exps,
                                 b.ffn_gate_inp_shexp,

@@ -10,7 +10,7 @@ import math
 
 import numpy as np
 
-from quantkit.jit import bits_to_f32, njit_fast
+from quantkit.jit import bits_to_f32, njit_fast, njit_fast_parallel, prange
 from quantkit.kernels.vecdot import build
 from quantkit.quants.common import fp16_to_fp32, fp32_to_fp16
 
@@ -190,6 +190,116 @@ def glu(g, u, out, kind, table):
                 out[r] = x * u[r]
             else:
                 out[r] = table[fp32_to_fp16(x)] * u[r]
+
+
+@njit_fast_parallel
+def shortconv(bcx, w, state, out):
+    """LFM2's gated short convolution (quantkit.model.layer.ShortConv) of n consecutive positions:
+    bcx (n, 3 E) the in_proj rows (b, c, x), w (E, l_cache) each channel's taps, state (l_cache - 1, E)
+    the u = b * x of the positions before the first (oldest first; updated to the last l_cache - 1 on
+    return), out (n, >= E): its first E columns <- c * conv. As ggml: u in float32 (ggml_mul), each output a float32 sum over the
+    taps from 0 in their order (ggml_compute_forward_ssm_conv_f32), then times c. One channel per
+    iteration: the same values for any thread count. The batch path runs a whole ubatch through it, the
+    decode step one position."""
+    n = bcx.shape[0]
+    E, L = w.shape
+    d = L - 1
+    for ch in prange(E):
+        for t in range(n):
+            acc = np.float32(0.0)
+            for k in range(L):
+                j = t + k - d       # the position of tap k: before the batch -> the state
+                u = state[d + j, ch] if j < 0 else bcx[j, ch] * bcx[j, 2 * E + ch]
+                acc += u * w[ch, k]
+            out[t, ch] = bcx[t, E + ch] * acc
+        for k in range(d):          # the last d positions' u (state[d + j] is read before it is written)
+            j = n - d + k
+            state[k, ch] = state[d + j, ch] if j < 0 else bcx[j, ch] * bcx[j, 2 * E + ch]
+
+
+@njit_fast_parallel
+def delta_net(qkv, z, ba, conv_w, dt_bias, ssm_a, norm_w, eps, n_k, state, out):
+    """Qwen3-Next's gated DeltaNet (quantkit.model.layer.DeltaNet) of n consecutive positions, after its
+    three input products: qkv (n, conv_dim) attn_qkv's rows, z (n, value_dim) attn_gate's, ba (n, 2 n_v)
+    ssm_ba's; conv_w (conv_dim, d_conv) ssm_conv1d, dt_bias / ssm_a (n_v,), norm_w (head_dim,) ssm_norm;
+    state: the layer's state row (DeltaNet.state_size, float32: the convolution's window, then each value
+    head's matrix S[v, k]), read at the first position and left as at the last; out (n, >= value_dim) <-
+    the gated norm's output, the input of ssm_out.
+
+    As llama.cpp's CPU graph: ggml_ssm_conv (a float32 sum over the taps in their order) and ggml_silu;
+    build_gdn_l2_norm (ggml_rms_norm with eps / head_dim, its sum in double, times 1/sqrt(head_dim));
+    sigmoid(b), softplus (ggml_compute_softplus_f32: x above 20) of a + dt_bias times ssm_a; then per value
+    head and position the fused ggml_gated_delta_net -- S *= exp(g); delta = (v - S k) beta; S += delta k^T;
+    o = (S q) / sqrt(head_dim) -- the delta rule token by token, for a batch as for one token (llama.cpp's
+    CPU backend runs the fused op; build_delta_net_chunking, the same sum in chunks of 64, only where a
+    backend lacks it); then ggml_rms_norm(o) * ssm_norm * silu(z). Channels, then value heads, one per
+    iteration: the same values for any thread count."""
+    n, C = qkv.shape
+    K = conv_w.shape[1]
+    d = K - 1
+    n_v = dt_bias.shape[0]
+    S = norm_w.shape[0]
+    kd = n_k * S
+    r = n_v // n_k
+    win = state[:d * C].reshape(d, C)
+    mats = state[d * C:d * C + n_v * S * S].reshape(n_v, S, S)
+    c = np.empty((n, C), np.float32)
+    for ch in prange(C):        # the causal convolution over the window and the rows, then SiLU
+        for t in range(n):
+            acc = np.float32(0.0)
+            for i in range(K):
+                j = t + i - d       # the position of tap i: before the rows -> the window
+                x = win[d + j, ch] if j < 0 else qkv[j, ch]
+                acc += x * conv_w[ch, i]
+            c[t, ch] = acc / (np.float32(1.0) + np.exp(-acc))
+        for i in range(d):          # the last d inputs (win[d + j] is read before it is written)
+            j = n - d + i
+            win[i, ch] = win[d + j, ch] if j < 0 else qkv[j, ch]
+    scale = np.float32(1.0) / np.sqrt(np.float32(S))
+    inv_s = np.float32(1.0) / np.sqrt(np.float32(S))
+    eps_l2 = np.float32(eps) / np.float32(S)
+    for h in prange(n_v):
+        kh = h // r                 # the key head this value head reads (repeat-interleave)
+        g_, i_ = h // r, h % r      # ssm_ba's row: per key-head group [b (r), a (r)]
+        m = mats[h]
+        q = np.empty(S, np.float32)
+        k = np.empty(S, np.float32)
+        dl = np.empty(S, np.float32)
+        o = np.empty(S, np.float32)
+        for t in range(n):
+            sq = 0.0
+            sk = 0.0
+            for i in range(S):
+                sq += np.float64(c[t, kh * S + i]) ** 2
+                sk += np.float64(c[t, kd + kh * S + i]) ** 2
+            fq = np.float32(1.0) / np.sqrt(np.float32(sq / S) + eps_l2)
+            fk = np.float32(1.0) / np.sqrt(np.float32(sk / S) + eps_l2)
+            for i in range(S):
+                q[i] = c[t, kh * S + i] * fq * inv_s
+                k[i] = c[t, kd + kh * S + i] * fk * inv_s
+            beta = np.float32(1.0) / (np.float32(1.0) + np.exp(-ba[t, g_ * 2 * r + i_]))
+            a = ba[t, g_ * 2 * r + r + i_] + dt_bias[h]
+            sp = a if a > np.float32(20.0) else np.log(np.float32(1.0) + np.exp(a))
+            decay = np.exp(np.float32(sp * ssm_a[h]))
+            v0 = 2 * kd + h * S
+            for j in range(S):
+                acc = np.float32(0.0)
+                for i in range(S):
+                    m[j, i] *= decay
+                    acc += m[j, i] * k[i]
+                dl[j] = (c[t, v0 + j] - acc) * beta
+            ss = 0.0
+            for j in range(S):
+                acc = np.float32(0.0)
+                for i in range(S):
+                    m[j, i] += k[i] * dl[j]
+                    acc += m[j, i] * q[i]
+                o[j] = acc * scale
+                ss += np.float64(o[j]) ** 2
+            fo = np.float32(1.0) / np.sqrt(np.float32(ss / S) + np.float32(eps))
+            for j in range(S):
+                zz = z[t, h * S + j]
+                out[t, h * S + j] = o[j] * fo * norm_w[j] * (zz / (np.float32(1.0) + np.exp(-zz)))
 
 
 @njit_fast

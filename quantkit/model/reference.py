@@ -4,14 +4,15 @@ No KV cache, no batching tricks: every call runs the whole token sequence from p
 the logits of every position. Weights are dequantized one matrix at a time as they are used, so even
 the bundled model fits in memory (never more than one float64 matrix alive; one expert's at a time).
 Each layer is its ``quantkit.model.layer.Layer`` program, walked block by block (``_attention``, ``_mla``,
-``_dense``, ``_moe``), as the batch path and the decode step walk it.
+``_delta_net``, ``_dense``, ``_moe``), as the batch path and the decode step walk it. A DeltaNet layer runs
+its recurrence token by token from a zero state (the chunked form llama.cpp's graph may use is the same sum).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from quantkit.model.layer import MLA, Attn, DenseFFN, MoeFFN
+from quantkit.model.layer import MLA, Attn, DeltaNet, DenseFFN, MoeFFN, ShortConv
 from quantkit.model.llama import Block, Llama, Weight, yarn_ramp
 from quantkit.model.route import route
 
@@ -135,6 +136,8 @@ def _attention(d: Attn, b: Block, h: np.ndarray, c, ropes: tuple, routes: list |
     elif d.n_swa:
         mask[pos[:, None] - pos[None, :] >= d.n_swa] = -np.inf                  # sliding window
     q, k, v = h @ _w(b.attn_q).T, h @ _w(b.attn_k).T, h @ _w(b.attn_v).T
+    if d.gate:      # each head's rows: its query, then its output gate
+        q, gate = (x.reshape(n, c.n_head * hd) for x in np.split(q.reshape(n, c.n_head, 2 * hd), 2, axis=2))
     if d.qkv_bias:
         for name, t in (("attn_q_bias", q), ("attn_k_bias", k), ("attn_v_bias", v)):
             if getattr(b, name) is not None:
@@ -165,7 +168,10 @@ def _attention(d: Attn, b: Block, h: np.ndarray, c, ropes: tuple, routes: list |
         mx = np.maximum(mx, sink)
     p = np.exp(s - mx)
     p /= p.sum(axis=-1, keepdims=True) + (np.exp(sink - mx) if d.sinks else 0.0)
-    o = (p @ v).transpose(1, 0, 2).reshape(n, c.n_head * hd) @ _w(b.attn_output).T
+    o = (p @ v).transpose(1, 0, 2).reshape(n, c.n_head * hd)
+    if d.gate:
+        o = o / (1.0 + np.exp(-gate))
+    o = o @ _w(b.attn_output).T
     return o + b.attn_output_bias if d.out_bias else o
 
 
@@ -199,7 +205,53 @@ def _mla(d: MLA, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) 
     return np.einsum("hts,hsv->thv", p, v).reshape(n, H * d.n_v) @ _w(b.attn_output).T
 
 
-_OPS = {Attn: _attention, MLA: _mla, DenseFFN: _dense, MoeFFN: _moe}
+def _shortconv(d: ShortConv, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
+    """LFM2's gated short convolution over positions 0..n-1 (quantkit.model.layer.ShortConv): the state is
+    this function's own window, zeros before position 0 -- what the other paths carry between calls."""
+    n, E = h.shape
+    bcx = h @ _w(b.shortconv_in_proj).T                                 # (n, 3 E): b, c, x
+    u = bcx[:, :E] * bcx[:, 2 * E:]
+    w = b.shortconv_conv.astype(np.float64)                             # (E, l_cache)
+    pad = np.concatenate([np.zeros((d.l_cache - 1, E)), u])             # (l_cache - 1 + n, E)
+    conv = sum(pad[k:k + n] * w[:, k] for k in range(d.l_cache))        # causal, per channel
+    return (bcx[:, E:2 * E] * conv) @ _w(b.shortconv_out_proj).T
+
+
+def _delta_net(d: DeltaNet, b: Block, h: np.ndarray, c, ropes: tuple, routes: list | None) -> np.ndarray:
+    """Gated DeltaNet over positions 0..n-1 from a zero state (quantkit.model.layer.DeltaNet's formulas),
+    the recurrence one token at a time."""
+    n, HK, HV, S = h.shape[0], d.n_k_heads, d.n_v_heads, d.head_dim
+    x = h @ _w(b.attn_qkv).T                                            # (n, conv_dim)
+    z = (h @ _w(b.attn_gate).T).reshape(n, HV, S)
+    ba = (h @ _w(b.ssm_ba).T).reshape(n, HK, 2, HV // HK)               # per key-head group: [b, a]
+    beta = 1.0 / (1.0 + np.exp(-ba[:, :, 0].reshape(n, HV)))
+    a = ba[:, :, 1].reshape(n, HV) + b.ssm_dt_bias
+    g = np.logaddexp(0.0, a) * b.ssm_a.astype(np.float64)             # softplus(a + dt_bias) * -exp(A_log)
+    w = b.ssm_conv1d.astype(np.float64)                                 # (conv_dim, d_conv)
+    xp = np.concatenate([np.zeros((d.d_conv - 1, x.shape[1])), x])     # the zero window before position 0
+    conv = sum(xp[i:i + n] * w[:, i] for i in range(d.d_conv))
+    conv = conv / (1.0 + np.exp(-conv))                                 # silu
+    kd = d.key_dim
+
+    def l2(t):      # build_gdn_l2_norm: t / sqrt(sum t^2 + eps)
+        return t / np.sqrt(np.sum(t * t, axis=-1, keepdims=True) + c.rms_eps)
+
+    rep = np.arange(HV) // (HV // HK)                                   # value head j reads key head j // r
+    q = l2(conv[:, :kd].reshape(n, HK, S))[:, rep]
+    k = l2(conv[:, kd:2 * kd].reshape(n, HK, S))[:, rep]
+    v = conv[:, 2 * kd:].reshape(n, HV, S)
+    state = np.zeros((HV, S, S))                                        # per value head: S (v x k)
+    o = np.empty((n, HV, S))
+    for t in range(n):
+        state *= np.exp(g[t])[:, None, None]
+        delta = (v[t] - np.einsum("hvk,hk->hv", state, k[t])) * beta[t][:, None]
+        state += delta[:, :, None] * k[t][:, None, :]
+        o[t] = np.einsum("hvk,hk->hv", state, q[t]) / np.sqrt(S)
+    o = _rmsnorm(o, b.ssm_norm, c.rms_eps) * _silu(z)
+    return o.reshape(n, HV * S) @ _w(b.ssm_out).T
+
+
+_OPS = {Attn: _attention, MLA: _mla, DenseFFN: _dense, MoeFFN: _moe, ShortConv: _shortconv, DeltaNet: _delta_net}
 
 
 def reference_logits(model: Llama, tokens, routes: list | None = None) -> np.ndarray:

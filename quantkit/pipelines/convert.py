@@ -15,7 +15,9 @@ Plan first, then stream (docs/convert.md):
 
 The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
 from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
-qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary). Hyperparameters
+qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), lfm2 (KV heads per layer, the
+convolution taps squeezed), qwen3next (the DeltaNet's q/k/v/z projection split, its decay's -exp(A_log);
+converted as the reference's ``--no-mtp``). Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
@@ -61,9 +63,16 @@ CONFIG_DEFAULTS = {
                      num_nextn_predict_layers=1, partial_rotary_factor=0.5, n_group=1, topk_group=1),
     "smollm3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=2000000.0, head_dim=None),
     "olmo2": dict(max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0, head_dim=None),
+    "qwen3_next": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=256,
+                       num_experts_per_tok=10, num_experts=512, moe_intermediate_size=512,
+                       shared_expert_intermediate_size=512, linear_conv_kernel_dim=4, linear_key_head_dim=128,
+                       linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
+                       num_key_value_heads=2, num_attention_heads=16),
     "gemma2": dict(max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=256,
                    sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                    num_attention_heads=8, num_key_value_heads=4),
+    "lfm2": dict(max_position_embeddings=128000, norm_eps=1e-5, rope_theta=1e6, head_dim=None, conv_L_cache=3,
+                 block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True),
 }
 
 
@@ -95,6 +104,10 @@ class Arch:
     special_tokens: tuple[tuple[str, str], ...] = ()
     gemma2: bool = False              # Gemma2Model: norms + 1, its own parameter keys (no TextModel ones), a
                                       # SentencePiece tokenizer.model without a space prefix
+    lfm2: bool = False                # LFM2Model: KV heads per layer (0: a short convolution), its keys after
+                                      # TextModel's, the convolution taps squeezed to 2D
+    qwen3next: bool = False           # Qwen3NextModel (Qwen2MoeModel's keys and experts): the DeltaNet's keys and
+                                      # tensors (``_qwen3next_sources``), norms + 1 but the DeltaNet's, no MTP
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -121,12 +134,19 @@ ARCHS = {
     "Olmo2ForCausalLM": Arch(gguf.MODEL_ARCH.OLMO2, sentencepiece_first=False),
     # conversion/gemma.py Gemma2Model
     "Gemma2ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA2, gemma2=True),
+    # conversion/lfm2.py LFM2Model
+    "Lfm2ForCausalLM": Arch(gguf.MODEL_ARCH.LFM2, lfm2=True),
+    # conversion/qwen.py Qwen3NextModel, as with --no-mtp (the multi-token-prediction block, mtp.*, dropped)
+    "Qwen3NextForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3NEXT, moe_keys=True, qwen3next=True,
+                                 experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
+                                                 "model.layers.{bid}.mlp.experts.{wid}.weight")),
 }
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
-#: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms)
+#: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms; those of its list
+#: that the architectures converted here have)
 _F32_KEYS = (gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP, gguf.MODEL_TENSOR.POS_EMBD,
-             gguf.MODEL_TENSOR.TOKEN_TYPES)
+             gguf.MODEL_TENSOR.TOKEN_TYPES, gguf.MODEL_TENSOR.SSM_CONV1D, gguf.MODEL_TENSOR.SHORTCONV_CONV)
 
 
 @dataclass
@@ -138,6 +158,8 @@ class Source:
     values: np.ndarray | None = None         # a tensor the converter makes (llama3's rope_freqs)
     n_rows: int | None = None                # only the first rows (gemma3's embeddings: the real vocabulary)
     shift: float = 0.0                       # added to every value (gemma3's norms: weight + 1)
+    rows: np.ndarray | None = None           # only these rows, in this order (qwen3next's attn_qkv / attn_gate)
+    neg_exp: bool = False                    # -exp(x) (qwen3next's ssm_a from A_log)
 
 
 @dataclass
@@ -217,6 +239,9 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
     if arch.gemma2:
         _add_gemma2_parameters(w, hp, ftype)
         return
+    if arch.lfm2:   # LFM2Model.set_gguf_parameters: the attention layers' KV heads, 0 for the convolutions
+        hp = {**hp, "num_key_value_heads": [hp["num_key_value_heads"] if t != "conv" else 0
+                                            for t in _lfm2_layer_types(hp)]}
     w.add_block_count(_n_blocks(hp, arch))
     if (v := _find(hp, "max_position_embeddings", "n_ctx", "n_positions", "max_length",
                    "max_sequence_length", "model_max_length")) is not None:
@@ -311,6 +336,48 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_nextn_predict_layers(v)
     if arch.gguf_arch == gguf.MODEL_ARCH.OLMO2 and "sliding_window" in hp:
         _add_olmo3_window(w, hp)
+    if arch.qwen3next:      # Qwen3NextModel.set_gguf_parameters (with --no-mtp: no nextn key)
+        w.add_ssm_conv_kernel(hp["linear_conv_kernel_dim"])
+        w.add_ssm_state_size(hp["linear_key_head_dim"])
+        w.add_ssm_group_count(hp["linear_num_key_heads"])
+        w.add_ssm_time_step_rank(hp["linear_num_value_heads"])
+        w.add_ssm_inner_size(hp["linear_value_head_dim"] * hp["linear_num_value_heads"])
+        if (types := hp.get("layer_types")) is not None:
+            if len(types) != hp["num_hidden_layers"]:
+                raise FormatError(f"{path}: layer_types has {len(types)} entries, expected num_hidden_layers "
+                                  f"({hp['num_hidden_layers']})")
+            # GGUFWriter.add_recurrent_layers of llama.cpp's gguf-py (newer than the gguf package's)
+            w.add_array(f"{w.arch}.attention.recurrent_layers", [t == "linear_attention" for t in types])
+        w.add_full_attention_interval(hp.get("full_attention_interval") or 4)
+        head = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
+        w.add_rope_dimension_count(int(head * rope.get("partial_rotary_factor", 0.25)))
+    if arch.lfm2:   # keys set again keep their place
+        w.add_vocab_size(hp["vocab_size"])
+        w.add_shortconv_l_cache(hp["conv_L_cache"])
+        w.add_layer_norm_rms_eps(hp["norm_eps"])
+        w.add_feed_forward_length(lfm2_ff_dim(hp))
+
+
+def _lfm2_layer_types(hp: dict) -> list[str]:
+    """Lfm2Config's layer_types: given, or attention at full_attn_idxs (default: every layer)."""
+    if hp.get("layer_types") is not None:
+        return list(hp["layer_types"])
+    idx = hp.get("full_attn_idxs")
+    idx = range(hp["num_hidden_layers"]) if idx is None else idx
+    return ["full_attention" if i in idx else "conv" for i in range(hp["num_hidden_layers"])]
+
+
+def lfm2_ff_dim(hp: dict) -> int:
+    """``LFM2Model._add_feed_forward_length``: the MLP's width from intermediate_size (2/3 of it, times the
+    multiplier, rounded up to block_multiple_of) when block_auto_adjust_ff_dim."""
+    ff = _find(hp, "block_ff_dim", "intermediate_size")
+    if hp["block_auto_adjust_ff_dim"]:
+        ff = int(2 * ff / 3)
+        if hp.get("block_ffn_dim_multiplier") is not None:
+            ff = int(hp["block_ffn_dim_multiplier"] * ff)
+        m = hp["block_multiple_of"]
+        ff = m * ((ff + m - 1) // m)
+    return ff
 
 
 def _add_olmo3_window(w: gguf.GGUFWriter, hp: dict) -> None:
@@ -409,10 +476,11 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
         out.append(OutTensor(gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ROPE_FREQS] + ".weight", factors.shape, T.F32,
                              Source([], values=factors), "F32"))
 
-    def add(hf_name: str, shape: tuple[int, ...], source: Source, dtype: str, bid: int | None) -> None:
+    def add(hf_name: str, shape: tuple[int, ...], source: Source, dtype: str, bid: int | None,
+            new: str | None = None) -> None:
         if hf_name.endswith("e_score_correction_bias"):   # ModelBase.filter_tensors (DeepSeek V3's router bias)
             hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
-        new = tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
+        new = new or tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if new is None:
             raise FormatError(f"{path}: cannot map tensor {hf_name!r} to a GGUF name "
                               f"({arch.gguf_arch.name.lower()} has no such tensor)")
@@ -462,11 +530,24 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
             shape = (min(shape[0], vocab_rows(ck, hp)), *shape[1:])
         if (arch.gemma3 or arch.gemma2) and name.endswith("norm.weight"):   # Gemma's RMSNorm scales by 1 + weight
             src.shift = 1.0
+        if arch.lfm2 and "conv.conv" in name and len(shape) == 3 and shape[1] == 1:
+            shape = (shape[0], shape[2])    # LFM2Model.modify_tensors: squeeze(1), the same bytes
+        if arch.qwen3next:
+            if name.startswith(("mtp.", "model.mtp.")):     # --no-mtp
+                continue
+            for hf, shp, s2, new in _qwen3next_sources(name, shape, src, hp, bid):
+                add(hf, shp, s2, t.dtype, bid, new)
+            continue
         add(name, shape, src, t.dtype, bid)
     leftover = [n for names in groups.values() for n in names if len(names) < n_expert * 3]
     if leftover:
         raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
     want = _expected_shapes(hp)
+    if arch.lfm2:
+        want["ffn_up.weight"] = (lfm2_ff_dim(hp), hp["hidden_size"])
+    if arch.qwen3next:      # attn_q makes each head's query and its output gate
+        q = want["attn_q.weight"]
+        want["attn_q.weight"] = (2 * q[0], q[1])
     if arch.gemma3:
         want["token_embd.weight"] = (min(hp["vocab_size"], vocab_rows(ck, hp)), hp["hidden_size"])
     for t in out:
@@ -474,6 +555,39 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     if n_layer and not any(t.name.startswith(f"blk.{n_layer - 1}.") for t in out):
         raise FormatError(f"{path}: config.json says {n_layer} layers, but no tensor of layer {n_layer - 1}")
     return out
+
+
+def _qwen3next_sources(name: str, shape: tuple[int, ...], src: Source, hp: dict, bid: int | None):
+    """``Qwen3NextModel.modify_tensors``: (HF name to map, shape, source, GGUF name or None) per output.
+    ``A_log`` becomes ``-exp(A_log)`` (ssm_a), ``dt_bias`` maps as ``dt_proj.bias``, the convolution's
+    (channels, 1, taps) is squeezed, every norm but the DeltaNet's gated one is stored + 1 (zero-centred
+    RMSNorm), and ``in_proj_qkvz`` -- per key head [q, k, v, z] -- is split into attn_qkv (every head's q,
+    then every k, then every v) and attn_gate (every z)."""
+    if name.endswith(".A_log"):
+        yield name, shape, Source(src.names, neg_exp=True), None
+    elif name.endswith(".dt_bias"):
+        yield name.rpartition(".dt_bias")[0] + ".dt_proj.bias", shape, src, None
+    elif "conv1d" in name:
+        yield name, tuple(d for d in shape if d != 1), src, None
+    elif "in_proj_qkvz.weight" in name:
+        dk, dv = hp["linear_key_head_dim"], hp["linear_value_head_dim"]
+        nk, nv = hp["linear_num_key_heads"], hp["linear_num_value_heads"]
+        r = nv // nk
+        per = 2 * dk + 2 * r * dv
+        if shape[0] != nk * per:
+            raise FormatError(f"tensor {name!r} has {shape[0]} rows, config.json says {nk} x {per}")
+        base = np.arange(nk)[:, None] * per
+        part = [(0, dk), (dk, dk), (2 * dk, r * dv), (2 * dk + r * dv, r * dv)]      # q, k, v, z in a head
+        idx = [(base + off + np.arange(n)[None, :]).reshape(-1) for off, n in part]
+        qkv, z = np.concatenate(idx[:3]), idx[3]
+        yield name, (qkv.size, shape[1]), Source(src.names, rows=qkv), \
+            gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ATTN_QKV].format(bid=bid) + ".weight"
+        yield name, (z.size, shape[1]), Source(src.names, rows=z), \
+            gguf.TENSOR_NAMES[gguf.MODEL_TENSOR.ATTN_GATE].format(bid=bid) + ".weight"
+    else:
+        if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
+            src.shift = 1.0
+        yield name, shape, src, None
 
 
 def llama3_rope_factors(hp: dict) -> np.ndarray:
@@ -540,6 +654,12 @@ def _read(ck: Checkpoint, src: Source, name: str, start: int = 0, stop: int | No
         x = x + x.dtype.type(src.shift)
     if src.permute is not None:
         x = _permute(x, *src.permute)
+    if src.rows is not None:
+        x = x[src.rows]
+    if src.neg_exp:     # torch's exp in the working dtype (an F16 source stays F16: computed in float32, then
+        # rounded to half); torch's float32 exp as near as numpy gets: exp in float64, rounded (equal to torch's
+        # on 99 % of normal(0, 3) inputs, where numpy's float32 exp is on 60 %; measured 2026-12-07)
+        x = -np.exp(x.astype(np.float64)).astype(np.float32).astype(x.dtype)
     return x
 
 
@@ -564,7 +684,7 @@ def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
         for n in src.names:
             yield _encode(_read(ck, src, n), t.qtype)
         return
-    if src.permute is not None or len(t.shape) < 2:  # the permutation mixes rows within a head: whole tensor
+    if src.permute is not None or src.rows is not None or len(t.shape) < 2:   # rows mixed: the whole tensor
         yield _encode(_read(ck, src, src.names[0]), t.qtype)
         return
     shape = t.shape

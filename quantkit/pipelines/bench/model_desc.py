@@ -34,6 +34,9 @@ _SIZE_LABELS = {
     "gemma3": lambda meta, n_layer, n_embd, n_head: {
         18: "270M", 26: "1B", 32: "8B", 34: "4B", 48: "12B", 62: "27B"}.get(n_layer),
     "llama": lambda meta, n_layer, n_embd, n_head: _llama_size_label(meta, n_layer, n_head),
+    # llama_model_qwen3next::load_arch_hparams: by hparams.n_layer(), the blocks without the MTP ones
+    "qwen3next": lambda meta, n_layer, n_embd, n_head: {48: "80B.A3B"}.get(
+        n_layer - int(meta.get("qwen3next.nextn_predict_layers", 0) or 0)),
 }
 
 

@@ -126,7 +126,7 @@ class BenchSession:
         ds = self.depth_state
         R, i, n = self.params.reps, self._idx, self._count
         if ds is not None and ds[0] == inst.model and ds[1] == inst.n_depth:
-            self.runner.restore_prefix(ds[2], ds[3])
+            self.runner.restore_prefix(*ds[2:])
             self.progress(f"llama-bench: benchmark {i}/{n}: depth run {rep}/{R} (cached)")
             return
         self.progress(f"llama-bench: benchmark {i}/{n}: depth run {rep}/{R}")
