@@ -69,6 +69,10 @@ CONFIG_DEFAULTS = {
                  block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True),
 }
 
+#: config.json keys transformers' config class takes under another name (Lfm2Config.__post_init__ pops
+#: them into the attribute the reference reads), by ``model_type``
+CONFIG_RENAMES = {"lfm2": {"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"}}
+
 
 @dataclass(frozen=True)
 class Experts:
@@ -183,6 +187,9 @@ def _hparams(config: dict, path: Path) -> dict:
         config = {**config, **config["text_config"]}
     defaults = CONFIG_DEFAULTS.get(config.get("model_type"), CONFIG_DEFAULTS["llama"])
     hp = dict(config)
+    for old, new in CONFIG_RENAMES.get(config.get("model_type"), {}).items():
+        if old in hp:
+            hp[new] = hp.pop(old)
     for k, v in defaults.items():
         if hp.get(k) is None and v is not None:
             hp[k] = v
