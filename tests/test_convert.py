@@ -57,7 +57,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 def test_golden_cases_present():
     assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral", "qwen3moe", "gemma3", "llama3rope", "smollm3",
-                                     "olmo2", "gemma2", "lfm2"}
+                                     "olmo2", "gemma2", "lfm2", "lfm2moe"}
 
 
 @pytest.mark.parametrize("name,outtype", CASES, ids=[f"{n}-{o}" for n, o in CASES])
