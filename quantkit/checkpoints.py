@@ -48,6 +48,8 @@ What each checkpoint exercises:
   output gate; Q/K norms; a quarter of each head rotated); every FFN 4 experts (2 used) and a shared
   expert with its sigmoid gate. Its norms are stored zero-centred (the converter adds 1) except the
   DeltaNet's gated output norm.
+* ``lfm2moe``: Lfm2MoeForCausalLM, BF16: lfm2's layers, the first MLP dense, then 4 experts per layer stored
+  one by one (stacked into 3D tensors) with the router's ``expert_bias`` (the score bias).
 """
 
 from __future__ import annotations
@@ -143,6 +145,13 @@ SPECS = {
                    "mlp_only_layers": [], "norm_topk_prob": True, "tie_word_embeddings": False,
                    "torch_dtype": "bfloat16"},
                   "BF16", 1, None),
+    # LFM2-MoE: lfm2's layers, a leading dense MLP, then 4 experts (2 used) with the router's score bias
+    "lfm2moe": ({**_BASE, "architectures": ["Lfm2MoeForCausalLM"], "model_type": "lfm2_moe", "num_hidden_layers": 4,
+                 "moe_intermediate_size": 32, "num_experts": 4, "num_experts_per_tok": 2, "num_dense_layers": 1,
+                 "use_expert_bias": True, "norm_topk_prob": True, "conv_L_cache": 3, "conv_bias": False,
+                 "norm_eps": 1e-5, "layer_types": ["conv", "conv", "full_attention", "conv"],
+                 "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
+                "BF16", 1, None),
 }
 
 #: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
@@ -176,8 +185,8 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     out = [("model.embed_tokens.weight", (v, e))]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
-        if mt == "lfm2":
-            out += _lfm2_layer(cfg, p, cfg["layer_types"][i] == "conv")
+        if mt in ("lfm2", "lfm2_moe"):
+            out += _lfm2_layer(cfg, p, cfg["layer_types"][i] == "conv", i >= cfg.get("num_dense_layers", i + 1))
             continue
         if mt == "qwen3_next":      # gated DeltaNet layers between gated attention layers, a gated shared expert
             out += _qwen3next_layer(cfg, p, i)
@@ -223,19 +232,20 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
         else:
             out += [(p + "mlp.gate_proj.weight", (ff, e)), (p + "mlp.up_proj.weight", (ff, e)),
                     (p + "mlp.down_proj.weight", (e, ff))]
-    out.append(("model.embedding_norm.weight" if mt == "lfm2" else "model.norm.weight", (e,)))
+    out.append(("model.embedding_norm.weight" if mt in ("lfm2", "lfm2_moe") else "model.norm.weight", (e,)))
     if not cfg["tie_word_embeddings"]:
         out.append(("lm_head.weight", (v, e)))
     return out
 
 
-def _lfm2_layer(cfg: dict, p: str, conv: bool) -> list[tuple[str, tuple[int, ...]]]:
+def _lfm2_layer(cfg: dict, p: str, conv: bool, moe: bool) -> list[tuple[str, tuple[int, ...]]]:
     """An LFM2 layer's tensors (transformers' Lfm2DecoderLayer): its norms, the short convolution (in_proj,
     the depthwise taps (hidden, 1, L), out_proj) or the attention (Q/K norms per head), the MLP of the
-    width Lfm2MLP derives from intermediate_size."""
+    width Lfm2MLP derives from intermediate_size -- or (LFM2-MoE past num_dense_layers) the router, its
+    expert_bias and each expert's w1 / w3 / w2, as the published checkpoints store them."""
     e, hd = cfg["hidden_size"], cfg["hidden_size"] // cfg["num_attention_heads"]
     ff = cfg["intermediate_size"]
-    if cfg["block_auto_adjust_ff_dim"]:
+    if cfg.get("block_auto_adjust_ff_dim"):
         ff = int(cfg["block_ffn_dim_multiplier"] * int(2 * ff / 3))
         ff = cfg["block_multiple_of"] * -(-ff // cfg["block_multiple_of"])
     out = [(p + "operator_norm.weight", (e,)), (p + "ffn_norm.weight", (e,))]
@@ -247,8 +257,15 @@ def _lfm2_layer(cfg: dict, p: str, conv: bool) -> list[tuple[str, tuple[int, ...
         out += [(p + "self_attn.q_proj.weight", (e, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
                 (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.out_proj.weight", (e, e)),
                 (p + "self_attn.q_layernorm.weight", (hd,)), (p + "self_attn.k_layernorm.weight", (hd,))]
-    return out + [(p + "feed_forward.w1.weight", (ff, e)), (p + "feed_forward.w3.weight", (ff, e)),
-                  (p + "feed_forward.w2.weight", (e, ff))]
+    if not moe:
+        return out + [(p + "feed_forward.w1.weight", (ff, e)), (p + "feed_forward.w3.weight", (ff, e)),
+                      (p + "feed_forward.w2.weight", (e, ff))]
+    n_x, mff = cfg["num_experts"], cfg["moe_intermediate_size"]
+    out += [(p + "feed_forward.gate.weight", (n_x, e)), (p + "feed_forward.expert_bias", (n_x,))]
+    for x in range(n_x):
+        q = f"{p}feed_forward.experts.{x}."
+        out += [(q + "w1.weight", (mff, e)), (q + "w3.weight", (mff, e)), (q + "w2.weight", (e, mff))]
+    return out
 
 
 def _qwen3next_layer(cfg: dict, p: str, i: int) -> list[tuple[str, tuple[int, ...]]]:

@@ -57,7 +57,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 def test_golden_cases_present():
     assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral", "qwen3moe", "gemma3", "llama3rope", "smollm3",
-                                     "olmo2", "gemma2", "lfm2", "qwen3next"}
+                                     "olmo2", "gemma2", "lfm2", "lfm2moe", "qwen3next"}
 
 
 @pytest.mark.parametrize("name,outtype", CASES, ids=[f"{n}-{o}" for n, o in CASES])
@@ -189,6 +189,22 @@ def test_config_the_reference_ignores(ckpt, tmp_path, name, change):
     res = CliRunner().invoke(main, ["convert", str(folder), "-o", str(out), "-q"])
     assert res.exit_code == 0, res.output
     want = json.loads((GOLDEN / f"{name}-auto.json").read_text())
+    mine = checkpoints.summarize(out)
+    assert mine["tensors"] == want["tensors"] and mine["kv"] == want["kv"]
+
+
+def test_lfm2_config_under_its_older_names(ckpt, tmp_path):
+    """LFM2 checkpoints' config.json as LiquidAI publishes it (block_ff_dim, tie_embedding, full_attn_idxs,
+    which transformers' Lfm2Config takes for intermediate_size, tie_word_embeddings and layer_types): the
+    golden file of the checkpoint with the new names (convert_hf_to_gguf.py on this config wrote the same
+    bytes as quantkit, checked by hand 2026-12-07)."""
+    folder = _copy(ckpt("lfm2"), tmp_path / "tiny-lfm2")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["block_ff_dim"], cfg["tie_embedding"] = cfg.pop("intermediate_size"), cfg.pop("tie_word_embeddings")
+    cfg["full_attn_idxs"] = [i for i, t in enumerate(cfg.pop("layer_types")) if t != "conv"]
+    (folder / "config.json").write_text(json.dumps(cfg))
+    out = convert(folder, tmp_path / "o.gguf")
+    want = json.loads((GOLDEN / "lfm2-auto.json").read_text())
     mine = checkpoints.summarize(out)
     assert mine["tensors"] == want["tensors"] and mine["kv"] == want["kv"]
 

@@ -1,4 +1,4 @@
-"""Tiny SmolLM3 / OLMo 2 / Gemma 2 / LFM2 / Qwen3-Next checkpoints made by transformers' own model classes, with weights drawn
+"""Tiny SmolLM3 / OLMo 2 / Gemma 2 / LFM2 / LFM2-MoE / Qwen3-Next checkpoints made by transformers' own model classes, with weights drawn
 for peaked logits: the issue's agreement check (tools/arch_agreement.sh on what convert_hf_to_gguf.py
 makes of them, and ``quantkit convert`` against that file).
 
@@ -10,7 +10,7 @@ come from quantkit's test packages:
     $CONVERT_PY $QUANTKIT_LLAMA_CPP/convert_hf_to_gguf.py DIR --outfile DIR.gguf --outtype f16
     tools/arch_agreement.sh DIR.gguf OUTDIR
 
-(NAME: smollm3, olmo2, gemma2, lfm2 or qwen3next (then add --no-mtp to the converter's command); $CONVERT_PY a venv with torch and transformers, docs/DEVELOPING.md.) This
+(NAME: smollm3, olmo2, gemma2, lfm2, lfm2moe or qwen3next (then add --no-mtp to the converter's command); $CONVERT_PY a venv with torch and transformers, docs/DEVELOPING.md.) This
 script reads DIR/config.json, sets ``num_hidden_layers`` to N_LAYER (default 4: SmolLM3's fourth layer is
 its first without RoPE), builds the model with ``AutoModelForCausalLM.from_config`` (so the tensor names
 and config keys are the library's), re-draws every weight with a fixed seed and writes it with
@@ -20,7 +20,9 @@ FFN gate, 1 / sqrt(fan_in) for V and up, 3 / sqrt(fan_in) for the attention outp
 embeddings are scaled by sqrt(hidden)); norms around 1 (Gemma's stored as weight - 1; its post-norms
 around 3, so its tied output is not dominated by the input token's own embedding). LFM2's projections
 by the same rule (in_proj 1, out_proj 3; w1 / w3 / w2 its MLP's gate / up / down), its convolution taps
-normal with std 0.6 (its layer types are config.json's: N_LAYER must be theirs, 4).
+normal with std 0.6 (its layer types are config.json's: N_LAYER must be theirs, 4); LFM2-MoE's experts (one 3D
+gate_up_proj, std 1.5 / sqrt(hidden); down_proj 3 / sqrt(width)), its router (2 / sqrt(hidden)) and score bias
+(uniform +-0.3).
 Qwen3-Next (N_LAYER keeps its 3:1 pattern of ``layer_types``): the router std 3 / sqrt(fan_in), the
 DeltaNet's projections 1.5 (q, k, v, z), 1 (beta, alpha), 3 (out) over sqrt(fan_in), its 4-tap
 convolution 1 / 2, ``A_log`` uniform in (ln 0.05, ln 0.5) and ``dt_bias`` in (-1, 1) (per-token decays
@@ -41,10 +43,12 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
 SEED = 5
-#: matrix std times sqrt(fan_in), by the projection's name
+#: matrix std times sqrt(fan_in), by the projection's name: the first key found in a parameter's name wins
+#: (Qwen3-Next's router "mlp.gate." before LFM2-MoE's ".gate.weight")
 GAIN = {"q_proj": 2.0, "k_proj": 2.0, "gate_proj": 2.0, "gate_up_proj": 1.5, "v_proj": 1.0, "up_proj": 1.0,
         "o_proj": 3.0, "down_proj": 3.0, "in_proj_qkvz": 1.5, "in_proj_ba": 1.0, "in_proj": 1.0, "out_proj": 3.0,
-        "conv1d": 1.0, "shared_expert_gate": 1.0, "mlp.gate.": 3.0, "w1": 2.0, "w3": 1.0, "w2": 3.0}
+        "conv1d": 1.0, "shared_expert_gate": 1.0, "mlp.gate.": 3.0, ".gate.weight": 2.0, "w1": 2.0, "w3": 1.0,
+        "w2": 3.0}
 
 
 def main() -> None:
@@ -77,7 +81,10 @@ def main() -> None:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.25 if gemma else 0.5))
             else:
                 gain = next(v for k, v in GAIN.items() if k in name)
-                p.copy_(torch.randn(p.shape, generator=g) * (gain / p.shape[-1] ** 0.5))
+                p.copy_(torch.randn(p.shape, generator=g) * (gain / p.shape[-1] ** 0.5))   # (.., out, in)
+        for name, b in model.named_buffers():
+            if name.endswith("expert_bias"):     # LFM2-MoE's score bias, of the sigmoid scores' size
+                b.copy_(torch.empty(b.shape).uniform_(-0.3, 0.3, generator=g))
     for f in folder.glob("model*.safetensors*"):
         f.unlink()
     model.to(torch.float16).save_pretrained(folder, safe_serialization=True)

@@ -15,8 +15,8 @@ Plan first, then stream (docs/convert.md):
 
 The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
 from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
-qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), lfm2 (KV heads per layer, the
-convolution taps squeezed), qwen3next (the DeltaNet's q/k/v/z projection split, its decay's -exp(A_log);
+qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), lfm2 and lfm2moe (KV heads per layer,
+the convolution taps squeezed), qwen3next (the DeltaNet's q/k/v/z projection split, its decay's -exp(A_log);
 converted as the reference's ``--no-mtp``). Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
@@ -73,7 +73,14 @@ CONFIG_DEFAULTS = {
                    num_attention_heads=8, num_key_value_heads=4),
     "lfm2": dict(max_position_embeddings=128000, norm_eps=1e-5, rope_theta=1e6, head_dim=None, conv_L_cache=3,
                  block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True),
+    "lfm2_moe": dict(max_position_embeddings=128000, norm_eps=1e-5, rope_theta=1e6, head_dim=None, conv_L_cache=3,
+                     num_dense_layers=2, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=1792),
 }
+
+#: config.json keys transformers' config class takes under another name (Lfm2Config.__post_init__ pops
+#: them into the attribute the reference reads), by ``model_type``
+CONFIG_RENAMES = {"lfm2": {"block_ff_dim": "intermediate_size", "tie_embedding": "tie_word_embeddings"},
+                  "lfm2_moe": {"tie_embedding": "tie_word_embeddings"}}
 
 
 @dataclass(frozen=True)
@@ -104,8 +111,9 @@ class Arch:
     special_tokens: tuple[tuple[str, str], ...] = ()
     gemma2: bool = False              # Gemma2Model: norms + 1, its own parameter keys (no TextModel ones), a
                                       # SentencePiece tokenizer.model without a space prefix
-    lfm2: bool = False                # LFM2Model: KV heads per layer (0: a short convolution), its keys after
-                                      # TextModel's, the convolution taps squeezed to 2D
+    lfm2: str = ""                    # "dense" (LFM2Model) / "moe" (LFM2MoeModel): KV heads per layer (0: a short
+                                      # convolution), its keys after TextModel's, the convolution taps squeezed
+                                      # to 2D; "moe": experts stacked, feed_forward.expert_bias the score bias
     qwen3next: bool = False           # Qwen3NextModel (Qwen2MoeModel's keys and experts): the DeltaNet's keys and
                                       # tensors (``_qwen3next_sources``), norms + 1 but the DeltaNet's, no MTP
 
@@ -135,7 +143,10 @@ ARCHS = {
     # conversion/gemma.py Gemma2Model
     "Gemma2ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA2, gemma2=True),
     # conversion/lfm2.py LFM2Model
-    "Lfm2ForCausalLM": Arch(gguf.MODEL_ARCH.LFM2, lfm2=True),
+    "Lfm2ForCausalLM": Arch(gguf.MODEL_ARCH.LFM2, lfm2="dense"),
+    "Lfm2MoeForCausalLM": Arch(gguf.MODEL_ARCH.LFM2MOE, lfm2="moe",
+                               experts=Experts("feed_forward.experts", ("w1", "w2", "w3"),
+                                               "layers.{bid}.feed_forward.experts.{wid}.weight")),
     # conversion/qwen.py Qwen3NextModel, as with --no-mtp (the multi-token-prediction block, mtp.*, dropped)
     "Qwen3NextForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3NEXT, moe_keys=True, qwen3next=True,
                                  experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
@@ -198,6 +209,9 @@ def _hparams(config: dict, path: Path) -> dict:
         config = {**config, **config["text_config"]}
     defaults = CONFIG_DEFAULTS.get(config.get("model_type"), CONFIG_DEFAULTS["llama"])
     hp = dict(config)
+    for old, new in CONFIG_RENAMES.get(config.get("model_type"), {}).items():
+        if old in hp:
+            hp[new] = hp.pop(old)
     for k, v in defaults.items():
         if hp.get(k) is None and v is not None:
             hp[k] = v
@@ -351,11 +365,17 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         w.add_full_attention_interval(hp.get("full_attention_interval") or 4)
         head = hp.get("head_dim") or hp["hidden_size"] // hp["num_attention_heads"]
         w.add_rope_dimension_count(int(head * rope.get("partial_rotary_factor", 0.25)))
-    if arch.lfm2:   # keys set again keep their place
+    if arch.lfm2 == "dense":   # keys set again keep their place
         w.add_vocab_size(hp["vocab_size"])
         w.add_shortconv_l_cache(hp["conv_L_cache"])
         w.add_layer_norm_rms_eps(hp["norm_eps"])
         w.add_feed_forward_length(lfm2_ff_dim(hp))
+    elif arch.lfm2 == "moe":   # LFM2MoeModel.set_gguf_parameters
+        w.add_expert_feed_forward_length(hp["moe_intermediate_size"])
+        w.add_leading_dense_block_count(hp["num_dense_layers"])
+        w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
+        w.add_vocab_size(hp["vocab_size"])
+        w.add_shortconv_l_cache(hp["conv_L_cache"])
 
 
 def _lfm2_layer_types(hp: dict) -> list[str]:
@@ -480,6 +500,8 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
             new: str | None = None) -> None:
         if hf_name.endswith("e_score_correction_bias"):   # ModelBase.filter_tensors (DeepSeek V3's router bias)
             hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
+        if arch.lfm2 == "moe" and hf_name.endswith(".expert_bias"):     # LFM2MoeModel.filter_tensors
+            hf_name = hf_name.replace(".expert_bias", ".expert_bias.bias")
         new = new or tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
         if new is None:
             raise FormatError(f"{path}: cannot map tensor {hf_name!r} to a GGUF name "
@@ -543,7 +565,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     if leftover:
         raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
     want = _expected_shapes(hp)
-    if arch.lfm2:
+    if arch.lfm2 == "dense":
         want["ffn_up.weight"] = (lfm2_ff_dim(hp), hp["hidden_size"])
     if arch.qwen3next:      # attn_q makes each head's query and its output gate
         q = want["attn_q.weight"]
