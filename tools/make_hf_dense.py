@@ -1,4 +1,4 @@
-"""Tiny SmolLM3 / OLMo 2 / Gemma 2 checkpoints made by transformers' own model classes, with weights drawn
+"""Tiny SmolLM3 / OLMo 2 / Gemma 2 / MiniMax-M2 / Llama 4 checkpoints made by transformers' own model classes, with weights drawn
 for peaked logits: the issue's agreement check (tools/arch_agreement.sh on what convert_hf_to_gguf.py
 makes of them, and ``quantkit convert`` against that file).
 
@@ -10,7 +10,7 @@ come from quantkit's test packages:
     $CONVERT_PY $QUANTKIT_LLAMA_CPP/convert_hf_to_gguf.py DIR --outfile DIR.gguf --outtype f16
     tools/arch_agreement.sh DIR.gguf OUTDIR
 
-(NAME: smollm3, olmo2 or gemma2; $CONVERT_PY a venv with torch and transformers, docs/DEVELOPING.md.) This
+(NAME: smollm3, olmo2, gemma2, minimaxm2 or llama4; $CONVERT_PY a venv with torch and transformers, docs/DEVELOPING.md.) This
 script reads DIR/config.json, sets ``num_hidden_layers`` to N_LAYER (default 4: SmolLM3's fourth layer is
 its first without RoPE), builds the model with ``AutoModelForCausalLM.from_config`` (so the tensor names
 and config keys are the library's), re-draws every weight with a fixed seed and writes it with
@@ -19,6 +19,13 @@ FFN gate, 1 / sqrt(fan_in) for V and up, 3 / sqrt(fan_in) for the attention outp
 (each layer moves the residual), the embeddings (and an untied lm_head) std 0.5 (Gemma 2: 0.25, its
 embeddings are scaled by sqrt(hidden)); norms around 1 (Gemma's stored as weight - 1; its post-norms
 around 3, so its tied output is not dominated by the input token's own embedding).
+
+MoE: the experts' gate / up / down (MiniMax-M2's w1 / w3 / w2; the fused ``gate_up_proj``, std 1.5 /
+sqrt(fan_in)) as the dense FFN's, the router std 1 / sqrt(hidden), MiniMax-M2's router score bias (a
+buffer) std 0.05. ``llama4``: checkpoints.py writes the multimodal config (text_config); this script keeps
+its text model and builds ``Llama4ForCausalLM`` (the converter's Llama4Model reads both). transformers 5.25
+saves both families under the published names (MiniMax-M2's per-expert ``block_sparse_moe.experts.N.w1``,
+Llama 4's 3D ``feed_forward.experts.gate_up_proj``).
 """
 
 from __future__ import annotations
@@ -32,14 +39,30 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 SEED = 5
 #: matrix std times sqrt(fan_in), by the projection's name
-GAIN = {"q_proj": 2.0, "k_proj": 2.0, "gate_proj": 2.0, "v_proj": 1.0, "up_proj": 1.0, "o_proj": 3.0,
-        "down_proj": 3.0}
+GAIN = {"gate_up_proj": 1.5, "q_proj": 2.0, "k_proj": 2.0, "gate_proj": 2.0, "v_proj": 1.0, "up_proj": 1.0,
+        "o_proj": 3.0, "down_proj": 3.0, "w1": 2.0, "w3": 1.0, "w2": 3.0, "router": 1.0, "gate": 1.0}
+#: checkpoints.py names whose transformers model is another class: Llama 4's text model alone
+#: (Llama4ForCausalLM, the text_config of the multimodal checkpoint)
+TEXT_ONLY = {"llama4": "Llama4ForCausalLM"}
+
+
+def fan_in(name: str, shape: tuple[int, ...], hidden: int) -> int:
+    """A matrix's input width: the last dimension, or for a 3D experts tensor the one that is not the hidden
+    size for down_proj and the hidden size for gate_up_proj (Llama 4 keeps [experts, in, out], MiniMax-M2's
+    fused module [experts, out, in])."""
+    if len(shape) == 2:
+        return shape[-1]
+    if "gate_up" in name:
+        return hidden
+    return next((d for d in shape[1:] if d != hidden), hidden)
 
 
 def main() -> None:
     folder = Path(sys.argv[1])
     n_layer = int(sys.argv[2]) if len(sys.argv) > 2 else 4
     cfg_json = json.loads((folder / "config.json").read_text())
+    if "text_config" in cfg_json and cfg_json.get("model_type") in TEXT_ONLY:
+        cfg_json = {**cfg_json["text_config"], "architectures": [TEXT_ONLY[cfg_json["model_type"]]]}
     cfg_json["num_hidden_layers"] = n_layer
     cfg_json.pop("no_rope_layers", None)      # SmolLM3Config derives it from no_rope_layer_interval
     cfg_json["torch_dtype"] = "float16"
@@ -50,14 +73,19 @@ def main() -> None:
     g = torch.Generator().manual_seed(SEED)
     with torch.no_grad():
         for name, p in model.named_parameters():
-            if p.ndim == 1:       # norms: Gemma stores weight - 1
+            if p.ndim == 1 and "norm" not in name:      # biases
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+            elif p.ndim == 1:       # norms: Gemma stores weight - 1
                 lo, hi = (2.0, 4.0) if gemma and "post_" in name else (0.8, 1.2)
                 p.copy_(torch.empty(p.shape).uniform_(lo, hi, generator=g) - (1.0 if gemma else 0.0))
             elif "embed_tokens" in name or "lm_head" in name:
                 p.copy_(torch.randn(p.shape, generator=g) * (0.25 if gemma else 0.5))
             else:
                 gain = next(v for k, v in GAIN.items() if k in name)
-                p.copy_(torch.randn(p.shape, generator=g) * (gain / p.shape[1] ** 0.5))
+                p.copy_(torch.randn(p.shape, generator=g) * (gain / fan_in(name, p.shape, config.hidden_size) ** 0.5))
+        for name, b in model.named_buffers():     # MiniMax-M2's router score bias is a buffer
+            if name.endswith("e_score_correction_bias"):
+                b.copy_(torch.randn(b.shape, generator=g) * 0.05)
     for f in folder.glob("model*.safetensors*"):
         f.unlink()
     model.to(torch.float16).save_pretrained(folder, safe_serialization=True)
