@@ -50,6 +50,16 @@ What each checkpoint exercises:
   DeltaNet's gated output norm.
 * ``lfm2moe``: Lfm2MoeForCausalLM, BF16: lfm2's layers, the first MLP dense, then 4 experts per layer stored
   one by one (stacked into 3D tensors) with the router's ``expert_bias`` (the score bias).
+* ``minimaxm2``: MiniMaxM2ForCausalLM, BF16, with the published checkpoint's names and config keys (written
+  here directly, not through transformers): Q/K norms over the whole projections, 4 experts
+  (``block_sparse_moe.experts.N.w1/w2/w3``, stacked by the converter) with the router's score bias
+  ``e_score_correction_bias``, ``rotary_dim`` half of each head, ``scoring_func`` sigmoid.
+* ``llama4``: Llama4ForConditionalGeneration, BF16, Llama 4's published layout: the text model in
+  ``text_config`` with its tensors under ``language_model.``; 4 layers, every second one MoE
+  (``interleave_moe_layer_step`` 2, Maverick's) with 4 experts as ``gate_up_proj`` / ``down_proj`` 3D tensors
+  (split and transposed by the converter), a router and a shared expert, the others dense at
+  ``intermediate_size_mlp``; Scout's Llama 3 style RoPE scaling (``rope_freqs.weight``); a small vision
+  tower and projector, which the converter skips.
 """
 
 from __future__ import annotations
@@ -152,6 +162,32 @@ SPECS = {
                  "norm_eps": 1e-5, "layer_types": ["conv", "conv", "full_attention", "conv"],
                  "tie_word_embeddings": True, "torch_dtype": "bfloat16"},
                 "BF16", 1, None),
+    # MiniMax-M2's published config.json keys (rotary_dim, scoring_func, use_routing_bias, qk_norm_type)
+    "minimaxm2": ({**_BASE, "architectures": ["MiniMaxM2ForCausalLM"], "model_type": "minimax_m2", "head_dim": 32,
+                   "rotary_dim": 16, "intermediate_size": 32, "num_local_experts": 4, "num_experts_per_tok": 2,
+                   "scoring_func": "sigmoid", "use_routing_bias": True, "use_qk_norm": True,
+                   "qk_norm_type": "per_layer", "shared_intermediate_size": 0, "rope_theta": 5000000,
+                   "tie_word_embeddings": False, "torch_dtype": "bfloat16"},
+                  "BF16", 1, None),
+    # Llama 4 Scout / Maverick's multimodal layout: the text model in text_config, tensors under
+    # language_model., a vision tower and projector the converter skips
+    "llama4": ({"architectures": ["Llama4ForConditionalGeneration"], "model_type": "llama4", "torch_dtype": "bfloat16",
+                "tie_word_embeddings": False, "boi_token_index": 151646, "eoi_token_index": 151647,
+                "image_token_index": 151655,
+                "text_config": {**_BASE, "model_type": "llama4_text", "head_dim": 16, "num_hidden_layers": 4,
+                                "intermediate_size": 32, "intermediate_size_mlp": 96, "num_local_experts": 4,
+                                "num_experts_per_tok": 1, "interleave_moe_layer_step": 2, "use_qk_norm": True,
+                                "no_rope_layers": [], "attention_chunk_size": 8192, "attn_temperature_tuning": True,
+                                "floor_scale": 8192, "attn_scale": 0.1, "rms_norm_eps": 1e-5,
+                                "rope_theta": 500000.0, "max_position_embeddings": 10485760,
+                                "rope_scaling": {"rope_type": "llama3", "factor": 16.0, "low_freq_factor": 1.0,
+                                                 "high_freq_factor": 1.0, "original_max_position_embeddings": 8192},
+                                "tie_word_embeddings": False, "attention_bias": False},
+                "vision_config": {"model_type": "llama4_vision_model", "hidden_size": 32, "intermediate_size": 64,
+                                  "num_hidden_layers": 1, "num_attention_heads": 2, "image_size": 28, "patch_size": 14,
+                                  "num_channels": 3, "vision_output_dim": 64, "projector_input_dim": 64,
+                                  "projector_output_dim": 64, "pixel_shuffle_ratio": 0.5}},
+               "BF16", 1, None),
 }
 
 #: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
@@ -176,6 +212,8 @@ def tokenizer_dir() -> Path | None:
 
 def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     """The checkpoint's tensors (Hugging Face names, PyTorch shapes) in the order they are generated."""
+    if cfg["model_type"] in OWN_TENSORS:
+        return OWN_TENSORS[cfg["model_type"]](cfg)
     e, ff, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
     hd = cfg.get("head_dim") or e // cfg["num_attention_heads"]
     nq, nkv = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd
@@ -294,6 +332,61 @@ def _qwen3next_layer(cfg: dict, p: str, i: int) -> list[tuple[str, tuple[int, ..
         out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)), (q + "down_proj.weight", (e, mff))]
     return out + [(p + "mlp.shared_expert.gate_proj.weight", (sff, e)), (p + "mlp.shared_expert.up_proj.weight", (sff, e)),
                   (p + "mlp.shared_expert.down_proj.weight", (e, sff)), (p + "mlp.shared_expert_gate.weight", (1, e))]
+def _minimax_m2_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """MiniMax-M2's published names: Q/K norms over the whole projections, ``block_sparse_moe`` with the
+    router's score bias and per-expert w1 / w2 / w3."""
+    e, ff, v, hd = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"], cfg["head_dim"]
+    nq, nkv, n_x = cfg["num_attention_heads"] * hd, cfg["num_key_value_heads"] * hd, cfg["num_local_experts"]
+    out = [("model.embed_tokens.weight", (v, e))]
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        out += [(p + "input_layernorm.weight", (e,)), (p + "post_attention_layernorm.weight", (e,)),
+                (p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
+                (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq)),
+                (p + "self_attn.q_norm.weight", (nq,)), (p + "self_attn.k_norm.weight", (nkv,)),
+                (p + "block_sparse_moe.gate.weight", (n_x, e)), (p + "block_sparse_moe.e_score_correction_bias", (n_x,))]
+        for x in range(n_x):
+            q = f"{p}block_sparse_moe.experts.{x}."
+            out += [(q + "w1.weight", (ff, e)), (q + "w2.weight", (e, ff)), (q + "w3.weight", (ff, e))]
+    return out + [("model.norm.weight", (e,)), ("lm_head.weight", (v, e))]
+
+
+def _llama4_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """Llama 4's published multimodal layout: the text model under ``language_model.``, its experts as two
+    3D tensors (``gate_up_proj`` [experts, hidden, 2 x width], ``down_proj`` [experts, width, hidden]), a
+    router and a shared expert in each MoE layer (every ``interleave_moe_layer_step``-th), dense layers
+    ``intermediate_size_mlp`` wide between them; a small vision tower and projector."""
+    t = cfg["text_config"]
+    e, v, hd = t["hidden_size"], t["vocab_size"], t["head_dim"]
+    nq, nkv, n_x, ff = t["num_attention_heads"] * hd, t["num_key_value_heads"] * hd, t["num_local_experts"], \
+        t["intermediate_size"]
+    step = t["interleave_moe_layer_step"]
+    lm = "language_model.model."
+    out = [(lm + "embed_tokens.weight", (v, e))]
+    for i in range(t["num_hidden_layers"]):
+        p = f"{lm}layers.{i}."
+        out += [(p + "input_layernorm.weight", (e,)), (p + "post_attention_layernorm.weight", (e,)),
+                (p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
+                (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
+        if (i + 1) % step == 0:
+            f = p + "feed_forward."
+            out += [(f + "router.weight", (n_x, e)), (f + "experts.gate_up_proj", (n_x, e, 2 * ff)),
+                    (f + "experts.down_proj", (n_x, ff, e)), (f + "shared_expert.gate_proj.weight", (ff, e)),
+                    (f + "shared_expert.up_proj.weight", (ff, e)), (f + "shared_expert.down_proj.weight", (e, ff))]
+        else:
+            mff = t["intermediate_size_mlp"]
+            out += [(p + "feed_forward.gate_proj.weight", (mff, e)), (p + "feed_forward.up_proj.weight", (mff, e)),
+                    (p + "feed_forward.down_proj.weight", (e, mff))]
+    out += [(lm + "norm.weight", (e,)), ("language_model.lm_head.weight", (v, e))]
+    vc = cfg["vision_config"]
+    vh, pd = vc["hidden_size"], vc["num_channels"] * vc["patch_size"] ** 2
+    return out + [("vision_model.patch_embedding.linear.weight", (vh, pd)),
+                  ("vision_model.layernorm_pre.weight", (vh,)),
+                  ("multi_modal_projector.linear_1.weight", (e, vc["projector_output_dim"]))]
+
+
+#: model types whose tensors are not the generic layout above
+OWN_TENSORS = {"minimax_m2": _minimax_m2_tensors, "llama4": _llama4_tensors}
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:

@@ -57,7 +57,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 def test_golden_cases_present():
     assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral", "qwen3moe", "gemma3", "llama3rope", "smollm3",
-                                     "olmo2", "gemma2", "lfm2", "lfm2moe", "qwen3next"}
+                                     "olmo2", "gemma2", "lfm2", "lfm2moe", "qwen3next", "minimaxm2", "llama4"}
 
 
 @pytest.mark.parametrize("name,outtype", CASES, ids=[f"{n}-{o}" for n, o in CASES])
@@ -207,6 +207,38 @@ def test_lfm2_config_under_its_older_names(ckpt, tmp_path):
     want = json.loads((GOLDEN / "lfm2-auto.json").read_text())
     mine = checkpoints.summarize(out)
     assert mine["tensors"] == want["tensors"] and mine["kv"] == want["kv"]
+
+
+@pytest.mark.parametrize("change,words", [
+    ({"rotary_dim": None}, ("rotary_dim",)),                      # the reference's find_hparam fails too
+    ({"scoring_func": "sqrtsoftplus"}, ("'sqrtsoftplus'", "not converted")),
+], ids=["no-rotary-dim", "sqrtsoftplus"])
+def test_minimax_m2_refusals(ckpt, tmp_path, change, words):
+    folder = _copy(ckpt("minimaxm2"), tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, **change}))
+    _refused(folder, tmp_path, *words)
+
+
+def test_llama4_all_global_layers(ckpt, tmp_path):
+    """Llama4Model writes sliding_window 0 when every layer is global (attention_chunk_size null: the config
+    class makes every layer full_attention; convert_hf_to_gguf.py run on this very change writes 0). The
+    parameters only (the vocabulary is what makes a whole conversion slow); the rest equal the golden file's."""
+    import gguf
+
+    from quantkit.pipelines.convert import ARCHS, OUTTYPES, _add_parameters, _hparams, llama4_hparams
+
+    cfg = json.loads((ckpt("llama4") / "config.json").read_text())
+    arch = ARCHS["Llama4ForConditionalGeneration"]
+    want = {k: v for k, _, v in json.loads((GOLDEN / "llama4-bf16.json").read_text())["kv"] if k.startswith("llama4.")}
+    for chunk, window in ((8192, None), (None, 0)):
+        cfg["text_config"]["attention_chunk_size"] = chunk
+        w = gguf.GGUFWriter(None, "llama4")
+        _add_parameters(w, llama4_hparams(_hparams(cfg, tmp_path)), arch, OUTTYPES["bf16"], tmp_path)
+        got = {k: v.value for k, v in w.kv_data[0].items() if k != "general.architecture"}
+        assert got.pop("llama4.attention.sliding_window", None) == window
+        assert got.pop("general.file_type") == OUTTYPES["bf16"]
+        assert {k: got[k] for k in want} == pytest.approx(want) and set(got) == set(want)
 
 
 def test_usage_errors_exit_2(tmp_path):

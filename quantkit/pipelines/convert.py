@@ -17,7 +17,8 @@ The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/
 from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
 qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), lfm2 and lfm2moe (KV heads per layer,
 the convolution taps squeezed), qwen3next (the DeltaNet's q/k/v/z projection split, its decay's -exp(A_log);
-converted as the reference's ``--no-mtp``). Hyperparameters
+converted as the reference's ``--no-mtp``), minimax-m2, llama4 (the text model of the multimodal
+checkpoints, its 3D experts split and transposed). Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
@@ -75,6 +76,11 @@ CONFIG_DEFAULTS = {
                  block_multiple_of=256, block_ffn_dim_multiplier=1.0, block_auto_adjust_ff_dim=True),
     "lfm2_moe": dict(max_position_embeddings=128000, norm_eps=1e-5, rope_theta=1e6, head_dim=None, conv_L_cache=3,
                      num_dense_layers=2, num_experts=32, num_experts_per_tok=4, moe_intermediate_size=1792),
+    "minimax_m2": dict(max_position_embeddings=196608, rms_norm_eps=1e-6, rope_theta=5e6, head_dim=128,
+                       num_key_value_heads=8, num_local_experts=256, num_experts_per_tok=8, intermediate_size=1536),
+    "llama4_text": dict(max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, head_dim=128,
+                        num_key_value_heads=8, num_local_experts=16, num_experts_per_tok=1, intermediate_size=8192,
+                        intermediate_size_mlp=16384, interleave_moe_layer_step=1, no_rope_layer_interval=4),
 }
 
 #: config.json keys transformers' config class takes under another name (Lfm2Config.__post_init__ pops
@@ -116,11 +122,15 @@ class Arch:
                                       # to 2D; "moe": experts stacked, feed_forward.expert_bias the score bias
     qwen3next: bool = False           # Qwen3NextModel (Qwen2MoeModel's keys and experts): the DeltaNet's keys and
                                       # tensors (``_qwen3next_sources``), norms + 1 but the DeltaNet's, no MTP
+    minimax_m2: bool = False          # MiniMaxM2Model: the experts' width and rope.dimension_count (rotary_dim)
+    llama4: bool = False              # Llama4Model: the FFN widths swapped, its keys, gate_up_proj / down_proj
+                                      # split and transposed, GPT-2 style vocabulary only
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
               experts=Experts("block_sparse_moe.experts", ("w1", "w2", "w3"),
                               "layers.{bid}.feed_forward.experts.{wid}.weight"))
+_LLAMA4 = Arch(gguf.MODEL_ARCH.LLAMA4, llama_keys=True, sentencepiece_first=False, llama4=True)
 ARCHS = {
     "LlamaForCausalLM": _LLAMA,
     "MixtralForCausalLM": _LLAMA,
@@ -151,11 +161,23 @@ ARCHS = {
     "Qwen3NextForCausalLM": Arch(gguf.MODEL_ARCH.QWEN3NEXT, moe_keys=True, qwen3next=True,
                                  experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
                                                  "model.layers.{bid}.mlp.experts.{wid}.weight")),
+    # conversion/minimax.py MiniMaxM2Model: TextModel's keys (the gating from scoring_func), w1 / w2 / w3 stacked
+    "MiniMaxM2ForCausalLM": Arch(gguf.MODEL_ARCH.MINIMAXM2, sentencepiece_first=False, minimax_m2=True,
+                                 experts=Experts("block_sparse_moe.experts", ("w1", "w2", "w3"),
+                                                 "model.layers.{bid}.block_sparse_moe.experts.{wid}.weight")),
+    # conversion/llama.py Llama4Model (the text model; the vision tower is skipped by TextModel.filter_tensors)
+    "Llama4ForConditionalGeneration": _LLAMA4,
+    "Llama4ForCausalLM": _LLAMA4,
 }
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
-#: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms; those of its list
-#: that the architectures converted here have)
+#: TextModel.filter_tensors: the multimodal parts a text model's conversion skips (name prefixes, then parts)
+_MULTIMODAL_PREFIXES = ("mlp", "vit.", "vpm.", "siglip2.", "conformer.", "merger.", "resampler.", "sound_encoder.",
+                        "sound_projection.", "speech_embeddings.")
+_MULTIMODAL_PARTS = ("visual.", "vision.", "audio.", "talker.", "vision_", "audio_", "token2wav.", "code2wav.",
+                     "projector.", "pre_mm_projector_norm", "image_newline", "view_seperator", "patch_embed",
+                     "patch_embedding", "patch_merger.", "patch_merge_mlp.", "model.connector.")
+#: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms)
 _F32_KEYS = (gguf.MODEL_TENSOR.FFN_GATE_INP, gguf.MODEL_TENSOR.FFN_GATE_INP_SHEXP, gguf.MODEL_TENSOR.POS_EMBD,
              gguf.MODEL_TENSOR.TOKEN_TYPES, gguf.MODEL_TENSOR.SSM_CONV1D, gguf.MODEL_TENSOR.SHORTCONV_CONV)
 
@@ -171,6 +193,9 @@ class Source:
     shift: float = 0.0                       # added to every value (gemma3's norms: weight + 1)
     rows: np.ndarray | None = None           # only these rows, in this order (qwen3next's attn_qkv / attn_gate)
     neg_exp: bool = False                    # -exp(x) (qwen3next's ssm_a from A_log)
+    #: Llama 4's experts, stored [expert, in, out]: each expert's matrix transposed, these columns of it
+    transpose: bool = False
+    cols: tuple[int, int] | None = None
 
 
 @dataclass
@@ -304,6 +329,11 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         w.add_expert_group_count(v)
     if (v := hp.get("topk_group")) is not None:
         w.add_expert_group_used_count(v)
+    if (v := _find(hp, "score_function", "scoring_func", "score_func", "moe_router_activation",
+                   "moe_router_activation_func", "expert_selection_fn")) is not None:
+        if v not in _GATING:
+            raise FormatError(f"{path}: expert score function {v!r} is not converted (sigmoid or softmax)")
+        w.add_expert_gating_func(_GATING[v])
     if (v := hp.get("head_dim")) is not None:
         w.add_key_length(v)
         w.add_value_length(v)
@@ -376,6 +406,16 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         w.add_expert_gating_func(gguf.ExpertGatingFuncType.SIGMOID)
         w.add_vocab_size(hp["vocab_size"])
         w.add_shortconv_l_cache(hp["conv_L_cache"])
+    if arch.minimax_m2:    # MiniMaxM2Model.set_gguf_parameters
+        w.add_expert_feed_forward_length(hp["intermediate_size"])
+        if hp.get("rotary_dim") is None:
+            raise FormatError(f"{path}: MiniMax-M2 needs rotary_dim (the rotated part of each head)")
+        w.add_rope_dimension_count(hp["rotary_dim"])
+    if arch.llama4:        # Llama4Model.set_gguf_parameters
+        w.add_interleave_moe_layer_step(hp["interleave_moe_layer_step"])
+        w.add_expert_feed_forward_length(hp["intermediate_size_moe"])
+        if all(t == "full_attention" for t in hp["layer_types"]):
+            w.add_sliding_window(0)
 
 
 def _lfm2_layer_types(hp: dict) -> list[str]:
@@ -398,6 +438,25 @@ def lfm2_ff_dim(hp: dict) -> int:
         m = hp["block_multiple_of"]
         ff = m * ((ff + m - 1) // m)
     return ff
+
+
+def llama4_hparams(hp: dict) -> dict:
+    """``Llama4Model.__init__`` on transformers' ``Llama4TextConfig``: ``intermediate_size`` is the experts'
+    width and ``intermediate_size_mlp`` the dense layers' (the reference swaps them so TextModel writes the
+    dense one); ``layer_types`` derived as the config class derives it when config.json has none (a NoPE
+    layer every ``no_rope_layer_interval``-th, the others chunked unless ``attention_chunk_size`` is null)."""
+    hp = {**hp, "intermediate_size_moe": hp["intermediate_size"], "intermediate_size": hp["intermediate_size_mlp"]}
+    if not hp.get("layer_types"):
+        n = hp["num_hidden_layers"]
+        no_rope = hp.get("no_rope_layers") or [int((i + 1) % hp["no_rope_layer_interval"] != 0) for i in range(n)]
+        chunked = hp.get("attention_chunk_size", 8192) is not None     # absent: the class's 8192; null: none
+        hp["layer_types"] = ["chunked_attention" if r and chunked else "full_attention" for r in no_rope]
+    return hp
+
+
+#: TextModel.set_gguf_parameters: the router's score function -> expert_gating_func (the reference's third,
+#: sqrtsoftplus, is refused: quantkit's forward has no such gating)
+_GATING = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
 
 
 def _add_olmo3_window(w: gguf.GGUFWriter, hp: dict) -> None:
@@ -500,6 +559,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
             new: str | None = None) -> None:
         if hf_name.endswith("e_score_correction_bias"):   # ModelBase.filter_tensors (DeepSeek V3's router bias)
             hf_name = hf_name.replace("e_score_correction_bias", "e_score_correction.bias")
+        hf_name = hf_name.replace("language_model.", "")  # ModelBase.filter_tensors (multimodal checkpoints)
         if arch.lfm2 == "moe" and hf_name.endswith(".expert_bias"):     # LFM2MoeModel.filter_tensors
             hf_name = hf_name.replace(".expert_bias", ".expert_bias.bias")
         new = new or tmap.get_name(hf_name, try_suffixes=(".weight", ".bias"))
@@ -512,7 +572,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
         out.append(OutTensor(new, tuple(shape), qtype, source, dtype))
 
     for name, t in ck.tensors.items():
-        if name.endswith(_DROPPED):
+        if name.endswith(_DROPPED) or name.startswith(_MULTIMODAL_PREFIXES) or any(p in name for p in _MULTIMODAL_PARTS):
             continue
         if t.dtype not in FLOAT_DTYPES:
             raise FormatError(f"{t.file}: tensor {name!r} is {t.dtype}; only float tensors are converted "
@@ -535,6 +595,10 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
                     raise FormatError(f"{path}: layer {bid}'s {wid} experts differ in shape: {sorted(shapes)}")
                 add(ex.merged.format(bid=bid, wid=wid), (n_expert, *shapes.pop()), Source(names),
                     ck.tensors[names[0]].dtype, bid)
+            continue
+        if arch.llama4 and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
+            for hf_name, shape, src in _llama4_experts(name, t.shape, path):
+                add(hf_name, shape, src, t.dtype, bid)
             continue
         permute = None
         if arch.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -610,6 +674,19 @@ def _qwen3next_sources(name: str, shape: tuple[int, ...], src: Source, hp: dict,
         if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             src.shift = 1.0
         yield name, shape, src, None
+def _llama4_experts(name: str, shape: tuple[int, ...], path: Path) -> list[tuple[str, tuple[int, ...], Source]]:
+    """``Llama4Model.modify_tensors``: ``gate_up_proj`` [experts, hidden, 2 x width] transposed and split in
+    halves (gate first, then up, both written where it was); ``down_proj`` [experts, width, hidden] transposed."""
+    if len(shape) != 3 or (name.endswith("gate_up_proj") and shape[2] % 2):
+        raise FormatError(f"{path}: tensor {name!r} has shape {list(shape)}; Llama 4's experts are "
+                          f"[experts, in, out] with gate_up_proj's out even")
+    n_x, n_in, n_out = shape
+    if name.endswith("down_proj"):
+        return [(name + ".weight", (n_x, n_out, n_in), Source([name], transpose=True))]
+    half = n_out // 2
+    return [(name.replace("gate_up_proj", "gate_proj.weight"), (n_x, half, n_in), Source([name], transpose=True, cols=(0, half))),
+            (name.replace("gate_up_proj", "up_proj.weight"), (n_x, half, n_in),
+             Source([name], transpose=True, cols=(half, n_out)))]
 
 
 def llama3_rope_factors(hp: dict) -> np.ndarray:
@@ -702,6 +779,13 @@ def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
     if src.values is not None:
         yield _encode(src.values, t.qtype)
         return
+    if src.transpose:                           # Llama 4's experts: one expert at a time
+        for x in range(t.shape[0]):
+            a = _read(ck, src, src.names[0], x, x + 1)[0]
+            if src.cols is not None:
+                a = a[:, src.cols[0]:src.cols[1]]
+            yield _encode(np.ascontiguousarray(a.T), t.qtype)
+        return
     if len(src.names) > 1:                      # stacked experts: one expert at a time
         for n in src.names:
             yield _encode(_read(ck, src, n), t.qtype)
@@ -729,6 +813,8 @@ def plan_conversion(folder: str | os.PathLike, outtype: str = "auto") -> Plan:
                           f"{', '.join(ARCHS)})")
     arch = ARCHS[name]
     hp = _hparams(ck.config, path)
+    if arch.llama4:
+        hp = llama4_hparams(hp)
     if name == "Qwen3ForCausalLM" and any("qwen3-reranker" in str(h).lower() for h in
                                           (ck.folder.name, hp.get("_name_or_path", ""))):
         raise FormatError(f"{ck.folder}: Qwen3 reranker models are not converted yet")
@@ -787,7 +873,7 @@ def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
             w.add_add_space_prefix(False)
     else:
         add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"), plan.arch.special_tokens)
-    if plan.arch.llama_keys and hp.get("vocab_size") == 49152:   # LlamaModel.set_vocab: granite-small vocabularies
+    if plan.arch.llama_keys and not plan.arch.llama4 and hp.get("vocab_size") == 49152:   # LlamaModel.set_vocab: granite-small vocabularies
         w.add_add_bos_token(False)
     kv = [KV(k, v.value, v.type, v.sub_type) for k, v in w.kv_data[0].items()]
     out_name = plan.ftype.name.partition("_")[2]
