@@ -39,7 +39,8 @@ SWITCHES = (
     Switch("QUANTKIT_PREFETCH", "2048", "import",
            "software prefetch distance in bytes in the row dots; 0 turns it off"),
     Switch("QUANTKIT_GEMM", "1", "call",
-           "0: batches of quantized weights run on dequantize + BLAS instead of the integer GEMM (AVX512-VNNI)"),
+           "0: batches run on dequantize + BLAS instead of the integer GEMM (quantized weights) and the float "
+           "GEMM (F32 / F16 / BF16)"),
     Switch("QUANTKIT_X8_PREFETCH", "0", "import",
            "software prefetch distance in bytes in the 8-row interleaved (x8) decode dots; 0 turns it off"),
     Switch("QUANTKIT_X8", "1", "call",

@@ -1,4 +1,5 @@
-"""Prefill GEMM on integer dot products: quantized weights x Q8 activations with 512-bit ``vpdpbusd``.
+"""Prefill GEMM on integer dot products: quantized weights x Q8 activations (512-bit ``vpdpbusd`` at
+avx512vnni; the other flavours below).
 
 ggml multiplies a batch by converting the activations once to the weight type's vec_dot type (Q8_0,
 Q8_1, Q8_K) and running integer block dots (ggml-cpu.c ``ggml_compute_forward_mul_mat``; repack.cpp's

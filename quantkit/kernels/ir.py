@@ -3,8 +3,8 @@
 Plain numba types integer arithmetic as int64, so an int8 x int8 loop never becomes ``vpdpbusd``
 (docs/kernels.md). Here the inner part of each block dot -- unpacking
 the weight bits to 32 unsigned bytes per chunk and multiplying them with 32 int8 activations -- is
-written as LLVM IR. Everything else (fp16 scales, mins through the activation sums, the float
-accumulate) stays in ordinary numba code in ``vecdot.py``.
+written as LLVM IR, and so is the rest of a row dot (fp16 scales, mins through the activation sums, the
+float accumulate: ``ir_rowdot.row_dot``, one intrinsic per row), which ``vecdot.py`` binds into its bodies.
 
 Every weight chunk is turned into *unsigned* bytes ``u`` (0..255); a signed format is written as
 ``u - offset`` (Q4_0: nibble - 8, Q8_0: (q ^ 0x80) - 128, Q6_K: q - 32, ...), and the caller

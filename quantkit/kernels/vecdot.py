@@ -2,10 +2,12 @@
 
 Each ``rowdot_X(wr, xq, xd, xs, sc) -> float32`` takes one weight row's bytes ``wr`` (1-D uint8), one
 token's planar activations (``xq`` int8 quants, ``xd`` float32 block scales, ``xs`` int32 group
-sums; see activations.py) and a 16-int32 scratch ``sc`` for decoded sub-block scales. The integer
-part of every (super-)block is one IR intrinsic (``DOT_X``, ir.py) returning an int32; the fp16
-scales, the mins / offsets (through the activation sums) and the float accumulate are numba code,
-one float multiply-add per block as ggml's ``vec_dot_X_Y``.
+sums; see activations.py) and a 16-int32 scratch ``sc`` (kept so that every row dot has one signature;
+no body reads it). A quantized row is one IR intrinsic for the whole row (``ROW``: ir_rowdot.row_dot
+around the type's per-block emitter, its record's row entry in cpu_traits.py): the weight unpacking,
+the integer dots, the fp16 scales, the mins / offsets (through the activation sums) and the float
+accumulate, one float multiply-add per block as ggml's ``vec_dot_X_Y``. The float types' rows and the
+portable path (``rowdot_deq``: a row decoded by its codec) are numba code.
 
 The bodies are written once and *built* per variant: ``build(fn, variant, ...)`` copies a body with
 the variant's intrinsics in its globals and compiles it -- the umap habit of one body, several
