@@ -40,6 +40,13 @@ What each checkpoint exercises:
   and post-FFN norms, an untied ``lm_head``.
 * ``gemma2``: Gemma2ForCausalLM, BF16, with ``gemma3sp``'s SentencePiece tokenizer.model: norms + 1,
   pre/post FFN norms, the soft-capping and sliding-window keys, no RoPE base key.
+* ``granitemoe``: GraniteMoeForCausalLM (Granite 3.x MoE), BF16: 4 experts whose gate and up rows are one
+  3D ``input_linear`` (split by the converter), ``output_linear`` and ``router.layer`` as transformers 5
+  saves them, the Q/K permutation, Granite's four multipliers, tied embeddings.
+* ``ernie4_5moe``: Ernie4_5_MoeForCausalLM (ERNIE 4.5 MoE), BF16, with ``gemma3sp``'s SentencePiece
+  tokenizer.model (and ``add_prefix_space`` in tokenizer_config.json): 3 layers of which the first is
+  dense, 4 experts, the router's score bias ``moe_statics.e_score_correction_bias`` ([1, experts]), 2 shared
+  experts (width ``intermediate_size`` / KV heads, as the converter writes it), tied embeddings.
 """
 
 from __future__ import annotations
@@ -118,6 +125,19 @@ SPECS = {
                 "torch_dtype": "bfloat16", "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1,
                 "pad_token_id": 0},
                "BF16", 1, None),
+    "granitemoe": ({**_BASE, "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe",
+                    "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+                    "embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+                    "logits_scaling": 6.0, "attention_bias": False, "tie_word_embeddings": True,
+                    "torch_dtype": "bfloat16"},
+                   "BF16", 1, None),
+    "ernie4_5moe": ({**_BASE, "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe",
+                     "num_hidden_layers": 3, "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32,
+                     "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": -1,
+                     "moe_layer_interval": 1, "use_bias": False, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                     "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+                     "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0},
+                    "BF16", 1, None),
 }
 
 #: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
@@ -126,7 +146,9 @@ ADDED_TOKENS = {"glm4moe": ("[gMASK]", "<|user|>", "<|observation|>")}
 
 
 #: checkpoints with Gemma 3's SentencePiece tokenizer.model (from the Gemma 3 270M test model) instead of Qwen3's
-SENTENCEPIECE = ("gemma3sp", "gemma2")
+SENTENCEPIECE = ("gemma3sp", "gemma2", "ernie4_5moe")
+#: keys a checkpoint's tokenizer_config.json gains (ERNIE's set_vocab writes add_prefix_space after the vocabulary)
+TOKENIZER_CONFIG = {"ernie4_5moe": {"add_prefix_space": False}}
 
 
 def tokenizer_dir() -> Path | None:
@@ -166,36 +188,57 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
                     (p + "self_attn.v_proj.bias", (nkv,))]
         if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text") or cfg.get("use_qk_norm"):
             out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-        if "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]:   # glm4_moe's MoE layers
-            mff, n_x = cfg["moe_intermediate_size"], cfg["n_routed_experts"]
-            out += [(p + "mlp.gate.weight", (n_x, e)), (p + "mlp.gate.e_score_correction_bias", (n_x,))]
-            for x in range(n_x):
-                q = f"{p}mlp.experts.{x}."
-                out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)),
-                        (q + "down_proj.weight", (e, mff))]
-            sff = mff * cfg["n_shared_experts"]
-            out += [(p + "mlp.shared_experts.gate_proj.weight", (sff, e)),
-                    (p + "mlp.shared_experts.up_proj.weight", (sff, e)),
-                    (p + "mlp.shared_experts.down_proj.weight", (e, sff))]
+        if mt == "granitemoe":    # JetMoe's parallel experts: each expert's gate and up rows in one tensor
+            n_x, ff = cfg["num_local_experts"], cfg["intermediate_size"]
+            out += [(p + "block_sparse_moe.input_linear.weight", (n_x, 2 * ff, e)),
+                    (p + "block_sparse_moe.output_linear.weight", (n_x, e, ff)),
+                    (p + "block_sparse_moe.router.layer.weight", (n_x, e))]
+        elif mt == "ernie4_5_moe" and _ernie_moe_layer(cfg, i):
+            n_x = cfg["moe_num_experts"]
+            out += _routed(p, e, n_x, cfg["moe_intermediate_size"], cfg["moe_num_shared_experts"],
+                           ("mlp.moe_statics.e_score_correction_bias", (1, n_x)))
+        elif "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]:   # glm4_moe's MoE layers
+            n_x = cfg["n_routed_experts"]
+            out += _routed(p, e, n_x, cfg["moe_intermediate_size"], cfg["n_shared_experts"],
+                           ("mlp.gate.e_score_correction_bias", (n_x,)))
         elif "num_local_experts" in cfg:
             out.append((p + "block_sparse_moe.gate.weight", (cfg["num_local_experts"], e)))
             for x in range(cfg["num_local_experts"]):
                 q = f"{p}block_sparse_moe.experts.{x}."
                 out += [(q + "w1.weight", (ff, e)), (q + "w2.weight", (e, ff)), (q + "w3.weight", (ff, e))]
         elif "num_experts" in cfg:
-            mff = cfg["moe_intermediate_size"]
             out.append((p + "mlp.gate.weight", (cfg["num_experts"], e)))
             for x in range(cfg["num_experts"]):
-                q = f"{p}mlp.experts.{x}."
-                out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)),
-                        (q + "down_proj.weight", (e, mff))]
+                out += _swiglu(f"{p}mlp.experts.{x}.", e, cfg["moe_intermediate_size"])
         else:
-            out += [(p + "mlp.gate_proj.weight", (ff, e)), (p + "mlp.up_proj.weight", (ff, e)),
-                    (p + "mlp.down_proj.weight", (e, ff))]
+            out += _swiglu(p + "mlp.", e, ff)
     out.append(("model.norm.weight", (e,)))
     if not cfg["tie_word_embeddings"]:
         out.append(("lm_head.weight", (v, e)))
     return out
+
+
+def _swiglu(prefix: str, e: int, ff: int) -> list[tuple[str, tuple[int, ...]]]:
+    """A Hugging Face gated MLP's three projections (``gate_proj``, ``up_proj``, ``down_proj``)."""
+    return [(prefix + "gate_proj.weight", (ff, e)), (prefix + "up_proj.weight", (ff, e)),
+            (prefix + "down_proj.weight", (e, ff))]
+
+
+def _routed(p: str, e: int, n_x: int, mff: int, n_shared: int, bias: tuple[str, tuple[int, ...]]) -> list:
+    """A DeepSeek-style MoE block (GLM-4.5, ERNIE 4.5, DeepSeek V3): the router, its score bias, the
+    experts and the shared experts (``n_shared`` experts wide)."""
+    out = [(p + "mlp.gate.weight", (n_x, e)), (p + bias[0], bias[1])]
+    for x in range(n_x):
+        out += _swiglu(f"{p}mlp.experts.{x}.", e, mff)
+    return out + _swiglu(p + "mlp.shared_experts.", e, mff * n_shared)
+
+
+def _ernie_moe_layer(cfg: dict, i: int) -> bool:
+    """Ernie4_5_MoeDecoderLayer's rule: every ``moe_layer_interval``-th layer from the start to the end index
+    (-1: the last layer)."""
+    end = cfg["moe_layer_end_index"]
+    end = cfg["num_hidden_layers"] - 1 if end == -1 else end
+    return (i + 1) % cfg["moe_layer_interval"] == 0 and cfg["moe_layer_start_index"] <= i <= end
 
 
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
@@ -249,6 +292,9 @@ def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None, spec: tup
         from quantkit.formats.locate import gemma3_model
 
         gemma3_tokenizer_files(out, gemma3_model())
+        if name in TOKENIZER_CONFIG:
+            tc = json.loads((out / "tokenizer_config.json").read_text())
+            (out / "tokenizer_config.json").write_text(json.dumps({**tc, **TOKENIZER_CONFIG[name]}, indent=2))
     else:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(tok_dir / f, out / f)

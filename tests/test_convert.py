@@ -57,7 +57,7 @@ def _copy(src: Path, dst: Path) -> Path:
 
 def test_golden_cases_present():
     assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral", "qwen3moe", "gemma3", "llama3rope", "smollm3",
-                                     "olmo2", "gemma2"}
+                                     "olmo2", "gemma2", "granitemoe"}
 
 
 @pytest.mark.parametrize("name,outtype", CASES, ids=[f"{n}-{o}" for n, o in CASES])
@@ -228,3 +228,11 @@ def test_bad_sentencepiece_model_refused(ckpt, tmp_path, name):
     folder = _copy(ckpt(name), tmp_path / "m")
     (folder / "tokenizer.model").write_bytes(b"\x0a\x05hello")
     _refused(folder, tmp_path, "tokenizer.model", "cannot load the SentencePiece model")
+
+
+def test_ernie_without_sentencepiece_model_refused(ckpt, tmp_path):
+    """ERNIE 4.5's set_vocab reads only its tokenizer.model (no tokenizer.json fallback): one line, as the
+    reference stops there too."""
+    folder = _copy(ckpt("ernie4_5moe"), tmp_path / "m")
+    (folder / "tokenizer.model").unlink()
+    _refused(folder, tmp_path, "tokenizer.model", "missing")

@@ -15,7 +15,8 @@ Plan first, then stream (docs/convert.md):
 
 The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
 from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
-qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary). Hyperparameters
+qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), granitemoe (a merged tensor split:
+``Split``), ernie4_5-moe. Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
@@ -61,6 +62,10 @@ CONFIG_DEFAULTS = {
                      num_nextn_predict_layers=1, partial_rotary_factor=0.5, n_group=1, topk_group=1),
     "smollm3": dict(max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=2000000.0, head_dim=None),
     "olmo2": dict(max_position_embeddings=2048, rms_norm_eps=1e-5, rope_theta=10000.0, head_dim=None),
+    "ernie4_5_moe": dict(max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, head_dim=None,
+                         moe_intermediate_size=1536, moe_k=6, moe_num_experts=64, moe_num_shared_experts=2,
+                         moe_layer_start_index=1, moe_layer_interval=1),
+    "granitemoe": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None),
     "gemma2": dict(max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=256,
                    sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                    num_attention_heads=8, num_key_value_heads=4),
@@ -75,6 +80,15 @@ class Experts:
     key: str                  # the part of an HF name that marks an expert's tensor
     projections: tuple[str, ...]  # in the order the stacked tensors are written
     merged: str               # the stacked tensor's HF-style name (mapped to GGUF by TensorNameMap)
+
+
+@dataclass(frozen=True)
+class Split:
+    """One HF tensor written as several GGUF tensors, equal slices of its rows (the next-to-last axis:
+    each expert's rows in a 3D tensor), in order (``GraniteMoeModel.modify_tensors``)."""
+
+    suffix: str                             # the HF name's end
+    parts: tuple[gguf.MODEL_TENSOR, ...]    # what each slice is written as
 
 
 @dataclass(frozen=True)
@@ -95,6 +109,12 @@ class Arch:
     special_tokens: tuple[tuple[str, str], ...] = ()
     gemma2: bool = False              # Gemma2Model: norms + 1, its own parameter keys (no TextModel ones), a
                                       # SentencePiece tokenizer.model without a space prefix
+    #: GraniteModel: head_dim ignored, the multipliers written as scales, GraniteMoeModel's shared width
+    granite: bool = False
+    splits: tuple[Split, ...] = ()
+    #: Ernie4_5MoeModel: its MoE keys, a SentencePiece tokenizer.model only (add_prefix_space after it)
+    ernie_moe: bool = False
+    skipped: tuple[str, ...] = ()     # name prefixes the reference's filter_tensors drops
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -121,6 +141,19 @@ ARCHS = {
     "Olmo2ForCausalLM": Arch(gguf.MODEL_ARCH.OLMO2, sentencepiece_first=False),
     # conversion/gemma.py Gemma2Model
     "Gemma2ForCausalLM": Arch(gguf.MODEL_ARCH.GEMMA2, gemma2=True),
+    # conversion/granite.py GraniteMoeModel (Granite 3.x MoE): LlamaModel's tensors and keys, JetMoe's
+    # merged expert input split into gate and up
+    "GraniteMoeForCausalLM": Arch(gguf.MODEL_ARCH.GRANITE_MOE, permute_qk=True, llama_keys=True,
+                                  tokenizer_prefix_space=True, granite=True,
+                                  splits=(Split("block_sparse_moe.input_linear.weight",
+                                                (gguf.MODEL_TENSOR.FFN_GATE_EXP, gguf.MODEL_TENSOR.FFN_UP_EXP)),)),
+    # conversion/ernie.py Ernie4_5MoeModel (ERNIE 4.5 MoE): experts stacked gate, up, down; the score bias
+    # moe_statics.e_score_correction_bias as exp_probs_b.bias; the multi-token-prediction tensors dropped
+    "Ernie4_5_MoeForCausalLM": Arch(gguf.MODEL_ARCH.ERNIE4_5_MOE, ernie_moe=True,
+                                    experts=Experts("mlp.experts", ("gate_proj", "up_proj", "down_proj"),
+                                                    "model.layers.{bid}.mlp.experts.{wid}.weight"),
+                                    skipped=("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.",
+                                             "model.mtp_linear_proj.")),
 }
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
@@ -138,6 +171,7 @@ class Source:
     values: np.ndarray | None = None         # a tensor the converter makes (llama3's rope_freqs)
     n_rows: int | None = None                # only the first rows (gemma3's embeddings: the real vocabulary)
     shift: float = 0.0                       # added to every value (gemma3's norms: weight + 1)
+    part: tuple[int, int] | None = None      # (i, n): the i-th of n equal slices of the next-to-last axis
 
 
 @dataclass
@@ -309,6 +343,30 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_expert_weights_norm(v)
         if (v := hp.get("num_nextn_predict_layers")) is not None:
             w.add_nextn_predict_layers(v)
+    if arch.granite:       # GraniteModel / GraniteMoeModel.set_gguf_parameters: only the multipliers set (and not 0)
+        if v := hp.get("attention_multiplier"):
+            w.add_attention_scale(v)
+        if v := hp.get("embedding_multiplier"):
+            w.add_embedding_scale(v)
+        if v := hp.get("residual_multiplier"):
+            w.add_residual_scale(v)
+        if v := hp.get("logits_scaling"):
+            w.add_logit_scale(v)
+        if v := hp.get("shared_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(v)
+    if arch.ernie_moe:     # Ernie4_5MoeModel.set_gguf_parameters
+        w.add_expert_count(hp["moe_num_experts"])
+        w.add_expert_used_count(hp["moe_k"])
+        w.add_interleave_moe_layer_step(hp["moe_layer_interval"])
+        w.add_leading_dense_block_count(hp["moe_layer_start_index"])
+        if (v := hp.get("moe_intermediate_size")) is not None:
+            w.add_expert_feed_forward_length(v)
+        if (n := hp.get("moe_num_shared_experts")) is not None:
+            w.add_expert_shared_count(n)
+            # the reference's shared width: the dense FFN width over the KV heads (ERNIE-4.5-21B-A3B:
+            # 12288 / 4 = 3072, its 2 shared experts of 1536)
+            if n > 0 and hp.get("intermediate_size") is not None and hp.get("num_key_value_heads") is not None:
+                w.add_expert_shared_feed_forward_length(hp["intermediate_size"] // hp["num_key_value_heads"])
     if arch.gguf_arch == gguf.MODEL_ARCH.OLMO2 and "sliding_window" in hp:
         _add_olmo3_window(w, hp)
 
@@ -401,7 +459,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     tmap = gguf.get_tensor_name_map(arch.gguf_arch, _n_blocks(hp, arch))
     path = ck.folder
     n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
-    n_expert = _find(hp, "num_local_experts", "num_experts", "n_routed_experts") or 0
+    n_expert = _find(hp, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     groups: dict[int, list[str]] = {}
     out: list[OutTensor] = []
     if arch.llama_keys and (hp["rope_parameters"].get("rope_type") or "").lower() == "llama3":
@@ -422,7 +480,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
         out.append(OutTensor(new, tuple(shape), qtype, source, dtype))
 
     for name, t in ck.tensors.items():
-        if name.endswith(_DROPPED):
+        if name.endswith(_DROPPED) or name.startswith(arch.skipped or "\0"):
             continue
         if t.dtype not in FLOAT_DTYPES:
             raise FormatError(f"{t.file}: tensor {name!r} is {t.dtype}; only float tensors are converted "
@@ -445,6 +503,17 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
                     raise FormatError(f"{path}: layer {bid}'s {wid} experts differ in shape: {sorted(shapes)}")
                 add(ex.merged.format(bid=bid, wid=wid), (n_expert, *shapes.pop()), Source(names),
                     ck.tensors[names[0]].dtype, bid)
+            continue
+        split = next((sp for sp in arch.splits if name.endswith(sp.suffix)), None)
+        if split is not None:
+            n = len(split.parts)
+            if len(t.shape) < 2 or t.shape[-2] % n:
+                raise FormatError(f"{t.file}: tensor {name!r} has shape {list(t.shape)}, not {n} equal parts of "
+                                  f"its rows")
+            shape = (*t.shape[:-2], t.shape[-2] // n, t.shape[-1])
+            for i, part in enumerate(split.parts):
+                base = gguf.TENSOR_NAMES[part]
+                add(base.format(bid=bid) + ".weight", shape, Source([name], part=(i, n)), t.dtype, bid)
             continue
         permute = None
         if arch.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -536,6 +605,10 @@ def _read(ck: Checkpoint, src: Source, name: str, start: int = 0, stop: int | No
     x = ck.rows(name, start, stop)
     if x.dtype not in (np.float16, np.float32):
         x = x.astype(np.float32)
+    if src.part is not None:
+        i, n = src.part
+        rows = x.shape[-2] // n
+        x = x[..., i * rows:(i + 1) * rows, :]
     if src.shift:
         x = x + x.dtype.type(src.shift)
     if src.permute is not None:
@@ -564,7 +637,8 @@ def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
         for n in src.names:
             yield _encode(_read(ck, src, n), t.qtype)
         return
-    if src.permute is not None or len(t.shape) < 2:  # the permutation mixes rows within a head: whole tensor
+    # the permutation mixes rows within a head, a 2D split's parts are row ranges: the whole tensor
+    if src.permute is not None or len(t.shape) < 2 or (src.part is not None and len(t.shape) < 3):
         yield _encode(_read(ck, src, src.names[0]), t.qtype)
         return
     shape = t.shape
@@ -587,6 +661,8 @@ def plan_conversion(folder: str | os.PathLike, outtype: str = "auto") -> Plan:
                           f"{', '.join(ARCHS)})")
     arch = ARCHS[name]
     hp = _hparams(ck.config, path)
+    if arch.granite:
+        hp.pop("head_dim", None)      # GraniteModel.set_gguf_parameters ignores it
     if name == "Qwen3ForCausalLM" and any("qwen3-reranker" in str(h).lower() for h in
                                           (ck.folder.name, hp.get("_name_or_path", ""))):
         raise FormatError(f"{ck.folder}: Qwen3 reranker models are not converted yet")
@@ -639,7 +715,14 @@ def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
     if plan.arch.tokenizer_prefix_space and isinstance(tok_cfg, dict):
         if (v := tok_cfg.get("add_prefix_space")) is not None:
             w.add_add_space_prefix(v)
-    if plan.arch.sentencepiece_first and (ck.folder / "tokenizer.model").is_file():
+    if plan.arch.ernie_moe:    # Ernie4_5Model.set_vocab: _set_vocab_sentencepiece, then add_prefix_space
+        if not (ck.folder / "tokenizer.model").is_file():
+            raise FormatError(f"{ck.folder / 'tokenizer.model'}: missing (ERNIE 4.5's vocabulary is read from its "
+                              f"SentencePiece model only, as the reference's set_vocab does)")
+        add_vocab_sentencepiece(w, ck.folder, hp.get("vocab_size"))
+        if isinstance(tok_cfg, dict) and "add_prefix_space" in tok_cfg:
+            w.add_add_space_prefix(tok_cfg["add_prefix_space"])
+    elif plan.arch.sentencepiece_first and (ck.folder / "tokenizer.model").is_file():
         add_vocab_sentencepiece(w, ck.folder, hp.get("vocab_size"))
         if plan.arch.gemma3 or plan.arch.gemma2:
             w.add_add_space_prefix(False)
