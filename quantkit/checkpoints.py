@@ -47,6 +47,15 @@ What each checkpoint exercises:
   tokenizer.model (and ``add_prefix_space`` in tokenizer_config.json): 3 layers of which the first is
   dense, 4 experts, the router's score bias ``moe_statics.e_score_correction_bias`` ([1, experts]), 2 shared
   experts (width ``intermediate_size`` / KV heads, as the converter writes it), tied embeddings.
+* ``deepseek2``: DeepseekV3ForCausalLM (DeepSeek V3 / Kimi K2), BF16: multi-head latent attention with
+  ``q_lora_rank`` (q_a / q_a_layernorm / q_b), the compressed KV (``kv_a_proj_with_mqa``, ``kv_a_layernorm``)
+  and ``kv_b_proj`` (split by the converter into ``attn_k_b`` / ``attn_v_b``), 3 layers of which the first
+  is dense, 4 routed experts in 2 groups with the score bias, a shared expert, sigmoid scoring, V3's YaRN
+  RoPE scaling (factor 40, ``mscale_all_dim`` 1: the yarn_log_multiplier key).
+* ``deepseek2lite``: the same class shaped as DeepSeek-V2-Lite: q without the LoRA bottleneck (``q_proj``),
+  2 layers, 2 shared experts, softmax scoring without weight normalization, V2-Lite's YaRN (``mscale_all_dim``
+  0.707), tied embeddings (the
+  converter drops ``lm_head``; transformers does not save it).
 """
 
 from __future__ import annotations
@@ -63,6 +72,18 @@ VOCAB = 151936
 _BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=2048, rms_norm_eps=1e-6,
              rope_theta=1000000.0, hidden_act="silu", bos_token_id=151643, eos_token_id=151645)
+
+#: DeepSeek V3's config.json keys (DeepseekV3ForCausalLM), tiny
+_DEEPSEEK_V3 = {**_BASE, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 3,
+                "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16,
+                "qk_nope_head_dim": 24, "v_head_dim": 20, "moe_intermediate_size": 32, "n_routed_experts": 4,
+                "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2,
+                "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "scoring_func": "sigmoid",
+                "topk_method": "noaux_tc", "num_nextn_predict_layers": 1, "rope_interleave": True,
+                "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                "max_position_embeddings": 163840, "rope_theta": 10000.0,
+                "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
 
 #: name -> (config.json, source dtype, number of shards, generation_config.json or None)
 SPECS = {
@@ -138,6 +159,13 @@ SPECS = {
                      "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
                      "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0},
                     "BF16", 1, None),
+    "deepseek2": (_DEEPSEEK_V3, "BF16", 1, None),
+    "deepseek2lite": ({**_DEEPSEEK_V3, "num_hidden_layers": 2, "q_lora_rank": None, "n_shared_experts": 2,
+                       "n_group": 1, "topk_group": 1, "scoring_func": "softmax", "topk_method": "greedy",
+                       "norm_topk_prob": False, "routed_scaling_factor": 1.0, "tie_word_embeddings": True,
+                       "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                        "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}},
+                      "BF16", 1, None),
 }
 
 #: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
@@ -180,9 +208,12 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
                     (p + "self_attn.k_norm.weight", (nkv,))]
         else:
             out.append((p + "input_layernorm.weight", (e,)))
-        out += [(p + "post_attention_layernorm.weight", (e,)),
-                (p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
-                (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
+        out.append((p + "post_attention_layernorm.weight", (e,)))
+        if mt == "deepseek_v3":
+            out += _mla(p, cfg)
+        else:
+            out += [(p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
+                    (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
         if bias:
             out += [(p + "self_attn.q_proj.bias", (nq,)), (p + "self_attn.k_proj.bias", (nkv,)),
                     (p + "self_attn.v_proj.bias", (nkv,))]
@@ -197,7 +228,7 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
             n_x = cfg["moe_num_experts"]
             out += _routed(p, e, n_x, cfg["moe_intermediate_size"], cfg["moe_num_shared_experts"],
                            ("mlp.moe_statics.e_score_correction_bias", (1, n_x)))
-        elif "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]:   # glm4_moe's MoE layers
+        elif "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]:   # glm4_moe's, deepseek_v3's
             n_x = cfg["n_routed_experts"]
             out += _routed(p, e, n_x, cfg["moe_intermediate_size"], cfg["n_shared_experts"],
                            ("mlp.gate.e_score_correction_bias", (n_x,)))
@@ -231,6 +262,22 @@ def _routed(p: str, e: int, n_x: int, mff: int, n_shared: int, bias: tuple[str, 
     for x in range(n_x):
         out += _swiglu(f"{p}mlp.experts.{x}.", e, mff)
     return out + _swiglu(p + "mlp.shared_experts.", e, mff * n_shared)
+
+
+def _mla(p: str, cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """DeepSeek's multi-head latent attention (DeepseekV3Attention): q directly or through the
+    ``q_lora_rank`` bottleneck, the compressed KV and its decompression ``kv_b_proj``."""
+    e, n_head, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    a = p + "self_attn."
+    if cfg.get("q_lora_rank"):
+        q = cfg["q_lora_rank"]
+        out = [(a + "q_a_proj.weight", (q, e)), (a + "q_a_layernorm.weight", (q,)),
+               (a + "q_b_proj.weight", (n_head * (nope + rope), q))]
+    else:
+        out = [(a + "q_proj.weight", (n_head * (nope + rope), e))]
+    return out + [(a + "kv_a_proj_with_mqa.weight", (kv + rope, e)), (a + "kv_a_layernorm.weight", (kv,)),
+                  (a + "kv_b_proj.weight", (n_head * (nope + vd), kv)), (a + "o_proj.weight", (e, n_head * vd))]
 
 
 def _ernie_moe_layer(cfg: dict, i: int) -> bool:

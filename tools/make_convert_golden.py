@@ -40,7 +40,8 @@ OUT_DIR = HERE.parent / "tests" / "data" / "convert"
 OUTTYPES = {"llama": ("auto", "f32", "f16", "q8_0"), "qwen2": ("auto", "bf16"), "qwen3": ("auto", "q8_0"),
             "mixtral": ("auto",), "llama3rope": ("auto",), "qwen3moe": ("auto",), "gemma3": ("auto",), "gemma3sp": ("auto",),
             "glm4moe": ("auto", "f16"), "smollm3": ("auto",), "olmo2": ("auto",), "gemma2": ("auto",),
-            "granitemoe": ("auto", "f16"), "ernie4_5moe": ("auto", "f16")}
+            "granitemoe": ("auto", "f16"), "ernie4_5moe": ("auto", "f16"),
+            "deepseek2": ("auto", "f16"), "deepseek2lite": ("auto",)}
 
 
 def main() -> None:

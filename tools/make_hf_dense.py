@@ -10,7 +10,7 @@ come from quantkit's test packages:
     $CONVERT_PY $QUANTKIT_LLAMA_CPP/convert_hf_to_gguf.py DIR --outfile DIR.gguf --outtype f16
     tools/arch_agreement.sh DIR.gguf OUTDIR
 
-(NAME: smollm3, olmo2, gemma2 or granitemoe; $CONVERT_PY a venv with torch and transformers,
+(NAME: smollm3, olmo2, gemma2, granitemoe, ernie4_5moe, deepseek2 or deepseek2lite; $CONVERT_PY a venv with torch and transformers,
 docs/DEVELOPING.md.) This script reads DIR/config.json, sets ``num_hidden_layers`` to N_LAYER (default 4:
 SmolLM3's fourth layer is its first without RoPE), builds the model with
 ``AutoModelForCausalLM.from_config`` (so the tensor names and config keys are the library's), re-draws
@@ -18,7 +18,8 @@ every weight with a fixed seed and writes it with ``save_pretrained`` in float16
 saved tensors' names and shapes are what ``quantkit.checkpoints.hf_tensors`` lists for the same config:
 the numpy-made checkpoints of tests/test_convert.py name their tensors as transformers saves them.
 
-The weights: matrices normal with std 2 / sqrt(fan_in) for Q, K, the FFN gate and the MoE router,
+The weights: matrices normal with std 2 / sqrt(fan_in) for Q, K, the FFN gate and the MoE router (DeepSeek's
+latent attention: q_a 1, q_b 2, kv_a 1.5, kv_b 2),
 1 / sqrt(fan_in) for V and up (an expert's merged gate and up: 1.5), 3 / sqrt(fan_in) for the attention
 output and the FFN down (each layer moves the residual); fan_in is the last axis (a 3D expert tensor
 is one matrix per expert). The embeddings (and an untied lm_head) std 0.5 (Gemma 2: 0.25, its embeddings
@@ -43,7 +44,7 @@ from quantkit.checkpoints import hf_tensors  # noqa: E402  (numpy only)
 
 SEED = 5
 #: matrix std times sqrt(fan_in), by a part of the parameter's name (the first that matches)
-GAIN = {"q_proj": 2.0, "k_proj": 2.0, "gate_up_proj": 1.5, "gate_proj": 2.0, "v_proj": 1.0, "up_proj": 1.0,
+GAIN = {"q_a_proj": 1.0, "q_b_proj": 2.0, "kv_a_proj_with_mqa": 1.5, "kv_b_proj": 2.0, "q_proj": 2.0, "k_proj": 2.0, "gate_up_proj": 1.5, "gate_proj": 2.0, "v_proj": 1.0, "up_proj": 1.0,
         "o_proj": 3.0, "down_proj": 3.0, "router": 2.0, "mlp.gate.weight": 2.0}
 #: model types whose checkpoints here have an untied lm_head
 UNTIE = ("granitemoe",)

@@ -16,7 +16,7 @@ Plan first, then stream (docs/convert.md):
 The per-architecture part is only what differs (``Arch``): llama and Mixtral (Q/K rows permuted back
 from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE factors), qwen2, qwen3,
 qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), granitemoe (a merged tensor split:
-``Split``), ernie4_5-moe. Hyperparameters
+``Split``), ernie4_5-moe, deepseek2 (kv_b split per head: ``Source.heads``). Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
@@ -65,6 +65,10 @@ CONFIG_DEFAULTS = {
     "ernie4_5_moe": dict(max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, head_dim=None,
                          moe_intermediate_size=1536, moe_k=6, moe_num_experts=64, moe_num_shared_experts=2,
                          moe_layer_start_index=1, moe_layer_interval=1),
+    "deepseek_v3": dict(max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0, kv_lora_rank=512,
+                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, moe_intermediate_size=2048,
+                        n_routed_experts=256, n_shared_experts=1, routed_scaling_factor=2.5, n_group=8, topk_group=4,
+                        num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True),
     "granitemoe": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None),
     "gemma2": dict(max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=256,
                    sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
@@ -115,6 +119,9 @@ class Arch:
     #: Ernie4_5MoeModel: its MoE keys, a SentencePiece tokenizer.model only (add_prefix_space after it)
     ernie_moe: bool = False
     skipped: tuple[str, ...] = ()     # name prefixes the reference's filter_tensors drops
+    #: DeepseekV2Model: multi-head latent attention (kv_b_proj split into attn_k_b / attn_v_b, its keys, one
+    #: KV head), the layers past num_hidden_layers (multi-token prediction) and a tied lm_head dropped
+    deepseek2: bool = False
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -154,7 +161,14 @@ ARCHS = {
                                                     "model.layers.{bid}.mlp.experts.{wid}.weight"),
                                     skipped=("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.",
                                              "model.mtp_linear_proj.")),
+    # conversion/deepseek.py DeepseekV2Model (DeepSeek V3 / V3.1 / R1, Kimi K2): experts stacked down, gate, up
+    "DeepseekV3ForCausalLM": Arch(gguf.MODEL_ARCH.DEEPSEEK2, sentencepiece_first=False, deepseek2=True,
+                                  experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
+                                                  "model.layers.{bid}.mlp.experts.{wid}.weight")),
 }
+#: TextModel.set_gguf_parameters: a config's expert score function as expert_gating_func (llama.cpp's
+#: gguf-py ExpertGatingFuncType; the gguf package on PyPI lacks SQRTSOFTPLUS)
+_GATING = {"softmax": 1, "sigmoid": 2, "sqrtsoftplus": 4}
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 #: tensors the reference keeps in F32 whatever the outtype (besides 1-D ones and norms)
@@ -172,6 +186,14 @@ class Source:
     n_rows: int | None = None                # only the first rows (gemma3's embeddings: the real vocabulary)
     shift: float = 0.0                       # added to every value (gemma3's norms: weight + 1)
     part: tuple[int, int] | None = None      # (i, n): the i-th of n equal slices of the next-to-last axis
+    #: (n_head, start, stop, transpose): rows start:stop of each head's block of a 2D tensor, as a 3D tensor
+    #: of one matrix per head, each transposed or not (DeepseekV2Model's kv_b_proj split)
+    heads: tuple[int, int, int, bool] | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Read at once: the permutation mixes rows within a head, a head split takes rows of every head."""
+        return self.permute is not None or self.heads is not None
 
 
 @dataclass
@@ -236,6 +258,16 @@ def _hparams(config: dict, path: Path) -> dict:
     return hp
 
 
+def _deepseek2_hparams(hp: dict, path: Path) -> None:
+    """DeepseekV3Config's derived values (its head_dim is the rotated part, whatever config.json says) and
+    the MLA sizes the converter needs, checked."""
+    for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"):
+        if not isinstance(hp.get(k), int) or hp[k] <= 0:
+            raise FormatError(f"{path}: {k} must be a positive integer, got {hp.get(k)!r}")
+    hp["head_dim"] = hp["qk_rope_head_dim"]
+    hp.setdefault("q_lora_rank", 1536)     # the class's default when the key is absent; null stays (V2-Lite)
+
+
 def _find(hp: dict, *keys: str):
     """``find_hparam(keys, optional=True)``: the first key present (its value may be None)."""
     return next((hp[k] for k in keys if k in hp), None)
@@ -248,6 +280,8 @@ def _n_blocks(hp: dict, arch: Arch) -> int:
 
 def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: Path) -> None:
     """``TextModel.set_gguf_parameters`` and the architecture's additions, in the reference's order."""
+    if arch.deepseek2:      # DeepseekV2Model.set_gguf_parameters: MLA is written as MQA, one KV head
+        hp = {**hp, "num_key_value_heads": 1}
     if arch.gemma2:
         _add_gemma2_parameters(w, hp, ftype)
         return
@@ -276,11 +310,13 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_rope_scaling_factor(factor)
         elif rope_type == "default" or (lower == "llama3" and arch.llama_keys):
             pass                # no scaling; llama3: rope_freqs.weight (_plan_tensors)
-        elif rope_type in ("yarn", "su", "longrope", "dynamic") or lower == "llama3":
+        elif rope_type == "yarn" and factor is not None:
+            _add_yarn(w, rope, path)
+        elif rope_type in ("su", "longrope", "dynamic") or lower == "llama3":
             raise FormatError(f"{path}: RoPE scaling {rope_type!r} is not converted yet")
         else:   # the reference warns "Unknown RoPE type" (or, for linear without a factor, nothing) and
             # writes no scaling: a file that runs without the scaling the model was trained with
-            what = "'linear' without a factor" if rope_type == "linear" else f"{rope_type!r}"
+            what = f"{rope_type!r} without a factor" if rope_type in ("linear", "yarn") else f"{rope_type!r}"
             raise FormatError(f"{path}: RoPE scaling {what} is not one llama.cpp's converter writes; "
                               f"converting without it would give a wrong model")
     if (v := rope.get("rope_theta")) is not None:
@@ -299,6 +335,11 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
         w.add_expert_group_count(v)
     if (v := hp.get("topk_group")) is not None:
         w.add_expert_group_used_count(v)
+    if (v := _find(hp, "score_function", "scoring_func", "score_func", "moe_router_activation",
+                   "moe_router_activation_func", "expert_selection_fn")) is not None:
+        if v not in _GATING:
+            raise FormatError(f"{path}: expert score function {v!r} is not one llama.cpp's converter writes")
+        w.add_uint32(gguf.Keys.LLM.EXPERT_GATING_FUNC.format(arch=w.arch), _GATING[v])
     if (v := hp.get("head_dim")) is not None:
         w.add_key_length(v)
         w.add_value_length(v)
@@ -354,6 +395,8 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_logit_scale(v)
         if v := hp.get("shared_intermediate_size"):
             w.add_expert_shared_feed_forward_length(v)
+    if arch.deepseek2:
+        _add_deepseek2_parameters(w, hp)
     if arch.ernie_moe:     # Ernie4_5MoeModel.set_gguf_parameters
         w.add_expert_count(hp["moe_num_experts"])
         w.add_expert_used_count(hp["moe_k"])
@@ -369,6 +412,52 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
                 w.add_expert_shared_feed_forward_length(hp["intermediate_size"] // hp["num_key_value_heads"])
     if arch.gguf_arch == gguf.MODEL_ARCH.OLMO2 and "sliding_window" in hp:
         _add_olmo3_window(w, hp)
+
+
+def _add_deepseek2_parameters(w: gguf.GGUFWriter, hp: dict) -> None:
+    """``DeepseekV2Model.set_gguf_parameters``, after TextModel's keys (written with one KV head)."""
+    has_moe = hp.get("n_routed_experts") is not None
+    lead = hp.get("first_k_dense_replace")
+    w.add_leading_dense_block_count(lead if lead is not None else 0 if has_moe else hp["num_hidden_layers"])
+    kv_lora = hp.get("kv_lora_rank", 512)
+    w.add_vocab_size(hp["vocab_size"])
+    if hp.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(hp["q_lora_rank"])
+    # MLA as MQA: one KV head of the latent and the rotated part, decompressed per head by attn_k_b / attn_v_b
+    w.add_kv_lora_rank(kv_lora)
+    w.add_key_length(kv_lora + hp["qk_rope_head_dim"])
+    w.add_value_length(kv_lora)
+    w.add_key_length_mla(hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"])
+    w.add_value_length_mla(hp["v_head_dim"])
+    w.add_expert_feed_forward_length(_find(hp, "moe_intermediate_size", "intermediate_size"))
+    if has_moe:
+        w.add_expert_count(hp["n_routed_experts"])
+    w.add_expert_shared_count(hp.get("n_shared_experts", 0))
+    if (v := hp.get("routed_scaling_factor")) is not None:
+        w.add_expert_weights_scale(v)
+    if hp.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(hp["qk_rope_head_dim"])
+    if (v := hp["rope_parameters"].get("mscale_all_dim")) is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * v)    # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]
+
+
+def _add_yarn(w: gguf.GGUFWriter, rope: dict, path: Path) -> None:
+    """TextModel.set_gguf_parameters' YaRN keys: the factor, the original context, and the
+    extrapolation / attention factors and betas where the config sets them."""
+    if not isinstance(rope.get("original_max_position_embeddings"), int):
+        raise FormatError(f"{path}: YaRN RoPE scaling without original_max_position_embeddings")
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if (v := rope.get("extrapolation_factor")) is not None:
+        w.add_rope_scaling_yarn_ext_factor(v)
+    if (v := rope.get("attention_factor", rope.get("attn_factor"))) is not None:
+        w.add_rope_scaling_yarn_attn_factor(v)
+    if (v := rope.get("beta_fast")) is not None:
+        w.add_rope_scaling_yarn_beta_fast(v)
+    if (v := rope.get("beta_slow")) is not None:
+        w.add_rope_scaling_yarn_beta_slow(v)
 
 
 def _add_olmo3_window(w: gguf.GGUFWriter, hp: dict) -> None:
@@ -482,10 +571,13 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     for name, t in ck.tensors.items():
         if name.endswith(_DROPPED) or name.startswith(arch.skipped or "\0"):
             continue
+        bid = _bid(name)
+        if arch.deepseek2 and (name.startswith("model.layers.") and bid is not None and bid >= n_layer
+                               or hp.get("tie_word_embeddings") and name in ("lm_head.weight", "model.lm_head.weight")):
+            continue            # DeepseekV2Model.modify_tensors: the MTP layers, a tied lm_head
         if t.dtype not in FLOAT_DTYPES:
             raise FormatError(f"{t.file}: tensor {name!r} is {t.dtype}; only float tensors are converted "
                               f"(quantized checkpoints are not)")
-        bid = _bid(name)
         ex = arch.experts
         if ex and ex.key in name:
             if not n_expert or bid is None:
@@ -515,6 +607,9 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
                 base = gguf.TENSOR_NAMES[part]
                 add(base.format(bid=bid) + ".weight", shape, Source([name], part=(i, n)), t.dtype, bid)
             continue
+        if arch.deepseek2 and name.endswith("kv_b_proj.weight"):
+            _split_kv_b(name, t, hp, add, bid)
+            continue
         permute = None
         if arch.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
             permute = (n_head, n_head)
@@ -536,6 +631,8 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     if leftover:
         raise FormatError(f"{path}: unprocessed expert tensor {leftover[0]!r} (its layer lacks some experts)")
     want = _expected_shapes(hp)
+    if arch.deepseek2:
+        want["attn_q.weight"] = (n_head * (hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"]), hp["hidden_size"])
     if arch.gemma3:
         want["token_embd.weight"] = (min(hp["vocab_size"], vocab_rows(ck, hp)), hp["hidden_size"])
     for t in out:
@@ -543,6 +640,21 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     if n_layer and not any(t.name.startswith(f"blk.{n_layer - 1}.") for t in out):
         raise FormatError(f"{path}: config.json says {n_layer} layers, but no tensor of layer {n_layer - 1}")
     return out
+
+
+def _split_kv_b(name: str, t, hp: dict, add, bid: int | None) -> None:
+    """``DeepseekV2Model.modify_tensors``: each head's rows of ``kv_b_proj`` (its nope key rows, then its
+    value rows, over the latent) as ``attn_k_b`` (per head the key rows transposed: latent x nope) and
+    ``attn_v_b`` (per head value x latent), for MLA's absorbed form."""
+    n_head, nope, vd = hp["num_key_value_heads"], hp["qk_nope_head_dim"], hp["v_head_dim"]
+    if len(t.shape) != 2 or t.shape[0] != n_head * (nope + vd):
+        raise FormatError(f"{t.file}: tensor {name!r} has shape {list(t.shape)}, but config.json says "
+                          f"[{n_head * (nope + vd)}, kv_lora_rank] ({n_head} heads of {nope} + {vd} rows)")
+    kv = t.shape[1]
+    add(name.replace("kv_b_proj", "k_b_proj"), (n_head, kv, nope), Source([name], heads=(n_head, 0, nope, True)),
+        t.dtype, bid)
+    add(name.replace("kv_b_proj", "v_b_proj"), (n_head, vd, kv), Source([name], heads=(n_head, nope, nope + vd, False)),
+        t.dtype, bid)
 
 
 def llama3_rope_factors(hp: dict) -> np.ndarray:
@@ -613,6 +725,10 @@ def _read(ck: Checkpoint, src: Source, name: str, start: int = 0, stop: int | No
         x = x + x.dtype.type(src.shift)
     if src.permute is not None:
         x = _permute(x, *src.permute)
+    if src.heads is not None:
+        n_head, a, b, transpose = src.heads
+        x = x.reshape(n_head, -1, x.shape[-1])[:, a:b, :]
+        x = np.ascontiguousarray(x.transpose(0, 2, 1) if transpose else x)
     return x
 
 
@@ -637,8 +753,8 @@ def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
         for n in src.names:
             yield _encode(_read(ck, src, n), t.qtype)
         return
-    # the permutation mixes rows within a head, a 2D split's parts are row ranges: the whole tensor
-    if src.permute is not None or len(t.shape) < 2 or (src.part is not None and len(t.shape) < 3):
+    # a 2D split's parts are row ranges: the whole tensor too
+    if src.whole or len(t.shape) < 2 or (src.part is not None and len(t.shape) < 3):
         yield _encode(_read(ck, src, src.names[0]), t.qtype)
         return
     shape = t.shape
@@ -663,6 +779,8 @@ def plan_conversion(folder: str | os.PathLike, outtype: str = "auto") -> Plan:
     hp = _hparams(ck.config, path)
     if arch.granite:
         hp.pop("head_dim", None)      # GraniteModel.set_gguf_parameters ignores it
+    if arch.deepseek2:
+        _deepseek2_hparams(hp, path)
     if name == "Qwen3ForCausalLM" and any("qwen3-reranker" in str(h).lower() for h in
                                           (ck.folder.name, hp.get("_name_or_path", ""))):
         raise FormatError(f"{ck.folder}: Qwen3 reranker models are not converted yet")
