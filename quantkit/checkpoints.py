@@ -53,7 +53,8 @@ What each checkpoint exercises:
   is dense, 4 routed experts in 2 groups with the score bias, a shared expert, sigmoid scoring, V3's YaRN
   RoPE scaling (factor 40, ``mscale_all_dim`` 1: the yarn_log_multiplier key).
 * ``deepseek2lite``: the same class shaped as DeepSeek-V2-Lite: q without the LoRA bottleneck (``q_proj``),
-  2 layers, 2 shared experts, softmax scoring without weight normalization, V2-Lite's YaRN (``mscale_all_dim``
+  2 layers, 2 shared experts, every expert used (no routing choice: a deep random stack of routing choices
+  is chaotic, llama.cpp's micro-batch sizes alone flip it; tools/make_hf_dense.py makes it 26 layers deep), softmax scoring without weight normalization, V2-Lite's YaRN (``mscale_all_dim``
   0.707), tied embeddings (the
   converter drops ``lm_head``; transformers does not save it).
 """
@@ -161,6 +162,7 @@ SPECS = {
                     "BF16", 1, None),
     "deepseek2": (_DEEPSEEK_V3, "BF16", 1, None),
     "deepseek2lite": ({**_DEEPSEEK_V3, "num_hidden_layers": 2, "q_lora_rank": None, "n_shared_experts": 2,
+                       "num_experts_per_tok": 4,
                        "n_group": 1, "topk_group": 1, "scoring_func": "softmax", "topk_method": "greedy",
                        "norm_topk_prob": False, "routed_scaling_factor": 1.0, "tie_word_embeddings": True,
                        "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
