@@ -60,6 +60,23 @@ What each checkpoint exercises:
   (split and transposed by the converter), a router and a shared expert, the others dense at
   ``intermediate_size_mlp``; Scout's Llama 3 style RoPE scaling (``rope_freqs.weight``); a small vision
   tower and projector, which the converter skips.
+* ``granitemoe``: GraniteMoeForCausalLM (Granite 3.x MoE), BF16: 4 experts whose gate and up rows are one
+  3D ``input_linear`` (split by the converter), ``output_linear`` and ``router.layer`` as transformers 5
+  saves them, the Q/K permutation, Granite's four multipliers, tied embeddings.
+* ``ernie4_5moe``: Ernie4_5_MoeForCausalLM (ERNIE 4.5 MoE), BF16, with ``gemma3sp``'s SentencePiece
+  tokenizer.model (and ``add_prefix_space`` in tokenizer_config.json): 3 layers of which the first is
+  dense, 4 experts, the router's score bias ``moe_statics.e_score_correction_bias`` ([1, experts]), 2 shared
+  experts (width ``intermediate_size`` / KV heads, as the converter writes it), tied embeddings.
+* ``deepseek2``: DeepseekV3ForCausalLM (DeepSeek V3 / Kimi K2), BF16: multi-head latent attention with
+  ``q_lora_rank`` (q_a / q_a_layernorm / q_b), the compressed KV (``kv_a_proj_with_mqa``, ``kv_a_layernorm``)
+  and ``kv_b_proj`` (split by the converter into ``attn_k_b`` / ``attn_v_b``), 3 layers of which the first
+  is dense, 4 routed experts in 2 groups with the score bias, a shared expert, sigmoid scoring, V3's YaRN
+  RoPE scaling (factor 40, ``mscale_all_dim`` 1: the yarn_log_multiplier key).
+* ``deepseek2lite``: the same class shaped as DeepSeek-V2-Lite: q without the LoRA bottleneck (``q_proj``),
+  2 layers, 2 shared experts, every expert used (no routing choice: a deep random stack of routing choices
+  is chaotic, llama.cpp's micro-batch sizes alone flip it; tools/make_hf_moe.py makes it 26 layers deep), softmax scoring without weight normalization, V2-Lite's YaRN (``mscale_all_dim``
+  0.707), tied embeddings (the
+  converter drops ``lm_head``; transformers does not save it).
 """
 
 from __future__ import annotations
@@ -76,6 +93,18 @@ VOCAB = 151936
 _BASE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
              num_key_value_heads=2, vocab_size=VOCAB, max_position_embeddings=2048, rms_norm_eps=1e-6,
              rope_theta=1000000.0, hidden_act="silu", bos_token_id=151643, eos_token_id=151645)
+
+#: DeepSeek V3's config.json keys (DeepseekV3ForCausalLM), tiny
+_DEEPSEEK_V3 = {**_BASE, "architectures": ["DeepseekV3ForCausalLM"], "model_type": "deepseek_v3", "num_hidden_layers": 3,
+                "num_key_value_heads": 4, "kv_lora_rank": 32, "q_lora_rank": 48, "qk_rope_head_dim": 16,
+                "qk_nope_head_dim": 24, "v_head_dim": 20, "moe_intermediate_size": 32, "n_routed_experts": 4,
+                "num_experts_per_tok": 2, "n_shared_experts": 1, "first_k_dense_replace": 1, "n_group": 2,
+                "topk_group": 1, "routed_scaling_factor": 2.5, "norm_topk_prob": True, "scoring_func": "sigmoid",
+                "topk_method": "noaux_tc", "num_nextn_predict_layers": 1, "rope_interleave": True,
+                "attention_bias": False, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+                "max_position_embeddings": 163840, "rope_theta": 10000.0,
+                "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                 "beta_fast": 32, "beta_slow": 1, "mscale": 1.0, "mscale_all_dim": 1.0}}
 
 #: name -> (config.json, source dtype, number of shards, generation_config.json or None)
 SPECS = {
@@ -188,6 +217,27 @@ SPECS = {
                                   "num_channels": 3, "vision_output_dim": 64, "projector_input_dim": 64,
                                   "projector_output_dim": 64, "pixel_shuffle_ratio": 0.5}},
                "BF16", 1, None),
+    "granitemoe": ({**_BASE, "architectures": ["GraniteMoeForCausalLM"], "model_type": "granitemoe",
+                    "num_local_experts": 4, "num_experts_per_tok": 2, "intermediate_size": 32,
+                    "embedding_multiplier": 12.0, "attention_multiplier": 0.015625, "residual_multiplier": 0.22,
+                    "logits_scaling": 6.0, "attention_bias": False, "tie_word_embeddings": True,
+                    "torch_dtype": "bfloat16"},
+                   "BF16", 1, None),
+    "ernie4_5moe": ({**_BASE, "architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe",
+                     "num_hidden_layers": 3, "moe_num_experts": 4, "moe_k": 2, "moe_intermediate_size": 32,
+                     "moe_num_shared_experts": 2, "moe_layer_start_index": 1, "moe_layer_end_index": -1,
+                     "moe_layer_interval": 1, "use_bias": False, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+                     "max_position_embeddings": 131072, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+                     "vocab_size": 262144, "bos_token_id": 2, "eos_token_id": 1, "pad_token_id": 0},
+                    "BF16", 1, None),
+    "deepseek2": (_DEEPSEEK_V3, "BF16", 1, None),
+    "deepseek2lite": ({**_DEEPSEEK_V3, "num_hidden_layers": 2, "q_lora_rank": None, "n_shared_experts": 2,
+                       "num_experts_per_tok": 4,
+                       "n_group": 1, "topk_group": 1, "scoring_func": "softmax", "topk_method": "greedy",
+                       "norm_topk_prob": False, "routed_scaling_factor": 1.0, "tie_word_embeddings": True,
+                       "rope_scaling": {"type": "yarn", "factor": 40, "original_max_position_embeddings": 4096,
+                                        "beta_fast": 32, "beta_slow": 1, "mscale": 0.707, "mscale_all_dim": 0.707}},
+                      "BF16", 1, None),
 }
 
 #: added tokens a checkpoint's tokenizer.json gains beside Qwen3's (GLM's chat tokens, which the
@@ -196,7 +246,9 @@ ADDED_TOKENS = {"glm4moe": ("[gMASK]", "<|user|>", "<|observation|>")}
 
 
 #: checkpoints with Gemma 3's SentencePiece tokenizer.model (from the Gemma 3 270M test model) instead of Qwen3's
-SENTENCEPIECE = ("gemma3sp", "gemma2")
+SENTENCEPIECE = ("gemma3sp", "gemma2", "ernie4_5moe")
+#: keys a checkpoint's tokenizer_config.json gains (ERNIE's set_vocab writes add_prefix_space after the vocabulary)
+TOKENIZER_CONFIG = {"ernie4_5moe": {"add_prefix_space": False}}
 
 
 def tokenizer_dir() -> Path | None:
@@ -236,40 +288,41 @@ def hf_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
                     (p + "self_attn.k_norm.weight", (nkv,))]
         else:
             out.append((p + "input_layernorm.weight", (e,)))
-        out += [(p + "post_attention_layernorm.weight", (e,)),
-                (p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
-                (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
+        out.append((p + "post_attention_layernorm.weight", (e,)))
+        if mt == "deepseek_v3":
+            out += _mla(p, cfg)
+        else:
+            out += [(p + "self_attn.q_proj.weight", (nq, e)), (p + "self_attn.k_proj.weight", (nkv, e)),
+                    (p + "self_attn.v_proj.weight", (nkv, e)), (p + "self_attn.o_proj.weight", (e, nq))]
         if bias:
             out += [(p + "self_attn.q_proj.bias", (nq,)), (p + "self_attn.k_proj.bias", (nkv,)),
                     (p + "self_attn.v_proj.bias", (nkv,))]
         if cfg["model_type"] in ("qwen3", "qwen3_moe", "gemma3_text") or cfg.get("use_qk_norm"):
             out += [(p + "self_attn.q_norm.weight", (hd,)), (p + "self_attn.k_norm.weight", (hd,))]
-        if "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]:   # glm4_moe's MoE layers
-            mff, n_x = cfg["moe_intermediate_size"], cfg["n_routed_experts"]
-            out += [(p + "mlp.gate.weight", (n_x, e)), (p + "mlp.gate.e_score_correction_bias", (n_x,))]
-            for x in range(n_x):
-                q = f"{p}mlp.experts.{x}."
-                out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)),
-                        (q + "down_proj.weight", (e, mff))]
-            sff = mff * cfg["n_shared_experts"]
-            out += [(p + "mlp.shared_experts.gate_proj.weight", (sff, e)),
-                    (p + "mlp.shared_experts.up_proj.weight", (sff, e)),
-                    (p + "mlp.shared_experts.down_proj.weight", (e, sff))]
+        if mt == "granitemoe":    # JetMoe's parallel experts: each expert's gate and up rows in one tensor
+            n_x, ff = cfg["num_local_experts"], cfg["intermediate_size"]
+            out += [(p + "block_sparse_moe.input_linear.weight", (n_x, 2 * ff, e)),
+                    (p + "block_sparse_moe.output_linear.weight", (n_x, e, ff)),
+                    (p + "block_sparse_moe.router.layer.weight", (n_x, e))]
+        elif mt == "ernie4_5_moe" and _ernie_moe_layer(cfg, i):
+            n_x = cfg["moe_num_experts"]
+            out += _routed(p, e, n_x, cfg["moe_intermediate_size"], cfg["moe_num_shared_experts"],
+                           ("mlp.moe_statics.e_score_correction_bias", (1, n_x)))
+        elif "n_routed_experts" in cfg and i >= cfg["first_k_dense_replace"]:   # glm4_moe's, deepseek_v3's
+            n_x = cfg["n_routed_experts"]
+            out += _routed(p, e, n_x, cfg["moe_intermediate_size"], cfg["n_shared_experts"],
+                           ("mlp.gate.e_score_correction_bias", (n_x,)))
         elif "num_local_experts" in cfg:
             out.append((p + "block_sparse_moe.gate.weight", (cfg["num_local_experts"], e)))
             for x in range(cfg["num_local_experts"]):
                 q = f"{p}block_sparse_moe.experts.{x}."
                 out += [(q + "w1.weight", (ff, e)), (q + "w2.weight", (e, ff)), (q + "w3.weight", (ff, e))]
         elif "num_experts" in cfg:
-            mff = cfg["moe_intermediate_size"]
             out.append((p + "mlp.gate.weight", (cfg["num_experts"], e)))
             for x in range(cfg["num_experts"]):
-                q = f"{p}mlp.experts.{x}."
-                out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)),
-                        (q + "down_proj.weight", (e, mff))]
+                out += _swiglu(f"{p}mlp.experts.{x}.", e, cfg["moe_intermediate_size"])
         else:
-            out += [(p + "mlp.gate_proj.weight", (ff, e)), (p + "mlp.up_proj.weight", (ff, e)),
-                    (p + "mlp.down_proj.weight", (e, ff))]
+            out += _swiglu(p + "mlp.", e, ff)
     out.append(("model.embedding_norm.weight" if mt in ("lfm2", "lfm2_moe") else "model.norm.weight", (e,)))
     if not cfg["tie_word_embeddings"]:
         out.append(("lm_head.weight", (v, e)))
@@ -332,6 +385,8 @@ def _qwen3next_layer(cfg: dict, p: str, i: int) -> list[tuple[str, tuple[int, ..
         out += [(q + "gate_proj.weight", (mff, e)), (q + "up_proj.weight", (mff, e)), (q + "down_proj.weight", (e, mff))]
     return out + [(p + "mlp.shared_expert.gate_proj.weight", (sff, e)), (p + "mlp.shared_expert.up_proj.weight", (sff, e)),
                   (p + "mlp.shared_expert.down_proj.weight", (e, sff)), (p + "mlp.shared_expert_gate.weight", (1, e))]
+
+
 def _minimax_m2_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
     """MiniMax-M2's published names: Q/K norms over the whole projections, ``block_sparse_moe`` with the
     router's score bias and per-expert w1 / w2 / w3."""
@@ -389,6 +444,45 @@ def _llama4_tensors(cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
 OWN_TENSORS = {"minimax_m2": _minimax_m2_tensors, "llama4": _llama4_tensors}
 
 
+def _swiglu(prefix: str, e: int, ff: int) -> list[tuple[str, tuple[int, ...]]]:
+    """A Hugging Face gated MLP's three projections (``gate_proj``, ``up_proj``, ``down_proj``)."""
+    return [(prefix + "gate_proj.weight", (ff, e)), (prefix + "up_proj.weight", (ff, e)),
+            (prefix + "down_proj.weight", (e, ff))]
+
+
+def _routed(p: str, e: int, n_x: int, mff: int, n_shared: int, bias: tuple[str, tuple[int, ...]]) -> list:
+    """A DeepSeek-style MoE block (GLM-4.5, ERNIE 4.5, DeepSeek V3): the router, its score bias, the
+    experts and the shared experts (``n_shared`` experts wide)."""
+    out = [(p + "mlp.gate.weight", (n_x, e)), (p + bias[0], bias[1])]
+    for x in range(n_x):
+        out += _swiglu(f"{p}mlp.experts.{x}.", e, mff)
+    return out + _swiglu(p + "mlp.shared_experts.", e, mff * n_shared)
+
+
+def _mla(p: str, cfg: dict) -> list[tuple[str, tuple[int, ...]]]:
+    """DeepSeek's multi-head latent attention (DeepseekV3Attention): q directly or through the
+    ``q_lora_rank`` bottleneck, the compressed KV and its decompression ``kv_b_proj``."""
+    e, n_head, kv = cfg["hidden_size"], cfg["num_attention_heads"], cfg["kv_lora_rank"]
+    nope, rope, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
+    a = p + "self_attn."
+    if cfg.get("q_lora_rank"):
+        q = cfg["q_lora_rank"]
+        out = [(a + "q_a_proj.weight", (q, e)), (a + "q_a_layernorm.weight", (q,)),
+               (a + "q_b_proj.weight", (n_head * (nope + rope), q))]
+    else:
+        out = [(a + "q_proj.weight", (n_head * (nope + rope), e))]
+    return out + [(a + "kv_a_proj_with_mqa.weight", (kv + rope, e)), (a + "kv_a_layernorm.weight", (kv,)),
+                  (a + "kv_b_proj.weight", (n_head * (nope + vd), kv)), (a + "o_proj.weight", (e, n_head * vd))]
+
+
+def _ernie_moe_layer(cfg: dict, i: int) -> bool:
+    """Ernie4_5_MoeDecoderLayer's rule: every ``moe_layer_interval``-th layer from the start to the end index
+    (-1: the last layer)."""
+    end = cfg["moe_layer_end_index"]
+    end = cfg["num_hidden_layers"] - 1 if end == -1 else end
+    return (i + 1) % cfg["moe_layer_interval"] == 0 and cfg["moe_layer_start_index"] <= i <= end
+
+
 def to_bf16_bits(x: np.ndarray) -> np.ndarray:
     """float32 -> bfloat16 bits (uint16), rounding to nearest even as torch does."""
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
@@ -440,6 +534,9 @@ def make_checkpoint(name: str, out: Path, tok_dir: Path | None = None, spec: tup
         from quantkit.formats.locate import gemma3_model
 
         gemma3_tokenizer_files(out, gemma3_model())
+        if name in TOKENIZER_CONFIG:
+            tc = json.loads((out / "tokenizer_config.json").read_text())
+            (out / "tokenizer_config.json").write_text(json.dumps({**tc, **TOKENIZER_CONFIG[name]}, indent=2))
     else:
         for f in ("tokenizer.json", "tokenizer_config.json"):
             shutil.copyfile(tok_dir / f, out / f)

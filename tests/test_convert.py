@@ -34,6 +34,9 @@ from quantkit.pipelines.convert import convert  # noqa: E402
 
 GOLDEN = Path(__file__).parent / "data" / "convert"
 CASES = sorted(p.stem.rsplit("-", 1) for p in GOLDEN.glob("*.json"))
+#: converted files also opened as models (llama.cpp's loader's shape checks): the MoE families whose
+#: tensors the converter reshapes (ERNIE's score bias is [n_expert, 1]; DeepSeek's attn_k_b / attn_v_b)
+OPENED = ("glm4moe", "granitemoe", "ernie4_5moe", "deepseek2", "deepseek2lite")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +60,8 @@ def _copy(src: Path, dst: Path) -> Path:
 
 def test_golden_cases_present():
     assert {n for n, _ in CASES} >= {"llama", "qwen2", "qwen3", "mixtral", "qwen3moe", "gemma3", "llama3rope", "smollm3",
-                                     "olmo2", "gemma2", "lfm2", "lfm2moe", "qwen3next", "minimaxm2", "llama4"}
+                                     "olmo2", "gemma2", "lfm2", "lfm2moe", "qwen3next", "minimaxm2", "llama4", "granitemoe",
+                                     "ernie4_5moe", "deepseek2", "deepseek2lite"}
 
 
 @pytest.mark.parametrize("name,outtype", CASES, ids=[f"{n}-{o}" for n, o in CASES])
@@ -71,6 +75,10 @@ def test_matches_llama_cpp_converter(ckpt, tmp_path, name, outtype):
     assert [t[:3] for t in mine["tensors"]] == [t[:3] for t in ref["tensors"]]
     for got, want in zip(mine["tensors"], ref["tensors"]):
         assert got[3] == want[3], f"{got[0]}: bytes differ"
+    if outtype == "auto" and name in OPENED:   # the file opens as a model (every tensor's shape checked)
+        from quantkit.model.llama import Llama
+
+        Llama(out)
 
 
 def test_cli_default_name_and_progress(ckpt, tmp_path):
@@ -155,9 +163,10 @@ def test_refuses_missing_shard(ckpt, tmp_path):
     ({"num_hidden_layers": 3}, ("3 layers",)),                              # a layer the shards lack
     ({"architectures": ["GPTBigCodeForCausalLM"]}, ("GPTBigCodeForCausalLM", "not converted")),
     ({"hidden_size": "64"}, ("hidden_size", "positive integer")),
-    # RoPE scaling quantkit does not write (the reference writes YaRN / LongRoPE keys, ignores dynamic)
-    ({"rope_scaling": {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 2048}},
-     ("'yarn'", "not converted yet")),
+    # RoPE scaling quantkit does not write (the reference writes LongRoPE keys, ignores dynamic), YaRN without
+    # the factor the reference needs to write it
+    ({"rope_scaling": {"rope_type": "yarn", "original_max_position_embeddings": 2048}},
+     ("'yarn' without a factor", "wrong model")),
     ({"rope_scaling": {"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]}}, ("'longrope'", "not converted")),
     ({"rope_scaling": {"type": "dynamic", "factor": 2.0}}, ("'dynamic'", "not converted yet")),
     # Llama 3's scaling outside llama: the reference writes the file without it (only LlamaModel makes rope_freqs)
@@ -211,8 +220,8 @@ def test_lfm2_config_under_its_older_names(ckpt, tmp_path):
 
 @pytest.mark.parametrize("change,words", [
     ({"rotary_dim": None}, ("rotary_dim",)),                      # the reference's find_hparam fails too
-    ({"scoring_func": "sqrtsoftplus"}, ("'sqrtsoftplus'", "not converted")),
-], ids=["no-rotary-dim", "sqrtsoftplus"])
+    ({"scoring_func": "relu"}, ("'relu'", "not one llama.cpp's converter writes")),
+], ids=["no-rotary-dim", "unknown-score-function"])
 def test_minimax_m2_refusals(ckpt, tmp_path, change, words):
     folder = _copy(ckpt("minimaxm2"), tmp_path / "m")
     cfg = json.loads((folder / "config.json").read_text())
@@ -276,3 +285,20 @@ def test_bad_sentencepiece_model_refused(ckpt, tmp_path, name):
     folder = _copy(ckpt(name), tmp_path / "m")
     (folder / "tokenizer.model").write_bytes(b"\x0a\x05hello")
     _refused(folder, tmp_path, "tokenizer.model", "cannot load the SentencePiece model")
+
+
+def test_ernie_without_sentencepiece_model_refused(ckpt, tmp_path):
+    """ERNIE 4.5's set_vocab reads only its tokenizer.model (no tokenizer.json fallback): one line, as the
+    reference stops there too."""
+    folder = _copy(ckpt("ernie4_5moe"), tmp_path / "m")
+    (folder / "tokenizer.model").unlink()
+    _refused(folder, tmp_path, "tokenizer.model", "missing")
+
+
+def test_deepseek_kv_b_that_disagrees_with_config_refused(ckpt, tmp_path):
+    """kv_b_proj is split per head by the config's nope and value widths: a config that does not add up to
+    its rows is one line naming the tensor, before anything is written."""
+    folder = _copy(ckpt("deepseek2"), tmp_path / "m")
+    cfg = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg, "v_head_dim": cfg["v_head_dim"] + 2}))
+    _refused(folder, tmp_path, "kv_b_proj", "config.json says")

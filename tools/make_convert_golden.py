@@ -41,7 +41,8 @@ OUTTYPES = {"llama": ("auto", "f32", "f16", "q8_0"), "qwen2": ("auto", "bf16"), 
             "mixtral": ("auto",), "llama3rope": ("auto",), "qwen3moe": ("auto",), "gemma3": ("auto",), "gemma3sp": ("auto",),
             "glm4moe": ("auto", "f16"), "smollm3": ("auto",), "olmo2": ("auto",), "gemma2": ("auto",),
             "lfm2": ("auto", "f16"), "lfm2moe": ("auto",), "qwen3next": ("auto", "f16"), "minimaxm2": ("f16", "bf16"),
-            "llama4": ("f16", "bf16")}
+            "llama4": ("f16", "bf16"), "granitemoe": ("auto", "f16"), "ernie4_5moe": ("auto", "f16"),
+            "deepseek2": ("auto", "f16"), "deepseek2lite": ("auto",)}
 #: per checkpoint, the converter's extra flags (Qwen3-Next: its checkpoints made by transformers have no MTP
 #: block, which the converter otherwise requires)
 EXTRA_ARGS = {"qwen3next": ["--no-mtp"]}

@@ -602,6 +602,14 @@ def _check_readable(where: str, name: str, qtype) -> None:
                          f"cannot read yet (no codec)")
 
 
+def _same_dims(shape, want: tuple[int, ...]) -> bool:
+    """llama.cpp's ``check_tensor_dims``: the dimensions equal once both are padded with 1s to four (so
+    ERNIE 4.5's score bias, which convert_hf_to_gguf.py writes as [n_expert, 1], is an [n_expert] vector)."""
+    a, b = tuple(int(d) for d in shape), tuple(want)
+    n = max(len(a), len(b))
+    return a + (1,) * (n - len(a)) == b + (1,) * (n - len(b))
+
+
 class Llama:
     """A GGUF of one of ``SUPPORTED_ARCHS`` (llama.cpp's ``llama_model``: one class for every
     architecture), opened memory-mapped: ``config``, ``token_embd``, ``blk``, ``output``. Every
@@ -624,7 +632,7 @@ class Llama:
             want = (n_in, n_out, n_exp) if n_exp else (n_in, n_out) if n_out else (n_in,)
             # ggml's rule (llama_model_loader::check_tensor_dims): dims past the file's count are 1, so a
             # [n_embd, 1] ffn_gate_inp_shexp (the converter's) is the [n_embd] llama.cpp asks for
-            if tuple(t.shape) + (1,) * (4 - len(t.shape)) != want + (1,) * (4 - len(want)):
+            if not _same_dims(t.shape, want):
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected {list(want)}")
             _check_readable(where, name, t.type)
             return Weight(name, t.type, want, t.data)
@@ -633,13 +641,13 @@ class Llama:
             if not gg.has_tensor(name):
                 raise ModelError(f"{where}: tensor {name!r} is missing")
             t = gg.tensor(name)
-            if tuple(t.shape) != (n,):
+            if not _same_dims(t.shape, (n,)):
                 raise ModelError(f"{where}: tensor {name!r} has shape {list(t.shape)}, expected [{n}]")
             _check_readable(where, name, t.type)
             if t.type in (GGMLQuantizationType.F32, GGMLQuantizationType.F16):  # the usual case: a plain read
                 return np.array(t.data.view("<f4" if t.type == GGMLQuantizationType.F32 else "<f2").reshape(n),
                                 dtype=np.float32)
-            return np.ascontiguousarray(Weight(name, t.type, tuple(t.shape), t.data).dequantize().reshape(n))
+            return np.ascontiguousarray(Weight(name, t.type, (n,), t.data).dequantize().reshape(n))
 
         def table(name: str, n: int, rows: int) -> np.ndarray:
             """A 2D bias tensor [n, rows] (one row of n per expert) as float32 (rows, n)."""

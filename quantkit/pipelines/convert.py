@@ -18,7 +18,8 @@ from Hugging Face's RoPE layout, experts stacked into 3D tensors, Llama 3's RoPE
 qwen3moe, gemma3 (norms + 1, embeddings cut to the real vocabulary), lfm2 and lfm2moe (KV heads per layer,
 the convolution taps squeezed), qwen3next (the DeltaNet's q/k/v/z projection split, its decay's -exp(A_log);
 converted as the reference's ``--no-mtp``), minimax-m2, llama4 (the text model of the multimodal
-checkpoints, its 3D experts split and transposed). Hyperparameters
+checkpoints, its 3D experts split and transposed), granitemoe (a merged tensor split: ``Split``),
+ernie4_5-moe, deepseek2 (kv_b split per head: ``Source.heads``). Hyperparameters
 absent from config.json take the defaults of transformers' config class, which the reference reads
 the config through (``CONFIG_DEFAULTS``).
 """
@@ -69,6 +70,14 @@ CONFIG_DEFAULTS = {
                        shared_expert_intermediate_size=512, linear_conv_kernel_dim=4, linear_key_head_dim=128,
                        linear_value_head_dim=128, linear_num_key_heads=16, linear_num_value_heads=32,
                        num_key_value_heads=2, num_attention_heads=16),
+    "ernie4_5_moe": dict(max_position_embeddings=131072, rms_norm_eps=1e-5, rope_theta=500000.0, head_dim=None,
+                         moe_intermediate_size=1536, moe_k=6, moe_num_experts=64, moe_num_shared_experts=2,
+                         moe_layer_start_index=1, moe_layer_interval=1),
+    "deepseek_v3": dict(max_position_embeddings=4096, rms_norm_eps=1e-6, rope_theta=10000.0, kv_lora_rank=512,
+                        qk_rope_head_dim=64, qk_nope_head_dim=128, v_head_dim=128, moe_intermediate_size=2048,
+                        n_routed_experts=256, n_shared_experts=1, routed_scaling_factor=2.5, n_group=8, topk_group=4,
+                        num_experts_per_tok=8, first_k_dense_replace=3, norm_topk_prob=True),
+    "granitemoe": dict(max_position_embeddings=2048, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=None),
     "gemma2": dict(max_position_embeddings=8192, rms_norm_eps=1e-6, rope_theta=10000.0, head_dim=256,
                    sliding_window=4096, attn_logit_softcapping=50.0, final_logit_softcapping=30.0,
                    num_attention_heads=8, num_key_value_heads=4),
@@ -100,6 +109,15 @@ class Experts:
 
 
 @dataclass(frozen=True)
+class Split:
+    """One HF tensor written as several GGUF tensors, equal slices of its rows (the next-to-last axis:
+    each expert's rows in a 3D tensor), in order (``GraniteMoeModel.modify_tensors``)."""
+
+    suffix: str                             # the HF name's end
+    parts: tuple[gguf.MODEL_TENSOR, ...]    # what each slice is written as
+
+
+@dataclass(frozen=True)
 class Arch:
     """What one Hugging Face architecture family changes (conversion/llama.py, conversion/qwen.py)."""
 
@@ -125,6 +143,15 @@ class Arch:
     minimax_m2: bool = False          # MiniMaxM2Model: the experts' width and rope.dimension_count (rotary_dim)
     llama4: bool = False              # Llama4Model: the FFN widths swapped, its keys, gate_up_proj / down_proj
                                       # split and transposed, GPT-2 style vocabulary only
+    #: GraniteModel: head_dim ignored, the multipliers written as scales, GraniteMoeModel's shared width
+    granite: bool = False
+    splits: tuple[Split, ...] = ()
+    #: Ernie4_5MoeModel: its MoE keys, a SentencePiece tokenizer.model only (add_prefix_space after it)
+    ernie_moe: bool = False
+    skipped: tuple[str, ...] = ()     # name prefixes the reference's filter_tensors drops
+    #: DeepseekV2Model: multi-head latent attention (kv_b_proj split into attn_k_b / attn_v_b, its keys, one
+    #: KV head), the layers past num_hidden_layers (multi-token prediction) and a tied lm_head dropped
+    deepseek2: bool = False
 
 
 _LLAMA = Arch(gguf.MODEL_ARCH.LLAMA, permute_qk=True, llama_keys=True, tokenizer_prefix_space=True,
@@ -168,7 +195,27 @@ ARCHS = {
     # conversion/llama.py Llama4Model (the text model; the vision tower is skipped by TextModel.filter_tensors)
     "Llama4ForConditionalGeneration": _LLAMA4,
     "Llama4ForCausalLM": _LLAMA4,
+    # conversion/granite.py GraniteMoeModel (Granite 3.x MoE): LlamaModel's tensors and keys, JetMoe's
+    # merged expert input split into gate and up
+    "GraniteMoeForCausalLM": Arch(gguf.MODEL_ARCH.GRANITE_MOE, permute_qk=True, llama_keys=True,
+                                  tokenizer_prefix_space=True, granite=True,
+                                  splits=(Split("block_sparse_moe.input_linear.weight",
+                                                (gguf.MODEL_TENSOR.FFN_GATE_EXP, gguf.MODEL_TENSOR.FFN_UP_EXP)),)),
+    # conversion/ernie.py Ernie4_5MoeModel (ERNIE 4.5 MoE): experts stacked gate, up, down; the score bias
+    # moe_statics.e_score_correction_bias as exp_probs_b.bias; the multi-token-prediction tensors dropped
+    "Ernie4_5_MoeForCausalLM": Arch(gguf.MODEL_ARCH.ERNIE4_5_MOE, ernie_moe=True,
+                                    experts=Experts("mlp.experts", ("gate_proj", "up_proj", "down_proj"),
+                                                    "model.layers.{bid}.mlp.experts.{wid}.weight"),
+                                    skipped=("model.mtp_block.", "model.mtp_emb_norm.", "model.mtp_hidden_norm.",
+                                             "model.mtp_linear_proj.")),
+    # conversion/deepseek.py DeepseekV2Model (DeepSeek V3 / V3.1 / R1, Kimi K2): experts stacked down, gate, up
+    "DeepseekV3ForCausalLM": Arch(gguf.MODEL_ARCH.DEEPSEEK2, sentencepiece_first=False, deepseek2=True,
+                                  experts=Experts("mlp.experts", ("down_proj", "gate_proj", "up_proj"),
+                                                  "model.layers.{bid}.mlp.experts.{wid}.weight")),
 }
+#: TextModel.set_gguf_parameters: a config's expert score function as expert_gating_func (llama.cpp's
+#: gguf-py ExpertGatingFuncType; the gguf package on PyPI lacks SQRTSOFTPLUS)
+_GATING = {"softmax": 1, "sigmoid": 2, "sqrtsoftplus": 4}
 #: names the reference drops before mapping (ModelBase.prepare_tensors)
 _DROPPED = (".attention.masked_bias", ".attention.bias", ".rotary_emb.inv_freq")
 #: TextModel.filter_tensors: the multimodal parts a text model's conversion skips (name prefixes, then parts)
@@ -196,6 +243,16 @@ class Source:
     #: Llama 4's experts, stored [expert, in, out]: each expert's matrix transposed, these columns of it
     transpose: bool = False
     cols: tuple[int, int] | None = None
+    part: tuple[int, int] | None = None      # (i, n): the i-th of n equal slices of the next-to-last axis
+    #: (n_head, start, stop, transpose): rows start:stop of each head's block of a 2D tensor, as a 3D tensor
+    #: of one matrix per head, each transposed or not (DeepseekV2Model's kv_b_proj split)
+    heads: tuple[int, int, int, bool] | None = None
+
+    @property
+    def whole(self) -> bool:
+        """Read at once: the permutation mixes rows within a head, a head split takes rows of every head,
+        a row selection (qwen3next) rows anywhere."""
+        return self.permute is not None or self.heads is not None or self.rows is not None
 
 
 @dataclass
@@ -263,6 +320,16 @@ def _hparams(config: dict, path: Path) -> dict:
     return hp
 
 
+def _deepseek2_hparams(hp: dict, path: Path) -> None:
+    """DeepseekV3Config's derived values (its head_dim is the rotated part, whatever config.json says) and
+    the MLA sizes the converter needs, checked."""
+    for k in ("qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim", "kv_lora_rank"):
+        if not isinstance(hp.get(k), int) or hp[k] <= 0:
+            raise FormatError(f"{path}: {k} must be a positive integer, got {hp.get(k)!r}")
+    hp["head_dim"] = hp["qk_rope_head_dim"]
+    hp.setdefault("q_lora_rank", 1536)     # the class's default when the key is absent; null stays (V2-Lite)
+
+
 def _find(hp: dict, *keys: str):
     """``find_hparam(keys, optional=True)``: the first key present (its value may be None)."""
     return next((hp[k] for k in keys if k in hp), None)
@@ -275,6 +342,8 @@ def _n_blocks(hp: dict, arch: Arch) -> int:
 
 def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: Path) -> None:
     """``TextModel.set_gguf_parameters`` and the architecture's additions, in the reference's order."""
+    if arch.deepseek2:      # DeepseekV2Model.set_gguf_parameters: MLA is written as MQA, one KV head
+        hp = {**hp, "num_key_value_heads": 1}
     if arch.gemma2:
         _add_gemma2_parameters(w, hp, ftype)
         return
@@ -306,11 +375,13 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_rope_scaling_factor(factor)
         elif rope_type == "default" or (lower == "llama3" and arch.llama_keys):
             pass                # no scaling; llama3: rope_freqs.weight (_plan_tensors)
-        elif rope_type in ("yarn", "su", "longrope", "dynamic") or lower == "llama3":
+        elif rope_type == "yarn" and factor is not None:
+            _add_yarn(w, rope, path)
+        elif rope_type in ("su", "longrope", "dynamic") or lower == "llama3":
             raise FormatError(f"{path}: RoPE scaling {rope_type!r} is not converted yet")
         else:   # the reference warns "Unknown RoPE type" (or, for linear without a factor, nothing) and
             # writes no scaling: a file that runs without the scaling the model was trained with
-            what = "'linear' without a factor" if rope_type == "linear" else f"{rope_type!r}"
+            what = f"{rope_type!r} without a factor" if rope_type in ("linear", "yarn") else f"{rope_type!r}"
             raise FormatError(f"{path}: RoPE scaling {what} is not one llama.cpp's converter writes; "
                               f"converting without it would give a wrong model")
     if (v := rope.get("rope_theta")) is not None:
@@ -332,8 +403,8 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
     if (v := _find(hp, "score_function", "scoring_func", "score_func", "moe_router_activation",
                    "moe_router_activation_func", "expert_selection_fn")) is not None:
         if v not in _GATING:
-            raise FormatError(f"{path}: expert score function {v!r} is not converted (sigmoid or softmax)")
-        w.add_expert_gating_func(_GATING[v])
+            raise FormatError(f"{path}: expert score function {v!r} is not one llama.cpp's converter writes")
+        w.add_uint32(gguf.Keys.LLM.EXPERT_GATING_FUNC.format(arch=w.arch), _GATING[v])
     if (v := hp.get("head_dim")) is not None:
         w.add_key_length(v)
         w.add_value_length(v)
@@ -378,6 +449,32 @@ def _add_parameters(w: gguf.GGUFWriter, hp: dict, arch: Arch, ftype: FT, path: P
             w.add_expert_weights_norm(v)
         if (v := hp.get("num_nextn_predict_layers")) is not None:
             w.add_nextn_predict_layers(v)
+    if arch.granite:       # GraniteModel / GraniteMoeModel.set_gguf_parameters: only the multipliers set (and not 0)
+        if v := hp.get("attention_multiplier"):
+            w.add_attention_scale(v)
+        if v := hp.get("embedding_multiplier"):
+            w.add_embedding_scale(v)
+        if v := hp.get("residual_multiplier"):
+            w.add_residual_scale(v)
+        if v := hp.get("logits_scaling"):
+            w.add_logit_scale(v)
+        if v := hp.get("shared_intermediate_size"):
+            w.add_expert_shared_feed_forward_length(v)
+    if arch.deepseek2:
+        _add_deepseek2_parameters(w, hp)
+    if arch.ernie_moe:     # Ernie4_5MoeModel.set_gguf_parameters
+        w.add_expert_count(hp["moe_num_experts"])
+        w.add_expert_used_count(hp["moe_k"])
+        w.add_interleave_moe_layer_step(hp["moe_layer_interval"])
+        w.add_leading_dense_block_count(hp["moe_layer_start_index"])
+        if (v := hp.get("moe_intermediate_size")) is not None:
+            w.add_expert_feed_forward_length(v)
+        if (n := hp.get("moe_num_shared_experts")) is not None:
+            w.add_expert_shared_count(n)
+            # the reference's shared width: the dense FFN width over the KV heads (ERNIE-4.5-21B-A3B:
+            # 12288 / 4 = 3072, its 2 shared experts of 1536)
+            if n > 0 and hp.get("intermediate_size") is not None and hp.get("num_key_value_heads") is not None:
+                w.add_expert_shared_feed_forward_length(hp["intermediate_size"] // hp["num_key_value_heads"])
     if arch.gguf_arch == gguf.MODEL_ARCH.OLMO2 and "sliding_window" in hp:
         _add_olmo3_window(w, hp)
     if arch.qwen3next:      # Qwen3NextModel.set_gguf_parameters (with --no-mtp: no nextn key)
@@ -454,9 +551,50 @@ def llama4_hparams(hp: dict) -> dict:
     return hp
 
 
-#: TextModel.set_gguf_parameters: the router's score function -> expert_gating_func (the reference's third,
-#: sqrtsoftplus, is refused: quantkit's forward has no such gating)
-_GATING = {"sigmoid": gguf.ExpertGatingFuncType.SIGMOID, "softmax": gguf.ExpertGatingFuncType.SOFTMAX}
+def _add_deepseek2_parameters(w: gguf.GGUFWriter, hp: dict) -> None:
+    """``DeepseekV2Model.set_gguf_parameters``, after TextModel's keys (written with one KV head)."""
+    has_moe = hp.get("n_routed_experts") is not None
+    lead = hp.get("first_k_dense_replace")
+    w.add_leading_dense_block_count(lead if lead is not None else 0 if has_moe else hp["num_hidden_layers"])
+    kv_lora = hp.get("kv_lora_rank", 512)
+    w.add_vocab_size(hp["vocab_size"])
+    if hp.get("q_lora_rank") is not None:
+        w.add_q_lora_rank(hp["q_lora_rank"])
+    # MLA as MQA: one KV head of the latent and the rotated part, decompressed per head by attn_k_b / attn_v_b
+    w.add_kv_lora_rank(kv_lora)
+    w.add_key_length(kv_lora + hp["qk_rope_head_dim"])
+    w.add_value_length(kv_lora)
+    w.add_key_length_mla(hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"])
+    w.add_value_length_mla(hp["v_head_dim"])
+    w.add_expert_feed_forward_length(_find(hp, "moe_intermediate_size", "intermediate_size"))
+    if has_moe:
+        w.add_expert_count(hp["n_routed_experts"])
+    w.add_expert_shared_count(hp.get("n_shared_experts", 0))
+    if (v := hp.get("routed_scaling_factor")) is not None:
+        w.add_expert_weights_scale(v)
+    if hp.get("norm_topk_prob"):
+        w.add_expert_weights_norm(True)
+    w.add_rope_dimension_count(hp["qk_rope_head_dim"])
+    if (v := hp["rope_parameters"].get("mscale_all_dim")) is not None:
+        w.add_rope_scaling_yarn_log_mul(0.1 * v)    # [TAG_DEEPSEEK2_YARN_LOG_MUL_FIX]
+
+
+def _add_yarn(w: gguf.GGUFWriter, rope: dict, path: Path) -> None:
+    """TextModel.set_gguf_parameters' YaRN keys: the factor, the original context, and the
+    extrapolation / attention factors and betas where the config sets them."""
+    if not isinstance(rope.get("original_max_position_embeddings"), int):
+        raise FormatError(f"{path}: YaRN RoPE scaling without original_max_position_embeddings")
+    w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+    w.add_rope_scaling_factor(rope["factor"])
+    w.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+    if (v := rope.get("extrapolation_factor")) is not None:
+        w.add_rope_scaling_yarn_ext_factor(v)
+    if (v := rope.get("attention_factor", rope.get("attn_factor"))) is not None:
+        w.add_rope_scaling_yarn_attn_factor(v)
+    if (v := rope.get("beta_fast")) is not None:
+        w.add_rope_scaling_yarn_beta_fast(v)
+    if (v := rope.get("beta_slow")) is not None:
+        w.add_rope_scaling_yarn_beta_slow(v)
 
 
 def _add_olmo3_window(w: gguf.GGUFWriter, hp: dict) -> None:
@@ -547,7 +685,7 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     tmap = gguf.get_tensor_name_map(arch.gguf_arch, _n_blocks(hp, arch))
     path = ck.folder
     n_head, n_kv = hp["num_attention_heads"], hp["num_key_value_heads"]
-    n_expert = _find(hp, "num_local_experts", "num_experts", "n_routed_experts") or 0
+    n_expert = _find(hp, "num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts") or 0
     groups: dict[int, list[str]] = {}
     out: list[OutTensor] = []
     if arch.llama_keys and (hp["rope_parameters"].get("rope_type") or "").lower() == "llama3":
@@ -572,12 +710,16 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
         out.append(OutTensor(new, tuple(shape), qtype, source, dtype))
 
     for name, t in ck.tensors.items():
-        if name.endswith(_DROPPED) or name.startswith(_MULTIMODAL_PREFIXES) or any(p in name for p in _MULTIMODAL_PARTS):
+        if (name.endswith(_DROPPED) or name.startswith(arch.skipped or "\0") or name.startswith(_MULTIMODAL_PREFIXES)
+                or any(p in name for p in _MULTIMODAL_PARTS)):
             continue
+        bid = _bid(name)
+        if arch.deepseek2 and (name.startswith("model.layers.") and bid is not None and bid >= n_layer
+                               or hp.get("tie_word_embeddings") and name in ("lm_head.weight", "model.lm_head.weight")):
+            continue            # DeepseekV2Model.modify_tensors: the MTP layers, a tied lm_head
         if t.dtype not in FLOAT_DTYPES:
             raise FormatError(f"{t.file}: tensor {name!r} is {t.dtype}; only float tensors are converted "
                               f"(quantized checkpoints are not)")
-        bid = _bid(name)
         ex = arch.experts
         if ex and ex.key in name:
             if not n_expert or bid is None:
@@ -599,6 +741,20 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
         if arch.llama4 and name.endswith(("experts.gate_up_proj", "experts.down_proj")):
             for hf_name, shape, src in _llama4_experts(name, t.shape, path):
                 add(hf_name, shape, src, t.dtype, bid)
+            continue
+        split = next((sp for sp in arch.splits if name.endswith(sp.suffix)), None)
+        if split is not None:
+            n = len(split.parts)
+            if len(t.shape) < 2 or t.shape[-2] % n:
+                raise FormatError(f"{t.file}: tensor {name!r} has shape {list(t.shape)}, not {n} equal parts of "
+                                  f"its rows")
+            shape = (*t.shape[:-2], t.shape[-2] // n, t.shape[-1])
+            for i, part in enumerate(split.parts):
+                base = gguf.TENSOR_NAMES[part]
+                add(base.format(bid=bid) + ".weight", shape, Source([name], part=(i, n)), t.dtype, bid)
+            continue
+        if arch.deepseek2 and name.endswith("kv_b_proj.weight"):
+            _split_kv_b(name, t, hp, add, bid)
             continue
         permute = None
         if arch.permute_qk and name.endswith(("q_proj.weight", "q_proj.bias")):
@@ -634,6 +790,8 @@ def _plan_tensors(ck: Checkpoint, arch: Arch, hp: dict, ftype: FT) -> list[OutTe
     if arch.qwen3next:      # attn_q makes each head's query and its output gate
         q = want["attn_q.weight"]
         want["attn_q.weight"] = (2 * q[0], q[1])
+    if arch.deepseek2:
+        want["attn_q.weight"] = (n_head * (hp["qk_nope_head_dim"] + hp["qk_rope_head_dim"]), hp["hidden_size"])
     if arch.gemma3:
         want["token_embd.weight"] = (min(hp["vocab_size"], vocab_rows(ck, hp)), hp["hidden_size"])
     for t in out:
@@ -674,6 +832,8 @@ def _qwen3next_sources(name: str, shape: tuple[int, ...], src: Source, hp: dict,
         if name.endswith("norm.weight") and not name.endswith("linear_attn.norm.weight"):
             src.shift = 1.0
         yield name, shape, src, None
+
+
 def _llama4_experts(name: str, shape: tuple[int, ...], path: Path) -> list[tuple[str, tuple[int, ...], Source]]:
     """``Llama4Model.modify_tensors``: ``gate_up_proj`` [experts, hidden, 2 x width] transposed and split in
     halves (gate first, then up, both written where it was); ``down_proj`` [experts, width, hidden] transposed."""
@@ -687,6 +847,21 @@ def _llama4_experts(name: str, shape: tuple[int, ...], path: Path) -> list[tuple
     return [(name.replace("gate_up_proj", "gate_proj.weight"), (n_x, half, n_in), Source([name], transpose=True, cols=(0, half))),
             (name.replace("gate_up_proj", "up_proj.weight"), (n_x, half, n_in),
              Source([name], transpose=True, cols=(half, n_out)))]
+
+
+def _split_kv_b(name: str, t, hp: dict, add, bid: int | None) -> None:
+    """``DeepseekV2Model.modify_tensors``: each head's rows of ``kv_b_proj`` (its nope key rows, then its
+    value rows, over the latent) as ``attn_k_b`` (per head the key rows transposed: latent x nope) and
+    ``attn_v_b`` (per head value x latent), for MLA's absorbed form."""
+    n_head, nope, vd = hp["num_key_value_heads"], hp["qk_nope_head_dim"], hp["v_head_dim"]
+    if len(t.shape) != 2 or t.shape[0] != n_head * (nope + vd):
+        raise FormatError(f"{t.file}: tensor {name!r} has shape {list(t.shape)}, but config.json says "
+                          f"[{n_head * (nope + vd)}, kv_lora_rank] ({n_head} heads of {nope} + {vd} rows)")
+    kv = t.shape[1]
+    add(name.replace("kv_b_proj", "k_b_proj"), (n_head, kv, nope), Source([name], heads=(n_head, 0, nope, True)),
+        t.dtype, bid)
+    add(name.replace("kv_b_proj", "v_b_proj"), (n_head, vd, kv), Source([name], heads=(n_head, nope, nope + vd, False)),
+        t.dtype, bid)
 
 
 def llama3_rope_factors(hp: dict) -> np.ndarray:
@@ -749,6 +924,10 @@ def _read(ck: Checkpoint, src: Source, name: str, start: int = 0, stop: int | No
     x = ck.rows(name, start, stop)
     if x.dtype not in (np.float16, np.float32):
         x = x.astype(np.float32)
+    if src.part is not None:
+        i, n = src.part
+        rows = x.shape[-2] // n
+        x = x[..., i * rows:(i + 1) * rows, :]
     if src.shift:
         x = x + x.dtype.type(src.shift)
     if src.permute is not None:
@@ -759,6 +938,10 @@ def _read(ck: Checkpoint, src: Source, name: str, start: int = 0, stop: int | No
         # rounded to half); torch's float32 exp as near as numpy gets: exp in float64, rounded (equal to torch's
         # on 99 % of normal(0, 3) inputs, where numpy's float32 exp is on 60 %; measured 2026-12-07)
         x = -np.exp(x.astype(np.float64)).astype(np.float32).astype(x.dtype)
+    if src.heads is not None:
+        n_head, a, b, transpose = src.heads
+        x = x.reshape(n_head, -1, x.shape[-1])[:, a:b, :]
+        x = np.ascontiguousarray(x.transpose(0, 2, 1) if transpose else x)
     return x
 
 
@@ -790,7 +973,8 @@ def tensor_chunks(ck: Checkpoint, t: OutTensor) -> Iterator[np.ndarray]:
         for n in src.names:
             yield _encode(_read(ck, src, n), t.qtype)
         return
-    if src.permute is not None or src.rows is not None or len(t.shape) < 2:   # rows mixed: the whole tensor
+    # a 2D split's parts are row ranges: the whole tensor too
+    if src.whole or len(t.shape) < 2 or (src.part is not None and len(t.shape) < 3):
         yield _encode(_read(ck, src, src.names[0]), t.qtype)
         return
     shape = t.shape
@@ -815,6 +999,10 @@ def plan_conversion(folder: str | os.PathLike, outtype: str = "auto") -> Plan:
     hp = _hparams(ck.config, path)
     if arch.llama4:
         hp = llama4_hparams(hp)
+    if arch.granite:
+        hp.pop("head_dim", None)      # GraniteModel.set_gguf_parameters ignores it
+    if arch.deepseek2:
+        _deepseek2_hparams(hp, path)
     if name == "Qwen3ForCausalLM" and any("qwen3-reranker" in str(h).lower() for h in
                                           (ck.folder.name, hp.get("_name_or_path", ""))):
         raise FormatError(f"{ck.folder}: Qwen3 reranker models are not converted yet")
@@ -867,7 +1055,14 @@ def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
     if plan.arch.tokenizer_prefix_space and isinstance(tok_cfg, dict):
         if (v := tok_cfg.get("add_prefix_space")) is not None:
             w.add_add_space_prefix(v)
-    if plan.arch.sentencepiece_first and (ck.folder / "tokenizer.model").is_file():
+    if plan.arch.ernie_moe:    # Ernie4_5Model.set_vocab: _set_vocab_sentencepiece, then add_prefix_space
+        if not (ck.folder / "tokenizer.model").is_file():
+            raise FormatError(f"{ck.folder / 'tokenizer.model'}: missing (ERNIE 4.5's vocabulary is read from its "
+                              f"SentencePiece model only, as the reference's set_vocab does)")
+        add_vocab_sentencepiece(w, ck.folder, hp.get("vocab_size"))
+        if isinstance(tok_cfg, dict) and "add_prefix_space" in tok_cfg:
+            w.add_add_space_prefix(tok_cfg["add_prefix_space"])
+    elif plan.arch.sentencepiece_first and (ck.folder / "tokenizer.model").is_file():
         add_vocab_sentencepiece(w, ck.folder, hp.get("vocab_size"))
         if plan.arch.gemma3 or plan.arch.gemma2:
             w.add_add_space_prefix(False)
