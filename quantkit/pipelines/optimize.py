@@ -45,16 +45,12 @@ def layer_of(name: str) -> int | None:
 
 @dataclass
 class Grams:
-    """Per weight name of one layer, its input Gram matrix ``sum x^T x`` (shared between weights with one
-    input; float64 while summed, float32 once ``finish``ed) and the rows that made it."""
+    """Per weight name of one layer, its input Gram matrix ``sum x^T x`` (float32, shared between weights
+    with one input) and the rows that made it."""
 
     mats: dict = field(default_factory=dict)
     rows: dict = field(default_factory=dict)
     _factors: dict = field(default_factory=dict)
-
-    def mean(self, name: str) -> np.ndarray | None:
-        g = self.mats.get(name)
-        return None if g is None else g / np.float32(max(1, self.rows[name]))
 
     def distinct(self) -> tuple[dict[str, int], list[np.ndarray], list[int]]:
         """(name -> index, the distinct matrices, the rows of each)."""
@@ -71,16 +67,13 @@ class Grams:
         return names, mats, rows
 
     def finish(self) -> "Grams":
-        """The sums complete: each matrix's lower triangle mirrored to its upper, stored as float32 (a
-        saved and a fresh run factor the same numbers)."""
-        names, mats, rows = self.distinct()
-        done = []
-        for m in mats:
-            i = np.triu_indices(m.shape[0], 1)
-            m[i] = m.T[i]
-            done.append(m.astype(np.float32))
-        for n, i in names.items():
-            self.mats[n] = done[i]
+        """The sums complete: each matrix's lower triangle mirrored to its upper, in place, by row blocks."""
+        for m in self.distinct()[1]:
+            for i0 in range(0, m.shape[0], GRAM_TILE):
+                i1 = min(m.shape[0], i0 + GRAM_TILE)
+                m[i0:i1, i1:] = m[i1:, i0:i1].T
+                blk = m[i0:i1, i0:i1]
+                blk[...] = np.tril(blk) + np.tril(blk, -1).T
         return self
 
     @classmethod
@@ -92,22 +85,30 @@ class Grams:
         return g
 
     def factor(self, name: str, qk: int, sub: int):
-        """``quants.gptq.factor`` of the weight's mean Gram matrix, its Cholesky factor made once per input."""
+        """``quants.gptq.factor`` of the weight's mean Gram matrix, its Cholesky factor made once per input;
+        the Gram matrix itself is freed once factored (every later use goes through the factor)."""
         from quantkit.quants.gptq import factor, reverse_cholesky
 
-        m = self.mats[name]
-        key = (id(m), qk, sub)
+        group = self.rows[name], tuple(sorted(n for n in self.mats if self.mats[n] is self.mats[name]))
+        key = (group, qk, sub)
         f = self._factors.get(key)
         if f is None:
-            rc = self._factors.get(id(m))
+            rc = self._factors.get(group)
             if rc is None:
-                rc = self._factors[id(m)] = reverse_cholesky(self.mean(name))
+                m = self.mats[name]
+                rc = self._factors[group] = reverse_cholesky(m, scale=1.0 / max(1, self.rows[name]))
+                del m
+                empty = np.zeros((0, 0), np.float32)
+                for n in group[1]:
+                    self.mats[n] = empty      # (an empty stand-in: the name stays known, its input shared)
+                for n in group[1][1:]:
+                    self.mats[n] = self.mats[group[1][0]]
             f = self._factors[key] = factor(None, qk, sub, rc=rc)
         return f
 
 
 def add_gram(g: np.ndarray, x: np.ndarray) -> None:
-    """``g``'s lower triangle += that of ``x^T x`` (``g`` float64 n x n, ``x`` float32 rows x n): tiles of
+    """``g``'s lower triangle += that of ``x^T x`` (``g`` float32 n x n, ``x`` float32 rows x n): tiles of
     ``GRAM_TILE`` rows, each one float32 product on one-thread BLAS, on the row threads (the same sums
     for any thread count)."""
     from quantkit.jit import blas_one_thread, run_tasks
@@ -140,7 +141,7 @@ class GramCollector:
                 g.mats[name] = g.mats[last[1]]
                 g.rows[name] = g.rows[last[1]]
                 return
-            g.mats[name] = np.zeros((x.shape[1], x.shape[1]), np.float64)
+            g.mats[name] = np.zeros((x.shape[1], x.shape[1]), np.float32)
             g.rows[name] = 0
         elif shared and g.mats[name] is g.mats[last[1]]:
             return  # added already through the weight that shares this input
@@ -208,7 +209,7 @@ class Calibration:
                 self.log(f"optimize: layer {L} statistics from {self.stats}")
                 return Grams.of(*saved)
         self._streams_to(L - 1)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         g = Grams()
         self.runner.collect = GramCollector(g)
         try:
@@ -216,7 +217,8 @@ class Calibration:
         finally:
             self.runner.collect = None
         g.finish()
-        self.log(f"optimize: layer {L} statistics in {time.perf_counter() - t0:.1f} s")
+        self.log(f"optimize: layer {L} statistics in {time.perf_counter() - t0:.1f} s "
+                 f"({time.process_time() - c0:.1f} s CPU)")
         if self.store is not None:
             self.store.save_layer(L, *g.distinct(), self.hidden, L)
         return g
@@ -252,6 +254,10 @@ class Calibration:
                 for b0 in range(0, x.shape[0], r.n_batch):
                     r.run_layer(L, x[b0:b0 + r.n_batch], b0)
                 self.model.gguf.check_unchanged()
+        gg = self.model.gguf
+        for t in gg.tensors:   # the layer's weights leave memory (the quantize reads its own mapping)
+            if layer_of(t.name) == L:
+                gg.release(t)
         self.hidden_layer = L
 
 

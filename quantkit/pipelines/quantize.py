@@ -275,6 +275,8 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                         data, note = (None, "") if calib is None else optimize_job(job, calib, progress)
                         if data is None:
                             data = convert_tensor(job, release, prefetch, buf)
+                        else:
+                            release(job.src)
                         check()
                         writer.put(job.name, data, lambda: None)
                         del data  # the writer holds it until written
@@ -304,6 +306,7 @@ def optimize_job(job: TensorJob, calib, progress=None) -> tuple[np.ndarray | Non
     from quantkit.quants import count_invalid, dequantize
 
     bar = progress(total=1, desc=job.name) if progress else None
+    t0, c0 = time.perf_counter(), time.process_time()
     try:
         got = optimized_tensor(job, calib, dequantize(job.src.data, job.src.type))
     finally:
@@ -316,7 +319,8 @@ def optimize_job(job: TensorJob, calib, progress=None) -> tuple[np.ndarray | Non
     if count_invalid(data, job.target):
         raise QuantizeError(f"{job.name}: quantized data validation failed ({job.target.name} block scale is "
                             f"NaN/Inf; values too large for the type's fp16 scales)")
-    return data, f", optimized: {100 * share:.1f} % of rows compensated"
+    return data, (f", optimized: {100 * share:.1f} % of rows compensated "
+                  f"({time.perf_counter() - t0:.1f} s, {time.process_time() - c0:.1f} s CPU)")
 
 
 def default_output_path(inp: str | os.PathLike, ftype_name: str) -> Path:

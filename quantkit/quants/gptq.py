@@ -117,15 +117,17 @@ def cholesky(a: np.ndarray, nb: int = CHOL_BLOCK) -> np.ndarray:
     return a
 
 
-def reverse_cholesky(h: np.ndarray, damp: float = DAMP) -> tuple[np.ndarray, float, np.ndarray]:
-    """``(R, lam, dead)`` of Gram matrix ``h`` (n x n, symmetric): ``R`` (float32, upper) with
+def reverse_cholesky(h: np.ndarray, damp: float = DAMP, scale: float = 1.0) -> tuple[np.ndarray, float, np.ndarray]:
+    """``(R, lam, dead)`` of Gram matrix ``scale * h`` (``h`` n x n, symmetric): ``R`` (float32, upper) with
     ``H' = R R^T`` for ``H' = H + lam I``, ``lam = damp * mean(diag H)`` (an input column never active,
     ``dead``, gets ``H_ii = 1``, as GPTQ's dead columns), from a float64 Cholesky factorization of ``H'``
     with rows and columns reversed (``H' = J L L^T J``, ``R = J L J``)."""
     n = h.shape[0]
-    d = np.diag(h).astype(np.float64)
+    d = np.diag(h).astype(np.float64) * scale
     dead = d <= 0
     a = np.array(h[::-1, ::-1], dtype=np.float64, copy=True)   # reversed: J H J
+    if scale != 1.0:
+        a *= scale
     rd = dead[::-1]
     a[rd, :] = 0.0
     a[:, rd] = 0.0
