@@ -87,7 +87,7 @@ class Grams:
     def factor(self, name: str, qk: int, sub: int):
         """``quants.gptq.factor`` of the weight's mean Gram matrix, its Cholesky factor made once per input;
         the Gram matrix itself is freed once factored (every later use goes through the factor)."""
-        from quantkit.quants.gptq import factor, reverse_cholesky
+        from quantkit.quants.gptq import factor, reverse_cholesky, reversed_gram
 
         group = self.rows[name], tuple(sorted(n for n in self.mats if self.mats[n] is self.mats[name]))
         key = (group, qk, sub)
@@ -95,14 +95,12 @@ class Grams:
         if f is None:
             rc = self._factors.get(group)
             if rc is None:
-                m = self.mats[name]
-                rc = self._factors[group] = reverse_cholesky(m, scale=1.0 / max(1, self.rows[name]))
-                del m
-                empty = np.zeros((0, 0), np.float32)
-                for n in group[1]:
-                    self.mats[n] = empty      # (an empty stand-in: the name stays known, its input shared)
-                for n in group[1][1:]:
-                    self.mats[n] = self.mats[group[1][0]]
+                a = reversed_gram(self.mats[name], 1.0 / max(1, self.rows[name]))
+                empty = np.zeros((0, 0), np.float32)   # the Gram matrix freed before the factorization:
+                for n in group[1]:                     # an empty stand-in, the name known, its input shared
+                    self.mats[n] = empty
+                rc = self._factors[group] = reverse_cholesky(a)
+                del a
             f = self._factors[key] = factor(None, qk, sub, rc=rc)
         return f
 

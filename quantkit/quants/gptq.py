@@ -117,17 +117,22 @@ def cholesky(a: np.ndarray, nb: int = CHOL_BLOCK) -> np.ndarray:
     return a
 
 
-def reverse_cholesky(h: np.ndarray, damp: float = DAMP, scale: float = 1.0) -> tuple[np.ndarray, float, np.ndarray]:
-    """``(R, lam, dead)`` of Gram matrix ``scale * h`` (``h`` n x n, symmetric): ``R`` (float32, upper) with
-    ``H' = R R^T`` for ``H' = H + lam I``, ``lam = damp * mean(diag H)`` (an input column never active,
-    ``dead``, gets ``H_ii = 1``, as GPTQ's dead columns), from a float64 Cholesky factorization of ``H'``
-    with rows and columns reversed (``H' = J L L^T J``, ``R = J L J``)."""
-    n = h.shape[0]
-    d = np.diag(h).astype(np.float64) * scale
-    dead = d <= 0
-    a = np.array(h[::-1, ::-1], dtype=np.float64, copy=True)   # reversed: J H J
+def reversed_gram(h: np.ndarray, scale: float = 1.0) -> np.ndarray:
+    """``scale * h`` (n x n) with rows and columns reversed (``J H J``), a float64 copy for ``reverse_cholesky``."""
+    a = np.array(h[::-1, ::-1], dtype=np.float64, copy=True)
     if scale != 1.0:
         a *= scale
+    return a
+
+
+def reverse_cholesky(a: np.ndarray, damp: float = DAMP) -> tuple[np.ndarray, float, np.ndarray]:
+    """``(R, lam, dead)`` of the Gram matrix ``H`` whose ``reversed_gram`` is ``a`` (overwritten): ``R``
+    (float32, upper) with ``H' = R R^T`` for ``H' = H + lam I``, ``lam = damp * mean(diag H)`` (an input
+    column never active, ``dead``, gets ``H_ii = 1``, as GPTQ's dead columns), from a float64 Cholesky
+    factorization of ``H'`` with rows and columns reversed (``J H' J = L L^T``, ``R = J L J``)."""
+    n = a.shape[0]
+    d = np.diag(a)[::-1].copy()
+    dead = d <= 0
     rd = dead[::-1]
     a[rd, :] = 0.0
     a[:, rd] = 0.0
@@ -141,7 +146,7 @@ def reverse_cholesky(h: np.ndarray, damp: float = DAMP, scale: float = 1.0) -> t
 def factor(h: np.ndarray, qk: int, sub: int, damp: float = DAMP, rc=None) -> Factor:
     """The ``Factor`` of Gram matrix ``h`` (n x n) for blocks of ``qk`` columns fixed ``sub`` at a time;
     ``rc``: its ``reverse_cholesky`` when made already (it does not depend on ``qk`` / ``sub``)."""
-    R, lam, dead = reverse_cholesky(h, damp) if rc is None else rc
+    R, lam, dead = reverse_cholesky(reversed_gram(h), damp) if rc is None else rc
     nb = R.shape[0] // qk
     Ub = np.empty((nb, qk, qk), np.float64)
     Pin = np.zeros((nb, qk, qk), np.float64)
@@ -223,11 +228,14 @@ def _error_chunk(W, Qd, F, qk, err, r0, r1):
 
 
 def _true_error(err, W, Qd, F):
-    """``e H e^T`` from ``|E R|^2 = e H' e^T``: less the dampening and the dead columns' unit diagonal."""
-    e = np.subtract(Qd, W, dtype=np.float64)
-    out = err - F.lam * np.einsum("ij,ij->i", e, e)
-    if F.dead.any():
-        out -= np.einsum("ij,ij->i", e[:, F.dead], e[:, F.dead])
+    """``e H e^T`` from ``|E R|^2 = e H' e^T``: less the dampening and the dead columns' unit diagonal
+    (by row chunks: no float64 copy of the matrix)."""
+    out = np.array(err, dtype=np.float64)
+    for r0 in range(0, W.shape[0], CHUNK):
+        e = np.subtract(Qd[r0:r0 + CHUNK], W[r0:r0 + CHUNK], dtype=np.float64)
+        out[r0:r0 + CHUNK] -= F.lam * np.einsum("ij,ij->i", e, e)
+        if F.dead.any():
+            out[r0:r0 + CHUNK] -= np.einsum("ij,ij->i", e[:, F.dead], e[:, F.dead])
     return out
 
 
