@@ -435,6 +435,24 @@ def get_threads() -> int:
     return numba.get_num_threads()
 
 
+_BLAS = None
+
+
+def _blas():
+    global _BLAS
+    if _BLAS is None:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS = ThreadpoolController()
+    return _BLAS
+
+
+def blas_one_thread():
+    """Context manager: BLAS on one thread, for callers that run independent BLAS products on their own
+    threads (one product per thread: no OpenBLAS barriers between threads that the OS may deschedule)."""
+    return _blas().limit(limits=1, user_api="blas")
+
+
 #: rows per chunk at least, and chunks per thread, of ``over_rows``
 ROWS_MIN, CHUNKS_PER_THREAD = 16, 4
 _ROW_POOL: dict[int, object] = {}
@@ -452,14 +470,41 @@ def over_rows(kernel, n: int, *args) -> None:
         if n:
             kernel(*args, 0, n)
         return
-    from concurrent.futures import ThreadPoolExecutor
-
-    pool = _ROW_POOL.get(threads)
-    if pool is None:
-        pool = _ROW_POOL[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="quantkit-rows")
+    pool = row_pool(threads)
     step = max(ROWS_MIN, -(-n // (threads * CHUNKS_PER_THREAD)))
     for f in [pool.submit(kernel, *args, r0, min(n, r0 + step)) for r0 in range(0, n, step)]:
         f.result()
+
+
+def over_chunks(fn, n: int, step: int, *args) -> None:
+    """``fn(*args, r0, r1)`` over the rows 0..n-1 in chunks of ``step`` (a split that does not depend on
+    the thread count, so a chunk's BLAS products are the same calls for any), on ``get_threads()``
+    Python threads, each product on one-thread BLAS (``blas_one_thread``)."""
+    with blas_one_thread():
+        run_tasks([functools.partial(fn, *args, r0, min(n, r0 + step)) for r0 in range(0, n, step)])
+
+
+def run_tasks(tasks) -> None:
+    """Run the zero-argument callables ``tasks`` on ``get_threads()`` Python threads (in order on one);
+    the split into tasks is the caller's, so results that do not depend on the thread running a task do
+    not depend on the thread count."""
+    threads = min(get_threads(), len(tasks))
+    if threads <= 1:
+        for t in tasks:
+            t()
+        return
+    for f in [row_pool(threads).submit(t) for t in tasks]:
+        f.result()
+
+
+def row_pool(threads: int):
+    """The process's pool of ``threads`` Python threads for row work (made once per count)."""
+    pool = _ROW_POOL.get(threads)
+    if pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = _ROW_POOL[threads] = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="quantkit-rows")
+    return pool
 
 
 def _resize(builder, v, width: int, ty, bits: int):

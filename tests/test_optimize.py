@@ -41,8 +41,8 @@ def _errors(w, q_bytes, qtype, h):
 def test_never_worse_than_llama_cpp_per_row(qtype, weighted):
     w, h, imat = _problem(512)
     wts = imat if weighted else None
-    P = factor(h, traits(qtype).block_size, SUB_STEP[qtype])
-    got, taken = compensate(w, qtype, h, P, wts)
+    F = factor(h, traits(qtype).block_size, SUB_STEP[qtype])
+    got, taken = compensate(w, qtype, F, wts)
     base = quantize(w, qtype, wts)
     e_opt, e_base = _errors(w, got, qtype, h), _errors(w, base, qtype, h)
     assert (e_opt <= e_base * (1 + 1e-9)).all()
@@ -54,16 +54,35 @@ def test_never_worse_than_llama_cpp_per_row(qtype, weighted):
 @pytest.mark.parametrize("qtype", [T.Q4_K, T.Q5_0, T.IQ4_XS], ids=lambda t: t.name)
 def test_same_bytes_for_any_thread_count(qtype):
     w, h, imat = _problem(512, rows=96, seed=1)
-    P = factor(h, traits(qtype).block_size, SUB_STEP[qtype])
     old = get_threads()
     try:
         set_threads(1)
-        one = sweep(w, qtype, P, imat)
+        one = sweep(w, qtype, factor(h, traits(qtype).block_size, SUB_STEP[qtype]), imat)
         set_threads(2)
-        two = sweep(w, qtype, P, imat)
+        three = sweep(w, qtype, factor(h, traits(qtype).block_size, SUB_STEP[qtype]), imat)
+    finally:
+        set_threads(old)
+    assert np.array_equal(one[0], three[0]) and np.array_equal(one[1], three[1])
+
+
+def test_blocked_cholesky_is_lapack_and_thread_independent():
+    """The factorization's tiles (64 wide here, 5 x 5 of them and a ragged edge) against LAPACK's
+    unblocked one, and the same bits on one thread and two."""
+    from quantkit.quants.gptq import cholesky
+
+    _, h, _ = _problem(300)
+    h[np.diag_indices(300)] += 0.1 * np.mean(np.diag(h))
+    old = get_threads()
+    try:
+        set_threads(1)
+        one = cholesky(h.copy(), nb=64)
+        set_threads(2)
+        two = cholesky(h.copy(), nb=64)
     finally:
         set_threads(old)
     assert np.array_equal(one, two)
+    ref = np.linalg.cholesky(h)
+    assert np.allclose(one, ref, rtol=0, atol=1e-10 * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("qtype, weighted", [(T.Q4_K, True), (T.Q3_K, True), (T.IQ4_XS, True), (T.Q4_0, False),
@@ -75,8 +94,8 @@ def test_sweep_without_compensation_is_llama_cpp(qtype, weighted):
     w, _, imat = _problem(256, rows=32)
     h = np.diag(imat.astype(np.float64))
     wts = imat if weighted else None
-    P = factor(h, traits(qtype).block_size, SUB_STEP[qtype])
-    assert np.array_equal(sweep(w, qtype, P, wts), quantize(w, qtype, wts))
+    F = factor(h, traits(qtype).block_size, SUB_STEP[qtype])
+    assert np.array_equal(sweep(w, qtype, F, wts)[0], quantize(w, qtype, wts))
 
 
 def test_optimize_end_to_end(smollm2_f16, tmp_path):
@@ -85,14 +104,20 @@ def test_optimize_end_to_end(smollm2_f16, tmp_path):
     common = ["quantize", "--prune-layers", ",".join(str(i) for i in range(2, 30)), smollm2_f16]
     plain, opt = tmp_path / "plain.gguf", tmp_path / "opt.gguf"
     assert run_cli(common + [plain, "Q4_K_M", "2"]).exit_code == 0
-    stats = tmp_path / "grams.npz"
+    stats = tmp_path / "stats"
     calib = ["--optimize", "--optimize-chunks", "1", "--optimize-ctx", "64", "--optimize-stats", stats]
     res = run_cli(common + calib + [opt, "Q4_K_M", "2"])
     assert res.exit_code == 0, res.output
     assert "blk.1.ffn_down.weight" in res.output and "% of rows compensated" in res.output
-    again = tmp_path / "again.gguf"   # the saved Gram matrices give the same file
+    assert sorted(p.name for p in stats.iterdir()) == ["identity.json", "layer-0.npz", "layer-1.npz", "streams.npz"]
+    again = tmp_path / "again.gguf"   # the saved statistics give the same file, on one thread
     res = run_cli(common + calib + [again, "Q4_K_M", "1"])
-    assert res.exit_code == 0 and f"Gram matrices from {stats}" in res.output, res.output
+    assert res.exit_code == 0 and f"layer 1 statistics from {stats}" in res.output, res.output
+    assert again.read_bytes() == opt.read_bytes()
+    (stats / "layer-1.npz").unlink()  # as a run stopped before layer 1 leaves them: it is measured again
+    res = run_cli(common + calib + [again, "Q4_K_M", "2"])
+    assert res.exit_code == 0 and f"layer 0 statistics from {stats}" in res.output, res.output
+    assert "layer 1 statistics in" in res.output and (stats / "layer-1.npz").exists()
     assert again.read_bytes() == opt.read_bytes()
     res = run_cli(common + calib[:2] + ["2"] + calib[3:] + [tmp_path / "x.gguf", "Q4_K_M"])
     assert res.exit_code == 1 and "made otherwise (chunks 1 there, 2 here)" in res.output, res.output

@@ -157,9 +157,11 @@ def _ftype_label(text: str) -> str:
               help="With --optimize: chunks of calibration text the Gram matrices are measured on (default 20).")
 @click.option("--optimize-ctx", type=click.IntRange(min=16), default=None, metavar="N",
               help="With --optimize: tokens per calibration chunk (default 512).")
-@click.option("--optimize-stats", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="With --optimize: keep the Gram matrices in FILE: read them when it exists (made from a model "
-                   "of the same size with the same text, chunks and context), else measure and save them there.")
+@click.option("--optimize-stats", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="With --optimize: keep the statistics in directory DIR, each layer's Gram matrices saved as "
+                   "soon as they are complete: a later run (or an interrupted one started again, made from a "
+                   "model of the same size with the same text, chunks and context) reads the layers saved and "
+                   "goes on from the last.")
 @click.option("--no-fallback", is_flag=True,
               help="Fail before computing anything if a tensor would need a fallback type.")
 @threads_option(apply=False, help="Threads (default: all cores).")

@@ -5,11 +5,10 @@ from __future__ import annotations
 
 import numpy as np
 from gguf import GGMLQuantizationType as T
-from threadpoolctl import ThreadpoolController
 
 from quantkit import config
 from quantkit.errors import QuantError
-from quantkit.jit import frozen, get_threads
+from quantkit.jit import _blas, blas_one_thread, frozen, get_threads  # noqa: F401 (blas_one_thread: callers import it here)
 from quantkit.kernels import gemm as _gemm
 from quantkit.kernels import gemm_float as _gemm_float
 from quantkit.kernels.cpu_traits import cpu_traits, float_gemm, kind_of
@@ -33,15 +32,7 @@ TILE_ROWS = 256
 #: a matrix whose float32 copy is at most this big is dequantized whole (one BLAS call)
 TILE_BYTES = 8 << 20
 
-_BLAS = None
 _GEMV: dict = {}
-
-
-def _blas():
-    global _BLAS
-    if _BLAS is None:
-        _BLAS = ThreadpoolController()
-    return _BLAS
 
 
 _BLAS_DETERMINISTIC: bool | None = None
@@ -78,12 +69,6 @@ def blas_limit():
     if n > 1 and not blas_threads_deterministic():
         n = 1
     return _blas().limit(limits=n, user_api="blas")
-
-
-def blas_one_thread():
-    """Context manager: BLAS on one thread, for callers that run independent BLAS products on their own
-    threads (one product per thread: no OpenBLAS barriers between threads that the OS may deschedule)."""
-    return _blas().limit(limits=1, user_api="blas")
 
 
 def _check(w, wtype, where):

@@ -547,23 +547,11 @@ class Runner:
         """One pass of up to n_batch tokens; returns the logits of ``rows`` (None when there are none)."""
         m, c = self.model, self.config
         n = tokens.size
-        x, xb, xb2 = self.x[:n], self.xb[:n], self.xb2[:n]
+        x = self.x[:n]
         eps = np.float32(c.rms_eps)
-        x[...] = get_rows(self.token_embd.data, self.token_embd.type, tokens)  # (n, n_embd)
-        if c.embd_scale != 1.0:
-            x *= np.float32(c.embd_scale)
-        for i, (layer, b) in enumerate(zip(m.layers, self.blk)):
-            for blk in layer.blocks:    # the layer program (quantkit.model.layer): norm, op, post-norm, add
-                if blk.norm:
-                    rmsnorm(x, getattr(b, blk.norm), eps, xb)
-                else:
-                    xb[...] = x
-                self._ops[type(blk.op)](blk.op, i, b, xb, pos0, xb2)
-                if blk.post_norm:
-                    rmsnorm(xb2, getattr(b, blk.post_norm), eps, xb2)
-                if blk.scale:
-                    xb2 *= np.float32(blk.scale)
-                x += xb2
+        self.embed(tokens, x)
+        for i in range(len(m.layers)):
+            self.run_layer(i, x, pos0)
         self.n_past = pos0 + n
         if not rows.size:
             return None
@@ -571,6 +559,30 @@ class Runner:
         rmsnorm(np.ascontiguousarray(x[rows]), m.output_norm, eps, h)                # (rows, n_embd)
         out = self._mm(self.output, h, np.empty((rows.size, c.n_vocab), np.float32))  # (rows, n_vocab)
         return self._finish_logits(out)
+
+    def embed(self, tokens: np.ndarray, x: np.ndarray) -> None:
+        """x (n, n_embd) = the embeddings of ``tokens`` (n,), scaled as the architecture says."""
+        x[...] = get_rows(self.token_embd.data, self.token_embd.type, tokens)  # (n, n_embd)
+        if self.config.embd_scale != 1.0:
+            x *= np.float32(self.config.embd_scale)
+
+    def run_layer(self, i: int, x: np.ndarray, pos0: int) -> None:
+        """Layer i on x (n <= n_batch rows at positions pos0.., the residual stream, updated in place);
+        its keys and values go to layer i's cache."""
+        n = x.shape[0]
+        xb, xb2, b = self.xb[:n], self.xb2[:n], self.blk[i]
+        eps = np.float32(self.config.rms_eps)
+        for blk in self.model.layers[i].blocks:  # the layer program (quantkit.model.layer): norm, op, post-norm, add
+            if blk.norm:
+                rmsnorm(x, getattr(b, blk.norm), eps, xb)
+            else:
+                xb[...] = x
+            self._ops[type(blk.op)](blk.op, i, b, xb, pos0, xb2)
+            if blk.post_norm:
+                rmsnorm(xb2, getattr(b, blk.post_norm), eps, xb2)
+            if blk.scale:
+                xb2 *= np.float32(blk.scale)
+            x += xb2
 
     # -- the ops of a layer program: op(record, layer index, the layer's tensors, normed input xb (n, n_embd),
     # first position, out (n, n_embd)) -> out = the block's output before its post-norm and the add

@@ -245,12 +245,12 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                     log: Callable[[str], None] = lambda s: None,
                     progress: Callable[..., Any] | None = None,
                     release: Advice = _no_advice, prefetch: Advice = _no_advice,
-                    check: Callable[[], None] = lambda: None, grams=None) -> Path | list[Path]:
+                    check: Callable[[], None] = lambda: None, calib=None) -> Path | list[Path]:
     """Stream every tensor to ``out_path`` (via a temporary file renamed at the end; with --keep-split
     to its parts, all renamed at the end). ``check`` runs
     after each tensor and before the commit: it raises when the input changed under the run.
-    ``grams`` (``pipelines.optimize.Grams``, --optimize): the tensors it covers are quantized with error
-    compensation (``optimize_job``) instead.
+    ``calib`` (``pipelines.optimize.Calibration``, --optimize): the tensors it has statistics for are
+    quantized with error compensation (``optimize_job``) instead, each tensor's a bar of its own.
 
     Reading, quantizing and writing overlap: the next slab is read ahead (``prefetch``) while one is
     quantized, and a finished tensor is written on a second thread while the next is quantized. Peak
@@ -272,9 +272,11 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
                         log(f"====== {job.imatrix_note}")
                     note = ""
                     if job.quantize:
-                        data, note = (None, "") if grams is None else optimize_job(job, grams)
+                        data, note = (None, "") if calib is None else optimize_job(job, calib, progress)
                         if data is None:
                             data = convert_tensor(job, release, prefetch, buf)
+                        else:
+                            release(job.src)
                         check()
                         writer.put(job.name, data, lambda: None)
                         del data  # the writer holds it until written
@@ -297,20 +299,28 @@ def write_quantized(plan: QuantPlan, out_path: str | os.PathLike,
             bar.close()
 
 
-def optimize_job(job: TensorJob, grams) -> tuple[np.ndarray | None, str]:
+def optimize_job(job: TensorJob, calib, progress=None) -> tuple[np.ndarray | None, str]:
     """--optimize: ``job``'s bytes with error compensation (``pipelines.optimize``), checked as
     ``convert_tensor`` checks its own, and a note for its log line; None for a tensor it does not cover."""
     from quantkit.pipelines.optimize import optimized_tensor
     from quantkit.quants import count_invalid, dequantize
 
-    got = optimized_tensor(job, grams, dequantize(job.src.data, job.src.type))
+    bar = progress(total=1, desc=job.name) if progress else None
+    t0, c0 = time.perf_counter(), time.process_time()
+    try:
+        got = optimized_tensor(job, calib, dequantize(job.src.data, job.src.type))
+    finally:
+        if bar is not None:
+            bar.update(1)
+            bar.close()
     if got is None:
         return None, ""
     data, share = got
     if count_invalid(data, job.target):
         raise QuantizeError(f"{job.name}: quantized data validation failed ({job.target.name} block scale is "
                             f"NaN/Inf; values too large for the type's fp16 scales)")
-    return data, f", optimized: {100 * share:.1f} % of rows compensated"
+    return data, (f", optimized: {100 * share:.1f} % of rows compensated "
+                  f"({time.perf_counter() - t0:.1f} s, {time.process_time() - c0:.1f} s CPU)")
 
 
 def default_output_path(inp: str | os.PathLike, ftype_name: str) -> Path:
@@ -386,20 +396,18 @@ def quantize_file(inp, out, opts: QuantizeOptions, *, dry_run: bool = False, pla
             helper = ahead.start([j.target for j in plan.jobs if j.quantize])  # a first run's compiles
             try:
                 scan_source(plan, release=model.release)
-                grams = None
+                calib = None
                 if opts.optimize:
-                    from quantkit.pipelines.optimize import collect_grams
+                    from quantkit.pipelines.optimize import Calibration
 
-                    bar = progress(total=opts.optimize_chunks, desc="calibrate") if progress else None
-                    try:
-                        grams = collect_grams(inp, opts.optimize_text, opts.optimize_chunks, opts.optimize_ctx,
-                                              log, on_chunk=(lambda: bar.update(1)) if bar else (lambda: None),
-                                              stats=opts.optimize_stats)
-                    finally:
-                        if bar is not None:
-                            bar.close()
-                write_quantized(plan, out, log=log, progress=progress, release=model.release,
-                                prefetch=model.prefetch, check=model.check_unchanged, grams=grams)
+                    calib = Calibration(inp, opts.optimize_text, opts.optimize_chunks, opts.optimize_ctx, log,
+                                        stats=opts.optimize_stats)
+                try:
+                    write_quantized(plan, out, log=log, progress=progress, release=model.release,
+                                    prefetch=model.prefetch, check=model.check_unchanged, calib=calib)
+                finally:
+                    if calib is not None:
+                        calib.close()
             finally:
                 ahead.stop(helper)
         for line in summary_lines(plan, dry_run):

@@ -65,7 +65,7 @@ class QuantizeOptions:
     optimize_text: str | os.PathLike | None = None
     optimize_chunks: int = 20
     optimize_ctx: int = 512
-    #: a file to keep the Gram matrices in (read when it exists, else written)
+    #: a directory to keep each layer's Gram matrices in, read back where saved (formats/gram.py)
     optimize_stats: str | os.PathLike | None = None
 
 
