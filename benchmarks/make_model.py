@@ -119,7 +119,7 @@ SHAPES = {
     # Qwen3-Next-80B-A3B's layer (qwen3next): gated DeltaNet (16 key heads, 32 value heads of 128, 4 taps)
     # on three layers of four, gated attention (16 heads, 2 KV heads of 256, a quarter rotated, base 1e7)
     # on the fourth; MoE of width 512 with 10 used and a gated shared expert of 512. 8 of its 48 layers
-    # and 64 of its 512 experts, so the Q4_K_M (~1.2 GiB) fits RAM with room: a decode step reads what the
+    # and 64 of its 512 experts, so the Q4_K_M (1.2 GiB) fits RAM with room: a decode step reads what the
     # real model's does per layer (10 experts and the shared one), the routed experts' pool is smaller
     "qwen3-next-pattern": Shape("qwen3next", 2048, 5120, 8, 16, 2, 256, 10000000.0, tied=False, qk_norm=True,
                                 ctx=262144, n_expert=64, n_used=10, n_ff_exp=512, n_ff_shexp=512,
