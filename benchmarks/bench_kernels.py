@@ -7,7 +7,7 @@ matmul for --prefill-tokens tokens on a 2048 x 2048 matrix; with 512-bit VNNI, t
 rate is also given as a fraction of the ``vpdpbusd zmm`` peak measured in the same run (``vnni_peak``:
 independent chains on registers, no loads), its compute yardstick.
 
-``--shape llama-3.2-1b`` (any name of make_model.py's SHAPES) instead times the decode step's GEMVs on
+``--shape llama-3.2-1b`` (a make_model.py shape of llama's layer) instead times the decode step's GEMVs on
 that model's matrices: a ring of copies of one layer's seven matrices (q, k, v, o, gate, up, down; at
 least --ring-mib MiB, so every GEMV reads its weights from DRAM as a decode step does), one 1-token
 GEMV per matrix in ring order through ``matvec_kernel`` (the row dots the decode step uses), with the
@@ -249,6 +249,8 @@ def layer_matrices(shape_name):
     from make_model import SHAPES
 
     s = SHAPES[shape_name]
+    if s.mla or s.delta or s.l_cache:   # not seven llama matrices per layer
+        raise SystemExit(f"--shape {shape_name}: only shapes of llama's layer (attention + FFN) are timed here")
     q, kv = s.n_head * s.head_dim, s.n_head_kv * s.head_dim
     e, f = s.n_embd, s.n_ff
     return [(q, e), (kv, e), (kv, e), (e, q), (f, e), (f, e), (e, f)]
