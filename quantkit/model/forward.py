@@ -616,7 +616,8 @@ class Runner:
         self._attend(q, i, False, pos0, d.window, sinks, np.float32(d.softcap), c.n_head_kv, c.head_dim, c.head_dim,
                      att)
         if d.gate:      # qwen3next's build_layer_attn: the output times sigmoid(gate) (ggml_sigmoid)
-            att *= 1.0 / (1.0 + np.exp(-qg[:, :, 1].reshape(n, -1)))
+            with np.errstate(over="ignore"):        # (a gate below -88: exp overflows, the output is 0)
+                att *= 1.0 / (1.0 + np.exp(-qg[:, :, 1].reshape(n, -1)))
         self._mm(b.attn_output, att, out)                                 # (n, n_embd)
         if d.out_bias:
             out += b.attn_output_bias
@@ -767,5 +768,6 @@ class Runner:
             y = self._mm(b.ffn_down_shexp, gate, np.empty((n, E), np.float32))
             if f.shexp_gate:
                 g = self._mm(b.ffn_gate_inp_shexp, xb, np.empty((n, 1), np.float32))      # (n, 1)
-                y *= np.float32(1.0) / (np.float32(1.0) + np.exp(-g, dtype=np.float32))
+                with np.errstate(over="ignore"):    # exp(-g) -> inf for g < -88: the gate is 0, as ggml's
+                    y *= np.float32(1.0) / (np.float32(1.0) + np.exp(-g, dtype=np.float32))
             out += y
