@@ -7,7 +7,8 @@
 * ``specialize(fn, tag, ...)`` -- one kernel body, compiled once per binding of the kernels it calls;
   with ``cfunc=`` a C-callable build whose address a compiled caller takes as an int64 argument and
   calls (``call_addr``): the caller is then built once for every such callee.
-* ``addr_of(a)`` / ``view_u8_ro`` / ``view_i8`` / ``view_i32`` / ``view_f32`` / ``view_i64`` -- an
+* ``addr_of(a)`` / ``view_u8_ro`` / ``view_u8`` / ``view_i8`` / ``view_i16`` / ``view_i32`` / ``view_f32`` /
+  ``view_i64`` -- an
   array's data address as an int64, and a 1-D array over ``n`` items at an address (no ownership):
   how such a callee gets its arrays, as int64 arguments (a call with array arguments costs ~40 ns
   through a function pointer, one with integers ~3 ns).
@@ -392,7 +393,8 @@ def build_digest(fn) -> str:
 _SPECIALIZED: dict[tuple, object] = {}
 
 
-def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, cfunc=None, **names):
+def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, cfunc=None, cache: bool = True,
+               **names):
     """Compile a copy of the plain Python function ``fn`` whose globals ``names`` are replaced.
 
     This is how a kernel body written once is bound to what it calls -- a type's row decoder, a row
@@ -403,8 +405,10 @@ def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, cfun
     also carries ``build_digest`` of what the copy reaches, so an edit anywhere in it is a new entry.
     ``fast`` compiles with fastmath (dots, not codecs). ``cfunc``, a numba signature: a C-callable
     build (``numba.cfunc``, cached as the others), whose ``.address`` compiled code receives as an
-    int64 and calls with ``call_addr`` (its arguments integers: ``addr_of`` / ``view_*``)."""
-    key = (fn.__module__, fn.__qualname__, tag, parallel, fast, str(cfunc))
+    int64 and calls with ``call_addr`` (its arguments integers: ``addr_of`` / ``view_*``). ``cache=False``:
+    not read from or written to the disk cache (a test that reads the build's machine code, which numba
+    does not keep for cached code)."""
+    key = (fn.__module__, fn.__qualname__, tag, parallel, fast, str(cfunc), cache)
     if key in _SPECIALIZED:
         return _SPECIALIZED[key]
     g = dict(fn.__globals__)
@@ -416,9 +420,11 @@ def specialize(fn, tag: str, *, parallel: bool = False, fast: bool = False, cfun
     new.__module__ = fn.__module__
     new.__doc__ = fn.__doc__
     if cfunc is not None:
-        deco = numba.cfunc(cfunc, **{**(_BASE if fast else _EXACT), "fastmath": fast})
+        deco = numba.cfunc(cfunc, **{**(_BASE if fast else _EXACT), "fastmath": fast, "cache": cache})
     else:
         deco = (njit_fast_parallel if parallel else njit_fast) if fast else (njit_parallel if parallel else njit)
+        if not cache:
+            deco = functools.partial(deco, cache=False)
     out = _SPECIALIZED[key] = deco(new)
     return out
 
@@ -656,14 +662,18 @@ def _view(name: str, dtype, readonly: bool = False):
     return intrinsic(impl)
 
 
-#: read-only bytes (as the weights are: ``frozen``), and writable int8 / int32 / float32 / int64 items
+#: read-only bytes (as the weights are: ``frozen``), and writable uint8 / int8 / int16 / int32 / float32 /
+#: int64 items
 view_u8_ro = _view("view_u8_ro", types.uint8, readonly=True)
+view_u8 = _view("view_u8", types.uint8)
 view_i8 = _view("view_i8", types.int8)
+view_i16 = _view("view_i16", types.int16)
 view_i32 = _view("view_i32", types.int32)
 view_f32 = _view("view_f32", types.float32)
 view_i64 = _view("view_i64", types.int64)
 #: the view function for arrays of a numpy dtype (writable)
-VIEWS = {np.dtype(np.int8): view_i8, np.dtype(np.int32): view_i32, np.dtype(np.float32): view_f32,
+VIEWS = {np.dtype(np.uint8): view_u8, np.dtype(np.int8): view_i8, np.dtype(np.int16): view_i16,
+         np.dtype(np.int32): view_i32, np.dtype(np.float32): view_f32,
          np.dtype(np.int64): view_i64}
 
 

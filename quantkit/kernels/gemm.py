@@ -35,6 +35,8 @@ elsewhere ``mul_mat`` keeps its dequantize + BLAS prefill.
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from gguf import GGMLQuantizationType as T
 from llvmlite import ir
@@ -43,7 +45,8 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.formats.ggml_types import type_info
-from quantkit.jit import frozen, njit_parallel, prange
+from quantkit.jit import (addr_of, call_addr, frozen, prange, specialize, view_f32, view_i8, view_i16, view_i32,
+                          view_i64, view_u8, view_u8_ro)
 from quantkit.kernels import ir_rowdot as kir
 from quantkit.kernels.activations import ACT_QUANTIZER_ROWS, empty_activations
 from quantkit.kernels.ir import (F32T, I8, I16, I32, I64, V4I32, V8I32, V16I8, V16I16, V32I8, _byte_ptr, _decl, _f16, _gep,
@@ -526,44 +529,84 @@ def store_tile(b, op, facc, toks, ct, r0, nr, n_out):
                             _put(b, dst, b.mul(lp.index, ir.Constant(I64, 4)), el)
 
 
-def gemm_body(w, xq, dx, xc, xm, out, mr):
-    """out (n_tok, n_out) = w . x for quantized activations (xq padded to a multiple of COLS rows);
-    prange over tiles of ``mr`` weight rows (a multiple of 16): each tile is unpacked once and then
-    multiplied with every group of COLS tokens."""
-    n_out = w.shape[0]
-    n_tok = out.shape[0]
-    kdim = xq.shape[1]
+#: a tile's C signature (``jit.call_addr``): the product's table (``P_*``), the tile's index, rows per
+#: tile, and the addresses of the tile's scratch (unpacked bytes, scales, mins, d, -dmin or m); two unused
+TILE_SIG = types.void(*([types.int64] * 10))
+#: the product's table, int64 fields by index: the weights' address, rows, bytes a row, row stride; the
+#: activations' quants (rows padded to COLS, K), their scales, group sums and mins operand (address, items);
+#: the output's address and tokens
+(P_W, P_NOUT, P_RB, P_STRIDE, P_XQ, P_NPAD, P_K, P_DX, P_NDX, P_XC, P_NXC, P_XM, P_NXM, P_OUT, P_NTOK,
+ N_P) = range(16)
+
+
+def gemm_tile(pt, tile, mr, wup, scp, mnp, ddp, dmp, _u0, _u1):
+    """Tile ``tile`` of the product described by the table at ``pt``: weight rows tile * mr .. + mr,
+    unpacked once into the scratch (UNPACK, 16 rows at a time) and then multiplied with every group of
+    COLS tokens (MK2 on pairs of 16-row sub-tiles, MK on an odd last one). A ``cfunc`` of TILE_SIG per
+    type and flavour, which ``gemm_body`` -- built once for every type -- calls per tile."""
+    p = view_i64(pt, N_P)
+    n_out, kdim, n_tok = p[P_NOUT], p[P_K], p[P_NTOK]
+    w = view_u8_ro(p[P_W], n_out * p[P_STRIDE]).reshape((n_out, p[P_STRIDE]))[:, :p[P_RB]]
+    xq = view_i8(p[P_XQ], p[P_NPAD] * kdim).reshape((p[P_NPAD], kdim))
+    dx, xc, xm = view_f32(p[P_DX], p[P_NDX]), view_i32(p[P_XC], p[P_NXC]), XMV(p[P_XM], p[P_NXM])  # noqa: F821
+    out = view_f32(p[P_OUT], n_tok * n_out).reshape((n_tok, n_out))
     nsb = kdim // QK  # noqa: F821
-    n_tiles = (n_out + mr - 1) // mr
     sub_u = LANES * kdim  # noqa: F821
     sub_s = nsb * NG * LANES  # noqa: F821
     sub_d = nsb * LANES  # noqa: F821
-    for tile in prange(n_tiles):
-        r0 = tile * mr
-        r1 = min(r0 + mr, n_out)
-        nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
-        wu = np.empty(nsub * sub_u, np.uint8)
-        sc = np.empty(nsub * sub_s, np.int32)
-        mn = np.empty(nsub * sub_s, np.int16)
-        dd = np.empty(nsub * sub_d, np.float32)
-        dm = np.empty(nsub * sub_d, np.float32)
-        for s in range(nsub):
-            UNPACK(w, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES), wu[s * sub_u:(s + 1) * sub_u],  # noqa: F821
-                   sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s], dd[s * sub_d:(s + 1) * sub_d],
-                   dm[s * sub_d:(s + 1) * sub_d])
-        for t0 in range(0, n_tok, COLS):  # noqa: F821
-            ct = min(COLS, n_tok - t0)  # noqa: F821
-            s = 0
-            while s + 1 < nsub:  # pairs of sub-tiles, COLS / 2 tokens at a time
-                for h in range(0, ct, COLS // 2):  # noqa: F821
-                    MK2(wu[s * sub_u:(s + 2) * sub_u], sc[s * sub_s:(s + 2) * sub_s], mn[s * sub_s:(s + 2) * sub_s],  # noqa: F821
-                        dd[s * sub_d:(s + 2) * sub_d], dm[s * sub_d:(s + 2) * sub_d], xq, dx, xc, xm, out,
-                        t0 + h, min(COLS // 2, ct - h), r0 + s * LANES, min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
-                s += 2
-            if s < nsub:
-                MK(wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s],  # noqa: F821
-                   dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d], xq, dx, xc, xm, out,
-                   t0, ct, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES))  # noqa: F821
+    r0 = tile * mr
+    r1 = min(r0 + mr, n_out)
+    nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
+    wu = view_u8(wup, nsub * sub_u)
+    sc = view_i32(scp, nsub * sub_s)
+    mn = view_i16(mnp, nsub * sub_s)
+    dd = view_f32(ddp, nsub * sub_d)
+    dm = view_f32(dmp, nsub * sub_d)
+    for s in range(nsub):
+        UNPACK(w, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES), wu[s * sub_u:(s + 1) * sub_u],  # noqa: F821
+               sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s], dd[s * sub_d:(s + 1) * sub_d],
+               dm[s * sub_d:(s + 1) * sub_d])
+    for t0 in range(0, n_tok, COLS):  # noqa: F821
+        ct = min(COLS, n_tok - t0)  # noqa: F821
+        s = 0
+        while s + 1 < nsub:  # pairs of sub-tiles, COLS / 2 tokens at a time
+            for h in range(0, ct, COLS // 2):  # noqa: F821
+                MK2(wu[s * sub_u:(s + 2) * sub_u], sc[s * sub_s:(s + 2) * sub_s], mn[s * sub_s:(s + 2) * sub_s],  # noqa: F821
+                    dd[s * sub_d:(s + 2) * sub_d], dm[s * sub_d:(s + 2) * sub_d], xq, dx, xc, xm, out,
+                    t0 + h, min(COLS // 2, ct - h), r0 + s * LANES, min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
+            s += 2
+        if s < nsub:
+            MK(wu[s * sub_u:(s + 1) * sub_u], sc[s * sub_s:(s + 1) * sub_s], mn[s * sub_s:(s + 1) * sub_s],  # noqa: F821
+               dd[s * sub_d:(s + 1) * sub_d], dm[s * sub_d:(s + 1) * sub_d], xq, dx, xc, xm, out,
+               t0, ct, r0 + s * LANES, min(LANES, r1 - r0 - s * LANES))  # noqa: F821
+
+
+def gemm_body(tile, qk, ng, w, xq, dx, xc, xm, out, mr):
+    """out (n_tok, n_out) = w . x for quantized activations (xq padded to a multiple of COLS rows) by the
+    type's tile at address ``tile`` (``gemm_tile``; ``qk``, ``ng``: its blocks' elements and scaled
+    groups, which size the scratch): prange over tiles of ``mr`` weight rows (a multiple of 16), each
+    with its own scratch. One build for every type and flavour (per argument types): a prange build is
+    most of a GEMM's compiling (~4 of ~6.5 CPU-s each), once per type and flavour it was 46 builds in
+    the test suite."""
+    n_out = w.shape[0]
+    kdim = xq.shape[1]
+    pt = np.empty(N_P, np.int64)
+    pt[P_W], pt[P_NOUT], pt[P_RB], pt[P_STRIDE] = addr_of(w), n_out, w.shape[1], w.strides[0]
+    pt[P_XQ], pt[P_NPAD], pt[P_K] = addr_of(xq), xq.shape[0], kdim
+    pt[P_DX], pt[P_NDX], pt[P_XC], pt[P_NXC], pt[P_XM], pt[P_NXM] = addr_of(dx), dx.size, addr_of(xc), xc.size, \
+        addr_of(xm), xm.size
+    pt[P_OUT], pt[P_NTOK] = addr_of(out), out.shape[0]
+    nsb = kdim // qk
+    n_tiles = (n_out + mr - 1) // mr
+    for i in prange(n_tiles):
+        r0 = i * mr
+        nsub = (min(r0 + mr, n_out) - r0 + LANES - 1) // LANES
+        wu = np.empty(nsub * LANES * kdim, np.uint8)
+        sc = np.empty(nsub * nsb * ng * LANES, np.int32)
+        mn = np.empty(nsub * nsb * ng * LANES, np.int16)
+        dd = np.empty(nsub * nsb * LANES, np.float32)
+        dm = np.empty(nsub * nsb * LANES, np.float32)
+        call_addr(tile, addr_of(pt), i, mr, addr_of(wu), addr_of(sc), addr_of(mn), addr_of(dd), addr_of(dm), 0, 0)
 
 
 _KERNELS: dict = {}
@@ -587,24 +630,30 @@ FLAVOUR_COLS = {"vnni": COLS, "avx2": COLS // 2, "neon": COLS // 2, "i8mm": COLS
 _LOAD_FLAVOUR = {"i8mm": "neon"}
 
 
-def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None, parallel: bool = True):
-    """The compiled ``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` (a type whose record has a GEMM
-    entry, kernels/cpu_traits.py) for an ``ir.gemm_flavour``; ``parallel=False`` builds it serial (the
-    tests read one listing of its machine code)."""
-    from quantkit.kernels.vecdot import build
-
+def gemm_tile_kernel(wtype, flavour: str = "vnni", cols: int | None = None, cache: bool = True):
+    """The C-callable ``gemm_tile`` of ``wtype`` (a type whose record has a GEMM entry,
+    kernels/cpu_traits.py) for an ``ir.gemm_flavour`` (``TILE_SIG``: what ``gemm_body`` calls);
+    ``cache=False`` builds it apart from the disk cache (a test reads its machine code)."""
     t = T(wtype)
     cols = cols or FLAVOUR_COLS[flavour]
-    key = (t, cols, flavour, parallel)
+    key = (t, cols, flavour, cache)
     if key not in _KERNELS:
         spec = _spec(t)
         ts = type_info(t.name).type_size
-        name = f"gemm_{t.name}_{cols}_{flavour}" + ("" if parallel else "_serial")
-        _KERNELS[key] = build(gemm_body, name, parallel,
-                              UNPACK=_unpack_tile(t.name, spec, ts, _LOAD_FLAVOUR.get(flavour, flavour)),
-                              MK=_micro(t.name, spec, cols, 1, flavour), MK2=_micro(t.name, spec, cols // 2, 2, flavour),
-                              QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
+        _KERNELS[key] = specialize(
+            gemm_tile, f"{t.name}_{cols}_{flavour}", fast=True, cfunc=TILE_SIG, cache=cache,
+            UNPACK=_unpack_tile(t.name, spec, ts, _LOAD_FLAVOUR.get(flavour, flavour)),
+            MK=_micro(t.name, spec, cols, 1, flavour), MK2=_micro(t.name, spec, cols // 2, 2, flavour),
+            XMV=view_f32 if spec.mins == "float" else view_i16, QK=spec.qk, NG=spec.ng, LANES=LANES, COLS=cols)
     return _KERNELS[key]
+
+
+def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None):
+    """``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` for an ``ir.gemm_flavour``: ``gemm_body`` bound
+    to the type's tile (``gemm_tile_kernel``)."""
+    tile = gemm_tile_kernel(wtype, flavour, cols)
+    spec = _spec(wtype)
+    return functools.partial(specialize(gemm_body, "all", parallel=True, fast=True), tile.address, spec.qk, spec.ng)
 
 
 # -- activations -----------------------------------------------------------------------------------
