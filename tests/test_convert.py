@@ -302,3 +302,24 @@ def test_deepseek_kv_b_that_disagrees_with_config_refused(ckpt, tmp_path):
     cfg = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**cfg, "v_head_dim": cfg["v_head_dim"] + 2}))
     _refused(folder, tmp_path, "kv_b_proj", "config.json says")
+
+
+def test_tokenizer_files_changed_between_conversions(ckpt, tmp_path):
+    """The tokenizer keys follow the folder's files, not a conversion before: after one conversion, a
+    changed tokenizer_config.json (add_bos_token, a chat template) is what the next file says, as gguf-py's
+    own SpecialVocab reads the changed folder."""
+    import gguf
+
+    folder = _copy(ckpt("qwen3"), tmp_path / "m")
+    first = {k: v for k, _, v in checkpoints.summarize(convert(folder, tmp_path / "a.gguf", "f16"))["kv"]}
+    cfg_path = folder / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["add_bos_token"] = not cfg.get("add_bos_token", False)
+    cfg["chat_template"] = "{{ messages[0]['content'] }}"
+    cfg_path.write_text(json.dumps(cfg))
+    second = {k: v for k, _, v in checkpoints.summarize(convert(folder, tmp_path / "b.gguf", "f16"))["kv"]}
+    sv = gguf.SpecialVocab(folder, load_merges=True)
+    assert second["tokenizer.ggml.add_bos_token"] == sv.add_special_token["bos"] == cfg["add_bos_token"]
+    assert first.get("tokenizer.ggml.add_bos_token") != second["tokenizer.ggml.add_bos_token"]
+    assert second["tokenizer.chat_template"] == sv.chat_template == cfg["chat_template"]
+    assert first["tokenizer.ggml.tokens"] == second["tokenizer.ggml.tokens"]

@@ -104,7 +104,8 @@ def part_names(folder: Path) -> list[str]:
     return sorted(f for f in os.listdir(folder) if f.startswith("model") and f.endswith(".safetensors"))
 
 
-def _read_json(path: Path, what: str) -> Any:
+def read_json(path: Path, what: str) -> Any:
+    """The JSON file at ``path`` (``what`` it is, for the one-line error when it cannot be read)."""
     try:
         with open(path, encoding="utf-8") as f:
             return json.load(f)
@@ -125,7 +126,7 @@ class Checkpoint:
         cfg = self.folder / "config.json"
         if not cfg.is_file():
             raise FormatError(f"{cfg}: missing (a Hugging Face model folder has a config.json)")
-        self.config: dict = _read_json(cfg, "config.json")
+        self.config: dict = read_json(cfg, "config.json")
         if not isinstance(self.config, dict):
             raise FormatError(f"{cfg}: config.json is not a JSON object")
         self.tensors: dict[str, TensorEntry] = {}
@@ -133,7 +134,7 @@ class Checkpoint:
         parts = part_names(self.folder)
         weight_map: dict[str, str] = {}
         if index.is_file():
-            idx = _read_json(index, "the weight index")
+            idx = read_json(index, "the weight index")
             weight_map = idx.get("weight_map") if isinstance(idx, dict) else None
             if not isinstance(weight_map, dict) or not all(isinstance(v, str) for v in weight_map.values()):
                 raise FormatError(f"{index}: no 'weight_map' object of tensor -> file names")
@@ -162,7 +163,7 @@ class Checkpoint:
     def json(self, name: str) -> Any | None:
         """Another JSON file of the folder (tokenizer_config.json, generation_config.json), or None."""
         path = self.folder / name
-        return _read_json(path, name) if path.is_file() else None
+        return read_json(path, name) if path.is_file() else None
 
     # -- reading ----------------------------------------------------------------------------------
     def rows(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:

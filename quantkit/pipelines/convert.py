@@ -1067,7 +1067,7 @@ def _metadata_kv(plan: Plan) -> tuple[list[KV], str]:
         if plan.arch.gemma3 or plan.arch.gemma2:
             w.add_add_space_prefix(False)
     else:
-        add_vocab(w, ck.folder, hp.get("vocab_size"), ck.json("tokenizer.json"), plan.arch.special_tokens)
+        add_vocab(w, ck.folder, hp.get("vocab_size"), plan.arch.special_tokens)
     if plan.arch.llama_keys and not plan.arch.llama4 and hp.get("vocab_size") == 49152:   # LlamaModel.set_vocab: granite-small vocabularies
         w.add_add_bos_token(False)
     kv = [KV(k, v.value, v.type, v.sub_type) for k, v in w.kv_data[0].items()]

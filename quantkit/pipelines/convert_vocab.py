@@ -32,13 +32,15 @@ import gguf
 
 from quantkit.errors import FormatError
 from quantkit.formats import bpe_pre
+from quantkit.formats.safetensors import read_json
 
 # gguf.TokenType (SentencePiece's piece types, the same numbers)
 NORMAL, UNKNOWN, CONTROL, USER_DEFINED, UNUSED, BYTE = 1, 2, 3, 4, 5, 6
 
 
-def load_tokenizer(folder: Path):
-    """``tokenizers.Tokenizer`` of ``folder/tokenizer.json``; one line when it cannot be had."""
+def _tokenizer_class(folder: Path):
+    """``tokenizers.Tokenizer``, when ``folder`` has a tokenizer.json and the package is installed;
+    else one line."""
     path = folder / "tokenizer.json"
     if not path.is_file():
         raise FormatError(f"{path}: missing (the converter reads the tokenizer from tokenizer.json)")
@@ -46,6 +48,13 @@ def load_tokenizer(folder: Path):
         from tokenizers import Tokenizer
     except ImportError:
         raise FormatError("convert needs the tokenizers package: pip install 'quantkit[convert]'") from None
+    return Tokenizer
+
+
+def load_tokenizer(folder: Path):
+    """``tokenizers.Tokenizer`` of ``folder/tokenizer.json``; one line when it cannot be had."""
+    Tokenizer = _tokenizer_class(folder)
+    path = folder / "tokenizer.json"
     try:
         tok = Tokenizer.from_file(str(path))
     except Exception as e:  # the library's own exception type for a bad file
@@ -203,13 +212,50 @@ def _normalizer_flags(norm: dict | None, out: dict) -> dict:
     return out
 
 
-def add_vocab(w: gguf.GGUFWriter, folder: Path, vocab_size: int | None, tokenizer_json: dict | None,
+#: the weights and indexes of a checkpoint folder: what the tokenizer keys never depend on
+_NOT_TOKENIZER = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".safetensors.index.json")
+#: the tokenizer keys of the last folders converted (``add_vocab``), by what they were made from
+_VOCAB_KV: dict = {}
+_VOCAB_KEEP = 2
+
+
+def _tokenizer_digest(folder: Path) -> str:
+    """sha256 over the name and bytes of every file under ``folder`` but the weights: what ``add_vocab``
+    and gguf-py's SpecialVocab may read (tokenizer.json, tokenizer_config.json, config.json,
+    special_tokens_map.json, chat templates, merges.txt, ...)."""
+    h = hashlib.sha256()
+    for f in sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.endswith(_NOT_TOKENIZER)):
+        h.update(f.relative_to(folder).as_posix().encode() + b"\0")
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def add_vocab(w: gguf.GGUFWriter, folder: Path, vocab_size: int | None,
               special_tokens: tuple[tuple[str, str], ...] = ()) -> None:
     """``_set_vocab_gpt2``: every tokenizer key, in the reference's order, onto the writer ``w``;
     ``special_tokens``: (type, added token) set where the tokenizer files set none (``_set_vocab_glm``:
-    SpecialVocab keeps a type it already has)."""
-    tok = load_tokenizer(folder)
+    SpecialVocab keeps a type it already has). The keys of a folder whose tokenizer files were converted
+    last are added again from memory (``_VOCAB_KV``, keyed by those files' digest): reading a
+    151,936-token tokenizer three times over (the tokenizers package, gguf-py, the merges) took ~3 s of
+    a ~4 s conversion of a tiny checkpoint, and a test suite converts dozens."""
+    _tokenizer_class(folder)             # the same refusals with or without the keys in memory
+    key = (_tokenizer_digest(folder), vocab_size, special_tokens)
+    if key not in _VOCAB_KV:
+        kv = gguf.GGUFWriter(None, w.arch)
+        first = set(kv.kv_data[0])
+        _add_vocab(kv, folder, vocab_size, special_tokens)
+        while len(_VOCAB_KV) >= _VOCAB_KEEP:
+            del _VOCAB_KV[next(iter(_VOCAB_KV))]
+        _VOCAB_KV[key] = [(k, v) for k, v in kv.kv_data[0].items() if k not in first]
+    for k, v in _VOCAB_KV[key]:
+        w.add_key_value(k, v.value, v.type, v.sub_type)
+
+
+def _add_vocab(w: gguf.GGUFWriter, folder: Path, vocab_size: int | None,
+               special_tokens: tuple[tuple[str, str], ...]) -> None:
     path = folder / "tokenizer.json"
+    tok = load_tokenizer(folder)
+    tokenizer_json = read_json(path, "tokenizer.json")
     tokens, types = vocab_tokens(tok, vocab_size, path)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre_tokenizer(tok, path))
