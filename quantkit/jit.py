@@ -7,8 +7,8 @@
 * ``specialize(fn, tag, ...)`` -- one kernel body, compiled once per binding of the kernels it calls;
   with ``cfunc=`` a C-callable build whose address a compiled caller takes as an int64 argument and
   calls (``call_addr``): the caller is then built once for every such callee.
-* ``addr_of(a)`` / ``view_u8_ro`` / ``view_u8`` / ``view_i8`` / ``view_i16`` / ``view_i32`` / ``view_f32`` /
-  ``view_i64`` -- an
+* ``addr_of(a)`` / ``view_u8_ro`` / ``view_u8`` / ``view_i8`` / ``view_i16`` / ``view_i32`` / ``view_u32`` /
+  ``view_f32`` / ``view_i64`` -- an
   array's data address as an int64, and a 1-D array over ``n`` items at an address (no ownership):
   how such a callee gets its arrays, as int64 arguments (a call with array arguments costs ~40 ns
   through a function pointer, one with integers ~3 ns).
@@ -662,18 +662,19 @@ def _view(name: str, dtype, readonly: bool = False):
     return intrinsic(impl)
 
 
-#: read-only bytes (as the weights are: ``frozen``), and writable uint8 / int8 / int16 / int32 / float32 /
-#: int64 items
+#: read-only bytes (as the weights are: ``frozen``), and writable uint8 / int8 / int16 / int32 / uint32 /
+#: float32 / int64 items
 view_u8_ro = _view("view_u8_ro", types.uint8, readonly=True)
 view_u8 = _view("view_u8", types.uint8)
 view_i8 = _view("view_i8", types.int8)
 view_i16 = _view("view_i16", types.int16)
 view_i32 = _view("view_i32", types.int32)
+view_u32 = _view("view_u32", types.uint32)
 view_f32 = _view("view_f32", types.float32)
 view_i64 = _view("view_i64", types.int64)
 #: the view function for arrays of a numpy dtype (writable)
 VIEWS = {np.dtype(np.uint8): view_u8, np.dtype(np.int8): view_i8, np.dtype(np.int16): view_i16,
-         np.dtype(np.int32): view_i32, np.dtype(np.float32): view_f32,
+         np.dtype(np.int32): view_i32, np.dtype(np.uint32): view_u32, np.dtype(np.float32): view_f32,
          np.dtype(np.int64): view_i64}
 
 

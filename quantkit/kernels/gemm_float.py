@@ -28,6 +28,8 @@ the broadcast token).
 
 from __future__ import annotations
 
+import functools
+
 import llvmlite.binding as llvm
 import numpy as np
 from gguf import GGMLQuantizationType as T
@@ -37,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.formats.ggml_types import type_info
-from quantkit.jit import prange
+from quantkit.jit import addr_of, call_addr, prange, specialize, view_f32, view_i64, view_u8_ro, view_u32
 from quantkit.kernels.activations import round_half_rows
 from quantkit.kernels.cpu_traits import cpu_traits
 from quantkit.kernels.gemm import LANES, TILE_BYTES, store_tile
@@ -119,54 +121,86 @@ def pack_word(row, k):
     return LD(row, ES * k)  # noqa: F821
 
 
-def gemm_float_body(w, xp, out, mr):
-    """out (n_tok, n_out) = weights w (rows of ``K'`` words, ``PACK`` reading word k) x the tokens' words
-    xp ((n_pad, K'), rows padded to a multiple of COLS); prange over tiles of ``mr`` rows (a multiple of 32)."""
+#: a tile's C signature (``jit.call_addr``): the product's table (``P_*``), the tile's index, rows per
+#: tile, the address of the tile's packed words (zeros), five unused
+TILE_SIG = types.void(*([types.int64] * 10))
+#: the product's table, int64 fields by index: the weights' address, rows, bytes a row, row stride; the
+#: tokens' words' address, rows (padded to COLS) and words a row; the output's address and tokens
+P_W, P_NOUT, P_RB, P_STRIDE, P_XP, P_NPAD, P_KW, P_OUT, P_NTOK, N_P = range(10)
+
+
+def gemm_float_tile(pt, tile, mr, pkp, _u0, _u1, _u2, _u3, _u4, _u5):
+    """Tile ``tile`` of the product described by the table at ``pt``: weight rows tile * mr .. + mr
+    (rows of ``K'`` words, ``PACK`` reading word k) packed into the zeroed words at ``pkp``, then multiplied
+    with every group of NCOL tokens' words (``XV``: their view). A ``cfunc`` of TILE_SIG per type and
+    product, which ``gemm_float_body`` -- built once for every type -- calls per tile."""
+    p = view_i64(pt, N_P)
+    n_out, kw, n_tok = p[P_NOUT], p[P_KW], p[P_NTOK]
+    w = view_u8_ro(p[P_W], n_out * p[P_STRIDE]).reshape((n_out, p[P_STRIDE]))[:, :p[P_RB]]
+    xp = XV(p[P_XP], p[P_NPAD] * kw).reshape((p[P_NPAD], kw))  # noqa: F821
+    out = view_f32(p[P_OUT], n_tok * n_out).reshape((n_tok, n_out))
+    r0 = tile * mr
+    r1 = min(r0 + mr, n_out)
+    nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
+    pk = PKV(pkp, nsub * kw * LANES)  # noqa: F821
+    for s in range(nsub):
+        base = s * kw * LANES  # noqa: F821
+        for r in range(min(LANES, r1 - r0 - s * LANES)):  # noqa: F821
+            row = w[r0 + s * LANES + r]  # noqa: F821
+            for k in range(kw):
+                pk[base + k * LANES + r] = PACK(row, k)  # noqa: F821
+    for t0 in range(0, n_tok, NCOL):  # noqa: F821
+        ct = min(NCOL, n_tok - t0)  # noqa: F821
+        s = 0
+        while PAIRS and s + 1 < nsub:  # noqa: F821
+            MK2(pk[s * kw * LANES:(s + 2) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
+                min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
+            s += 2
+        while s < nsub:  # the odd last sub-tile; every sub-tile without PAIRS
+            MK(pk[s * kw * LANES:(s + 1) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
+               min(LANES, r1 - r0 - s * LANES))  # noqa: F821
+            s += 1
+
+
+def gemm_float_body(tile, w, xp, out, mr):
+    """out (n_tok, n_out) = weights w (uint8 rows) x the tokens' words xp ((n_pad, K'), rows padded to a
+    multiple of COLS) by the type's tile at address ``tile`` (``gemm_float_tile``): prange over tiles
+    of ``mr`` rows (a multiple of 32), each with its own zeroed words. One build for every type and
+    product (per argument types), as gemm.gemm_body."""
     n_out = w.shape[0]
     kw = xp.shape[1]
-    n_tok = out.shape[0]
-    for tile in prange((n_out + mr - 1) // mr):
-        r0 = tile * mr
-        r1 = min(r0 + mr, n_out)
-        nsub = (r1 - r0 + LANES - 1) // LANES  # noqa: F821
-        pk = np.zeros(nsub * kw * LANES, WORD)  # noqa: F821
-        for s in range(nsub):
-            base = s * kw * LANES  # noqa: F821
-            for r in range(min(LANES, r1 - r0 - s * LANES)):  # noqa: F821
-                row = w[r0 + s * LANES + r]  # noqa: F821
-                for k in range(kw):
-                    pk[base + k * LANES + r] = PACK(row, k)  # noqa: F821
-        for t0 in range(0, n_tok, NCOL):  # noqa: F821
-            ct = min(NCOL, n_tok - t0)  # noqa: F821
-            s = 0
-            while PAIRS and s + 1 < nsub:  # noqa: F821
-                MK2(pk[s * kw * LANES:(s + 2) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
-                    min(2 * LANES, r1 - r0 - s * LANES))  # noqa: F821
-                s += 2
-            while s < nsub:  # the odd last sub-tile; every sub-tile without PAIRS
-                MK(pk[s * kw * LANES:(s + 1) * kw * LANES], xp, out, t0, ct, r0 + s * LANES,  # noqa: F821
-                   min(LANES, r1 - r0 - s * LANES))  # noqa: F821
-                s += 1
+    pt = np.empty(N_P, np.int64)
+    pt[P_W], pt[P_NOUT], pt[P_RB], pt[P_STRIDE] = addr_of(w), n_out, w.shape[1], w.strides[0]
+    pt[P_XP], pt[P_NPAD], pt[P_KW] = addr_of(xp), xp.shape[0], kw
+    pt[P_OUT], pt[P_NTOK] = addr_of(out), out.shape[0]
+    for i in prange((n_out + mr - 1) // mr):
+        r0 = i * mr
+        nsub = (min(r0 + mr, n_out) - r0 + LANES - 1) // LANES
+        pk = np.zeros(nsub * kw * LANES, np.uint32)
+        call_addr(tile, addr_of(pt), i, mr, addr_of(pk), 0, 0, 0, 0, 0, 0)
 
 
 _KERNELS: dict = {}
 
 
 def _kernel(t, op: str):
-    """The compiled GEMM of float type ``t`` with product ``op``. At AVX-512 (32 zmm): pairs of 16-row
-    sub-tiles x COLS (8) tokens, 16 accumulators; below it (16 ymm, each <16 x float> two of them): one
-    sub-tile x COLS (6) tokens, 12 ymm accumulators."""
+    """The GEMM of float type ``t`` with product ``op``: ``gemm_float_body`` bound to the type's tile. At
+    AVX-512 (32 zmm): pairs of 16-row sub-tiles x COLS (8) tokens, 16 accumulators; below it (16 ymm,
+    each <16 x float> two of them): one sub-tile x COLS (6) tokens, 12 ymm accumulators."""
     from quantkit.kernels.vecdot import build
 
     key = (T(t), op, HAS_AVX512F)
     if key not in _KERNELS:
         ld, es, word = words(*key[:2])
         tag = f"{key[0].name}_{op}"
-        _KERNELS[key] = build(gemm_float_body, f"gemm_float_{tag}_{COLS}", True,
-                              PACK=build(pack_word, tag, False, LD=ld, ES=es), WORD=word,
-                              MK=_micro(1, op), MK2=_micro(2, op), PAIRS=HAS_AVX512F,
-                              LANES=LANES, NCOL=COLS)
-    return _KERNELS[key]
+        tile = specialize(gemm_float_tile, f"{tag}_{COLS}", fast=True, cfunc=TILE_SIG,
+                          PACK=build(pack_word, tag, False, LD=ld, ES=es),
+                          PKV=view_f32 if word == np.float32 else view_u32,
+                          XV=view_f32 if op == "fma" else view_u32,
+                          MK=_micro(1, op), MK2=_micro(2, op), PAIRS=HAS_AVX512F, LANES=LANES, NCOL=COLS)
+        _KERNELS[key] = (tile, functools.partial(specialize(gemm_float_body, "all", parallel=True, fast=True),
+                                                 tile.address))
+    return _KERNELS[key][1]
 
 
 def activation_words(x: np.ndarray, t, op: str) -> np.ndarray:
