@@ -35,8 +35,10 @@ settings.load_profile("quantkit")
 #: longest first. `make test` hands whole files to two workers in collection order
 #: (--no-loadscope-reorder): started first, the long ones end beside each other rather than one of them
 #: running alone at the end while the other worker has nothing left.
-LONGEST_FIRST = ("test_kernels.py", "test_decode.py", "test_model.py", "test_moe.py", "test_golden.py",
-                 "test_gemm.py", "test_convert.py", "test_rowdots.py")
+LONGEST_FIRST = ("test_kernels.py", "test_decode.py", "test_optimize.py", "test_quantize.py", "test_convert.py",
+                 "test_faults.py", "test_golden.py", "test_gemm.py", "test_mla.py", "test_lowbit_files.py",
+                 "test_model.py", "test_target_bpw.py", "test_moe.py", "test_gemm_float.py", "test_cluster.py",
+                 "test_readme_pipeline.py", "test_rowdots.py")
 
 
 def pytest_collection_modifyitems(items):
