@@ -30,7 +30,12 @@ VARIANTS = list(K.RUNNABLE_VARIANTS)
 
 
 def make_weights(t, n_out, n_in, seed=0):
-    """Raw bytes (n_out, row_bytes) of type t: gguf's quantizer where it has one, else random blocks."""
+    """Raw bytes (n_out, row_bytes) of type t: gguf's quantizer where it has one, else random blocks;
+    read-only, as the file's map gives weights (so the kernels' builds for the file serve the tests)."""
+    return frozen(_make_weights(t, n_out, n_in, seed))
+
+
+def _make_weights(t, n_out, n_in, seed):
     rng = np.random.default_rng(seed)
     x = rng.standard_normal((n_out, n_in)).astype(np.float32)
     if t == T.F32:

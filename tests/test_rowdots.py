@@ -47,7 +47,7 @@ def _rows(t, source, n_in, seed):
         x = np.zeros((6, n_in))
         x[:, ::97] = g.uniform(-5, 5, (6, len(range(0, n_in, 97))))
     x[1] = 0.0  # an all-zero row
-    return Q.quantize(x.astype(np.float32), t, imatrix=g.uniform(0.1, 2.0, n_in).astype(np.float32))
+    return frozen(Q.quantize(x.astype(np.float32), t, imatrix=g.uniform(0.1, 2.0, n_in).astype(np.float32)))
 
 
 def _activations(t, n_in, seed):

@@ -39,7 +39,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from quantkit.formats.ggml_types import type_info
-from quantkit.jit import addr_of, call_addr, prange, specialize, view_f32, view_i64, view_u8_ro, view_u32
+from quantkit.jit import addr_of, call_addr, frozen, prange, specialize, view_f32, view_i64, view_u8_ro, view_u32
 from quantkit.kernels.activations import round_half_rows
 from quantkit.kernels.cpu_traits import cpu_traits
 from quantkit.kernels.gemm import LANES, TILE_BYTES, store_tile
@@ -237,5 +237,6 @@ def gemm_float(w: np.ndarray, t, x: np.ndarray, out: np.ndarray, threads: int, c
     key = ("float_words", t, op)
     if key not in cache:
         cache[key] = activation_words(x, t, op)
-    _kernel(t, op)(w, cache[key], out, tile_rows(w.shape[0], x.shape[1], threads))
+    # weights read-only, as the file's map gives them: one build whoever calls (jit.frozen)
+    _kernel(t, op)(frozen(w), cache[key], out, tile_rows(w.shape[0], x.shape[1], threads))
     return out

@@ -46,7 +46,7 @@ from typing import NamedTuple
 import numpy as np
 from gguf import GGMLQuantizationType as T
 
-from quantkit.jit import blas_one_thread, over_chunks, run_tasks, specialize
+from quantkit.jit import blas_one_thread, frozen, over_chunks, run_tasks, specialize
 
 F32 = np.float32
 #: the dampening, a share of the mean diagonal added to H's diagonal (GPTQ's ``percdamp``, 0.01 there):
@@ -253,7 +253,8 @@ def sweep(w: np.ndarray, qtype: T, F: Factor, weights: np.ndarray | None,
     sub = SUB_STEP[qtype] if sub is None else sub
     W = np.ascontiguousarray(w, dtype=F32)
     Y = np.empty((W.shape[0], cls.row_bytes(W.shape[1])), dtype=np.uint8)
-    qw = np.zeros(0, F32) if weights is None or not cls.uses_imatrix else np.ascontiguousarray(weights, dtype=F32)
+    # read-only, as ``quantize`` passes them: the row quantizers' builds for it serve here too
+    qw = frozen(np.zeros(0, F32) if weights is None or not cls.uses_imatrix else np.ascontiguousarray(weights, dtype=F32))
     err = np.empty(W.shape[0], np.float64)
     over_chunks(_sweep_chunk, W.shape[0], CHUNK, W, Y, qw, F, _block_kernel(cls, sub), cls.block_size,
                 cls.type_size, err)
