@@ -651,9 +651,12 @@ def gemm_tile_kernel(wtype, flavour: str = "vnni", cols: int | None = None, cach
 def gemm_kernel(wtype, flavour: str = "vnni", cols: int | None = None):
     """``gemm(w, xq, dx, xc, xm, out, mr)`` of ``wtype`` for an ``ir.gemm_flavour``: ``gemm_body`` bound
     to the type's tile (``gemm_tile_kernel``)."""
-    tile = gemm_tile_kernel(wtype, flavour, cols)
-    spec = _spec(wtype)
-    return functools.partial(specialize(gemm_body, "all", parallel=True, fast=True), tile.address, spec.qk, spec.ng)
+    key = ("bound", T(wtype), cols or FLAVOUR_COLS[flavour], flavour)
+    if key not in _KERNELS:
+        tile, spec = gemm_tile_kernel(wtype, flavour, cols), _spec(wtype)
+        _KERNELS[key] = functools.partial(specialize(gemm_body, "all", parallel=True, fast=True), tile.address,
+                                          spec.qk, spec.ng)
+    return _KERNELS[key]
 
 
 # -- activations -----------------------------------------------------------------------------------
